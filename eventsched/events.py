@@ -1,0 +1,317 @@
+"""Every fact eventsched knows, one frozen tagged msgspec Struct each, past tense.
+
+The log (``log.py``) stores these and nothing else; every projection is a fold
+over them.
+
+Schema evolution rules (tested by ``tests/test_events.py`` against the fixture
+log in ``tests/fixtures/``):
+
+1. Events evolve *additively*: a new field goes at the end of its struct and
+   has a default, so that payloads written before it existed still decode.
+2. A field is never removed, renamed, reordered or retyped, and a tag is never
+   reused. A field that is no longer needed keeps decoding and is ignored.
+3. When a shape really must change, add a new struct with a new tag (e.g.
+   ``JobPlacedV2``) and an upcaster in ``UPCASTERS`` that turns the old one
+   into the new one on read; projections only ever see the newest shapes.
+4. Unknown fields in a payload are ignored (msgspec's default), so a log
+   written by a *newer* version still decodes here as long as its tags are
+   known.
+
+Every event carries ``seq`` (its position in the log, stamped by the log on
+append), ``ts`` (UNIX seconds, from the engine's clock or the simulator's
+virtual one) and ``cause`` (what made it happen: ``"uid:1000"`` for a user's
+command, ``"seq:42"`` for a decision taken because of event 42, ``"timer"``,
+``"nvml"``...), so one job's whole story can be told from the log.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal, Union
+
+import msgspec
+
+__all__ = [
+    "Event",
+    "JobSpec",
+    "DaemonStarted",
+    "DaemonStopped",
+    "GpuDiscovered",
+    "GpuSampled",
+    "GpuErrored",
+    "GpuPaused",
+    "GpuResumed",
+    "PolicyChanged",
+    "JobSubmitted",
+    "JobPlaced",
+    "JobStarted",
+    "JobExited",
+    "JobCancelRequested",
+    "JobCancelled",
+    "JobRequeued",
+    "JobHeld",
+    "JobReleased",
+    "JobLost",
+    "AnyEvent",
+    "STIMULI",
+    "encode",
+    "decode",
+    "decode_many",
+    "stamp",
+]
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    """Base of every event. Subclasses are tagged by their class name."""
+
+    seq: int = 0
+    ts: float = 0.0
+    cause: str = ""
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a user asked for. Stored inside ``JobSubmitted``; never mutated."""
+
+    command: list[str]
+    user: str = ""
+    uid: int = -1
+    gid: int = -1
+    groups: list[int] = []
+    home: str = ""
+    cwd: str = "/"
+    env: dict[str, str] = {}
+    name: str = ""
+    # GPUs: 0 < gpus < 1 is a share of one GPU; an integer >= 1 is that many
+    # whole GPUs (gang placement). 0 means a CPU-only job.
+    gpus: float = 1.0
+    gpu_mem_mib: int = 0  # per GPU; 0 = no memory request
+    gpu_ids: list[int] | None = None  # allowed physical ids; None = any
+    priority: int = 0  # higher runs first
+    time_limit_s: float | None = None
+    on_time_limit: Literal["kill", "requeue"] = "kill"
+    tenant: str = ""
+    after: list[int] = []  # run only when these jobs succeeded
+    retries: int = 0
+    conda: str = ""
+    env_setup: str = ""
+    shell: bool = False  # True only when the user asked for a shell
+    interactive: bool = False
+    content_hash: str = ""
+    node: str = ""  # "" = any node
+
+
+# --- the daemon ---------------------------------------------------------
+
+
+class DaemonStarted(Event, frozen=True, kw_only=True):
+    node: str
+    pid: int
+    version: str
+    policy: str
+    gpu_backend: str = ""  # "nvml" or "fake:N:MIB"
+    config: dict[str, str | int | float | bool | None] = {}
+
+
+class DaemonStopped(Event, frozen=True, kw_only=True):
+    node: str
+    reason: str = ""
+
+
+# --- GPUs ---------------------------------------------------------------
+
+
+class GpuDiscovered(Event, frozen=True, kw_only=True):
+    node: str
+    gpu: int  # physical index, as CUDA_VISIBLE_DEVICES names it
+    uuid: str
+    model: str
+    memory_total_mib: int
+
+
+class GpuSampled(Event, frozen=True, kw_only=True):
+    node: str
+    gpu: int
+    utilization: float  # percent, 0..100
+    memory_used_mib: int
+    memory_total_mib: int
+    temperature_c: float
+    power_w: float
+    # memory held by processes that are not eventsched jobs (F2); -1 = unknown
+    foreign_memory_mib: int = -1
+
+
+class GpuErrored(Event, frozen=True, kw_only=True):
+    node: str
+    gpu: int  # -1 when the error is not about one GPU (e.g. NVML init)
+    error: str
+    lost: bool = False  # the GPU disappeared: nothing is placed on it
+
+
+class GpuPaused(Event, frozen=True, kw_only=True):
+    node: str
+    gpu: int
+    by: str = ""
+
+
+class GpuResumed(Event, frozen=True, kw_only=True):
+    node: str
+    gpu: int
+    by: str = ""
+
+
+class PolicyChanged(Event, frozen=True, kw_only=True):
+    policy: str
+    by: str = ""
+
+
+# --- jobs ---------------------------------------------------------------
+
+
+class JobSubmitted(Event, frozen=True, kw_only=True):
+    job: int
+    spec: JobSpec
+
+
+class JobPlaced(Event, frozen=True, kw_only=True):
+    job: int
+    node: str
+    gpu_ids: list[int]  # physical ids, in CUDA_VISIBLE_DEVICES order
+    share: float  # of each GPU in gpu_ids (1.0 for whole GPUs)
+    gpu_mem_mib: int = 0  # reserved on each GPU
+    policy: str = ""
+
+
+class JobStarted(Event, frozen=True, kw_only=True):
+    job: int
+    pid: int
+    # the process's start time (clock ticks since boot, /proc/PID/stat field
+    # 22): with the pid it names one process even after pid reuse
+    start_time: int = 0
+    log_path: str = ""
+
+
+class JobExited(Event, frozen=True, kw_only=True):
+    job: int
+    exit_code: int | None  # None when killed by a signal
+    signal: int | None = None
+    reason: str = ""  # "", "cancelled", "time-limit", "launch-failed", ...
+
+
+class JobCancelRequested(Event, frozen=True, kw_only=True):
+    """A running job was asked to stop; ``JobExited`` follows when it has."""
+
+    job: int
+    by: str = ""
+    reason: str = "cancelled"  # or "time-limit", "preempted"
+
+
+class JobCancelled(Event, frozen=True, kw_only=True):
+    """A job that was not running was cancelled: final."""
+
+    job: int
+    by: str = ""
+
+
+class JobRequeued(Event, frozen=True, kw_only=True):
+    job: int
+    reason: str = ""  # "time-limit", "preempted", "retry"
+    not_before: float = 0.0  # retry backoff: not placed before this time
+
+
+class JobHeld(Event, frozen=True, kw_only=True):
+    job: int
+    by: str = ""
+
+
+class JobReleased(Event, frozen=True, kw_only=True):
+    job: int
+    by: str = ""
+
+
+class JobLost(Event, frozen=True, kw_only=True):
+    """The daemon restarted and could find neither the job nor how it ended."""
+
+    job: int
+    reason: str = ""
+
+
+AnyEvent = Union[
+    DaemonStarted,
+    DaemonStopped,
+    GpuDiscovered,
+    GpuSampled,
+    GpuErrored,
+    GpuPaused,
+    GpuResumed,
+    PolicyChanged,
+    JobSubmitted,
+    JobPlaced,
+    JobStarted,
+    JobExited,
+    JobCancelRequested,
+    JobCancelled,
+    JobRequeued,
+    JobHeld,
+    JobReleased,
+    JobLost,
+]
+
+# Facts that come from outside the scheduler's decisions (users, processes,
+# GPUs, the clock). Replaying these in order through the core reproduces the
+# decisions (placements, requeues...) it took.
+STIMULI: tuple[type[Event], ...] = (
+    DaemonStarted,
+    DaemonStopped,
+    GpuDiscovered,
+    GpuSampled,
+    GpuErrored,
+    GpuPaused,
+    GpuResumed,
+    PolicyChanged,
+    JobSubmitted,
+    JobStarted,
+    JobExited,
+    JobCancelRequested,
+    JobCancelled,
+    JobHeld,
+    JobReleased,
+    JobLost,
+)
+
+# Upcasters: tag of a retired shape -> function producing the current shape.
+# Empty while every shape is still the first of its kind.
+UPCASTERS: dict[str, Callable[[Event], Event]] = {}
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyEvent)
+_list_decoder = msgspec.msgpack.Decoder(list[AnyEvent])
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def encode_many(events: list[Event]) -> bytes:
+    """One msgpack array of events: the payload of one log frame."""
+    return _encoder.encode(events)
+
+
+def decode(data: bytes) -> Event:
+    return _decoder.decode(data)
+
+
+def decode_many(data: bytes | memoryview) -> list[Event]:
+    return _list_decoder.decode(data)
+
+
+def stamp(events: list[Event], first_seq: int) -> list[Event]:
+    """Give events consecutive sequence numbers starting at ``first_seq``."""
+    out = []
+    for i, event in enumerate(events):
+        seq = first_seq + i
+        out.append(event if event.seq == seq else msgspec.structs.replace(event, seq=seq))
+    return out
+
+
+def to_builtins(event: Event) -> dict:
+    """A JSON-ready dict with the event's type name under ``type``."""
+    return msgspec.to_builtins(event)
