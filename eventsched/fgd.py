@@ -1,0 +1,179 @@
+"""Fragmentation math after Weng et al., "Beware of Fragmentation" (USENIX ATC '23).
+
+Pure functions, no I/O. Units are milli-GPU (1000 = one whole GPU).
+
+A node's fragmentation for one task type is the free GPU capacity that a task
+of that type could *not* use there; its expected fragmentation is the
+popularity-weighted sum over a target workload. See
+/work/shared/traces/FGD-EXPERIMENT.md section 4 for the exact definition the
+static experiment (eventsched.static_sim) reproduces.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import msgspec
+import numpy as np
+
+FULL = 1000  # milli-GPU in one whole GPU
+
+
+def type_fragmentation(free_milli: Sequence[int], num_gpu: int, gpu_milli: int) -> int:
+    """Fragmented milli-GPU of one node for ONE task type (num_gpu, gpu_milli).
+
+    If the task could be placed (gpu_milli > 0 and at least `num_gpu` GPUs have
+    >= gpu_milli free), only the GPUs too small for it are fragments: sum of f_i
+    with f_i < gpu_milli. Otherwise every free milli on the node is unusable by
+    this type, so the whole free capacity counts (this includes CPU-only types,
+    gpu_milli == 0, which can never use GPU capacity).
+    """
+    total = 0
+    small = 0
+    fitting = 0
+    for f in free_milli:
+        total += f
+        if f >= gpu_milli:
+            fitting += 1
+        else:
+            small += f
+    if gpu_milli <= 0 or fitting < num_gpu:
+        return total
+    return small
+
+
+def fragmentation(
+    free_milli: Sequence[int], workload: Sequence[tuple[int, int, float]]
+) -> float:
+    """Expected fragmented milli-GPU of ONE node.
+
+    free_milli: free milli-share of each GPU of the node (0..1000 each).
+    workload: target task types as (num_gpu, gpu_milli, popularity); the
+    popularities sum to 1. num_gpu >= 2 implies gpu_milli == 1000 in practice.
+
+    Returns sum over types of popularity * type_fragmentation(...). Example: a
+    node whose only GPU has 500 free, facing only 600-milli tasks, is fully
+    fragmented: fragmentation([500], [(1, 600, 1.0)]) == 500.0.
+    """
+    return math.fsum(
+        p * type_fragmentation(free_milli, k, g) for k, g, p in workload
+    )
+
+
+def fgd_score(delta_milli: float) -> int:
+    """FGD node score 0..100 from the fragmentation change of a placement.
+
+    score = floor(100 * sigmoid(-delta / 1000)); smaller growth scores higher.
+    Truncation is deliberate: it creates the ties the paper's scheduler has.
+    """
+    x = -delta_milli / 1000.0
+    # numerically safe logistic
+    if x >= 0:
+        s = 1.0 / (1.0 + math.exp(-x))
+    else:
+        e = math.exp(x)
+        s = e / (1.0 + e)
+    return int(100.0 * s)
+
+
+# --- node level, with CPU and GPU-model constraints (the FGD experiment) -----
+
+
+class TaskType(msgspec.Struct, frozen=True, kw_only=True):
+    """One type of the target workload M: a pod shape and its popularity p_m."""
+
+    cpu_milli: int
+    num_gpu: int
+    gpu_milli: int  # per GPU; 0 for CPU-only types
+    spec: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    popularity: float
+
+
+def target_workload(
+    shapes: Iterable[tuple[int, int, int, tuple[str, ...]]], coverage: float = 0.95
+) -> list[TaskType]:
+    """Target workload M from pod shapes (cpu_milli, num_gpu, gpu_milli, spec).
+
+    Types are counted, sorted by count (desc; ties: larger cpu, then gpu_milli,
+    then num_gpu first), and the shortest prefix covering >= `coverage` of the
+    pods is kept with popularities renormalised to sum to 1 (FGD-EXPERIMENT.md
+    section 4; memory is ignored, gpu_milli is 0 for CPU-only pods).
+    """
+    counts = Counter(
+        (c, k if g > 0 else 0, g if k > 0 else 0, tuple(spec)) for c, k, g, spec in shapes
+    )
+    total = sum(counts.values())
+    if total == 0:
+        return []
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], -kv[0][0], -kv[0][2], -kv[0][1]))
+    kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    acc = 0
+    for key, n in ordered:
+        kept.append((key, n))
+        acc += n
+        if acc >= coverage * total:
+            break
+    return [
+        TaskType(cpu_milli=c, num_gpu=k, gpu_milli=g, spec=spec, popularity=n / acc)
+        for (c, k, g, spec), n in kept
+    ]
+
+
+def node_fragmentation(
+    free_milli: Sequence[int], cpu_free: int, model: str, types: Sequence[TaskType]
+) -> float:
+    """F_n = sum_m p_m * F_n(m) for one node (scalar reference implementation).
+
+    F_n(m) is the free GPU capacity too small for a task of type m when the
+    task could otherwise fit (GPU model allowed, enough GPUs, enough CPU), and
+    the node's whole free GPU capacity when it could not.
+    """
+    total = sum(free_milli)
+    out = 0.0
+    for t in types:
+        fits = (
+            t.gpu_milli > 0
+            and (not t.spec or model in t.spec)
+            and cpu_free >= t.cpu_milli
+            and sum(1 for f in free_milli if f >= t.gpu_milli) >= t.num_gpu
+        )
+        frag = sum(f for f in free_milli if f < t.gpu_milli) if fits else total
+        out += t.popularity * frag
+    return out
+
+
+class FragTable:
+    """Vectorised F_n over many node states at once (numpy), for one target workload.
+
+    `models` lists the GPU model names; nodes pass their model as an index in it.
+    """
+
+    def __init__(self, types: Sequence[TaskType], models: Sequence[str]) -> None:
+        self.types = list(types)
+        self.cpu = np.array([t.cpu_milli for t in types], dtype=np.int64)
+        self.k = np.array([t.num_gpu for t in types], dtype=np.int64)
+        self.g = np.array([t.gpu_milli for t in types], dtype=np.int64)
+        self.p = np.array([t.popularity for t in types], dtype=np.float64)
+        # spec_ok[model, m]: type m may use this model (and is a GPU type)
+        self.spec_ok = np.array(
+            [[t.gpu_milli > 0 and (not t.spec or mdl in t.spec) for t in types] for mdl in models],
+            dtype=bool,
+        ).reshape(len(models), len(types))
+
+    def frag(self, free: np.ndarray, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
+        """F_n for X node states: free[X, G] (absent GPUs padded with 0), cpu_free[X], model[X]."""
+        f = free[:, :, None]
+        ge = f >= self.g  # (X, G, M)
+        fit = ge.sum(axis=1)
+        small = np.where(ge, 0, f).sum(axis=1)
+        tot = free.sum(axis=1)
+        ok = self.spec_ok[model] & (fit >= self.k) & (cpu_free[:, None] >= self.cpu)
+        return np.where(ok, small, tot[:, None]) @ self.p
+
+
+def fgd_scores(delta: np.ndarray) -> np.ndarray:
+    """Vectorised fgd_score: floor(100 * sigmoid(-delta / 1000)) as int64."""
+    x = np.clip(-delta / 1000.0, -700.0, 700.0)
+    return (100.0 / (1.0 + np.exp(-x))).astype(np.int64)

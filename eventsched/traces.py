@@ -1,0 +1,246 @@
+"""Trace importers: the Alibaba "openb" GPU trace and a plain CSV of jobs.
+
+Plain CSV format (for users bringing their own workload)
+--------------------------------------------------------
+A header line is required; columns are matched by name, in any order::
+
+    submit_time,duration,gpus[,gpu_mem,user,priority]
+
+- ``submit_time``: seconds (float >= 0) from any origin; rows need not be sorted.
+- ``duration``: run time in seconds (float > 0).
+- ``gpus``: 0 for a CPU-only job; 0 < gpus < 1 for a share of one GPU (e.g. 0.5);
+  an integer >= 1 for that many whole GPUs (1.5 is an error).
+- ``gpu_mem`` (optional): GPU memory per GPU in MiB (integer >= 0; empty = 0).
+- ``user`` (optional): any string; empty = "".
+- ``priority`` (optional): integer, higher runs first; empty = 0.
+
+Blank lines and lines starting with ``#`` are skipped. A bad row raises
+``TraceError`` with one line naming the file, the line number and the problem,
+e.g. ``jobs.csv:7: duration must be > 0, got '-3'``.
+
+Alibaba openb trace
+-------------------
+``load_alibaba(pod_csv, node_csv)`` reads ``openb_pod_list_*.csv`` and
+``openb_node_list_*.csv`` (see /work/shared/traces/README.md for columns and
+caveats: the time columns are censored and are not a replayable schedule).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import msgspec
+
+__all__ = [
+    "TraceError",
+    "AlibabaPod",
+    "AlibabaNode",
+    "TraceJob",
+    "load_alibaba",
+    "load_alibaba_pods",
+    "load_alibaba_nodes",
+    "load_csv",
+    "alibaba_jobs",
+]
+
+
+class TraceError(ValueError):
+    """A trace file is unreadable or has a bad row; str() is one line for the user."""
+
+
+class AlibabaPod(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int  # 0, or number of GPUs
+    gpu_milli: int  # per-GPU share 1..1000 (0 when num_gpu == 0)
+    gpu_spec: tuple[str, ...] = ()  # allowed GPU models; empty = any
+    qos: str = ""
+    pod_phase: str = ""
+    creation_time: int | None = None
+    deletion_time: int | None = None
+    scheduled_time: int | None = None
+
+
+class AlibabaNode(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+class TraceJob(msgspec.Struct, frozen=True, kw_only=True):
+    """One job of a replayable trace (same GPU convention as events.JobSpec.gpus)."""
+
+    submit_time: float
+    duration: float
+    gpus: float  # 0 = CPU-only; 0 < g < 1 share of one GPU; integer >= 1 whole GPUs
+    gpu_mem_mib: int = 0
+    user: str = ""
+    priority: int = 0
+
+
+T = TypeVar("T")
+
+
+def _rows(path: str | os.PathLike[str], required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """Yield (line number, row) for each data row; checks the header first."""
+    try:
+        f = open(path, newline="", encoding="utf-8")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
+    with f:
+        reader = csv.reader(f)
+        header: list[str] | None = None
+        for fields in reader:
+            lineno = reader.line_num
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue
+            if fields[0].lstrip().startswith("#"):
+                continue
+            if header is None:
+                header = [h.strip() for h in fields]
+                missing = [c for c in required if c not in header]
+                if missing:
+                    raise TraceError(
+                        f"{path}:{lineno}: header must name {', '.join(required)};"
+                        f" missing {', '.join(missing)} (got {','.join(header)})"
+                    )
+                continue
+            if len(fields) != len(header):
+                raise TraceError(
+                    f"{path}:{lineno}: expected {len(header)} fields, got {len(fields)}"
+                )
+            yield lineno, {h: v.strip() for h, v in zip(header, fields)}
+        if header is None:
+            raise TraceError(f"{path}: empty file (a header line is required)")
+
+
+def _field(path: object, lineno: int, row: dict[str, str], col: str,
+           conv: Callable[[str], T], ok: Callable[[T], bool] = lambda v: True,
+           what: str = "", default: T | None = None) -> T:
+    raw = row.get(col, "")
+    if raw == "" and default is not None:
+        return default
+    try:
+        v = conv(raw)
+    except (ValueError, OverflowError):
+        kind = "an integer" if conv in (int, _opt_int) else "a number"
+        raise TraceError(f"{path}:{lineno}: {col} must be {kind}, got {raw!r}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise TraceError(f"{path}:{lineno}: {col} must be finite, got {raw!r}")
+    if not ok(v):
+        raise TraceError(f"{path}:{lineno}: {col} must be {what}, got {raw!r}")
+    return v
+
+
+def _opt_int(raw: str) -> int | None:
+    return None if raw == "" else int(raw)
+
+
+# --- Alibaba openb ---------------------------------------------------------
+
+_POD_COLS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+_NODE_COLS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+
+
+def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
+    pods: list[AlibabaPod] = []
+    for n, r in _rows(pod_csv, _POD_COLS):
+        nonneg = lambda v: v >= 0  # noqa: E731
+        k = _field(pod_csv, n, r, "num_gpu", int, nonneg, ">= 0")
+        g = _field(pod_csv, n, r, "gpu_milli", int, lambda v: 0 <= v <= 1000, "in 0..1000")
+        if k > 0 and g == 0:
+            raise TraceError(f"{pod_csv}:{n}: gpu_milli must be > 0 when num_gpu is {k}")
+        if k == 0:
+            g = 0  # a CPU-only pod has no GPU share, whatever the column says
+        times = {}
+        for col in ("creation_time", "deletion_time", "scheduled_time"):
+            times[col] = _field(pod_csv, n, r, col, _opt_int) if col in r else None
+        spec = r.get("gpu_spec", "")
+        pods.append(AlibabaPod(
+            name=r["name"],
+            cpu_milli=_field(pod_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
+            memory_mib=_field(pod_csv, n, r, "memory_mib", int, nonneg, ">= 0"),
+            num_gpu=k,
+            gpu_milli=g,
+            gpu_spec=tuple(s for s in spec.split("|") if s),
+            qos=r.get("qos", ""),
+            pod_phase=r.get("pod_phase", r.get("pod_phrase", "")),
+            **times,
+        ))
+    return pods
+
+
+def load_alibaba_nodes(node_csv: str | os.PathLike[str]) -> list[AlibabaNode]:
+    nodes: list[AlibabaNode] = []
+    for n, r in _rows(node_csv, _NODE_COLS):
+        nonneg = lambda v: v >= 0  # noqa: E731
+        gpus = _field(node_csv, n, r, "gpu", int, lambda v: 0 <= v <= 64, "in 0..64")
+        nodes.append(AlibabaNode(
+            name=r["sn"],
+            cpu_milli=_field(node_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
+            memory_mib=_field(node_csv, n, r, "memory_mib", int, nonneg, ">= 0"),
+            gpus=gpus,
+            model=r["model"],
+        ))
+    return nodes
+
+
+def load_alibaba(
+    pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str]
+) -> tuple[list[AlibabaPod], list[AlibabaNode]]:
+    """Read an openb pod list and node list. Raises TraceError on a bad row."""
+    return load_alibaba_pods(pod_csv), load_alibaba_nodes(node_csv)
+
+
+def alibaba_jobs(pods: list[AlibabaPod]) -> list[TraceJob]:
+    """Pods as replayable jobs, for a dynamic replay.
+
+    Caveat (README of the trace): deletion_time is censored for Running and
+    Pending pods, so durations are unreliable; pods without a creation or
+    deletion time are skipped. submit_time is relative to the earliest pod.
+    """
+    timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
+    t0 = min((p.creation_time or 0 for p in timed), default=0)
+    jobs = []
+    for p in timed:
+        assert p.creation_time is not None and p.deletion_time is not None
+        dur = float(p.deletion_time - p.creation_time)
+        if dur <= 0:
+            continue
+        if p.num_gpu == 0:
+            gpus = 0.0
+        elif p.num_gpu == 1 and p.gpu_milli < 1000:
+            gpus = p.gpu_milli / 1000.0
+        else:
+            gpus = float(p.num_gpu)
+        jobs.append(TraceJob(submit_time=float(p.creation_time - t0), duration=dur, gpus=gpus))
+    return jobs
+
+
+# --- plain CSV --------------------------------------------------------------
+
+def _gpus_ok(v: float) -> bool:
+    return v == 0 or 0 < v < 1 or (v >= 1 and v == int(v))
+
+
+def load_csv(path: str | os.PathLike[str]) -> list[TraceJob]:
+    """Read a plain job CSV (format in the module docstring), in file order."""
+    jobs: list[TraceJob] = []
+    for n, r in _rows(path, ("submit_time", "duration", "gpus")):
+        jobs.append(TraceJob(
+            submit_time=_field(path, n, r, "submit_time", float, lambda v: v >= 0, ">= 0"),
+            duration=_field(path, n, r, "duration", float, lambda v: v > 0, "> 0"),
+            gpus=_field(path, n, r, "gpus", float, _gpus_ok,
+                        "0, a share in (0, 1) or a whole number of GPUs"),
+            gpu_mem_mib=_field(path, n, r, "gpu_mem", int, lambda v: v >= 0, ">= 0", default=0),
+            user=r.get("user", ""),
+            priority=_field(path, n, r, "priority", int, default=0),
+        ))
+    return jobs
