@@ -1,0 +1,63 @@
+"""The TOML config file (SPEC I3): validated at start, with clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .messages import SchedulerConfig
+
+
+class ConfigError(Exception):
+    """One line naming the file and what is wrong in it."""
+
+
+class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a config file may set; command-line options override it."""
+
+    gpus: str | None = None
+    policy: str | None = None
+    sample_interval_s: float = 2.0
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+
+SAMPLE = """\
+# eventsched configuration (TOML). Every key is optional.
+# Command-line options of `eventsched serve` override what is set here.
+
+gpus = "fake:4:24576"          # omit to use the real GPUs through NVML
+policy = "best-fit"            # fifo, priority, best-fit, sjf-backfill, fgd
+sample_interval_s = 2.0        # seconds between GPU samples
+
+[scheduler]
+default_time_limit_s = 86400   # global time limit for every job (F9)
+kill_grace_s = 10.0            # SIGTERM, then SIGKILL after this long
+max_queued = 10000             # submissions beyond this are refused
+max_running = 0                # 0 = no limit on concurrent jobs
+max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this (F10)
+max_gpu_utilization_pct = 100.0
+max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
+retry_backoff_s = 2.0          # first retry delay, doubled each time
+"""
+
+
+def sample_config() -> str:
+    return SAMPLE
+
+
+def load_config(path: str | Path | None) -> ServeConfig:
+    if path is None:
+        return ServeConfig()
+    try:
+        raw: dict[str, Any] = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    try:
+        return msgspec.convert(raw, ServeConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None

@@ -1,0 +1,111 @@
+"""``eventsched serve``: wire the engine, the socket and the signals together."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from .config import ConfigError, ServeConfig, load_config
+from .paths import default_socket, default_state_dir
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (SPEC I7), for journald or jq."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _fail(message: str) -> int:
+    print(f"eventsched: error: {message}", file=sys.stderr)
+    return 2
+
+
+def resolve(args: argparse.Namespace) -> tuple[ServeConfig, Path, Path]:
+    config = load_config(args.config)
+    scheduler = config.scheduler
+    if args.policy:
+        scheduler = msgspec.structs.replace(scheduler, policy=args.policy)
+    elif config.policy:
+        scheduler = msgspec.structs.replace(scheduler, policy=config.policy)
+    if getattr(args, "time_limit", None):
+        from .cli import parse_duration
+
+        scheduler = msgspec.structs.replace(scheduler, default_time_limit_s=parse_duration(args.time_limit))
+    config = msgspec.structs.replace(
+        config,
+        scheduler=scheduler,
+        gpus=args.gpus or config.gpus,
+        sample_interval_s=args.sample_interval or config.sample_interval_s,
+    )
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    socket_path = Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None)
+    return config, state_dir, socket_path
+
+
+def serve(args: argparse.Namespace) -> int:
+    from . import log as eventlog
+    from .gpus import NvmlUnavailable, open_backend
+    from .policies import POLICIES
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        config, state_dir, socket_path = resolve(args)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    if config.scheduler.policy not in POLICIES:
+        return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {', '.join(POLICIES)}")
+    try:
+        backend = open_backend(config.gpus)
+    except NvmlUnavailable as exc:
+        return _fail(str(exc))
+    except ValueError as exc:
+        return _fail(f"--gpus: {exc}")
+    try:
+        anyio.run(_serve, config, state_dir, socket_path, backend)
+    except eventlog.LogLockedError as exc:
+        return _fail(f"{exc}: another daemon is using {state_dir}")
+    except eventlog.LogError as exc:
+        return _fail(str(exc))
+    return 0
+
+
+async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend) -> None:
+    from .engine import Engine
+    from .server import Server
+
+    log = logging.getLogger("eventsched.daemon")
+    engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
+    server = Server(engine, socket_path)
+    async with anyio.create_task_group() as tg:
+        await tg.start(engine.run)
+        await tg.start(server.serve)
+        log.info(
+            "serving on %s, state in %s, policy %s, gpus %s, pid %d",
+            socket_path, state_dir, config.scheduler.policy, backend.describe(), os.getpid(),
+        )
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: stopping; running jobs keep running", signal.Signals(signum).name)
+                await engine.stop(reason=signal.Signals(signum).name)
+                tg.cancel_scope.cancel()
+                break

@@ -1,0 +1,348 @@
+"""The single-writer loop: the only place that appends to the log.
+
+One anyio task drains the inbox, runs every message through the sans-I/O core,
+appends everything the batch produced in one group commit (one write, one
+fdatasync), acknowledges the clients only then, tells subscribers, and performs
+the effects (launch, signal, timers). Everything else — the socket, the
+executor's exit watcher, the GPU sampler, the timer — only ever *sends
+messages* to the inbox.
+
+The core folds each event into the projection as it produces it, so the
+projection runs a few microseconds ahead of the disk during a commit. If the
+commit fails (disk full) the projection is rebuilt from the log, which is the
+truth, and every client of the batch is told its request was not accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from . import __version__, core, events as ev, log as eventlog, snapshots
+from .executor import AlreadyLaunched, Executor, LaunchError
+from .gpus import GpuBackend, significant
+from .messages import (
+    GpuObserved,
+    Launch,
+    Message,
+    ProcessExited,
+    Refused,
+    SchedulerConfig,
+    Signal,
+    Started,
+    Stopping,
+    Tick,
+    WakeAt,
+)
+from .paths import log_dir, snapshot_dir
+from .projections.cluster import ClusterState, apply
+
+logger = logging.getLogger("eventsched.engine")
+
+INBOX_SIZE = 65_536
+MAX_BATCH = 8_192
+SUBSCRIBER_BUFFER = 4_096
+
+
+@dataclass
+class Query:
+    """A read of the projection, answered after the batch it arrived in commits."""
+
+    read: Callable[[ClusterState], Any]
+
+
+@dataclass
+class Pending:
+    item: Message | Query
+    done: anyio.Event | None = None
+    result: Any = None
+    error: str | None = None
+    produced: list[ev.Event] = field(default_factory=list)
+
+
+class EngineStopped(Exception):
+    pass
+
+
+class Engine:
+    def __init__(
+        self,
+        state_dir: Path,
+        config: SchedulerConfig,
+        backend: GpuBackend,
+        *,
+        sample_interval_s: float = 2.0,
+        snapshot_every: int = 50_000,
+        segment_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_dir = state_dir
+        self.config = config
+        self.backend = backend
+        self.sample_interval_s = sample_interval_s
+        self.snapshot_every = snapshot_every
+        self.segment_bytes = segment_bytes
+        self.clock = clock
+        self.executor = Executor(state_dir, node=config.node)
+        self.state: ClusterState | None = None
+        self.log: eventlog.LogWriter | None = None
+        self._send, self._receive = anyio.create_memory_object_stream[Pending](INBOX_SIZE)
+        self._subscribers: set[MemoryObjectSendStream[bytes]] = set()
+        self._wake_at = math.inf
+        self._wake_changed = anyio.Event()
+        self._last_snapshot_seq = 0
+        self._stopping = False
+        self._last_logged_sample: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
+        self.committed_seq = 0
+
+    # --- the public face (used by the server) ----------------------------
+
+    async def call(self, item: Message | Query) -> Any:
+        """Send a command or query and wait until its events are durable."""
+        if self._stopping:
+            raise Refused("the daemon is shutting down")
+        pending = Pending(item, anyio.Event())
+        await self._send.send(pending)
+        assert pending.done is not None
+        await pending.done.wait()
+        if pending.error is not None:
+            raise Refused(pending.error)
+        return pending.result
+
+    async def tell(self, item: Message) -> None:
+        """Send a message nobody waits for (observations)."""
+        await self._send.send(Pending(item))
+
+    def subscribe(self) -> tuple[int, MemoryObjectReceiveStream[bytes]]:
+        """Register for live event batches; returns the last committed seq.
+
+        Registration and the returned seq are taken in the same step of the
+        event loop, so history up to that seq plus the stream lose nothing.
+        """
+        send, receive = anyio.create_memory_object_stream[bytes](SUBSCRIBER_BUFFER)
+        self._subscribers.add(send)
+        return self.committed_seq, receive
+
+    def unsubscribe(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
+        receive.close()
+
+    # --- start-up --------------------------------------------------------
+
+    def _load_state(self) -> ClusterState:
+        """Newest valid snapshot plus the log's tail (or the whole log)."""
+        state = snapshots.load_latest(snapshot_dir(self.state_dir)) or ClusterState()
+        for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
+            for event in batch:
+                apply(state, event)
+        return state
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes)
+        try:
+            if self.log.recovered is not None:
+                logger.warning("log recovery: %s", self.log.recovered)
+            self.state = await anyio.to_thread.run_sync(self._load_state)
+            self.committed_seq = self.log.next_seq - 1
+            self._last_snapshot_seq = self.state.last_seq
+            gpus = self.backend.discover()
+            started = Started(
+                node=self.config.node,
+                pid=os.getpid(),
+                version=__version__,
+                gpu_backend=self.backend.describe(),
+                gpus=gpus,
+                config=self.config,
+            )
+            running = {
+                job.id: (job.pid or 0, job.start_time or 0)
+                for job in self.state.jobs.values()
+                if job.state == "running"
+            }
+            recovered = self.executor.recover(running)
+            for message in [started, *recovered]:
+                await self._send.send(Pending(message))
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._main_loop)
+                tg.start_soon(self.executor.run, self.tell)
+                tg.start_soon(self._timer)
+                tg.start_soon(self._sampler)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._shutdown()
+
+    async def stop(self, reason: str = "signal") -> None:
+        """Record the stop, then cancel every task. Jobs keep running (X9)."""
+        if self._stopping:
+            return
+        try:
+            await self.call(Stopping(node=self.config.node, reason=reason))
+        except Refused:
+            pass
+        self._stopping = True
+        self._tg.cancel_scope.cancel()
+
+    async def _shutdown(self) -> None:
+        for send in list(self._subscribers):
+            send.close()
+        self._subscribers.clear()
+        if self.log is not None:
+            if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
+                try:
+                    snapshots.save(snapshot_dir(self.state_dir), self.state)
+                except OSError as exc:
+                    logger.warning("could not save a snapshot at shutdown: %s", exc)
+            self.log.close()
+            self.log = None
+
+    # --- the loop --------------------------------------------------------
+
+    async def _main_loop(self) -> None:
+        assert self.state is not None and self.log is not None
+        while True:
+            batch = [await self._receive.receive()]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except anyio.WouldBlock:
+                    break
+            now = self.clock()
+            produced: list[ev.Event] = []
+            effects: list[Any] = []
+            for pending in batch:
+                if isinstance(pending.item, Query):
+                    continue
+                if isinstance(pending.item, GpuObserved) and not self._worth_logging(pending.item, now):
+                    continue
+                try:
+                    events, item_effects = core.handle(self.state, pending.item, now)
+                except Refused as refusal:
+                    pending.error = refusal.reason
+                    continue
+                pending.produced = events
+                produced.extend(events)
+                effects.extend(item_effects)
+            if produced:
+                if not await self._commit(produced, batch):
+                    effects = []
+            for pending in batch:
+                if isinstance(pending.item, Query) and pending.error is None:
+                    try:
+                        pending.result = pending.item.read(self.state)
+                    except Refused as refusal:
+                        pending.error = refusal.reason
+                elif pending.error is None:
+                    pending.result = pending.produced
+                if pending.done is not None:
+                    pending.done.set()
+            for effect in effects:
+                self._perform(effect)
+            if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every:
+                await self._snapshot()
+
+    async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
+        assert self.log is not None and self.state is not None
+        stamped = ev.stamp(produced, self.log.next_seq)
+        try:
+            last = await anyio.to_thread.run_sync(self.log.append, stamped)
+        except eventlog.LogFullError as exc:
+            # Nothing of this batch is durable: refuse it all and go back to
+            # what the log says.
+            logger.error("append refused: %s", exc)
+            for pending in batch:
+                if pending.produced:
+                    pending.error = str(exc)
+                    pending.produced = []
+            self.state = await anyio.to_thread.run_sync(self._load_state)
+            return False
+        self.state.last_seq = last
+        self.committed_seq = last
+        # hand the stamped copies to whoever asked, so replies carry seqs
+        by_identity = {id(old): new for old, new in zip(produced, stamped)}
+        for pending in batch:
+            if pending.produced:
+                pending.produced = [by_identity[id(e)] for e in pending.produced]
+        self._broadcast(ev.encode_many(stamped))
+        return True
+
+    def _broadcast(self, payload: bytes) -> None:
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(payload)
+            except anyio.WouldBlock:
+                # a subscriber that cannot keep up is cut off; it resubscribes
+                # from the last seq it saw
+                send.close()
+                self._subscribers.discard(send)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._subscribers.discard(send)
+
+    def _worth_logging(self, sample: GpuObserved, now: float) -> bool:
+        key = (sample.node, sample.gpu)
+        previous = self._last_logged_sample.get(key)
+        prev_ts, prev = previous if previous else (0.0, None)
+        if not significant(prev, sample, last_ts=prev_ts, now=now):
+            return False
+        self._last_logged_sample[key] = (now, sample)
+        return True
+
+    async def _snapshot(self) -> None:
+        assert self.state is not None
+        self._last_snapshot_seq = self.state.last_seq
+        data = snapshots.snapshot_bytes(self.state)
+        await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
+
+    # --- effects ---------------------------------------------------------
+
+    def _perform(self, effect: Any) -> None:
+        if isinstance(effect, Launch):
+            self._tg.start_soon(self._launch, effect)
+        elif isinstance(effect, Signal):
+            self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
+        elif isinstance(effect, WakeAt):
+            if effect.at < self._wake_at:
+                self._wake_at = effect.at
+                self._wake_changed.set()
+
+    async def _launch(self, effect: Launch) -> None:
+        try:
+            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids)
+        except AlreadyLaunched:
+            return  # its supervisor reports how it goes
+        except LaunchError as exc:
+            await self.tell(ProcessExited(job=effect.job, exit_code=None, reason=f"launch-failed: {exc}"))
+            return
+        await self.tell(started)
+
+    async def _timer(self) -> None:
+        """Send a Tick when the earliest deadline the core asked for comes."""
+        while True:
+            self._wake_changed = anyio.Event()
+            delay = self._wake_at - self.clock()
+            if delay <= 0:
+                self._wake_at = math.inf
+                await self.tell(Tick())
+                continue
+            with anyio.move_on_after(min(delay, 3600.0)):
+                await self._wake_changed.wait()
+
+    async def _sampler(self) -> None:
+        while True:
+            assert self.state is not None
+            self.backend.observe_allocation(self.state)
+            pids = {job.pid for job in self.state.jobs.values() if job.state == "running" and job.pid}
+            samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
+            for sample in samples:
+                await self.tell(sample)
+            await anyio.sleep(self.sample_interval_s)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up everything the tests need, then run them. Extra arguments go to pytest,
+# e.g. `scripts/test.sh -m "not slow"` for the quick ones alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# The browser tests drive Debian's chromium (never a downloaded browser).
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; browser tests will be skipped" >&2
+fi
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,125 @@
+"""Start a real ``eventsched serve`` process on fake GPUs and talk to it.
+
+Shared by the end-to-end tests, the notebook tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EVENTSCHED = [sys.executable, "-m", "eventsched.cli"]
+
+
+def cli_env(state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["EVENTSCHED_STATE_DIR"] = str(state_dir)
+    env.pop("EVENTSCHED_SOCKET", None)
+    return env
+
+
+@dataclass
+class Daemon:
+    state_dir: Path
+    gpus: str = "fake:4:16384"
+    extra: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.state_dir / "eventsched.sock"
+
+    def start(self, timeout: float = 20.0) -> "Daemon":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        stderr = open(self.state_dir / "daemon.stderr", "ab")
+        self.process = subprocess.Popen(
+            [*EVENTSCHED, "serve", "--gpus", self.gpus, "--sample-interval", "0.2", *self.extra],
+            env=cli_env(self.state_dir),
+            stdout=stderr,
+            stderr=stderr,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.process.returncode}: {self.stderr()}")
+            if self.cli("health").returncode == 0:
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon did not answer within {timeout}s: {self.stderr()}")
+
+    def stderr(self) -> str:
+        try:
+            return (self.state_dir / "daemon.stderr").read_text()[-4000:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def cli(self, *args: str, timeout: float = 30.0, cwd: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*EVENTSCHED, *args],
+            env=cli_env(self.state_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
+
+    def submit(self, *args: str, cwd: str | None = None) -> int:
+        result = self.cli("submit", *args, cwd=cwd)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout.strip())
+
+    def jobs(self) -> dict[int, dict[str, Any]]:
+        result = self.cli("queue", "--all", "--json")
+        assert result.returncode == 0, result.stderr
+        return {job["id"]: job for job in json.loads(result.stdout)}
+
+    def status(self) -> dict[str, Any]:
+        result = self.cli("status", "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    def wait_for(self, predicate, timeout: float = 20.0, what: str = "condition") -> dict[int, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        jobs: dict[int, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            jobs = self.jobs()
+            if predicate(jobs):
+                return jobs
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; jobs: {json.dumps(jobs, indent=1)[:3000]}")
+
+    def wait_states(self, ids: list[int], states: set[str], timeout: float = 20.0) -> dict[int, dict[str, Any]]:
+        return self.wait_for(
+            lambda jobs: all(jobs.get(i, {}).get("state") in states for i in ids),
+            timeout,
+            f"jobs {ids} to reach {states}",
+        )
+
+    def __enter__(self) -> "Daemon":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
