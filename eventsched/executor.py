@@ -1,0 +1,566 @@
+"""Launch, signal and reap job processes (X1-X4, X7, X9).
+
+Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
+process in its own session that outlives the daemon, like conmon or
+containerd-shim. The executor and a supervisor share nothing but files in the
+job's attempt directory::
+
+    <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
+    <state_dir>/jobs/<job>/<attempt>/          created with mkdir: "this attempt was launched"
+        spec.json   argv, env, cwd, credentials       (executor -> supervisor)
+        pid         job pid + /proc start time          (supervisor, atomic)
+        exit        exit code or signal, end time       (supervisor, atomic)
+
+Creating the attempt directory is the launch's commit point: a second launch of
+the same (job, attempt) is refused, even by a restarted daemon, so nothing is
+ever launched twice. Exits are noticed with a pidfd on the supervisor (no
+polling); ``recover`` re-adopts supervisors after a restart.
+
+Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
+otherwise the command is exec'd as an argv, never interpreted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shlex
+import signal as _signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import anyio
+import anyio.abc
+import msgspec
+
+from .events import JobSpec
+from .messages import Message, ProcessExited, ProcessLost, ProcessStarted
+
+__all__ = [
+    "Executor",
+    "LaunchError",
+    "AlreadyLaunched",
+    "rewrite_cuda",
+    "job_argv",
+    "job_env",
+    "DEFAULT_PATH",
+]
+
+SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
+
+
+class LaunchError(Exception):
+    """The job could not be started; ``str(e)`` is a one-line reason."""
+
+
+class AlreadyLaunched(LaunchError):
+    """This (job, attempt) was launched before: it is never launched twice."""
+
+
+# --- pure: what to exec ---------------------------------------------------
+
+
+def rewrite_cuda(argv: list[str], gpu_ids: list[int]) -> list[str]:
+    """X2: replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
+    physical ids (the seed scheduler's contract: scripts that copy it into
+    ``CUDA_VISIBLE_DEVICES`` keep working). CPU-only jobs are left alone."""
+    if not gpu_ids:
+        return list(argv)
+    ids = ",".join(str(g) for g in gpu_ids)
+    out = list(argv)
+    for i in range(1, len(out)):
+        if out[i] == "--cuda" and i + 1 < len(out):
+            out[i + 1] = ids
+        elif out[i].startswith("--cuda="):
+            out[i] = "--cuda=" + ids
+    return out
+
+
+def _visible(gpu_ids: list[int]) -> str:
+    return ",".join(str(g) for g in gpu_ids)
+
+
+def job_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
+    """The argv to exec: the command itself, or ``bash -c`` only for X3."""
+    command = rewrite_cuda(spec.command, gpu_ids)
+    if not (spec.conda or spec.env_setup or spec.shell):
+        return command
+    lines: list[str] = []
+    fail = '|| { rc=$?; echo "eventsched: environment set-up failed (exit $rc)" >&2; exit $rc; }'
+    if spec.conda:
+        lines.append(
+            '{ __base="$("${CONDA_EXE:-conda}" info --base)" && '
+            'source "$__base/etc/profile.d/conda.sh" && '
+            f"conda activate {shlex.quote(spec.conda)}; }} {fail}"
+        )
+    if spec.env_setup:
+        # braces, not a subshell: the set-up must change *this* shell's env
+        lines.append("{\n" + spec.env_setup + "\n} " + fail)
+    # the set-up must not move the job off its GPUs (seed 004 order)
+    lines.append(f"export CUDA_VISIBLE_DEVICES={shlex.quote(_visible(gpu_ids))}")
+    # spec.shell: the user asked for a shell command line; otherwise exec argv
+    lines.append(" ".join(command) if spec.shell else "exec " + shlex.join(command))
+    return ["bash", "-c", "\n".join(lines), f"eventsched-job-{spec.name or 'job'}"]
+
+
+def job_env(
+    job: int, spec: JobSpec, gpu_ids: list[int], *, home: str = "", user: str = ""
+) -> dict[str, str]:
+    """The job's environment: the submitter's, plus what the scheduler owes it."""
+    env = dict(spec.env)
+    env.setdefault("PATH", DEFAULT_PATH)
+    if user:  # running as another user: identity variables must be theirs
+        env["USER"] = env["LOGNAME"] = user
+    if home:
+        env["HOME"] = home
+    env["CUDA_VISIBLE_DEVICES"] = _visible(gpu_ids)  # X1; "" hides every GPU
+    # NVML numbers GPUs by PCI bus; CUDA's default order may differ
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["EVENTSCHED_JOB_ID"] = str(job)
+    return env
+
+
+# --- I/O helpers ------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError):
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, session id, start time) of a live or zombie process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[3]), int(fields[19])
+
+
+class _Creds(msgspec.Struct, frozen=True):
+    uid: int
+    gid: int
+    groups: list[int]
+    home: str
+    user: str
+
+
+def _credentials(spec: JobSpec) -> _Creds | None:
+    """X7: whom to run as. None = keep the daemon's identity (not root, or
+    a spec without an owner, which only in-process callers can build)."""
+    if os.geteuid() != 0 or spec.uid < 0:
+        return None
+    try:
+        pw = pwd.getpwuid(spec.uid)
+    except KeyError:
+        pw = None
+    if pw is None and spec.gid < 0:
+        raise LaunchError(f"unknown user id {spec.uid} and no group id given")
+    gid = spec.gid if spec.gid >= 0 else pw.pw_gid  # type: ignore[union-attr]
+    if spec.groups:
+        groups = list(spec.groups)
+    elif pw is not None:
+        groups = os.getgrouplist(pw.pw_name, gid)
+    else:
+        groups = [gid]
+    home = spec.home or (pw.pw_dir if pw else "/")
+    return _Creds(spec.uid, gid, groups, home, pw.pw_name if pw else str(spec.uid))
+
+
+class _Watch:
+    """A supervisor the executor waits on (launched here or adopted)."""
+
+    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "_event")
+
+    def __init__(
+        self,
+        job: int,
+        attempt_dir: Path,
+        pgid: int,
+        pidfd: int,
+        popen: subprocess.Popen | None,
+        report: bool = True,
+    ) -> None:
+        self.job = job
+        self.attempt_dir = attempt_dir
+        self.pgid = pgid  # the job's pid == its process group == its session
+        self.pidfd = pidfd  # the supervisor's
+        self.popen = popen  # set when the supervisor is our child: reap it
+        self.report = report
+        self.ended = False
+        self._event: anyio.Event | None = None  # made lazily: recover() runs outside a loop
+
+    def event(self) -> anyio.Event:
+        if self._event is None:
+            self._event = anyio.Event()
+            if self.ended:
+                self._event.set()
+        return self._event
+
+    def set_ended(self) -> None:
+        self.ended = True
+        self.event().set()
+
+
+class Executor:
+    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable):
+        self.node = node
+        self.jobs_dir = Path(state_dir) / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        # 0o711: other users may reach their own log by path, never list jobs
+        os.chmod(self.jobs_dir, 0o711 if os.geteuid() == 0 else 0o700)
+        self._python = python
+        self._watched: dict[int, _Watch] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._pending: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
+        self._send: Callable[[Message], Awaitable[None]] | None = None
+        self._spare: tuple[subprocess.Popen, int, int] | None = None
+
+    # --- paths ----------------------------------------------------------
+
+    def log_path(self, job: int) -> Path:
+        return self.jobs_dir / str(job) / "output.log"
+
+    def _latest_attempt(self, job: int) -> Path | None:
+        try:
+            attempts = [int(p) for p in os.listdir(self.jobs_dir / str(job)) if p.isdigit()]
+        except FileNotFoundError:
+            return None
+        return self.jobs_dir / str(job) / str(max(attempts)) if attempts else None
+
+    # --- launch ---------------------------------------------------------
+
+    async def launch(
+        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0
+    ) -> ProcessStarted:
+        """Start the job; return once it has exec'd. ``attempt`` tells a
+        requeued or retried run (pass e.g. the ``JobPlaced`` seq) from a
+        duplicate of one already launched, which raises ``AlreadyLaunched``."""
+        if not spec.command:
+            raise LaunchError("empty command")
+        creds = _credentials(spec)
+        job_dir = self.jobs_dir / str(job)
+        attempt_dir = job_dir / str(attempt)
+        try:
+            job_dir.mkdir(mode=0o711 if creds else 0o700, exist_ok=True)
+            os.mkdir(attempt_dir, 0o700)  # the commit point: launched
+        except FileExistsError:
+            raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
+        except OSError as e:
+            raise LaunchError(f"cannot create {attempt_dir}: {e.strerror}") from None
+
+        log_path = self.log_path(job)
+        env = job_env(
+            job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""
+        )
+        plan = {
+            "job": job,
+            "argv": job_argv(spec, gpu_ids),
+            "env": env,
+            "cwd": spec.cwd or "/",
+            "uid": creds.uid if creds else None,
+            "gid": creds.gid if creds else None,
+            "groups": creds.groups if creds else None,
+            "log": str(log_path),
+        }
+        try:
+            # 0o600: the environment may hold the user's secrets
+            spec_fd = os.open(attempt_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(spec_fd, "wb") as f:
+                f.write(msgspec.json.encode(plan))
+            log_fd = os.open(
+                log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                if creds:  # the job writes its own log as itself
+                    os.fchown(log_fd, creds.uid, creds.gid)
+                popen, ready_r = self._use_spare(attempt_dir) or self._cold_start(attempt_dir, log_fd)
+            finally:
+                os.close(log_fd)
+        except OSError as e:
+            reason = f"cannot start the supervisor: {e.strerror or e}"
+            # recorded like a supervisor would, so a restart reads "launch-failed"
+            with contextlib.suppress(OSError):
+                (attempt_dir / "exit").write_bytes(
+                    msgspec.json.encode({"exit_code": 127, "signal": None, "error": reason})
+                )
+            raise LaunchError(reason) from None
+
+        pidfd = os.pidfd_open(popen.pid)
+        try:
+            # Shielded: once a supervisor runs, we must learn its pid even if
+            # the engine is being cancelled, or the job would go unwatched.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
+                line = await _read_line(ready_r)
+        finally:
+            os.close(ready_r)
+        if self._tg is not None and self._spare is None:
+            # the next launch's supervisor, started once this job is off the
+            # ground so the two do not compete for a CPU
+            self._start_spare()
+        words = line.split(" ", 1) if line else []
+        if words and words[0] == "ok":
+            pid, start_time = (int(x) for x in words[1].split())
+            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen))
+            return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
+        # Failed: reap the supervisor in the background, report nothing more.
+        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False))
+        if words and words[0] == "error":
+            raise LaunchError(words[1] if len(words) > 1 else "unknown error")
+        raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
+
+    def _cold_start(self, attempt_dir: Path, log_fd: int) -> tuple[subprocess.Popen, int]:
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            os.set_blocking(ready_w, True)
+            popen = subprocess.Popen(
+                [self._python, "-I", "-S", SUPERVISOR, str(attempt_dir), str(ready_w)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                close_fds=True,
+                pass_fds=(ready_w,),
+                start_new_session=True,  # the daemon's session and signals are not its
+                cwd="/",
+            )
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        return popen, ready_r
+
+    def _start_spare(self) -> None:
+        """Pre-start the next supervisor (only while ``run`` is active), so a
+        launch does not wait ~10 ms for a Python interpreter to start."""
+        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.set_blocking(ready_w, True)
+        try:
+            popen = subprocess.Popen(
+                [self._python, "-I", "-S", SUPERVISOR, "--spare", str(ready_w)],
+                stdin=cmd_r,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(ready_w,),
+                start_new_session=True,
+                cwd="/",
+            )
+        except OSError:
+            os.close(cmd_w)
+            os.close(ready_r)
+            self._spare = None  # launches fall back to a cold start
+            return
+        finally:
+            os.close(cmd_r)
+            os.close(ready_w)
+        self._spare = (popen, cmd_w, ready_r)
+
+    def _use_spare(self, attempt_dir: Path) -> tuple[subprocess.Popen, int] | None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        popen, cmd_w, ready_r = spare
+        try:
+            os.write(cmd_w, f"{attempt_dir}\n".encode())
+            ok = True
+        except OSError:  # it died: the caller starts one cold
+            ok = False
+        os.close(cmd_w)
+        if ok:
+            return popen, ready_r
+        os.close(ready_r)
+        popen.wait()
+        self._start_spare()
+        return None
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            popen, cmd_w, ready_r = spare
+            os.close(cmd_w)  # EOF: it exits without doing anything
+            os.close(ready_r)
+            popen.wait()
+
+    # --- signal ---------------------------------------------------------
+
+    async def signal(self, job: int, grace_s: float) -> None:
+        """SIGTERM the job's process group now; SIGKILL it after ``grace_s``
+        unless it has ended by then. Returns at once."""
+        w = self._watched.get(job)
+        if w is None or w.pgid <= 0:
+            return  # not running here (ended, or never started): nothing to stop
+        _killpg(w.pgid, _signal.SIGTERM)
+        self._spawn(self._kill_after, w, grace_s)
+
+    async def _kill_after(self, w: _Watch, grace_s: float) -> None:
+        with anyio.move_on_after(max(0.0, grace_s)):
+            await w.event().wait()
+        if not w.ended:
+            _killpg(w.pgid, _signal.SIGKILL)
+
+    # --- recovery ---------------------------------------------------------
+
+    def recover(self, running: dict[int, tuple[int, int]]) -> list[Message]:
+        """At start-up, for each job the log believes placed or running
+        (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
+        report how it ended, re-adopt it, or declare it lost."""
+        out: list[Message] = []
+        for job, (known_pid, _start) in sorted(running.items()):
+            attempt_dir = self._latest_attempt(job)
+            if attempt_dir is None:
+                out.append(ProcessLost(job=job, reason="not launched: the daemon stopped before launching it"))
+                continue
+            started = _read_json(attempt_dir / "pid")
+            ended = _read_json(attempt_dir / "exit")
+            if ended is None and started is not None:
+                w = self._adopt(job, attempt_dir, started)
+                if w is not None:
+                    if known_pid == 0:
+                        out.append(self._started(job, started))
+                    self._watch(w)
+                    continue
+                ended = _read_json(attempt_dir / "exit")  # it may have just finished
+            if ended is not None:
+                if started is not None and known_pid == 0:
+                    out.append(self._started(job, started))
+                out.append(_exited(job, ended))
+            elif started is not None:
+                out.append(
+                    ProcessLost(
+                        job=job,
+                        reason=f"supervisor gone without recording an exit (job pid {started['pid']})",
+                    )
+                )
+            else:
+                out.append(ProcessLost(job=job, reason="supervisor gone before starting the job"))
+        return out
+
+    def _started(self, job: int, started: dict) -> ProcessStarted:
+        return ProcessStarted(
+            job=job, pid=started["pid"], start_time=started["start_time"], log_path=str(self.log_path(job))
+        )
+
+    def _adopt(self, job: int, attempt_dir: Path, started: dict) -> _Watch | None:
+        spid = started["supervisor_pid"]
+        try:
+            pidfd = os.pidfd_open(spid)
+        except OSError:
+            return None
+        # checked after opening the pidfd: if it matches now, the pidfd is it
+        stat = _proc_stat(spid)
+        if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
+            os.close(pidfd)
+            return None
+        return _Watch(job, attempt_dir, started["pid"], pidfd, None)
+
+    # --- the long-running task ----------------------------------------------
+
+    async def run(self, send: Callable[[Message], Awaitable[None]]) -> None:
+        """Report ``ProcessExited`` for every launched or adopted job as it ends."""
+        async with anyio.create_task_group() as tg:
+            self._tg, self._send = tg, send
+            self._start_spare()
+            try:
+                pending, self._pending = self._pending, []
+                for fn, args in pending:
+                    tg.start_soon(fn, *args)
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+                self._drop_spare()
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        if self._tg is None:
+            self._pending.append((fn, args))
+        else:
+            self._tg.start_soon(fn, *args)
+
+    def _watch(self, w: _Watch) -> None:
+        if w.report:
+            self._watched[w.job] = w
+        self._spawn(self._wait_exit, w)
+
+    async def _wait_exit(self, w: _Watch) -> None:
+        try:
+            await anyio.wait_readable(w.pidfd)  # the supervisor has exited
+        finally:
+            os.close(w.pidfd)
+        if w.popen is not None:
+            w.popen.wait()  # our child, already exited: reap the zombie
+        w.set_ended()
+        if not w.report:
+            return
+        if self._watched.get(w.job) is w:
+            del self._watched[w.job]
+        ended = _read_json(w.attempt_dir / "exit")
+        msg: Message
+        if ended is None:
+            msg = ProcessLost(
+                job=w.job, reason=f"supervisor killed without recording an exit (job pid {w.pgid})"
+            )
+        else:
+            msg = _exited(w.job, ended)
+        assert self._send is not None
+        await self._send(msg)
+
+    # --- observation ----------------------------------------------------
+
+    def running_jobs(self) -> dict[int, int]:
+        """{job: pid} of the jobs being watched."""
+        return {j: w.pgid for j, w in self._watched.items() if w.pgid > 0}
+
+    def job_process_ids(self) -> set[int]:
+        """Pids of every process in a watched job's session (the job and its
+        descendants), for telling job GPU memory from foreign (F2)."""
+        sessions = {w.pgid for w in self._watched.values() if w.pgid > 0}
+        pids: set[int] = set()
+        if not sessions:
+            return pids
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None and stat[1] in sessions:
+                    pids.add(int(name))
+        return pids
+
+
+def _exited(job: int, ended: dict) -> ProcessExited:
+    error = ended.get("error") or ""
+    return ProcessExited(
+        job=job,
+        exit_code=ended.get("exit_code"),
+        signal=ended.get("signal"),
+        reason=f"launch-failed: {error}" if error else "",
+    )
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+async def _read_line(fd: int) -> str:
+    buf = b""
+    while b"\n" not in buf:
+        await anyio.wait_readable(fd)
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()

@@ -1,0 +1,507 @@
+"""The executor with real processes: environment, --cuda, shells, logs, exits,
+signals, run-as-user, and surviving the daemon's death (X1-X4, X7, X9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import anyio
+import pytest
+
+from eventsched.events import JobSpec
+from eventsched.executor import AlreadyLaunched, Executor, LaunchError, job_argv, rewrite_cuda
+from eventsched.messages import Message, ProcessExited, ProcessLost, ProcessStarted
+
+PY = sys.executable
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Inbox:
+    """Collects what the executor reports, like the engine's inbox."""
+
+    def __init__(self) -> None:
+        self.tx, self.rx = anyio.create_memory_object_stream[Message](100)
+
+    async def send(self, m: Message) -> None:
+        await self.tx.send(m)
+
+    async def next(self, timeout: float = 30) -> Message:
+        with anyio.fail_after(timeout):
+            return await self.rx.receive()
+
+    def pending(self) -> list[Message]:
+        out = []
+        while True:
+            try:
+                out.append(self.rx.receive_nowait())
+            except anyio.WouldBlock:
+                return out
+
+
+@asynccontextmanager
+async def running(ex: Executor) -> AsyncIterator[Inbox]:
+    inbox = Inbox()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ex.run, inbox.send)
+        yield inbox
+        tg.cancel_scope.cancel()
+
+
+def py(code: str, *args: str) -> list[str]:
+    return [PY, "-S", "-c", textwrap.dedent(code), *args]
+
+
+PRINT_ENV = py(
+    """
+    import os, sys
+    print("CVD=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    print("JOB=" + os.environ.get("EVENTSCHED_JOB_ID", "-"))
+    print("ARGV=" + repr(sys.argv[1:]))
+    print("CWD=" + os.getcwd())
+    """
+)
+
+
+async def run_job(ex: Executor, job: int, spec: JobSpec, gpu_ids: list[int]) -> tuple[ProcessExited, str]:
+    async with running(ex) as inbox:
+        started = await ex.launch(job, spec, gpu_ids)
+        assert isinstance(started, ProcessStarted) and started.pid > 0 and started.start_time > 0
+        exited = await inbox.next()
+    assert isinstance(exited, ProcessExited) and exited.job == job
+    return exited, ex.log_path(job).read_text()
+
+
+def wait_for(cond, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+# --- environment, --cuda, no shell -------------------------------------------------
+
+
+async def test_job_sees_its_gpus_and_job_id(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    exited, log = await run_job(ex, 7, JobSpec(command=PRINT_ENV, cwd=str(tmp_path)), [1, 3])
+    assert exited.exit_code == 0 and exited.signal is None
+    assert "CVD='1,3'" in log and "JOB=7" in log and f"CWD={tmp_path}" in log
+
+
+async def test_jobs_launched_one_after_another_each_get_their_own_env_and_log(tmp_path: Path) -> None:
+    # after the first, launches use a pre-started supervisor: same contract
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await anyio.sleep(0.1)
+        for job in range(1, 6):
+            await ex.launch(job, JobSpec(command=PRINT_ENV + [f"--cuda={job}"]), [job, 0])
+            exited = await inbox.next()
+            assert exited == ProcessExited(job=job, exit_code=0)
+    for job in range(1, 6):
+        log = ex.log_path(job).read_text()
+        assert f"CVD='{job},0'" in log and f"JOB={job}\n" in log and f"--cuda={job},0" in log
+
+
+async def test_cpu_only_job_sees_no_gpu(tmp_path: Path) -> None:
+    _, log = await run_job(Executor(tmp_path), 1, JobSpec(command=PRINT_ENV, gpus=0), [])
+    assert "CVD=''" in log
+
+
+async def test_user_env_is_passed_but_cannot_override_the_assignment(tmp_path: Path) -> None:
+    code = "import os; print(os.environ['MY_VAR'], os.environ['CUDA_VISIBLE_DEVICES'])"
+    spec = JobSpec(command=py(code), env={"MY_VAR": "hello", "CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    _, log = await run_job(Executor(tmp_path), 1, spec, [2])
+    assert log.strip() == "hello 2"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--cuda", "0", "--lr", "1"], ["--cuda", "2,5", "--lr", "1"]),
+        (["--cuda=0,1", "x"], ["--cuda=2,5", "x"]),
+        (["--epochs", "3"], ["--epochs", "3"]),
+    ],
+)
+async def test_cuda_argument_is_rewritten_with_assigned_ids(tmp_path: Path, args, expected) -> None:
+    _, log = await run_job(Executor(tmp_path), 1, JobSpec(command=PRINT_ENV + args), [2, 5])
+    assert f"ARGV={expected!r}" in log
+
+
+def test_rewrite_cuda_leaves_cpu_jobs_and_the_program_alone() -> None:
+    assert rewrite_cuda(["p", "--cuda", "x", "--cuda"], [1]) == ["p", "--cuda", "1", "--cuda"]
+    assert rewrite_cuda(["prog", "--cuda", "0"], []) == ["prog", "--cuda", "0"]
+
+
+async def test_plain_command_is_never_interpreted_by_a_shell(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = f"$(touch {marker}); `touch {marker}` | > {marker}"
+    spec = JobSpec(command=["echo", evil, "*"], cwd=str(tmp_path))
+    assert job_argv(spec, [0]) == ["echo", evil, "*"]  # no bash -c
+    exited, log = await run_job(Executor(tmp_path), 1, spec, [0])
+    assert exited.exit_code == 0
+    assert log == f"{evil} *\n"  # literally, no globbing either
+    assert not marker.exists()
+
+
+# --- X3: the only shells ---------------------------------------------------------
+
+
+async def test_env_setup_runs_in_a_shell_before_the_command(tmp_path: Path) -> None:
+    (tmp_path / "activate").write_text("export GREETING=hi\nexport CUDA_VISIBLE_DEVICES=9\n")
+    code = "import os, sys; print(os.environ['GREETING'], os.environ['CUDA_VISIBLE_DEVICES'], sys.argv[1])"
+    spec = JobSpec(
+        command=py(code, "it's $(not) run"),
+        env_setup=f"source {tmp_path}/activate",
+    )
+    exited, log = await run_job(Executor(tmp_path), 1, spec, [4])
+    assert exited.exit_code == 0
+    # the set-up ran; the job still sees its GPU; its arguments stay literal
+    assert log.strip() == "hi 4 it's $(not) run"
+
+
+async def test_failing_env_setup_stops_the_job_with_a_message(tmp_path: Path) -> None:
+    spec = JobSpec(command=["touch", str(tmp_path / "ran")], env_setup="source /no/such/venv/bin/activate")
+    exited, log = await run_job(Executor(tmp_path), 1, spec, [0])
+    assert exited.exit_code != 0
+    assert "environment set-up failed" in log
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_conda_env_is_activated(tmp_path: Path) -> None:
+    # A stand-in conda: `conda info --base` and the conda.sh it points to.
+    base = tmp_path / "conda"
+    (base / "etc/profile.d").mkdir(parents=True)
+    (base / "etc/profile.d/conda.sh").write_text('conda() { export CONDA_DEFAULT_ENV="$2"; }\n')
+    fake = tmp_path / "bin/conda"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho {base}\n")
+    fake.chmod(0o755)
+    spec = JobSpec(
+        command=py("import os; print('ENV=' + os.environ['CONDA_DEFAULT_ENV'])"),
+        conda="my env",
+        env={"PATH": f"{fake.parent}:/usr/bin:/bin"},
+    )
+    exited, log = await run_job(Executor(tmp_path), 1, spec, [0])
+    assert exited.exit_code == 0, log
+    assert log.strip() == "ENV=my env"
+
+
+# --- logs, exits, launch failures ----------------------------------------------------
+
+
+async def test_output_log_holds_stdout_and_stderr_privately(tmp_path: Path) -> None:
+    code = "import sys; print('to out', flush=True); print('to err', file=sys.stderr)"
+    ex = Executor(tmp_path)
+    _, log = await run_job(ex, 3, JobSpec(command=py(code)), [0])
+    assert log == "to out\nto err\n"
+    assert ex.log_path(3) == tmp_path / "jobs/3/output.log"
+    assert stat.S_IMODE(ex.log_path(3).stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "jobs/3").stat().st_mode) & 0o077 in (0, 0o011)
+
+
+async def test_exit_code_is_reported(tmp_path: Path) -> None:
+    exited, _ = await run_job(Executor(tmp_path), 1, JobSpec(command=py("raise SystemExit(3)")), [0])
+    assert (exited.exit_code, exited.signal) == (3, None)
+
+
+async def test_death_by_signal_is_reported(tmp_path: Path) -> None:
+    code = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    exited, _ = await run_job(Executor(tmp_path), 1, JobSpec(command=py(code)), [0])
+    assert (exited.exit_code, exited.signal) == (None, signal.SIGSEGV)
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        (JobSpec(command=["no-such-program-xyz"]), "command not found: no-such-program-xyz"),
+        (JobSpec(command=["/no/such/file"]), "No such file"),
+        (JobSpec(command=["true"], cwd="/no/such/dir"), "/no/such/dir"),
+        (JobSpec(command=[]), "empty command"),
+    ],
+)
+async def test_launch_failure_is_one_clear_line(tmp_path: Path, spec: JobSpec, fragment: str) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        with pytest.raises(LaunchError) as info:
+            await ex.launch(1, spec, [0])
+        assert fragment in str(info.value) and "\n" not in str(info.value)
+        await anyio.sleep(0.2)
+        assert inbox.pending() == []  # the engine records the failure, not us
+
+
+async def test_a_job_is_never_launched_twice(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    marker = tmp_path / "runs"
+    spec = JobSpec(command=["sh", "-c", f"echo run >> {marker}"])
+    async with running(ex) as inbox:
+        await ex.launch(1, spec, [0])
+        with pytest.raises(AlreadyLaunched):
+            await ex.launch(1, spec, [0])
+        with pytest.raises(AlreadyLaunched):  # nor by another executor (a restarted daemon)
+            await Executor(tmp_path).launch(1, spec, [0])
+        await inbox.next()
+        # a retry / requeue is a new attempt, and appends to the same log
+        await ex.launch(1, spec, [0], attempt=1)
+        await inbox.next()
+    assert marker.read_text() == "run\nrun\n"
+
+
+# --- signals ---------------------------------------------------------------------------
+
+
+async def test_signal_terminates_the_process_group(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        started = await ex.launch(1, JobSpec(command=["sh", "-c", "sleep 100 & sleep 100; wait"]), [0])
+        await ex.signal(1, grace_s=30)
+        exited = await inbox.next()
+    assert exited == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
+    assert not alive(started.pid)
+
+
+async def test_signal_kills_a_job_that_ignores_sigterm_after_the_grace(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *a: print("ignoring TERM", flush=True))
+        open({str(ready)!r}, "w").close()
+        while True:
+            time.sleep(1)
+    """
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await ex.launch(1, JobSpec(command=py(code)), [0])
+        await anyio.to_thread.run_sync(wait_for, ready.exists)
+        with anyio.fail_after(1):  # signal() must not wait out the grace period
+            await ex.signal(1, grace_s=0.5)
+        assert inbox.pending() == []
+        exited = await inbox.next()
+    assert (exited.exit_code, exited.signal) == (None, signal.SIGKILL)
+    assert "ignoring TERM" in ex.log_path(1).read_text()
+
+
+async def test_signal_for_an_unknown_or_finished_job_is_harmless(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await ex.signal(99, grace_s=0)
+        await ex.launch(1, JobSpec(command=["true"]), [0])
+        await inbox.next()
+        await ex.signal(1, grace_s=0)
+
+
+async def test_leftover_background_processes_are_killed_when_the_job_ends(tmp_path: Path) -> None:
+    pidfile = tmp_path / "bg"
+    cmd = ["sh", "-c", f"sleep 1000 & echo $! > {pidfile}"]
+    exited, _ = await run_job(Executor(tmp_path), 1, JobSpec(command=cmd), [0])
+    assert exited.exit_code == 0
+    bg = int(pidfile.read_text())
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(bg))
+
+
+async def test_a_killed_supervisor_makes_the_job_lost(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        started = await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
+        sup = json.loads((tmp_path / "jobs/1/0/pid").read_text())["supervisor_pid"]
+        os.kill(sup, signal.SIGKILL)
+        msg = await inbox.next()
+    assert isinstance(msg, ProcessLost) and msg.job == 1 and str(started.pid) in msg.reason
+    os.killpg(started.pid, signal.SIGKILL)
+
+
+async def test_stopping_a_supervisor_stops_its_job_and_records_it(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
+        sup = json.loads((tmp_path / "jobs/1/0/pid").read_text())["supervisor_pid"]
+        os.kill(sup, signal.SIGTERM)
+        assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
+
+
+async def test_job_process_ids_cover_the_job_and_its_children(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    child = tmp_path / "child"
+    async with running(ex) as inbox:
+        started = await ex.launch(1, JobSpec(command=["sh", "-c", f"sleep 100 & echo $! > {child}; wait"]), [0])
+        await anyio.to_thread.run_sync(wait_for, lambda: child.exists() and child.read_text().strip())
+        pids = ex.job_process_ids()
+        assert {started.pid, int(child.read_text())} <= pids and os.getpid() not in pids
+        assert ex.running_jobs() == {1: started.pid}
+        await ex.signal(1, grace_s=0)
+        await inbox.next()
+    assert ex.job_process_ids() == set() and ex.running_jobs() == {}
+
+
+# --- X9: the daemon dies, the jobs do not ------------------------------------------------
+
+DAEMON = """
+import anyio, json, sys
+from pathlib import Path
+from eventsched.events import JobSpec
+from eventsched.executor import Executor
+
+async def main():
+    ex = Executor(Path(sys.argv[1]))
+    jobs = json.loads(sys.argv[2])
+    out = {}
+    for job, cmd in jobs.items():
+        s = await ex.launch(int(job), JobSpec(command=cmd), [0])
+        out[job] = [s.pid, s.start_time]
+    print(json.dumps(out), flush=True)
+    await ex.run(lambda m: anyio.sleep(0))
+
+anyio.run(main)
+"""
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _release(fifo: Path, code: str) -> None:
+    with open(fifo, "w") as f:  # the job blocks reading until this
+        f.write(code)
+
+
+async def test_jobs_survive_a_killed_daemon_and_are_recovered(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    fifo_b, fifo_c = _fifo(tmp_path / "b"), _fifo(tmp_path / "c")
+    wait_exit = "import sys; raise SystemExit(int(open(sys.argv[1]).read()))"
+    jobs = {
+        "1": py("raise SystemExit(5)"),  # finishes while the daemon is dead
+        "2": py(wait_exit, str(fifo_b)),  # runs on; the log knows it started
+        "3": py(wait_exit, str(fifo_c)),  # runs on; the log never recorded its start
+    }
+    daemon = subprocess.Popen([PY, "-c", DAEMON, str(state), json.dumps(jobs)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(daemon.stdout.readline())
+        wait_for(lambda: (state / "jobs/1/0/exit").exists())
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert alive(pids["2"][0]) and alive(pids["3"][0])
+
+    ex = Executor(state)
+    msgs = ex.recover(
+        {
+            1: tuple(pids["1"]),
+            2: tuple(pids["2"]),
+            3: (0, 0),  # launched, but the log never recorded it as started
+            4: (0, 0),  # placed, never launched
+        }
+    )
+    assert msgs == [
+        ProcessExited(job=1, exit_code=5),
+        ProcessStarted(job=3, pid=pids["3"][0], start_time=pids["3"][1], log_path=str(ex.log_path(3))),
+        ProcessLost(job=4, reason="not launched: the daemon stopped before launching it"),
+    ]
+    async with running(ex) as inbox:
+        await anyio.to_thread.run_sync(_release, fifo_b, "0")
+        assert await inbox.next() == ProcessExited(job=2, exit_code=0)
+        await anyio.to_thread.run_sync(_release, fifo_c, "7")
+        assert await inbox.next() == ProcessExited(job=3, exit_code=7)
+        with pytest.raises(AlreadyLaunched):  # the restarted daemon cannot run them again
+            await ex.launch(2, JobSpec(command=jobs["2"]), [0])
+
+
+async def test_adopted_job_can_be_signalled(tmp_path: Path) -> None:
+    daemon = subprocess.Popen(
+        [PY, "-c", DAEMON, str(tmp_path), json.dumps({"1": ["sleep", "100"]})],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = json.loads(daemon.stdout.readline())
+    finally:
+        daemon.kill()
+        daemon.wait()
+    ex = Executor(tmp_path)
+    assert ex.recover({1: tuple(pids["1"])}) == []
+    async with running(ex) as inbox:
+        await ex.signal(1, grace_s=5)
+        assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
+
+
+def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path) -> None:
+    attempt = tmp_path / "jobs/1/0"
+    attempt.mkdir(parents=True)
+    # a supervisor that recorded a start, then died without an exit record
+    (attempt / "pid").write_text(
+        json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
+    )
+    (tmp_path / "jobs/2/0").mkdir(parents=True)  # died before starting its job
+    msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
+    assert [type(m) for m in msgs] == [ProcessLost, ProcessLost]
+    assert "999999" in msgs[0].reason
+
+
+# --- X7: as root, jobs run as their user --------------------------------------------------
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="run-as-user needs root")
+
+
+@root_only
+async def test_root_daemon_runs_the_job_as_its_user(tmp_path: Path) -> None:
+    nobody = pwd.getpwnam("nobody")
+    work = Path(tempfile.mkdtemp(prefix="eventsched-user-"))
+    try:
+        os.chown(work, nobody.pw_uid, nobody.pw_gid)
+        script = "id -u; id -g; id -G; echo HOME=$HOME USER=$USER; pwd; touch mine"
+        spec = JobSpec(
+            command=["sh", "-c", script],
+            uid=nobody.pw_uid,
+            gid=nobody.pw_gid,
+            home="/home/nobody-ish",
+            cwd=str(work),
+        )
+        ex = Executor(tmp_path)
+        exited, log = await run_job(ex, 1, spec, [0])
+        assert exited.exit_code == 0, log
+        uid, gid, groups, env, cwd = log.splitlines()
+        assert (int(uid), int(gid)) == (nobody.pw_uid, nobody.pw_gid)
+        assert 0 not in {int(g) for g in groups.split()}  # root's groups dropped
+        assert env == "HOME=/home/nobody-ish USER=nobody"
+        assert cwd == str(work)
+        assert (work / "mine").stat().st_uid == nobody.pw_uid
+        assert ex.log_path(1).stat().st_uid == nobody.pw_uid
+    finally:
+        for p in work.iterdir():
+            p.unlink()
+        work.rmdir()
+
+
+@root_only
+async def test_user_cannot_reach_a_directory_only_root_can(tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    nobody = pwd.getpwnam("nobody")
+    spec = JobSpec(command=["true"], uid=nobody.pw_uid, cwd=str(private))
+    with pytest.raises(LaunchError, match="Permission denied"):
+        await Executor(tmp_path).launch(1, spec, [0])
