@@ -1,0 +1,729 @@
+"""The allocation projection: nodes -> GPUs, jobs, shares and memory reservations.
+
+``apply(state, event)`` folds one event into a mutable ``ClusterState``. It is the
+only code that changes a ``ClusterState``; the core (``core.handle``) calls it
+for every event it produces, the engine for the log's tail at start-up, the
+simulator for a replay. Shares are kept in integer milli-GPU (1000 = one GPU)
+so that sums never drift.
+
+Besides the facts, the state keeps a few indices derived from them (queue order,
+dependents, runtime history): they are rebuilt from the facts when a snapshot
+is loaded, and ``validate_state`` checks that they agree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from .. import events as ev
+from ..messages import SchedulerConfig
+
+__all__ = [
+    "JOB_STATES",
+    "FINAL_STATES",
+    "TRANSITIONS",
+    "IllegalTransition",
+    "Gpu",
+    "Job",
+    "QueueIndex",
+    "ClusterState",
+    "apply",
+    "request_of",
+    "job_json",
+    "gpu_json",
+    "snapshot_bytes",
+    "state_from_snapshot",
+    "validate_state",
+]
+
+FULL = 1000  # milli-GPU in one whole GPU
+
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "preempted", "held", "lost")
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+# Legal job-state transitions, the only place they are written down.
+# "failed" and "preempted" may go back to the queue: retries (F17), time-limit
+# requeue (F9) and preemption (F13) emit JobRequeued right after JobExited.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "queued": frozenset({"running", "cancelled", "held"}),
+    "held": frozenset({"queued", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "cancelled", "preempted", "lost"}),
+    "failed": frozenset({"queued"}),
+    "preempted": frozenset({"queued", "cancelled"}),
+    "succeeded": frozenset(),
+    "cancelled": frozenset(),
+    "lost": frozenset(),
+}
+
+RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
+
+
+class IllegalTransition(ValueError):
+    """An event that does not fit the current state; nothing was changed."""
+
+
+class Gpu(msgspec.Struct, kw_only=True):
+    node: str
+    id: int
+    uuid: str = ""
+    model: str = ""
+    memory_total_mib: int = 0
+    paused: bool = False
+    lost: bool = False
+    error: str = ""
+    # last sample (None until the first one)
+    sampled_at: float | None = None
+    utilization: float | None = None
+    memory_used_mib: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    foreign_memory_mib: int = -1
+    # what the scheduler placed here
+    used_milli: int = 0
+    reserved_mib: int = 0
+    jobs: list[int] = []
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node, self.id)
+
+    @property
+    def allocated(self) -> float:
+        return self.used_milli / FULL
+
+    def free_memory_mib(self) -> int:
+        """Memory a new job may reserve: what neither our reservations, the
+        observed use of our jobs, nor processes outside the scheduler hold."""
+        used = self.memory_used_mib or 0
+        if self.foreign_memory_mib >= 0:
+            foreign = self.foreign_memory_mib
+            ours = max(0, used - foreign)
+        else:
+            foreign = 0
+            ours = used
+        return self.memory_total_mib - foreign - max(self.reserved_mib, ours)
+
+
+class Job(msgspec.Struct, kw_only=True):
+    id: int
+    spec: ev.JobSpec
+    state: str = "queued"
+    count: int = 1  # GPUs asked for (0 = CPU only)
+    milli: int = FULL  # share of each of them
+    order: int = 0  # queue position (FIFO key); a requeue moves it to the back
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+    node: str = ""
+    gpu_ids: list[int] = []
+    mem_mib: int = 0  # reserved on each GPU
+    policy: str = ""
+    pid: int | None = None
+    start_time: int = 0
+    log_path: str = ""
+    attempts: int = 0  # times placed
+    retries_used: int = 0
+    not_before: float = 0.0
+    cancel_reason: str = ""  # set while a stop was requested for a running job
+
+    @property
+    def shape(self) -> tuple[Any, ...]:
+        """What placement depends on: equal shapes fit or fail together."""
+        s = self.spec
+        ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
+        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node)
+
+    def time_limit(self, default: float | None) -> float | None:
+        limits = [x for x in (self.spec.time_limit_s, default) if x is not None and x > 0]
+        return min(limits) if limits else None
+
+
+def request_of(spec: ev.JobSpec) -> tuple[int, int]:
+    """(number of GPUs, milli-share of each) for a spec's ``gpus``."""
+    g = spec.gpus
+    if g <= 0:
+        return (0, 0)
+    if g < 1:
+        return (1, max(1, round(g * FULL)))
+    return (int(g), FULL)
+
+
+def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
+    """Jobs predicted alike: same user and same name (or command)."""
+    return (spec.user, spec.name or " ".join(spec.command))
+
+
+class QueueIndex:
+    """Queued jobs in the orders policies scan them, kept sorted incrementally.
+
+    ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
+    Insertions are bisect.insort (a memmove in C), so a decision never re-sorts.
+    ``by_shape`` groups jobs that fit or fail together, so a decision can tell
+    up front that nothing in a long queue fits.
+    """
+
+    def __init__(self) -> None:
+        self.by_priority: list[tuple[int, int, int]] = []
+        self.by_order: list[tuple[int, int]] = []
+        self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
+        self.shape_of: dict[int, tuple[Any, ...]] = {}
+        self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
+        # runtime-prediction key -> (-priority, order, id), for shortest-job-first
+        self.rkey_of: dict[int, tuple[str, str]] = {}
+        self.by_rkey: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.by_order)
+
+    def add(self, job: Job) -> None:
+        bisect.insort(self.by_priority, (-job.spec.priority, job.order, job.id))
+        bisect.insort(self.by_order, (job.order, job.id))
+        self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
+        shape = job.shape
+        self.shape_of[job.id] = shape
+        self.by_shape.setdefault(shape, {})[job.id] = None
+        rkey = runtime_key(job.spec)
+        self.rkey_of[job.id] = rkey
+        bisect.insort(self.by_rkey.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
+
+    def remove(self, job: Job) -> None:
+        key = (-job.spec.priority, job.order, job.id)
+        i = bisect.bisect_left(self.by_priority, key)
+        if i == len(self.by_priority) or self.by_priority[i] != key:
+            raise IllegalTransition(f"job {job.id} is not in the queue")
+        del self.by_priority[i]
+        okey = (job.order, job.id)
+        del self.by_order[bisect.bisect_left(self.by_order, okey)]
+        n = self.milli_counts[job.milli] - 1
+        if n:
+            self.milli_counts[job.milli] = n
+        else:
+            del self.milli_counts[job.milli]
+        shape = self.shape_of.pop(job.id)
+        members = self.by_shape[shape]
+        del members[job.id]
+        if not members:
+            del self.by_shape[shape]
+        rkey = self.rkey_of.pop(job.id)
+        group = self.by_rkey[rkey]
+        del group[bisect.bisect_left(group, key)]
+        if not group:
+            del self.by_rkey[rkey]
+
+    def min_milli(self) -> int:
+        """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
+        return min(self.milli_counts, default=FULL + 1)
+
+
+class RuntimeStats:
+    """Run times of finished runs, for prediction (F14) without the future.
+
+    Kept in integer milliseconds so that sums do not depend on the order the
+    runs ended in; part of the snapshot (retried runs leave no other trace)."""
+
+    def __init__(self) -> None:
+        self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
+        self.sorted: list[int] = []
+
+    def add(self, key: tuple[str, str], runtime_s: float) -> None:
+        ms = max(0, round(runtime_s * 1000))
+        n, total = self.by_key.get(key, (0, 0))
+        self.by_key[key] = (n + 1, total + ms)
+        bisect.insort(self.sorted, ms)
+
+    def median(self) -> float | None:
+        s = self.sorted
+        if not s:
+            return None
+        m = len(s) // 2
+        return (s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2) / 1000
+
+    def predict(self, key: tuple[str, str], default: float = 3600.0) -> float:
+        """Mean of the same user's runs of the same job, else the median of all."""
+        hit = self.by_key.get(key)
+        if hit is not None:
+            return hit[1] / hit[0] / 1000
+        med = self.median()
+        return default if med is None else med
+
+
+class ClusterState:
+    """Everything the scheduler knows now. Mutated only by ``apply``."""
+
+    def __init__(self) -> None:
+        self.last_seq: int = 0
+        self.node: str = "local"
+        self.policy: str = "best-fit"
+        self.config: SchedulerConfig = SchedulerConfig()
+        self.gpus: dict[tuple[str, int], Gpu] = {}
+        self.jobs: dict[int, Job] = {}
+        self.next_job_id: int = 1
+        self.next_order: int = 1
+        self.recent_shapes: deque[tuple[int, int]] = deque(maxlen=RECENT_SHAPES)
+        self.stats = RuntimeStats()
+        self._derive()
+
+    def _derive(self) -> None:
+        """(Re)build every index that is a function of the facts above."""
+        self.gpu_list: list[Gpu] = sorted(self.gpus.values(), key=lambda g: (g.node, g.id))
+        self.queue = QueueIndex()
+        self.running: dict[int, None] = {}  # running job ids (order not meaningful)
+        self.backoff: dict[int, None] = {}  # queued jobs with a not_before
+        self.dependents: dict[int, list[int]] = {}
+        self.by_hash: dict[str, int] = {}
+        self.shape_counts: dict[tuple[int, int], int] = {}
+        for shape in self.recent_shapes:
+            self.shape_counts[shape] = self.shape_counts.get(shape, 0) + 1
+        for job in sorted(self.jobs.values(), key=lambda j: j.id):
+            self._index_submitted(job)
+            if job.state == "queued":
+                self._enter_queue(job)
+            elif job.state == "running":
+                self.running[job.id] = None
+
+    def _index_submitted(self, job: Job) -> None:
+        for dep in job.spec.after:
+            self.dependents.setdefault(dep, []).append(job.id)
+        if job.spec.content_hash:
+            self.by_hash[job.spec.content_hash] = job.id
+
+    def _enter_queue(self, job: Job) -> None:
+        self.queue.add(job)
+        if job.not_before > 0:
+            self.backoff[job.id] = None
+
+    def _leave_queue(self, job: Job) -> None:
+        self.queue.remove(job)
+        self.backoff.pop(job.id, None)
+
+    # --- lookups used by the core, the server and the CLI -------------------
+
+    def gpu(self, node: str, gpu: int) -> Gpu:
+        try:
+            return self.gpus[(node, gpu)]
+        except KeyError:
+            raise KeyError(f"no GPU {gpu} on node {node!r}") from None
+
+    def all_gpus(self) -> list[Gpu]:
+        return list(self.gpu_list)
+
+    def running_count(self) -> int:
+        return len(self.running)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ClusterState):
+            return NotImplemented
+        return snapshot_bytes(self) == snapshot_bytes(other)
+
+
+# --- the fold -------------------------------------------------------------------
+
+
+def _job(state: ClusterState, job_id: int) -> Job:
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise IllegalTransition(f"no job {job_id}")
+    return job
+
+
+def _check(job: Job, to: str) -> None:
+    if to not in TRANSITIONS[job.state]:
+        raise IllegalTransition(f"job {job.id}: {job.state} -> {to} is not allowed")
+
+
+def _release(state: ClusterState, job: Job) -> None:
+    """Give back the shares and memory a running job held."""
+    for gid in job.gpu_ids:
+        gpu = state.gpus.get((job.node, gid))
+        if gpu is None:
+            continue
+        gpu.used_milli -= job.milli
+        gpu.reserved_mib -= job.mem_mib
+        if job.id in gpu.jobs:
+            gpu.jobs.remove(job.id)
+    state.running.pop(job.id, None)
+
+
+def _exit_state(job: Job, event: ev.JobExited) -> str:
+    if job.cancel_reason == "cancelled" or event.reason == "cancelled":
+        return "cancelled"
+    if job.cancel_reason == "preempted":
+        return "preempted"
+    if job.cancel_reason == "time-limit":
+        return "failed"
+    return "succeeded" if event.exit_code == 0 else "failed"
+
+
+def apply(state: ClusterState, event: ev.Event) -> None:
+    """Fold one event into ``state``. Raises ``IllegalTransition`` (changing
+    nothing) when the event does not fit; ignores events it has no use for."""
+    handler = _HANDLERS.get(type(event))
+    if handler is not None:
+        handler(state, event)
+    if event.seq > state.last_seq:
+        state.last_seq = event.seq
+
+
+def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
+    config = msgspec.convert(dict(e.config), SchedulerConfig) if e.config else SchedulerConfig(node=e.node)
+    state.node = e.node
+    state.policy = e.policy
+    state.config = config
+
+
+def _gpu_discovered(state: ClusterState, e: ev.GpuDiscovered) -> None:
+    gpu = state.gpus.get((e.node, e.gpu))
+    if gpu is None:
+        gpu = Gpu(node=e.node, id=e.gpu)
+        state.gpus[(e.node, e.gpu)] = gpu
+        state.gpu_list = sorted(state.gpus.values(), key=lambda g: (g.node, g.id))
+    gpu.uuid, gpu.model, gpu.memory_total_mib = e.uuid, e.model, e.memory_total_mib
+    gpu.lost, gpu.error = False, ""
+
+
+def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
+    gpu = state.gpus.get((e.node, e.gpu))
+    if gpu is None:
+        return  # a sample of a GPU we never discovered is of no use
+    gpu.sampled_at = e.ts
+    gpu.utilization = e.utilization
+    gpu.memory_used_mib = e.memory_used_mib
+    gpu.temperature_c = e.temperature_c
+    gpu.power_w = e.power_w
+    gpu.foreign_memory_mib = e.foreign_memory_mib
+
+
+def _gpu_errored(state: ClusterState, e: ev.GpuErrored) -> None:
+    gpu = state.gpus.get((e.node, e.gpu))
+    if gpu is None:
+        return
+    gpu.error = e.error
+    if e.lost:
+        gpu.lost = True
+
+
+def _gpu_paused(state: ClusterState, e: ev.GpuPaused) -> None:
+    if (e.node, e.gpu) in state.gpus:
+        state.gpus[(e.node, e.gpu)].paused = True
+
+
+def _gpu_resumed(state: ClusterState, e: ev.GpuResumed) -> None:
+    if (e.node, e.gpu) in state.gpus:
+        state.gpus[(e.node, e.gpu)].paused = False
+
+
+def _policy_changed(state: ClusterState, e: ev.PolicyChanged) -> None:
+    state.policy = e.policy
+
+
+def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
+    if e.job in state.jobs:
+        raise IllegalTransition(f"job {e.job} already exists")
+    count, milli = request_of(e.spec)
+    job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts)
+    state.jobs[e.job] = job
+    state.next_job_id = max(state.next_job_id, e.job + 1)
+    state.next_order += 1
+    state._index_submitted(job)
+    state._enter_queue(job)
+    if count:
+        shape = (count, milli)
+        if len(state.recent_shapes) == RECENT_SHAPES:
+            old = state.recent_shapes[0]
+            n = state.shape_counts[old] - 1
+            if n:
+                state.shape_counts[old] = n
+            else:
+                del state.shape_counts[old]
+        state.recent_shapes.append(shape)
+        state.shape_counts[shape] = state.shape_counts.get(shape, 0) + 1
+
+
+def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
+    job = _job(state, e.job)
+    _check(job, "running")
+    gpus = []
+    for gid in e.gpu_ids:
+        gpu = state.gpus.get((e.node, gid))
+        if gpu is None:
+            raise IllegalTransition(f"job {e.job} placed on unknown GPU {gid} of {e.node!r}")
+        gpus.append(gpu)
+    milli = round(e.share * FULL) if e.gpu_ids else 0
+    state._leave_queue(job)
+    job.state = "running"
+    job.node = e.node
+    job.gpu_ids = list(e.gpu_ids)
+    job.milli = milli
+    job.mem_mib = e.gpu_mem_mib
+    job.policy = e.policy
+    job.started_at = e.ts
+    job.ended_at = None
+    job.exit_code = None
+    job.signal = None
+    job.pid = None
+    job.start_time = 0
+    job.cancel_reason = ""
+    job.reason = ""
+    job.attempts += 1
+    for gpu in gpus:
+        gpu.used_milli += milli
+        gpu.reserved_mib += e.gpu_mem_mib
+        gpu.jobs.append(job.id)
+    state.running[job.id] = None
+
+
+def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
+    job = _job(state, e.job)
+    if job.state != "running":
+        raise IllegalTransition(f"job {e.job} started while {job.state}")
+    job.pid = e.pid
+    job.start_time = e.start_time
+    job.log_path = e.log_path
+    job.started_at = e.ts
+
+
+def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
+    job = _job(state, e.job)
+    if job.state != "running":
+        raise IllegalTransition(f"job {e.job} exited while {job.state}")
+    to = _exit_state(job, e)
+    _release(state, job)
+    job.state = to
+    job.exit_code = e.exit_code
+    job.signal = e.signal
+    job.reason = e.reason or job.cancel_reason
+    job.ended_at = e.ts
+    if job.started_at is not None:
+        state.stats.add(runtime_key(job.spec), e.ts - job.started_at)
+    # the milli-share asked for, should the job be requeued
+    job.milli = request_of(job.spec)[1]
+
+
+def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None:
+    job = _job(state, e.job)
+    if job.state != "running":
+        raise IllegalTransition(f"job {e.job}: stop requested while {job.state}")
+    job.cancel_reason = e.reason
+
+
+def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
+    job = _job(state, e.job)
+    _check(job, "cancelled")
+    if job.state == "queued":
+        state._leave_queue(job)
+    job.state = "cancelled"
+    job.reason = "cancelled"
+    job.ended_at = e.ts
+
+
+def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
+    job = _job(state, e.job)
+    _check(job, "queued")
+    job.state = "queued"
+    job.order = state.next_order  # to the back of the queue
+    state.next_order += 1
+    job.not_before = e.not_before
+    if e.reason == "retry":
+        job.retries_used += 1
+    job.node, job.gpu_ids, job.mem_mib = "", [], 0
+    job.pid, job.start_time, job.cancel_reason = None, 0, ""
+    job.started_at = job.ended_at = job.exit_code = job.signal = None
+    state._enter_queue(job)
+
+
+def _job_held(state: ClusterState, e: ev.JobHeld) -> None:
+    job = _job(state, e.job)
+    _check(job, "held")
+    state._leave_queue(job)
+    job.state = "held"
+
+
+def _job_released(state: ClusterState, e: ev.JobReleased) -> None:
+    job = _job(state, e.job)
+    if job.state != "held":
+        raise IllegalTransition(f"job {e.job} released while {job.state}")
+    job.state = "queued"  # keeps its place (order) in the queue
+    state._enter_queue(job)
+
+
+def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
+    job = _job(state, e.job)
+    _check(job, "lost")
+    _release(state, job)
+    job.state = "lost"
+    job.reason = e.reason or "lost"
+    job.ended_at = e.ts
+
+
+_HANDLERS: dict[type, Any] = {
+    ev.DaemonStarted: _daemon_started,
+    ev.GpuDiscovered: _gpu_discovered,
+    ev.GpuSampled: _gpu_sampled,
+    ev.GpuErrored: _gpu_errored,
+    ev.GpuPaused: _gpu_paused,
+    ev.GpuResumed: _gpu_resumed,
+    ev.PolicyChanged: _policy_changed,
+    ev.JobSubmitted: _job_submitted,
+    ev.JobPlaced: _job_placed,
+    ev.JobStarted: _job_started,
+    ev.JobExited: _job_exited,
+    ev.JobCancelRequested: _job_cancel_requested,
+    ev.JobCancelled: _job_cancelled,
+    ev.JobRequeued: _job_requeued,
+    ev.JobHeld: _job_held,
+    ev.JobReleased: _job_released,
+    ev.JobLost: _job_lost,
+}
+
+
+# --- JSON views (CLI `queue --json`, `status --json`) ---------------------------
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    s = job.spec
+    return {
+        "id": job.id,
+        "name": s.name or (s.command[0] if s.command else ""),
+        "user": s.user,
+        "state": job.state,
+        "priority": s.priority,
+        "gpus": s.gpus,
+        "gpu_ids": list(job.gpu_ids),  # kept after the job ends: where it ran
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "reason": job.reason or job.cancel_reason,
+        "tenant": s.tenant,
+        "command": list(s.command),
+        "gpu_mem_mib": s.gpu_mem_mib,
+        "node": job.node,
+        "pid": job.pid,
+        "attempts": job.attempts,
+        "after": list(s.after),
+        "not_before": job.not_before or None,
+        "time_limit_s": s.time_limit_s,
+    }
+
+
+def gpu_json(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "id": gpu.id,
+        "node": gpu.node,
+        "allocated": gpu.used_milli / FULL,
+        "paused": gpu.paused,
+        "lost": gpu.lost,
+        "utilization": gpu.utilization,
+        "memory_used_mib": gpu.memory_used_mib,
+        "memory_total_mib": gpu.memory_total_mib,
+        "temperature_c": gpu.temperature_c,
+        "reserved_mib": gpu.reserved_mib,
+        "foreign_memory_mib": gpu.foreign_memory_mib,
+        "jobs": list(gpu.jobs),
+        "model": gpu.model,
+        "error": gpu.error,
+    }
+
+
+# --- snapshots --------------------------------------------------------------------
+
+
+class _Snapshot(msgspec.Struct, kw_only=True):
+    version: int = 1
+    last_seq: int
+    node: str
+    policy: str
+    config: SchedulerConfig
+    gpus: list[Gpu]
+    jobs: list[Job]
+    next_job_id: int
+    next_order: int
+    recent_shapes: list[tuple[int, int]]
+    runtime_by_key: list[tuple[str, str, int, int]]
+    runtimes_ms: list[int]
+
+
+_snap_encoder = msgspec.msgpack.Encoder()
+_snap_decoder = msgspec.msgpack.Decoder(_Snapshot)
+
+
+def snapshot_bytes(state: ClusterState) -> bytes:
+    """The state's facts as msgpack (indices are rebuilt on load)."""
+    snap = _Snapshot(
+        last_seq=state.last_seq,
+        node=state.node,
+        policy=state.policy,
+        config=state.config,
+        gpus=sorted(state.gpus.values(), key=lambda g: (g.node, g.id)),
+        jobs=sorted(state.jobs.values(), key=lambda j: j.id),
+        next_job_id=state.next_job_id,
+        next_order=state.next_order,
+        recent_shapes=list(state.recent_shapes),
+        runtime_by_key=[(u, n, c, t) for (u, n), (c, t) in sorted(state.stats.by_key.items())],
+        runtimes_ms=state.stats.sorted,
+    )
+    return _snap_encoder.encode(snap)
+
+
+def state_from_snapshot(data: bytes) -> ClusterState:
+    """Inverse of ``snapshot_bytes``; raises ``msgspec.DecodeError`` on garbage."""
+    snap = _snap_decoder.decode(data)
+    state = ClusterState()
+    state.last_seq = snap.last_seq
+    state.node = snap.node
+    state.policy = snap.policy
+    state.config = snap.config
+    state.gpus = {(g.node, g.id): g for g in snap.gpus}
+    state.jobs = {j.id: j for j in snap.jobs}
+    state.next_job_id = snap.next_job_id
+    state.next_order = snap.next_order
+    state.recent_shapes = deque((tuple(s) for s in snap.recent_shapes), maxlen=RECENT_SHAPES)  # type: ignore[misc]
+    state.stats.by_key = {(u, n): (c, t) for u, n, c, t in snap.runtime_by_key}
+    state.stats.sorted = list(snap.runtimes_ms)
+    state._derive()
+    return state
+
+
+# --- invariants -----------------------------------------------------------------
+
+
+def validate_state(state: ClusterState) -> None:
+    """Raise AssertionError when an invariant does not hold (tests call it
+    after every step)."""
+    used: dict[tuple[str, int], int] = {key: 0 for key in state.gpus}
+    mem: dict[tuple[str, int], int] = {key: 0 for key in state.gpus}
+    on: dict[tuple[str, int], list[int]] = {key: [] for key in state.gpus}
+    for job in state.jobs.values():
+        assert job.state in TRANSITIONS, f"job {job.id} in unknown state {job.state}"
+        if job.state == "running":
+            assert len(job.gpu_ids) == job.count, f"job {job.id}: gang not all-or-nothing {job.gpu_ids}"
+            assert len(set(job.gpu_ids)) == len(job.gpu_ids), f"job {job.id}: a GPU twice"
+            for gid in job.gpu_ids:
+                key = (job.node, gid)
+                used[key] += job.milli
+                mem[key] += job.mem_mib
+                on[key].append(job.id)
+        else:
+            assert job.id not in state.running
+            assert job.state not in FINAL_STATES or job.ended_at is not None, f"job {job.id} final without end"
+    for key, gpu in state.gpus.items():
+        assert 0 <= gpu.used_milli <= FULL, f"GPU {key} over-committed: {gpu.used_milli}"
+        assert gpu.used_milli == used[key], f"GPU {key}: {gpu.used_milli} != {used[key]}"
+        assert gpu.reserved_mib == mem[key], f"GPU {key}: reserved {gpu.reserved_mib} != {mem[key]}"
+        assert sorted(gpu.jobs) == sorted(on[key]), f"GPU {key}: jobs {gpu.jobs} != {on[key]}"
+    queued = sorted(j.id for j in state.jobs.values() if j.state == "queued")
+    assert sorted(i for _, i in state.queue.by_order) == queued, "queue index out of step"
+    assert state.queue.by_priority == sorted(state.queue.by_priority)
+    assert state.queue.by_order == sorted(state.queue.by_order)
+    running = sorted(j.id for j in state.jobs.values() if j.state == "running")
+    assert sorted(state.running) == running, "running index out of step"
+    assert all(math.isfinite(g.used_milli) for g in state.gpus.values())

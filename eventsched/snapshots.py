@@ -1,0 +1,114 @@
+"""Snapshots of the allocation projection: an optimisation, never the truth.
+
+A snapshot file is ``snapshot-<seq>.msgpack``: a header (magic, CRC32 of the
+payload, payload length) then ``cluster.snapshot_bytes``. It includes every
+event up to ``seq``; start-up loads the newest valid one and folds the log's
+tail after it. Deleting every snapshot gives the same state, only slower.
+Writes are atomic: temp file, fsync, rename, fsync of the directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import msgspec
+
+from .projections.cluster import ClusterState, snapshot_bytes, state_from_snapshot
+
+__all__ = ["save", "save_bytes", "load_latest", "snapshot_bytes", "list_snapshots", "KEEP"]
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"ESNAP1\n\0"
+HEADER = struct.Struct(">8sIQ")  # magic, crc32, payload length
+KEEP = 2  # newest snapshots kept; older ones are pruned
+
+
+def _name(seq: int) -> str:
+    return f"snapshot-{seq:020d}.msgpack"
+
+
+def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(seq, path) of every snapshot file, oldest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    out = []
+    for p in d.iterdir():
+        name = p.name
+        if name.startswith("snapshot-") and name.endswith(".msgpack"):
+            try:
+                out.append((int(name[len("snapshot-") : -len(".msgpack")]), p))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes) -> Path:
+    """Write one snapshot payload (from ``snapshot_bytes``) atomically; prune old ones."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / _name(seq)
+    tmp = d / (final.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(HEADER.pack(MAGIC, zlib.crc32(data), len(data)))
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(d)
+    prune(d)
+    return final
+
+
+def save(directory: str | os.PathLike[str], state: ClusterState) -> Path:
+    """Snapshot ``state`` (which includes events up to ``state.last_seq``)."""
+    return save_bytes(directory, state.last_seq, snapshot_bytes(state))
+
+
+def prune(directory: str | os.PathLike[str], keep: int = KEEP) -> None:
+    """Remove all but the ``keep`` newest snapshots and stray temp files."""
+    d = Path(directory)
+    snaps = list_snapshots(d)
+    for _, p in snaps[: max(0, len(snaps) - keep)]:
+        p.unlink(missing_ok=True)
+    for p in d.glob("snapshot-*.tmp"):
+        p.unlink(missing_ok=True)
+
+
+def _read(path: Path) -> ClusterState:
+    raw = path.read_bytes()
+    if len(raw) < HEADER.size:
+        raise ValueError("short header")
+    magic, crc, length = HEADER.unpack_from(raw)
+    data = raw[HEADER.size :]
+    if magic != MAGIC or length != len(data) or zlib.crc32(data) != crc:
+        raise ValueError("bad header or checksum")
+    return state_from_snapshot(data)
+
+
+def load_latest(directory: str | os.PathLike[str]) -> ClusterState | None:
+    """The newest snapshot that reads back whole; corrupt ones are skipped."""
+    for seq, path in reversed(list_snapshots(directory)):
+        try:
+            state = _read(path)
+        except (OSError, ValueError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            logger.warning("skipping snapshot %s: %s", path, exc)
+            continue
+        if state.last_seq != seq:
+            logger.warning("skipping snapshot %s: it holds seq %d", path, state.last_seq)
+            continue
+        return state
+    return None
