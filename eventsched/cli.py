@@ -61,9 +61,13 @@ def parse_duration(text: str) -> float:
     """Seconds, or with a unit: ``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not seconds > 0:
+            raise UserError(f"time limit {text!r} must be more than 0 seconds")
+        return seconds
     total, number = 0.0, ""
     for ch in text.strip():
         if ch.isdigit() or ch == ".":

@@ -101,7 +101,7 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
         await tg.start(server.serve)
         log.info(
             "serving on %s, state in %s, policy %s, gpus %s, pid %d",
-            socket_path, state_dir, config.scheduler.policy, backend.describe(), os.getpid(),
+            socket_path, state_dir, config.scheduler.policy, backend.name, os.getpid(),
         )
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:

@@ -29,7 +29,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from . import __version__, core, events as ev, log as eventlog, snapshots
 from .executor import AlreadyLaunched, Executor, LaunchError
-from .gpus import GpuBackend, significant
+from .gpus import FakeBackend, GpuBackend, significant
 from .messages import (
     GpuObserved,
     Launch,
@@ -159,7 +159,7 @@ class Engine:
                 node=self.config.node,
                 pid=os.getpid(),
                 version=__version__,
-                gpu_backend=self.backend.describe(),
+                gpu_backend=self.backend.name,
                 gpus=gpus,
                 config=self.config,
             )
@@ -307,7 +307,9 @@ class Engine:
 
     def _perform(self, effect: Any) -> None:
         if isinstance(effect, Launch):
-            self._tg.start_soon(self._launch, effect)
+            # a requeued or retried job is launched again under a new attempt
+            assert self.state is not None
+            self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
         elif isinstance(effect, Signal):
             self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
         elif isinstance(effect, WakeAt):
@@ -315,15 +317,24 @@ class Engine:
                 self._wake_at = effect.at
                 self._wake_changed.set()
 
-    async def _launch(self, effect: Launch) -> None:
+    def _show_load_to_fake_gpus(self) -> None:
+        # fake GPUs report what the scheduler placed on them, as real ones would
+        if isinstance(self.backend, FakeBackend) and self.state is not None:
+            for gpu in self.state.all_gpus():
+                if gpu.node == self.config.node and not gpu.lost:
+                    self.backend.set_load(gpu.id, gpu.used_milli / 1000, gpu.reserved_mib)
+
+    async def _launch(self, effect: Launch, attempt: int) -> None:
         try:
-            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids)
+            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids, attempt=attempt)
         except AlreadyLaunched:
             return  # its supervisor reports how it goes
         except LaunchError as exc:
             await self.tell(ProcessExited(job=effect.job, exit_code=None, reason=f"launch-failed: {exc}"))
             return
-        await self.tell(started)
+        # no await between launch() returning and this: the exit of a short
+        # job cannot overtake its start in the inbox
+        self._send.send_nowait(Pending(started))
 
     async def _timer(self) -> None:
         """Send a Tick when the earliest deadline the core asked for comes."""
@@ -340,8 +351,8 @@ class Engine:
     async def _sampler(self) -> None:
         while True:
             assert self.state is not None
-            self.backend.observe_allocation(self.state)
-            pids = {job.pid for job in self.state.jobs.values() if job.state == "running" and job.pid}
+            self._show_load_to_fake_gpus()
+            pids = self.executor.job_process_ids()
             samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
             for sample in samples:
                 await self.tell(sample)

@@ -97,6 +97,7 @@ class Server:
                     except protocol.ProtocolError as exc:
                         # the stream cannot be re-synchronised after this
                         await stream.send(protocol.frame(protocol.Reply(ok=False, error=str(exc))))
+                        await _hang_up(stream)
                         return
                     body = await reader.receive_exactly(length)
                     try:
@@ -197,6 +198,19 @@ class Server:
             if batch and batch[-1].seq >= upto:
                 break
         return payloads
+
+
+async def _hang_up(stream: anyio.abc.SocketStream) -> None:
+    """Close after an error reply without a reset that would destroy it.
+
+    Closing with unread bytes in the receive buffer makes the kernel send RST,
+    and the peer may lose the reply; so half-close, and discard a little input.
+    """
+    await stream.send_eof()
+    with anyio.move_on_after(1.0):
+        discarded = 0
+        while discarded < (1 << 20):
+            discarded += len(await stream.receive())
 
 
 def list_jobs(state: ClusterState, include_finished: bool) -> list[dict]:
