@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Settings the core obeys; recorded in ``DaemonStarted.config``."""
 
     node: str = "local"
