@@ -1,0 +1,205 @@
+"""`eventsched sql`: read-only SQL over the history (SPEC D3).
+
+Statements are classified by DuckDB's own parser (``duckdb.extract_statements``),
+not by regexes; only reads are let through, and they run on a read-only
+connection to the database file (or on a private in-memory copy), so even a
+statement the parser let through could not change the read model.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import json
+import math
+import os
+import sys
+import uuid
+from typing import Any, TextIO
+
+import duckdb
+
+from eventsched.projections.history import History, HistoryError
+
+__all__ = ["run_sql", "check_read_only", "QueryRefused", "format_table", "format_csv", "format_json"]
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
+EXIT_BAD_QUERY = 2  # the user's SQL: invalid or refused
+
+_READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+# PRAGMAs that only describe things; every other one may change settings or data
+_READ_PRAGMAS = {
+    "table_info", "show", "show_tables", "show_tables_expanded", "database_size",
+    "storage_info", "version", "database_list", "functions", "collations", "platform",
+}
+
+
+class QueryRefused(Exception):
+    """The statement would change the read model (or is not a query)."""
+
+
+def _one_line(message: str) -> str:
+    """DuckDB's message on one line: drop the caret diagram, keep the hints."""
+    keep = []
+    for line in message.splitlines():
+        text = line.strip()
+        if not text or text.startswith("LINE ") or set(text) <= {"^", " "}:
+            continue
+        keep.append(text)
+    return " ".join(keep)
+
+
+def check_read_only(sql: str) -> list[str]:
+    """The statements of ``sql`` if all of them only read; raises QueryRefused."""
+    statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException
+    if not statements:
+        raise QueryRefused("empty query")
+    out = []
+    for statement in statements:
+        kind = statement.type
+        text = statement.query.strip()
+        if kind == duckdb.StatementType.PRAGMA:
+            name = text.split(None, 1)[1] if " " in text else ""
+            name = name.split("(", 1)[0].split("=", 1)[0].strip().lower()
+            if name not in _READ_PRAGMAS:
+                raise QueryRefused(f"refused: PRAGMA {name or '?'} is not a read-only statement")
+        elif kind not in _READ_TYPES:
+            raise QueryRefused(
+                f"refused: {kind.name} statements would modify the read model; "
+                "only SELECT, EXPLAIN and descriptive PRAGMAs are allowed"
+            )
+        out.append(text)
+    return out
+
+
+# --- formatting ----------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready version of a DuckDB value."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value or value in (math.inf, -math.inf):
+            return str(value)
+        if value == int(value) and abs(value) < 1e15:
+            return f"{value:.1f}"
+        return f"{value:.3f}" if abs(value) >= 0.001 else f"{value:.3g}"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(_plain(value))
+    return str(_plain(value))
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float, decimal.Decimal)) and not isinstance(value, bool)
+
+
+def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """Aligned columns, numbers right-aligned, and a row count."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    right = [any(_numeric(row[i]) for row in rows) and all(row[i] is None or _numeric(row[i]) for row in rows)
+             for i in range(len(columns))]
+
+    def line(texts: list[str]) -> str:
+        parts = [t.rjust(w) if r else t.ljust(w) for t, w, r in zip(texts, widths, right)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(columns), "  ".join("-" * w for w in widths)]
+    out.extend(line(row) for row in cells)
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def format_csv(columns: list[str], rows: list[tuple[Any, ...]], out: TextIO) -> None:
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else _plain(v)
+                         for v in row])
+
+
+def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
+    """A JSON array of objects, one per row."""
+    return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=None)
+
+
+# --- the command -----------------------------------------------------------------
+
+
+def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
+            *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run read-only ``sql`` on a current view of the history and print the last result."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if fmt not in ("table", "csv", "json"):
+        print(f"eventsched sql: unknown format {fmt!r} (table, csv or json)", file=err)
+        return EXIT_BAD_QUERY
+    try:
+        statements = check_read_only(sql)
+    except QueryRefused as e:
+        print(f"eventsched sql: {e}", file=err)
+        return EXIT_BAD_QUERY
+    except duckdb.Error as e:
+        print(f"eventsched sql: {_one_line(str(e))}", file=err)
+        return EXIT_BAD_QUERY
+    try:
+        history = History(state_dir)
+    except HistoryError as e:
+        print(f"eventsched sql: {e}", file=err)
+        return EXIT_ERROR
+    try:
+        with history.reader() as con:
+            columns: list[str] = []
+            rows: list[tuple[Any, ...]] = []
+            for text in statements:
+                cur = con.execute(text)
+                columns = [d[0] for d in cur.description or []]
+                rows = cur.fetchall()
+    except duckdb.Error as e:
+        print(f"eventsched sql: {_one_line(str(e))}", file=err)
+        return EXIT_BAD_QUERY
+    except (HistoryError, OSError) as e:
+        print(f"eventsched sql: {e}", file=err)
+        return EXIT_ERROR
+    except Exception as e:  # the log's own errors (corruption) carry a user-facing message
+        if type(e).__module__.startswith("eventsched"):
+            print(f"eventsched sql: {e}", file=err)
+            return EXIT_ERROR
+        raise
+    finally:
+        history.close()
+    if fmt == "csv":
+        format_csv(columns, rows, out)
+    elif fmt == "json":
+        print(format_json(columns, rows), file=out)
+    else:
+        print(format_table(columns, rows), file=out)
+    return EXIT_OK
