@@ -414,6 +414,8 @@ def build_parser() -> Parser:
     p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
     p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
 
     p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
     p.add_argument("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)")

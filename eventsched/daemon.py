@@ -81,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(f"--gpus: {exc}")
     try:
-        anyio.run(_serve, config, state_dir, socket_path, backend)
+        anyio.run(_serve, config, state_dir, socket_path, backend, args)
     except eventlog.LogLockedError as exc:
         return _fail(f"{exc}: another daemon is using {state_dir}")
     except eventlog.LogError as exc:
@@ -89,9 +89,9 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend) -> None:
-    from .engine import Engine
-    from .server import Server
+async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend, args: argparse.Namespace) -> None:
+    from .engine import Engine, Query
+    from .server import Server, status
 
     log = logging.getLogger("eventsched.daemon")
     engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
@@ -99,6 +99,11 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)
+        if args.metrics_port is not None:
+            from .metrics_http import serve_metrics
+
+            await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(status)))
+            log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
         log.info(
             "serving on %s, state in %s, policy %s, gpus %s, pid %d",
             socket_path, state_dir, config.scheduler.policy, backend.name, os.getpid(),
