@@ -300,7 +300,17 @@ def decode(data: bytes) -> Event:
 
 
 def decode_many(data: bytes | memoryview) -> list[Event]:
-    return _list_decoder.decode(data)
+    events = _list_decoder.decode(data)
+    if UPCASTERS:  # only once a shape has been retired
+        events = [upcast(event) for event in events]
+    return events
+
+
+def upcast(event: Event) -> Event:
+    """The newest shape of ``event`` (rule 3 of the module docstring)."""
+    while (upcaster := UPCASTERS.get(type(event).__name__)) is not None:
+        event = upcaster(event)
+    return event
 
 
 def stamp(events: list[Event], first_seq: int) -> list[Event]:

@@ -503,3 +503,28 @@ def test_run_metrics_formats(state: Path) -> None:
     err = io.StringIO()
     assert run_metrics(state / "missing", "table", out=io.StringIO(), err=err) == 1
     assert err.getvalue().count("\n") == 1
+
+
+def test_model_ahead_of_a_shortened_log_is_rebuilt(tmp_path: Path) -> None:
+    """A power cut can take back a tail the model already read: the log wins."""
+    import shutil
+
+    from eventsched import log as eventlog
+    from eventsched.events import JobSubmitted, JobSpec
+    from eventsched.projections.history import History
+
+    state = tmp_path / "state"
+    with eventlog.LogWriter.open(state / "log") as writer:
+        writer.append([JobSubmitted(job=i, spec=JobSpec(command=["x"], user="ann"), ts=float(i)) for i in (1, 2)])
+    backup = tmp_path / "log-before"
+    shutil.copytree(state / "log", backup)
+    with eventlog.LogWriter.open(state / "log") as writer:
+        writer.append([JobSubmitted(job=3, spec=JobSpec(command=["x"], user="bob"), ts=3.0)])
+    history = History(state)
+    history.catch_up()
+    assert history.query("SELECT count(*) FROM jobs")[1][0][0] == 3
+    shutil.rmtree(state / "log")
+    shutil.copytree(backup, state / "log")  # the lost tail: only jobs 1 and 2 survived
+    history.catch_up()
+    columns, rows = history.query("SELECT id FROM jobs ORDER BY id")
+    assert [r[0] for r in rows] == [1, 2]

@@ -731,6 +731,16 @@ class History:
         try:
             ensure_schema(con)
             after = position(con)
+            if after > _log_last_seq(self.log_dir):
+                # The model read a tail that never became durable (a reader
+                # can see a frame before its fdatasync) and a crash cut it
+                # from the log: the log is the truth, so start again from it.
+                con.close()
+                for stale in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal")):
+                    stale.unlink(missing_ok=True)
+                con = duckdb.connect(str(self.db_path))
+                ensure_schema(con)
+                after = 0
             return fold(con, _log_batches(self.log_dir, after + 1), after)
         finally:
             con.close()
