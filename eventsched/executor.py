@@ -212,7 +212,7 @@ class _Watch:
 
 
 class Executor:
-    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable):
+    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable, spares: int = 4):
         self.node = node
         self.jobs_dir = Path(state_dir) / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,10 @@ class Executor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
         self._send: Callable[[Message], Awaitable[None]] | None = None
-        self._spare: tuple[subprocess.Popen, int, int] | None = None
+        # pre-started supervisors, one per launch that may happen at once
+        # (jobs ending together free several GPUs together)
+        self._spares: list[tuple[subprocess.Popen, int, int]] = []
+        self._spare_target = spares
 
     # --- paths ----------------------------------------------------------
 
@@ -303,10 +306,10 @@ class Executor:
                 line = await _read_line(ready_r)
         finally:
             os.close(ready_r)
-        if self._tg is not None and self._spare is None:
-            # the next launch's supervisor, started once this job is off the
-            # ground so the two do not compete for a CPU
-            self._start_spare()
+        if self._tg is not None:
+            # the next launches' supervisors, started once this job is off
+            # the ground so the two do not compete for a CPU
+            self._fill_spares()
         words = line.split(" ", 1) if line else []
         if words and words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
@@ -359,18 +362,23 @@ class Executor:
         except OSError:
             os.close(cmd_w)
             os.close(ready_r)
-            self._spare = None  # launches fall back to a cold start
-            return
+            return  # launches fall back to a cold start
         finally:
             os.close(cmd_r)
             os.close(ready_w)
-        self._spare = (popen, cmd_w, ready_r)
+        self._spares.append((popen, cmd_w, ready_r))
+
+    def _fill_spares(self) -> None:
+        while len(self._spares) < self._spare_target:
+            before = len(self._spares)
+            self._start_spare()
+            if len(self._spares) == before:
+                return
 
     def _use_spare(self, attempt_dir: Path) -> tuple[subprocess.Popen, int] | None:
-        spare, self._spare = self._spare, None
-        if spare is None:
+        if not self._spares:
             return None
-        popen, cmd_w, ready_r = spare
+        popen, cmd_w, ready_r = self._spares.pop()
         try:
             os.write(cmd_w, f"{attempt_dir}\n".encode())
             ok = True
@@ -385,9 +393,8 @@ class Executor:
         return None
 
     def _drop_spare(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            popen, cmd_w, ready_r = spare
+        spares, self._spares = self._spares, []
+        for popen, cmd_w, ready_r in spares:
             os.close(cmd_w)  # EOF: it exits without doing anything
             os.close(ready_r)
             popen.wait()
@@ -470,7 +477,7 @@ class Executor:
         """Report ``ProcessExited`` for every launched or adopted job as it ends."""
         async with anyio.create_task_group() as tg:
             self._tg, self._send = tg, send
-            self._start_spare()
+            self._fill_spares()
             try:
                 pending, self._pending = self._pending, []
                 for fn, args in pending:

@@ -252,13 +252,20 @@ def _scan(
 
 
 def _by_priority(state: ClusterState) -> Iterator[int]:
-    # a copy: the core applies placements after the decision, not during it
-    return (jid for _, _, jid in list(state.queue.by_priority))
+    # Lazy and uncopied: a decision only reads the queue (the core applies
+    # the placements after it), and most decisions stop after a few jobs.
+    for _, _, jid in state.queue.by_priority:
+        yield jid
+
+
+def _by_order(state: ClusterState) -> Iterator[int]:
+    for _, jid in state.queue.by_order:
+        yield jid
 
 
 def fifo(state: ClusterState, now: float) -> list[Placement]:
     """Submission order; the first job that does not fit blocks the rest."""
-    return _scan(state, now, (jid for _, jid in list(state.queue.by_order)), first_fit, blocking=True)
+    return _scan(state, now, _by_order(state), first_fit, blocking=True)
 
 
 def priority(state: ClusterState, now: float) -> list[Placement]:

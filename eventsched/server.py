@@ -7,6 +7,7 @@ changes nothing; a client that goes away mid-request harms nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pwd
@@ -54,6 +55,16 @@ def peer_credentials(sock: socket.socket) -> Peer:
     except OSError:
         groups = ()
     return Peer(pid=pid, uid=uid, gid=gid, groups=groups)
+
+
+@functools.lru_cache(maxsize=1024)
+def account(uid: int) -> tuple[str, str]:
+    """User name and home of ``uid`` (cached: NSS lookups are slow)."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return str(uid), "/"
+    return entry.pw_name, entry.pw_dir
 
 
 class Server:
@@ -160,11 +171,7 @@ class Server:
                 f"this daemon runs as uid {self.daemon_uid} and cannot run jobs as uid {peer.uid}; "
                 "ask its owner, or run the daemon as root to serve several users"
             )
-        try:
-            entry = pwd.getpwuid(peer.uid)
-            user, home = entry.pw_name, entry.pw_dir
-        except KeyError:
-            user, home = str(peer.uid), "/"
+        user, home = account(peer.uid)
         return msgspec.structs.replace(
             spec, user=user, uid=peer.uid, gid=peer.gid, groups=list(peer.groups), home=home
         )
