@@ -15,6 +15,7 @@ truth, and every client of the batch is told its request was not accepted.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -25,7 +26,7 @@ from typing import Any, Callable
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+import anyio.lowlevel
 
 from . import __version__, core, events as ev, log as eventlog, snapshots
 from .executor import AlreadyLaunched, Executor, LaunchError
@@ -50,7 +51,6 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
-SUBSCRIBER_BUFFER = 4_096
 
 
 @dataclass
@@ -60,11 +60,17 @@ class Query:
     read: Callable[[ClusterState], Any]
 
 
+Answer = Callable[[ClusterState, list[ev.Event]], Any]
+Reply = Callable[[Any, str | None], None]
+
+
 @dataclass
 class Pending:
     item: Message | Query
-    done: anyio.Event | None = None
-    result: Any = None
+    # what the caller gets back, read from the projection after the commit
+    answer: Answer | None = None
+    # called once, inside the loop, after the commit: (result, error)
+    reply: Reply | None = None
     error: str | None = None
     produced: list[ev.Event] = field(default_factory=list)
 
@@ -95,8 +101,11 @@ class Engine:
         self.executor = Executor(state_dir, node=config.node)
         self.state: ClusterState | None = None
         self.log: eventlog.LogWriter | None = None
-        self._send, self._receive = anyio.create_memory_object_stream[Pending](INBOX_SIZE)
-        self._subscribers: set[MemoryObjectSendStream[bytes]] = set()
+        # A plain deque and one wake-up event rather than a memory stream: a
+        # submission storm costs a deque append per item, not a checkpoint.
+        self._inbox: collections.deque[Pending] = collections.deque()
+        self._inbox_ready = anyio.Event()
+        self._subscribers: set[Callable[[bytes], bool]] = set()
         self._wake_at = math.inf
         self._wake_changed = anyio.Event()
         self._last_snapshot_seq = 0
@@ -106,34 +115,57 @@ class Engine:
 
     # --- the public face (used by the server) ----------------------------
 
-    async def call(self, item: Message | Query) -> Any:
+    async def call(self, item: Message | Query, answer: Answer | None = None) -> Any:
         """Send a command or query and wait until its events are durable."""
+        done = anyio.Event()
+        outcome: list[Any] = []
+
+        def reply(result: Any, error: str | None) -> None:
+            outcome[:] = [result, error]
+            done.set()
+
         if self._stopping:
             raise Refused("the daemon is shutting down")
-        pending = Pending(item, anyio.Event())
-        await self._send.send(pending)
-        assert pending.done is not None
-        await pending.done.wait()
-        if pending.error is not None:
-            raise Refused(pending.error)
-        return pending.result
+        self._enqueue(Pending(item, answer, reply))
+        await done.wait()
+        result, error = outcome
+        if error is not None:
+            raise Refused(error)
+        return result
+
+    def submit_nowait(self, item: Message | Query, answer: Answer | None, reply: Reply) -> None:
+        """For callers inside the event loop that cannot await (the socket
+        protocol): ``reply`` is called from the loop once the item is done."""
+        if self._stopping:
+            reply(None, "the daemon is shutting down")
+            return
+        if len(self._inbox) >= INBOX_SIZE:
+            reply(None, "the daemon is overloaded; try again")
+            return
+        self._enqueue(Pending(item, answer, reply))
+
+    def _enqueue(self, pending: Pending) -> None:
+        self._inbox.append(pending)
+        self._inbox_ready.set()
 
     async def tell(self, item: Message) -> None:
         """Send a message nobody waits for (observations)."""
-        await self._send.send(Pending(item))
+        self._enqueue(Pending(item))
+        await anyio.lowlevel.checkpoint()
 
-    def subscribe(self) -> tuple[int, MemoryObjectReceiveStream[bytes]]:
+    def subscribe(self, deliver: Callable[[bytes], bool]) -> int:
         """Register for live event batches; returns the last committed seq.
 
+        ``deliver`` gets each committed batch (encoded once for everyone) and
+        returns False to be dropped (a subscriber too slow to keep up).
         Registration and the returned seq are taken in the same step of the
         event loop, so history up to that seq plus the stream lose nothing.
         """
-        send, receive = anyio.create_memory_object_stream[bytes](SUBSCRIBER_BUFFER)
-        self._subscribers.add(send)
-        return self.committed_seq, receive
+        self._subscribers.add(deliver)
+        return self.committed_seq
 
-    def unsubscribe(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
-        receive.close()
+    def unsubscribe(self, deliver: Callable[[bytes], bool]) -> None:
+        self._subscribers.discard(deliver)
 
     # --- start-up --------------------------------------------------------
 
@@ -170,7 +202,7 @@ class Engine:
             }
             recovered = self.executor.recover(running)
             for message in [started, *recovered]:
-                await self._send.send(Pending(message))
+                self._enqueue(Pending(message))
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._main_loop)
@@ -194,8 +226,6 @@ class Engine:
         self._tg.cancel_scope.cancel()
 
     async def _shutdown(self) -> None:
-        for send in list(self._subscribers):
-            send.close()
         self._subscribers.clear()
         if self.log is not None:
             if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
@@ -211,12 +241,10 @@ class Engine:
     async def _main_loop(self) -> None:
         assert self.state is not None and self.log is not None
         while True:
-            batch = [await self._receive.receive()]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except anyio.WouldBlock:
-                    break
+            while not self._inbox:
+                await self._inbox_ready.wait()
+                self._inbox_ready = anyio.Event()
+            batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
             now = self.clock()
             produced: list[ev.Event] = []
             effects: list[Any] = []
@@ -237,19 +265,27 @@ class Engine:
                 if not await self._commit(produced, batch):
                     effects = []
             for pending in batch:
-                if isinstance(pending.item, Query) and pending.error is None:
-                    try:
-                        pending.result = pending.item.read(self.state)
-                    except Refused as refusal:
-                        pending.error = refusal.reason
-                elif pending.error is None:
-                    pending.result = pending.produced
-                if pending.done is not None:
-                    pending.done.set()
+                if pending.reply is not None:
+                    self._answer(pending)
             for effect in effects:
                 self._perform(effect)
             if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every:
                 await self._snapshot()
+
+    def _answer(self, pending: Pending) -> None:
+        assert self.state is not None and pending.reply is not None
+        result = None
+        if pending.error is None:
+            try:
+                if isinstance(pending.item, Query):
+                    result = pending.item.read(self.state)
+                elif pending.answer is not None:
+                    result = pending.answer(self.state, pending.produced)
+                else:
+                    result = pending.produced
+            except Refused as refusal:
+                pending.error = refusal.reason
+        pending.reply(result, pending.error)
 
     async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
         assert self.log is not None and self.state is not None
@@ -277,16 +313,11 @@ class Engine:
         return True
 
     def _broadcast(self, payload: bytes) -> None:
-        for send in list(self._subscribers):
-            try:
-                send.send_nowait(payload)
-            except anyio.WouldBlock:
-                # a subscriber that cannot keep up is cut off; it resubscribes
-                # from the last seq it saw
-                send.close()
-                self._subscribers.discard(send)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._subscribers.discard(send)
+        for deliver in list(self._subscribers):
+            # a subscriber that cannot keep up is cut off; it resubscribes
+            # from the last seq it saw
+            if not deliver(payload):
+                self._subscribers.discard(deliver)
 
     def _worth_logging(self, sample: GpuObserved, now: float) -> bool:
         key = (sample.node, sample.gpu)
@@ -334,7 +365,7 @@ class Engine:
             return
         # no await between launch() returning and this: the exit of a short
         # job cannot overtake its start in the inbox
-        self._send.send_nowait(Pending(started))
+        self._enqueue(Pending(started))
 
     async def _timer(self) -> None:
         """Send a Tick when the earliest deadline the core asked for comes."""

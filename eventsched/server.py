@@ -3,10 +3,18 @@
 The user is always the socket's peer (SO_PEERCRED), never a claim in the
 request. A malformed, oversized or hostile message gets an error reply and
 changes nothing; a client that goes away mid-request harms nothing.
+
+Connections are asyncio protocols rather than anyio streams: a request is
+decoded in ``data_received`` and handed to the engine's inbox with a callback
+that writes the reply, so a submission costs no task switch of its own. (The
+daemon runs anyio on its asyncio backend.) Replies go out in request order
+even when a client pipelines requests.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import functools
 import logging
 import os
@@ -15,23 +23,26 @@ import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from . import log as eventlog
 from . import messages as msg
 from . import protocol
-from .engine import Engine, Query
-from .events import encode_many
+from .engine import Answer, Engine, Query
+from .events import Event, encode_many
 from .paths import log_dir
 from .projections.cluster import ClusterState, gpu_json, job_json
 
 logger = logging.getLogger("eventsched.server")
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+# a subscriber further behind than this is cut off (it resubscribes from the
+# last seq it saw) rather than growing the daemon's memory without bound
+SUBSCRIBER_BACKLOG_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -77,87 +88,62 @@ class Server:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.socket_path.exists() or self.socket_path.is_symlink():
             self.socket_path.unlink()  # stale: the log's lock already proved no daemon runs here
-        listener = await anyio.create_unix_listener(self.socket_path)
-        # anyone may connect; what they may do is decided per request from
-        # their credentials
-        os.chmod(self.socket_path, 0o666)
-        task_status.started()
-        try:
-            await listener.serve(self._connection)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await listener.aclose()
+        loop = asyncio.get_running_loop()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            server = await loop.create_unix_server(lambda: Connection(self), str(self.socket_path))
+            # anyone may connect; what they may do is decided per request
+            # from their credentials
+            os.chmod(self.socket_path, 0o666)
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                server.close()
                 try:
                     self.socket_path.unlink()
                 except FileNotFoundError:
                     pass
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-            peer = peer_credentials(raw)
-            reader = BufferedByteReceiveStream(stream)
-            try:
-                while True:
-                    try:
-                        header = await reader.receive_exactly(protocol.HEADER.size)
-                    except anyio.EndOfStream:
-                        return
-                    try:
-                        length = protocol.check_length(header)
-                    except protocol.ProtocolError as exc:
-                        # the stream cannot be re-synchronised after this
-                        await stream.send(protocol.frame(protocol.Reply(ok=False, error=str(exc))))
-                        await _hang_up(stream)
-                        return
-                    body = await reader.receive_exactly(length)
-                    try:
-                        request = protocol.request_decoder.decode(body)
-                    except msgspec.DecodeError as exc:
-                        await stream.send(protocol.frame(protocol.Reply(ok=False, error=f"bad request: {exc}")))
-                        continue
-                    if isinstance(request, protocol.Subscribe):
-                        await self._stream_events(stream, request.from_seq)
-                        return
-                    reply = await self._dispatch(request, peer)
-                    await stream.send(protocol.frame(reply))
-            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, ConnectionError):
-                return
+    # --- requests -> engine items ---------------------------------------
 
-    async def _dispatch(self, request: protocol.Request, peer: Peer) -> protocol.Reply:
+    def dispatch(self, request: protocol.Request, peer: Peer, reply: Callable[[Any, str | None], None]) -> None:
+        """Hand a request to the engine; ``reply`` is called once with its outcome."""
         try:
-            data = await self._answer(request, peer)
+            item, answer = self._translate(request, peer)
         except msg.Refused as refusal:
-            return protocol.Reply(ok=False, error=refusal.reason)
-        return protocol.Reply(ok=True, data=data)
+            reply(None, refusal.reason)
+            return
+        self.engine.submit_nowait(item, answer, reply)
 
-    async def _answer(self, request: protocol.Request, peer: Peer) -> object:
-        engine = self.engine
+    def _translate(self, request: protocol.Request, peer: Peer) -> tuple[msg.Message | Query, Answer | None]:
+        config = self.engine.config
         if isinstance(request, protocol.SubmitJob):
-            events = await engine.call(msg.Submit(spec=self._as_peer(request.spec, peer), by=peer.by))
-            return {"id": events[0].job, "seq": events[-1].seq}
+            return msg.Submit(spec=self._as_peer(request.spec, peer), by=peer.by), _submitted
         if isinstance(request, protocol.ListJobs):
-            return await engine.call(Query(lambda state: list_jobs(state, request.all)))
+            include_finished = request.all
+            return Query(lambda state: list_jobs(state, include_finished)), None
         if isinstance(request, protocol.GetStatus):
-            return await engine.call(Query(status))
+            return Query(status), None
         if isinstance(request, protocol.Ping):
-            return await engine.call(Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq}))
+            return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq}), None
         if isinstance(request, (protocol.CancelJobs, protocol.HoldJobs, protocol.ReleaseJobs)):
             kind = {protocol.CancelJobs: msg.Cancel, protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
-            await engine.call(kind[type(request)](jobs=request.jobs, uid=peer.uid, by=peer.by))
-            return await engine.call(Query(lambda state: [job_json(state.jobs[j]) for j in request.jobs]))
+            ids = list(request.jobs)
+            return kind[type(request)](jobs=ids, uid=peer.uid, by=peer.by), (
+                lambda state, _events: [job_json(state.jobs[j]) for j in ids]
+            )
         if isinstance(request, (protocol.PauseGpu, protocol.ResumeGpu)):
             self._require_operator(peer, "pause or resume a GPU")
-            node = request.node or engine.config.node
+            node, gpu = request.node or config.node, request.gpu
             kind = msg.PauseGpu if isinstance(request, protocol.PauseGpu) else msg.ResumeGpu
-            await engine.call(kind(node=node, gpu=request.gpu, by=peer.by))
-            return await engine.call(Query(lambda state: gpu_json(state.gpu(node, request.gpu))))
+            return kind(node=node, gpu=gpu, by=peer.by), lambda state, _events: gpu_json(state.gpu(node, gpu))
         if isinstance(request, protocol.SetPolicy):
             self._require_operator(peer, "change the policy")
-            await engine.call(msg.SetPolicy(policy=request.policy, by=peer.by))
-            return {"policy": request.policy}
+            return msg.SetPolicy(policy=request.policy, by=peer.by), lambda state, _events: {"policy": state.policy}
         if isinstance(request, protocol.JobLogPath):
-            return await engine.call(Query(lambda state: self._log_path(state, request.job, peer)))
+            job = request.job
+            return Query(lambda state: self._log_path(state, job, peer)), None
         raise msg.Refused(f"unsupported request {type(request).__name__}")
 
     def _require_operator(self, peer: Peer, what: str) -> None:
@@ -184,19 +170,9 @@ class Server:
             raise msg.Refused(f"job {job_id} belongs to {job.spec.user}")
         return {"path": str(self.engine.executor.log_path(job_id)), "state": job.state}
 
-    async def _stream_events(self, stream: anyio.abc.SocketStream, from_seq: int) -> None:
-        upto, live = self.engine.subscribe()
-        try:
-            await stream.send(protocol.frame(protocol.Reply(ok=True, data={"seq": upto})))
-            if 0 < from_seq <= upto:
-                for payload in await anyio.to_thread.run_sync(self._history, from_seq, upto):
-                    await stream.send(protocol.frame(protocol.EventBatch(payload=payload)))
-            async for payload in live:
-                await stream.send(protocol.frame(protocol.EventBatch(payload=payload)))
-        finally:
-            self.engine.unsubscribe(live)
+    # --- event streams ----------------------------------------------------
 
-    def _history(self, from_seq: int, upto: int) -> list[bytes]:
+    def history(self, from_seq: int, upto: int) -> list[bytes]:
         payloads = []
         for batch in eventlog.read_batches(log_dir(self.engine.state_dir), from_seq=from_seq):
             kept = [event for event in batch if from_seq <= event.seq <= upto]
@@ -207,17 +183,146 @@ class Server:
         return payloads
 
 
-async def _hang_up(stream: anyio.abc.SocketStream) -> None:
-    """Close after an error reply without a reset that would destroy it.
+def _submitted(_state: ClusterState, events: list[Event]) -> dict:
+    return {"id": events[0].job, "seq": events[-1].seq}  # type: ignore[attr-defined]
 
-    Closing with unread bytes in the receive buffer makes the kernel send RST,
-    and the peer may lose the reply; so half-close, and discard a little input.
-    """
-    await stream.send_eof()
-    with anyio.move_on_after(1.0):
-        discarded = 0
-        while discarded < (1 << 20):
-            discarded += len(await stream.receive())
+
+class Connection(asyncio.Protocol):
+    """One client connection: framing, ordering of replies, subscriptions."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.peer: Peer | None = None
+        self.buffer = bytearray()
+        # replies in request order: a slot per request, written when at the head
+        self.slots: collections.deque[list[bytes | None]] = collections.deque()
+        self.closed = False
+        self.eof = False
+        self.subscribed = False
+        self._deliver: Callable[[bytes], bool] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.peer = peer_credentials(transport.get_extra_info("socket"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._deliver is not None:
+            self.server.engine.unsubscribe(self._deliver)
+            self._deliver = None
+
+    def eof_received(self) -> bool:
+        # The client may half-close after its last request: answer what is
+        # pending first, then close (see _flush).
+        self.eof = True
+        return bool(self.slots) or self.subscribed
+
+    def data_received(self, data: bytes) -> None:
+        if self.subscribed:
+            return  # a subscriber has nothing more to say
+        self.buffer += data
+        header_size = protocol.HEADER.size
+        while len(self.buffer) >= header_size and not self.closed:
+            try:
+                length = protocol.check_length(bytes(self.buffer[:header_size]))
+            except protocol.ProtocolError as exc:
+                # the stream cannot be re-synchronised after this
+                self._reply_now(protocol.Reply(ok=False, error=str(exc)))
+                self._hang_up()
+                return
+            if len(self.buffer) < header_size + length:
+                return
+            body = bytes(self.buffer[header_size : header_size + length])
+            del self.buffer[: header_size + length]
+            self._request(body)
+
+    def _request(self, body: bytes) -> None:
+        try:
+            request = protocol.request_decoder.decode(body)
+        except msgspec.DecodeError as exc:
+            self._reply_now(protocol.Reply(ok=False, error=f"bad request: {exc}"))
+            return
+        if isinstance(request, protocol.Subscribe):
+            self._subscribe(request.from_seq)
+            return
+        slot: list[bytes | None] = [None]
+        self.slots.append(slot)
+
+        def reply(result: Any, error: str | None) -> None:
+            message = protocol.Reply(ok=False, error=error) if error is not None else protocol.Reply(ok=True, data=result)
+            slot[0] = protocol.frame(message)
+            self._flush()
+
+        assert self.peer is not None
+        try:
+            self.server.dispatch(request, self.peer, reply)
+        except Exception as exc:  # a bug must cost one reply, not the daemon
+            logger.exception("request %s failed", type(request).__name__)
+            reply(None, f"internal error: {exc}")
+
+    def _reply_now(self, message: protocol.Reply) -> None:
+        slot: list[bytes | None] = [protocol.frame(message)]
+        self.slots.append(slot)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self.slots and self.slots[0][0] is not None:
+            data = self.slots.popleft()[0]
+            if not self.closed and self.transport is not None:
+                self.transport.write(data)  # type: ignore[arg-type]
+        if self.eof and not self.slots and not self.subscribed and self.transport is not None:
+            self.transport.close()
+
+    def _hang_up(self) -> None:
+        """Close after an error reply without a reset that would destroy it:
+        half-close now, ignore whatever else the peer sends, close soon."""
+        assert self.transport is not None
+        self.subscribed = True  # ignore further input
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        asyncio.get_running_loop().call_later(1.0, self.transport.close)
+
+    # --- subscriptions ------------------------------------------------------
+
+    def _subscribe(self, from_seq: int) -> None:
+        """History from ``from_seq`` (read in a thread), then every live batch."""
+        assert self.transport is not None
+        self.subscribed = True
+        backlog: list[bytes] | None = []  # live batches that arrive during the history
+        transport = self.transport
+
+        def deliver(payload: bytes) -> bool:
+            if self.closed:
+                return False
+            if backlog is not None:
+                backlog.append(payload)
+                return True
+            if transport.get_write_buffer_size() > SUBSCRIBER_BACKLOG_BYTES:
+                transport.close()
+                return False
+            transport.write(protocol.frame(protocol.EventBatch(payload=payload)))
+            return True
+
+        upto = self.server.engine.subscribe(deliver)
+        self._deliver = deliver
+        transport.write(protocol.frame(protocol.Reply(ok=True, data={"seq": upto})))
+
+        async def send_history() -> None:
+            nonlocal backlog
+            try:
+                if 0 < from_seq <= upto:
+                    for payload in await anyio.to_thread.run_sync(self.server.history, from_seq, upto):
+                        if self.closed:
+                            return
+                        transport.write(protocol.frame(protocol.EventBatch(payload=payload)))
+            finally:
+                pending, backlog = backlog or [], None
+                for payload in pending:
+                    deliver(payload)
+
+        self.server._tg.start_soon(send_history)
 
 
 def list_jobs(state: ClusterState, include_finished: bool) -> list[dict]:
