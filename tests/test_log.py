@@ -126,6 +126,7 @@ def test_rotation_names_segments_by_first_seq(tmp_path: Path) -> None:
 # --- torn tails: cut, kept aside, appends go on ------------------------------
 
 
+@pytest.mark.slow
 def test_truncate_at_every_offset_of_last_frames(tmp_path: Path) -> None:
     src = tmp_path / "src"
     # a sealed segment first, then a last segment with frames of varied sizes

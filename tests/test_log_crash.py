@@ -62,6 +62,7 @@ def check_prefix(d: Path, acked: int) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_sigkill_loop_never_loses_an_acknowledged_event(tmp_path: Path) -> None:
     d = tmp_path / "log"
     rng = random.Random(20240611)
