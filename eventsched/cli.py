@@ -251,28 +251,24 @@ def render_status(status: dict) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with client(args) as c:
-        if not args.watch:
-            status = c.status()
-            print_json(status) if args.json else print(render_status(status))
-            return 0
-        import time
+    def draw(status: dict) -> None:
+        if args.json:
+            print(json.dumps(status) if args.watch else json.dumps(status, indent=2), flush=True)
+        elif args.watch:
+            sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + "\n")
+            sys.stdout.flush()
+        else:
+            print(render_status(status))
 
-        last_draw = 0.0
-        status = c.status()
-        try:
-            for _batch in c.subscribe(from_seq=0):
-                if time.monotonic() - last_draw < 0.2:
-                    continue
-                status = c.status()
-                last_draw = time.monotonic()
-                if args.json:
-                    print(json.dumps(status), flush=True)
-                else:
-                    sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + "\n")
-                    sys.stdout.flush()
-        except KeyboardInterrupt:
-            return 0
+    with client(args) as c:
+        draw(c.status())
+        if args.watch:
+            try:
+                # redraw on every committed batch of events: nothing is polled
+                for _batch in c.subscribe(from_seq=0):
+                    draw(c.status())
+            except KeyboardInterrupt:
+                return 0
     return 0
 
 

@@ -207,3 +207,35 @@ def test_failed_job_records_exit_code(daemon: Daemon, tmp_path: Path) -> None:
     missing = daemon.submit("--gpus", "0.1", "--", "/no/such/program")
     jobs = daemon.wait_states([missing], {"failed"})
     assert jobs[missing]["exit_code"] != 0
+
+
+def test_interactive_submit_streams_output_and_status_watch_follows(daemon: Daemon, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from daemon_harness import EVENTSCHED, cli_env
+
+    watch = subprocess.Popen(
+        [*EVENTSCHED, "status", "--watch", "--json"], env=cli_env(daemon.state_dir),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        result = daemon.cli("submit", "--interactive", "--gpus", "0.5", "--", "/bin/sh", "-c", "echo first; sleep 0.3; echo second")
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        job = int(lines[0])
+        assert lines[1:] == ["first", "second"]
+        # the watcher printed a status in which the job was running
+        import select
+
+        seen_running = False
+        while not seen_running:
+            ready, _, _ = select.select([watch.stdout], [], [], 20)
+            assert ready, "status --watch printed nothing for 20 s"
+            line = watch.stdout.readline()
+            assert line, watch.stderr.read()
+            status = json.loads(line)
+            seen_running = any(j["id"] == job and j["state"] == "running" for j in status["jobs"])
+    finally:
+        watch.terminate()
+        watch.wait(10)
