@@ -112,3 +112,28 @@ def test_every_acknowledged_submission_survives_kill9(tmp_path: Path) -> None:
     finally:
         stop.set()
         daemon.stop()
+
+
+def test_snapshots_speed_up_start_but_deleting_them_changes_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    daemon = Daemon(state, gpus="fake:2").start()
+    try:
+        done = [daemon.submit("--gpus", "0.5", "--", "/bin/sh", "-c", f"exit {i}") for i in range(4)]
+        daemon.wait_states(done, {"succeeded", "failed"})
+        daemon.cli("pause-gpu", "1")
+        waiting = daemon.submit("--gpus", "2", "--", "/bin/true")
+        before = daemon.jobs()
+        daemon.stop()  # SIGTERM: records the stop and writes a snapshot
+        snapshots = list((state / "snapshots").glob("*"))
+        assert snapshots, "a graceful stop leaves a snapshot"
+        daemon = Daemon(state, gpus="fake:2").start()
+        assert daemon.jobs() == before
+        assert daemon.status()["gpus"][1]["paused"]
+        daemon.stop()
+        for snapshot in snapshots:
+            snapshot.unlink()
+        daemon = Daemon(state, gpus="fake:2").start()
+        assert daemon.jobs() == before
+        assert before[waiting]["state"] == "queued"
+    finally:
+        daemon.stop()
