@@ -20,7 +20,7 @@ from . import events as ev
 from . import messages as m
 from .messages import Effect, Launch, Refused, Signal, WakeAt
 from .policies import POLICIES, decide
-from .projections.cluster import FINAL_STATES, FULL, ClusterState, Job, apply, request_of
+from .projections.cluster import FINAL_STATES, FULL, ClusterState, Job, apply, fit_summary, request_of
 
 __all__ = ["handle"]
 
@@ -92,15 +92,8 @@ def _cascade(out: _Out, job_id: int) -> None:
 
 def next_deadline(state: ClusterState, now: float) -> float | None:
     """The earliest future time something is due: a time limit or a backoff."""
-    best = math.inf
-    default = state.config.default_time_limit_s
-    for jid in state.running:
-        job = state.jobs[jid]
-        if job.cancel_reason:
-            continue
-        limit = job.time_limit(default)
-        if limit is not None and job.started_at is not None:
-            best = min(best, job.started_at + limit)
+    due = state.next_time_limit()  # kept by the projection: no walk over running jobs
+    best = math.inf if due is None else due
     for jid in state.backoff:
         nb = state.jobs[jid].not_before
         if nb > now:
@@ -148,8 +141,8 @@ def _started(out: _Out, msg: m.Started) -> None:
                 model=info.model, memory_total_mib=info.memory_total_mib,
             )
         )
-    for gpu in state.all_gpus():
-        if gpu.node == msg.node and gpu.id not in found and not gpu.lost:
+    for gpu in list(state.node_gpus.get(msg.node, ())):
+        if gpu.id not in found and not gpu.lost:
             out.emit(ev.GpuErrored(ts=out.now, cause="daemon", node=gpu.node, gpu=gpu.id, error="not found at start-up", lost=True))
     _schedule(out)
 
@@ -177,11 +170,9 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         raise Refused(f"--time-limit must be a positive number of seconds, not {spec.time_limit_s}")
     if spec.retries < 0:
         raise Refused(f"--retries must be >= 0, not {spec.retries}")
-    gpus = state.all_gpus()
-    if spec.node and spec.node != state.node and not any(x.node == spec.node for x in gpus):
+    if spec.node and spec.node != state.node and spec.node not in state.node_gpus:
         raise Refused(f"unknown node {spec.node!r}")
-    if spec.node:
-        gpus = [x for x in gpus if x.node == spec.node]
+    gpus = state.node_gpus.get(spec.node, []) if spec.node else state.gpu_list
     if spec.gpu_ids is not None:
         if not spec.gpu_ids:
             raise Refused("--gpu-ids is empty")
@@ -193,18 +184,16 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         gpus = [x for x in gpus if x.id in spec.gpu_ids]
     if count == 0:
         return
-    pool = [x for x in gpus if not x.lost]
+    # (most GPUs with the memory on one node, GPUs not lost, largest memory)
+    if spec.gpu_ids is None:
+        most, pool, largest = state.fit(spec.node, spec.gpu_mem_mib)  # cached: GPUs rarely change
+    else:
+        most, pool, largest = fit_summary(gpus, spec.gpu_mem_mib)
     if not pool:
         raise Refused("no GPU here can take this job (no GPUs, or all allowed ones are lost)")
-    per_node: dict[str, int] = {}
-    for x in pool:
-        if x.memory_total_mib >= spec.gpu_mem_mib:
-            per_node[x.node] = per_node.get(x.node, 0) + 1
-    most = max(per_node.values(), default=0)
     if most >= count:
         return
-    if spec.gpu_mem_mib and most < len(pool):
-        largest = max(x.memory_total_mib for x in pool)
+    if spec.gpu_mem_mib and most < pool:
         raise Refused(
             f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) but only {most} GPU(s) have that much "
             f"(largest: {largest} MiB)"
@@ -284,7 +273,7 @@ def _release(out: _Out, msg: m.Release) -> None:
 
 def _known_gpu(state: ClusterState, node: str, gpu: int) -> None:
     if (node, gpu) not in state.gpus:
-        have = ", ".join(str(g.id) for g in state.all_gpus() if g.node == node) or "none"
+        have = ", ".join(str(g.id) for g in state.node_gpus.get(node, ())) or "none"
         raise Refused(f"no GPU {gpu} on node {node!r} (GPUs here: {have})")
 
 
@@ -334,15 +323,9 @@ def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
 
 def _tick(out: _Out, msg: m.Tick) -> None:
     state = out.state
-    default = state.config.default_time_limit_s
-    for jid in sorted(state.running):
-        job = state.jobs[jid]
-        if job.cancel_reason or job.started_at is None:
-            continue
-        limit = job.time_limit(default)
-        if limit is not None and out.now >= job.started_at + limit:
-            out.emit(ev.JobCancelRequested(ts=out.now, cause="timer", job=jid, by="timer", reason="time-limit"))
-            out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
+    for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
+        out.emit(ev.JobCancelRequested(ts=out.now, cause="timer", job=jid, by="timer", reason="time-limit"))
+        out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
     _schedule(out)
 
 
@@ -356,6 +339,10 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
             start_time=msg.start_time, log_path=msg.log_path,
         )
     )
+    if job.cancel_reason:
+        # Stopped between placement and start: the signal sent then found no
+        # process yet, so send it again now that there is one.
+        out.effects.append(Signal(job=job.id, grace_s=out.state.config.kill_grace_s, reason=job.cancel_reason))
 
 
 def _process_exited(out: _Out, msg: m.ProcessExited) -> None:

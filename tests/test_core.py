@@ -571,3 +571,22 @@ def test_job_json_has_the_queue_contract_keys():
     for key in ("id", "allocated", "paused", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c"):
         assert key in g
     msgspec.json.encode([doc, g])  # JSON-ready
+
+
+def test_cancel_between_placement_and_start_signals_once_the_process_exists() -> None:
+    """A job cancelled before its process started must still be stopped."""
+    from eventsched import core
+    from eventsched.events import JobSpec
+    from eventsched.messages import Cancel, GpuInfo, ProcessStarted, SchedulerConfig, Signal, Started, Submit
+    from eventsched.projections.cluster import ClusterState
+
+    state = ClusterState()
+    core.handle(state, Started(node="local", pid=1, version="t", gpu_backend="fake:1",
+                               gpus=[GpuInfo(gpu=0, uuid="u0", model="m", memory_total_mib=1000)],
+                               config=SchedulerConfig()), 0.0)
+    events, _ = core.handle(state, Submit(spec=JobSpec(command=["sleep", "60"], uid=1000, gpus=1.0)), 1.0)
+    job = events[0].job
+    assert state.jobs[job].state == "running"  # placed, launch in flight
+    core.handle(state, Cancel(jobs=[job], uid=1000), 2.0)
+    _, effects = core.handle(state, ProcessStarted(job=job, pid=4242, start_time=7), 2.1)
+    assert [e for e in effects if isinstance(e, Signal) and e.job == job and e.reason == "cancelled"]

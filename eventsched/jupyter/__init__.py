@@ -1,0 +1,26 @@
+"""Notebook support: ``%load_ext eventsched.jupyter`` registers the magics.
+
+See ``eventsched.jupyter.magics`` for the magics (and how ``$var`` / ``{expr}``
+expansion works), ``widgets`` for the live status panel and ``handle`` for the
+job handle ``%gpusubmit`` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension"]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from .magics import EventschedMagics
+
+    # an instance, with the shell as its parent: %config and ipython_config.py apply
+    ipython.register_magics(EventschedMagics(shell=ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .widgets import _watchers
+
+    for watcher in list(_watchers.values()):
+        watcher.stop()

@@ -1,0 +1,228 @@
+"""What the magics return: a job handle and small result tables.
+
+Each object renders as HTML and as plain text (static viewers show something),
+and reads the daemon when it is displayed, so its repr is the job's state *now*.
+In a live kernel a handle's display is also a small widget that the panel's
+background thread keeps current.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+from ..client import Client
+from .widgets import FINAL_STATES, STATE_COLOURS, render_jobs_html, render_jobs_text
+
+__all__ = ["JobHandle", "JobTable", "LogText", "Message"]
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class LogText(str):
+    """A job's output: a ``str`` that notebooks show as preformatted text."""
+
+    def _repr_html_(self) -> str:
+        return f"<pre style='max-height:30em;overflow:auto'>{html.escape(self)}</pre>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+class Message:
+    """A one-line outcome (daemon started, jobs cancelled...)."""
+
+    def __init__(self, text: str, **data: Any) -> None:
+        self.text = text
+        self.data = data
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return f"<p class='es-message'>{html.escape(self.text)}</p>"
+
+
+class JobTable:
+    """A list of jobs (``queue --json`` shape); ``.to_dataframe()`` for pandas."""
+
+    def __init__(self, jobs: list[dict[str, Any]], empty: str = "no jobs") -> None:
+        self.jobs = jobs
+        self.empty = empty
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.jobs)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.jobs[i]
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.jobs)
+
+    def __repr__(self) -> str:
+        return render_jobs_text(self.jobs, time.time(), self.empty)
+
+    def _repr_html_(self) -> str:
+        return render_jobs_html(self.jobs, time.time(), self.empty)
+
+
+class JobHandle:
+    """One submitted job. ``state``, ``info()``, ``wait()``, ``logs()``, ``cancel()``."""
+
+    def __init__(self, job_id: int, socket_path: str | Path) -> None:
+        self.id = int(job_id)
+        self.socket_path = Path(socket_path)
+
+    def _client(self) -> Client:
+        return Client(self.socket_path)
+
+    def info(self) -> dict[str, Any]:
+        """The job as ``eventsched queue --json --all`` shows it."""
+        with self._client() as c:
+            for job in c.jobs(all=True):
+                if job["id"] == self.id:
+                    return job
+        raise LookupError(f"the daemon knows no job {self.id}")
+
+    @property
+    def state(self) -> str:
+        return self.info()["state"]
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> str:
+        """Block until the job has finished; return its final state.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds. Interrupting the
+        kernel stops the waiting, not the job.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._client() as c:
+            while True:
+                state = next((j["state"] for j in c.jobs(all=True) if j["id"] == self.id), None)
+                if state is None:
+                    raise LookupError(f"the daemon knows no job {self.id}")
+                if state in FINAL_STATES:
+                    self._settle_displays()
+                    return state
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {self.id} is still {state} after {timeout:g}s")
+                time.sleep(poll)
+
+    def _settle_displays(self) -> None:
+        from .widgets import existing_watcher
+
+        watcher = existing_watcher(self.socket_path)
+        if watcher is not None:
+            watcher.settle(self.id)
+
+    def log_path(self) -> str:
+        with self._client() as c:
+            return c.log_path(self.id)
+
+    def logs(self, tail: int | None = None) -> LogText:
+        """The job's output so far (the last ``tail`` lines if given)."""
+        try:
+            with open(self.log_path(), "rb") as f:
+                text = f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            text = ""
+        if tail is not None:
+            text = "\n".join(text.splitlines()[-tail:])
+        return LogText(text)
+
+    def follow(self, poll: float = 0.1) -> str:
+        """Print the output as it comes until the job ends; interrupt to detach."""
+        path = self.log_path()
+        position = 0
+        try:
+            while True:
+                state = self.state
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(position)
+                        chunk = f.read()
+                except FileNotFoundError:
+                    chunk = b""
+                if chunk:
+                    position += len(chunk)
+                    print(chunk.decode("utf-8", "replace"), end="", flush=True)
+                if state in FINAL_STATES:
+                    return state
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            print(f"\ndetached; job {self.id} keeps running")
+            return self.state
+
+    def cancel(self) -> "JobHandle":
+        with self._client() as c:
+            c.cancel([self.id])
+        return self
+
+    # --- display ------------------------------------------------------------
+
+    def _summary(self, job: dict[str, Any] | None) -> tuple[str, str]:
+        if job is None:
+            return "unknown", f"job {self.id}"
+        where = f" on GPU {','.join(map(str, job['gpu_ids']))}" if job.get("gpu_ids") else ""
+        exit_code = "" if job.get("exit_code") is None else f", exit {job['exit_code']}"
+        return job["state"], f"job {self.id} {job.get('name', '')}: {job['state']}{where}{exit_code}"
+
+    def _current(self) -> dict[str, Any] | None:
+        try:
+            return self.info()
+        except Exception:  # a repr must never raise
+            return None
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self._summary(self._current())[1]}>"
+
+    @staticmethod
+    def _html(state: str, text: str, job_id: int) -> str:
+        colour = STATE_COLOURS.get(state, "#000")
+        return (f"<span class='es-handle' data-job='{job_id}' data-state='{state}'>"
+                f"<b style='color:{colour}'>●</b> {html.escape(text)}</span>")
+
+    def _repr_html_(self) -> str:
+        state, text = self._summary(self._current())
+        return self._html(state, text, self.id)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        job = self._current()
+        state, text = self._summary(job)
+        data: dict[str, Any] = {"text/plain": f"<JobHandle {text}>", "text/html": self._html(state, text, self.id)}
+        if _in_kernel():
+            data.update(self._live_view())
+        return data
+
+    def _live_view(self) -> dict[str, Any]:
+        """A widget kept current by the panel's thread (only in a live kernel)."""
+        import ipywidgets as w
+
+        from .widgets import watcher_for
+
+        view = w.HTML(value=self._repr_html_())
+        job_id = self.id
+
+        def update(model: Any) -> None:
+            job = model.jobs.get(job_id)
+            if job is not None:
+                state, text = self._summary(job)
+                value = self._html(state, text, job_id)
+                if value != view.value:
+                    view.value = value
+
+        watcher_for(self.socket_path).add_listener(update)
+        return {k: v for k, v in view._repr_mimebundle_().items() if k != "text/plain"}

@@ -1,0 +1,440 @@
+"""IPython magics: ``%gpusubmit``, ``%%gpusubmit``, ``%gpuqueue``, ``%gpucancel``,
+``%gpustatus``, ``%gpusql`` and ``%gpuscheduler``.
+
+Options are parsed by the very parsers of the ``eventsched`` command
+(``cli.build_parser``), so a magic accepts exactly what the CLI accepts.
+
+Variable expansion
+------------------
+IPython expands the magic's *line* before the magic sees it, as it does for
+``!shell`` commands:
+
+* ``$name`` and ``$obj.attr`` are replaced by the value of a Python variable;
+* ``{expression}`` is replaced by the value of any Python expression;
+* ``$$`` gives a literal ``$`` and ``{{`` / ``}}`` literal braces;
+* ``$name`` inside single quotes is left alone;
+* if any expansion on the line fails (an undefined name), IPython leaves the
+  *whole* line as written.
+
+The expanded line is then split like a POSIX shell would (quotes group words),
+but the job runs without a shell: ``$HOME`` that reaches the job stays
+``$HOME``. Use ``-- bash -c 'echo $$HOME'`` when you want a shell. The cell
+body of ``%%gpusubmit`` is never expanded.
+
+Errors (bad options, daemon refusals, no daemon) are shown as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, NoReturn, TypeVar
+
+import msgspec
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from traitlets import Float, Unicode
+
+from .. import cli
+from ..client import Client, ClientError, DaemonNotRunning
+from ..paths import default_socket, default_state_dir
+from .handle import JobHandle, JobTable, Message
+
+__all__ = ["EventschedMagics", "parse_submit", "subcommand_parser"]
+
+# Kernel plumbing that must not leak into a job's environment.
+KERNEL_ENV_PREFIXES = ("JPY_", "PYDEVD_", "MPLBACKEND", "IPY_")
+START_TIMEOUT_S = 30.0
+
+
+class _HelpShown(Exception):
+    """``-h`` was given: the help is printed, nothing else happens."""
+
+
+def subcommand_parser(name: str, prog: str) -> argparse.ArgumentParser:
+    """The CLI's own parser of ``eventsched NAME``, raising instead of exiting."""
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = action.choices[name]
+    sub.prog = prog
+
+    def error(message: str) -> NoReturn:
+        raise UsageError(f"{prog}: {message} (see {prog} -h)")
+
+    def exit_(status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            print(message, file=sys.stderr)
+        raise _HelpShown
+
+    sub.error = error  # type: ignore[method-assign]
+    sub.exit = exit_  # type: ignore[method-assign]
+    return sub
+
+
+def _split(line: str, prog: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{prog}: cannot split the line: {exc}") from None
+
+
+def parse_submit(line: str, prog: str = "%gpusubmit") -> tuple[argparse.Namespace, list[str]]:
+    """Options, then the command: after ``--``, or from the first word that is
+    not an option. Anything after the command's first word (a trailing
+    ``--gpus 2`` included) belongs to the command."""
+    parser = subcommand_parser("submit", prog)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the job's command (or put it after --)")
+    options, after = cli.split_command(_split(line, prog))
+    args = parser.parse_args(options)
+    before = list(args.command)
+    if before and after:
+        raise UsageError(f"{prog}: the command is {before[0]!r} but there is also one after `--`; give only one")
+    return args, before or after
+
+
+T = TypeVar("T")
+
+
+def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
+    """Turn a user's mistake or the daemon's refusal into one line, no traceback."""
+
+    def wrapper(self: "EventschedMagics", *args: Any, **kwargs: Any) -> T | None:
+        try:
+            return method(self, *args, **kwargs)
+        except _HelpShown:
+            return None
+        except DaemonNotRunning as exc:
+            raise UsageError(
+                f"no eventsched daemon is listening on {exc.path}. Start one from here with "
+                f"`%gpuscheduler start --gpus fake:4` (simulated GPUs; leave out --gpus to use the real ones), "
+                f"or in a terminal with `eventsched serve`."
+            ) from None
+        except (cli.UserError, ClientError, LookupError) as exc:
+            raise UsageError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+@magics_class
+class EventschedMagics(Magics):
+    """Submit and watch eventsched jobs from IPython. Settable with ``%config``
+    (``%config EventschedMagics.state_dir = '/scratch/me/es'``) or in
+    ``ipython_config.py`` (``c.EventschedMagics.default_gpus = 0.5``)."""
+
+    socket = Unicode("", help="Control socket; default $EVENTSCHED_SOCKET or <state_dir>/eventsched.sock.").tag(config=True)
+    state_dir = Unicode("", help="State directory; default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched.").tag(config=True)
+    default_gpus = Float(
+        None, allow_none=True, help="--gpus for %gpusubmit when none is given (None: the daemon's default, 1 GPU)."
+    ).tag(config=True)
+    scheduler_gpus = Unicode("", help="--gpus for `%gpuscheduler start` when none is given, e.g. 'fake:4'.").tag(config=True)
+    cell_dir = Unicode("", help="Where %%gpusubmit saves cells as scripts; default the kernel's working directory.").tag(config=True)
+    python = Unicode(sys.executable, help="Interpreter that runs %%gpusubmit cells.").tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._started: subprocess.Popen[bytes] | None = None
+
+    # --- where the daemon is -------------------------------------------------
+
+    def resolve_state_dir(self, args: argparse.Namespace | None = None) -> Path:
+        given = getattr(args, "state_dir", None) or self.state_dir
+        return Path(given).expanduser() if given else default_state_dir()
+
+    def resolve_socket(self, args: argparse.Namespace | None = None) -> Path:
+        given = getattr(args, "socket", None) or self.socket
+        if given:
+            return Path(given).expanduser()
+        state = getattr(args, "state_dir", None) or self.state_dir
+        return default_socket(Path(state).expanduser() if state else None)
+
+    def client(self, args: argparse.Namespace | None = None) -> Client:
+        return Client(self.resolve_socket(args))
+
+    # --- submit ------------------------------------------------------------------
+
+    @line_cell_magic
+    @user_errors
+    def gpusubmit(self, line: str, cell: str | None = None) -> JobHandle | None:
+        """Submit a job; returns a handle whose display follows the job's state.
+
+        Line:  ``%gpusubmit [options] -- COMMAND [ARG...]``
+        Cell:  ``%%gpusubmit [options] [-- SCRIPT-ARG...]`` runs the cell as a
+        Python script (saved under ``cell_dir``, the kernel's working directory
+        by default, in ``.eventsched-cells/``).
+
+        Options are those of ``eventsched submit`` (``--gpus``, ``--gpu-mem``,
+        ``--gpu-ids``, ``--priority``, ``--name``, ``--time-limit``, ``--tenant``,
+        ``--after``, ``--retries``, ``--conda``, ``--env-setup``, ``--dedupe``,
+        ``--interactive``, ``--state-dir``, ``--socket``) and come *before* the
+        command. Without ``--`` the command starts at the first word that is not
+        an option; everything after it is the command's, so in
+        ``%gpusubmit --gpus 0.5 python train.py --gpus 2`` the job gets 0.5 of a
+        GPU and ``train.py`` gets ``--gpus 2``.
+
+        ``$name`` and ``{expression}`` in the line are expanded by IPython
+        (``$$`` for a literal ``$``; see the module's docstring); the job itself
+        runs without a shell. The job inherits the kernel's working directory
+        and environment. ``--interactive`` prints the output here until the job
+        ends (interrupt the kernel to stop watching; the job keeps running).
+        """
+        args, command = parse_submit(line, "%%gpusubmit" if cell is not None else "%gpusubmit")
+        if cell is not None:
+            command = self._cell_command(cell, command, args)
+        if args.gpus is None and self.default_gpus is not None:
+            args.gpus = self.default_gpus
+        spec = cli.build_spec(args, command)
+        env = {k: v for k, v in spec.env.items() if not k.startswith(KERNEL_ENV_PREFIXES)}
+        spec = msgspec.structs.replace(spec, env=env)
+        socket_path = self.resolve_socket(args)
+        with Client(socket_path) as c:
+            job = c.submit(spec)
+        handle = JobHandle(job, socket_path)
+        if args.interactive:
+            handle.follow()
+        return handle
+
+    def _cell_command(self, cell: str, script_args: list[str], args: argparse.Namespace) -> list[str]:
+        digest = hashlib.sha256(cell.encode()).hexdigest()[:12]
+        folder = Path(self.cell_dir or os.getcwd()).expanduser() / ".eventsched-cells"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"cell-{digest}.py"
+            path.write_text(cell)
+        except OSError as exc:
+            raise UsageError(f"%%gpusubmit: cannot save the cell in {folder}: {exc.strerror}") from None
+        if not args.name:
+            args.name = f"cell-{digest[:8]}"
+        # -u: unbuffered, so the panel's output tail shows prints as they happen
+        return [self.python, "-u", str(path), *script_args]
+
+    # --- queue, cancel, status ----------------------------------------------
+
+    @line_magic
+    @user_errors
+    def gpuqueue(self, line: str) -> JobTable | None:
+        """``%gpuqueue [--all]``: queued and running jobs (``--all``: finished ones too).
+
+        Returns a table (``.to_dataframe()`` for pandas). ``$var``/``{expr}`` are expanded.
+        """
+        args = subcommand_parser("queue", "%gpuqueue").parse_args(_split(line, "%gpuqueue"))
+        with self.client(args) as c:
+            jobs = c.jobs(all=args.all)
+        order = {"running": 0, "queued": 1, "held": 2}
+        jobs.sort(key=lambda j: (order.get(j["state"], 3), -j["priority"] if j["state"] == "queued" else 0, j["id"]))
+        return JobTable(jobs, "no jobs" if args.all else "no queued or running jobs (%gpuqueue --all shows finished ones)")
+
+    @line_magic
+    @user_errors
+    def gpucancel(self, line: str) -> JobTable | None:
+        """``%gpucancel JOB [JOB...]``: cancel queued or running jobs (ids, or a
+        variable: ``%gpucancel $job.id`` / ``%gpucancel {h.id}``)."""
+        args = subcommand_parser("cancel", "%gpucancel").parse_args(_split(line, "%gpucancel"))
+        ids = cli.parse_job_ids(args.jobs)
+        with self.client(args) as c:
+            return JobTable(c.cancel(ids))
+
+    @line_magic
+    @user_errors
+    def gpustatus(self, line: str) -> Any:
+        """``%gpustatus``: the live panel — one bar per GPU (allocated share;
+        utilisation, memory, temperature, paused beside it), running and queued
+        jobs, and the output tail of the job you select. A background thread
+        keeps it current while other cells run."""
+        from .widgets import StatusPanel
+
+        args = subcommand_parser("status", "%gpustatus").parse_args(_split(line, "%gpustatus"))
+        socket_path = self.resolve_socket(args)
+        with Client(socket_path) as c:
+            status = c.status()  # no daemon: say so now, not in a corner of the panel
+        return StatusPanel(socket_path, status)
+
+    # --- SQL ------------------------------------------------------------------------
+
+    @line_cell_magic
+    @user_errors
+    def gpusql(self, line: str, cell: str | None = None) -> Any:
+        """``%gpusql [-o NAME] [--state-dir DIR] SELECT ...`` (or ``%%gpusql`` with
+        the query in the cell): read-only SQL over the whole history (DuckDB);
+        returns a pandas DataFrame; ``-o NAME`` also stores it in ``NAME``.
+        ``$var``/``{expr}`` in the line are expanded by IPython (``{{``/``}}``
+        for literal braces); the cell is not."""
+        out, state_dir, query = split_sql_line(line)
+        if cell is not None:
+            if query:
+                raise UsageError("%%gpusql: options only on the line; the query is the cell")
+            query = cell
+        if not query.strip():
+            raise UsageError("%gpusql: no query given, e.g. %gpusql SELECT * FROM jobs")
+        if out is not None and not out.isidentifier():
+            raise UsageError(f"%gpusql: -o {out!r} is not a Python name")
+        args = argparse.Namespace(state_dir=state_dir, socket=None)
+        frame = self._query(self.resolve_state_dir(args), query)
+        if out is not None:
+            self.shell.user_ns[out] = frame
+        return frame
+
+    def _query(self, state_dir: Path, query: str) -> Any:
+        import duckdb
+        import pandas as pd
+
+        from ..projections.history import HistoryError, open_history
+
+        try:
+            history = open_history(state_dir)
+            columns, rows = history.query(query)
+        except HistoryError as exc:
+            raise UsageError(str(exc)) from None
+        except duckdb.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"%gpusql: {first}") from None
+        return pd.DataFrame(rows, columns=columns)
+
+    # --- the daemon ------------------------------------------------------------
+
+    @line_magic
+    @user_errors
+    def gpuscheduler(self, line: str) -> Message | None:
+        """``%gpuscheduler start [serve options]`` starts a daemon in the background
+        (same options as ``eventsched serve``: ``--gpus fake:4``, ``--state-dir``,
+        ``--socket``, ``--policy``, ``--config``...) and waits until it answers;
+        later magics of this kernel use its state directory and socket.
+        ``%gpuscheduler status`` says whether one answers; ``%gpuscheduler stop``
+        asks it to shut down (its jobs keep running and are re-adopted later).
+        The daemon outlives the kernel; its output goes to ``<state-dir>/serve.out``.
+        """
+        words = _split(line, "%gpuscheduler")
+        if not words or words[0] not in ("start", "stop", "status"):
+            raise UsageError("%gpuscheduler: say `start [--gpus fake:4 ...]`, `status` or `stop`")
+        action, rest = words[0], words[1:]
+        if action == "start":
+            return self._start(rest)
+        args = subcommand_parser("health", f"%gpuscheduler {action}").parse_args(rest)
+        socket_path = self.resolve_socket(args)
+        with Client(socket_path, timeout=5.0) as c:
+            info = c.ping()
+        if action == "status":
+            return Message(f"eventsched daemon pid {info['pid']} answers on {socket_path} (log at seq {info['seq']})", **info)
+        return self._stop(int(info["pid"]), socket_path)
+
+    def _start(self, words: list[str]) -> Message:
+        args = subcommand_parser("serve", "%gpuscheduler start").parse_args(words)
+        state_dir = self.resolve_state_dir(args)
+        socket_path = self.resolve_socket(args)
+        try:
+            with Client(socket_path, timeout=5.0) as c:
+                info = c.ping()
+        except DaemonNotRunning:
+            pass
+        else:
+            self._remember(args)
+            return Message(f"an eventsched daemon is already running (pid {info['pid']}) on {socket_path}", **info)
+        if args.gpus is None and self.scheduler_gpus:
+            words = [*words, "--gpus", self.scheduler_gpus]
+        if not args.state_dir:
+            words = [*words, "--state-dir", str(state_dir)]
+        if not args.socket:
+            words = [*words, "--socket", str(socket_path)]
+        try:
+            state_dir.mkdir(parents=True, exist_ok=True)
+            out = open(state_dir / "serve.out", "ab")
+        except OSError as exc:
+            raise UsageError(f"%gpuscheduler: cannot use {state_dir}: {exc.strerror}") from None
+        with out:
+            # own session: interrupting the kernel must not reach the daemon
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "eventsched.cli", "serve", *words],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, cwd=state_dir,
+            )
+        self._started = proc
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            code = proc.poll()
+            if code is not None:
+                raise UsageError(f"%gpuscheduler: the daemon exited with status {code}: {_last_line(state_dir / 'serve.out')}")
+            try:
+                with Client(socket_path, timeout=5.0) as c:
+                    info = c.ping()
+                break
+            except ClientError:
+                if time.monotonic() > deadline:
+                    raise UsageError(
+                        f"%gpuscheduler: the daemon (pid {proc.pid}) did not answer within {START_TIMEOUT_S:g}s; "
+                        f"see {state_dir / 'serve.out'}"
+                    ) from None
+                time.sleep(0.1)
+        self._remember(args)
+        return Message(
+            f"eventsched daemon started (pid {proc.pid}) on {socket_path}; state in {state_dir}, "
+            f"output in {state_dir / 'serve.out'}", pid=proc.pid, socket=str(socket_path), state_dir=str(state_dir),
+        )
+
+    def _remember(self, args: argparse.Namespace) -> None:
+        """Later magics talk to the daemon just started (or found)."""
+        if args.state_dir:
+            self.state_dir = str(Path(args.state_dir).expanduser())
+        if args.socket:
+            self.socket = str(Path(args.socket).expanduser())
+
+    def _stop(self, pid: int, socket_path: Path) -> Message:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return Message(f"the daemon (pid {pid}) has already gone")
+        except PermissionError:
+            raise UsageError(f"%gpuscheduler: the daemon (pid {pid}) belongs to another user") from None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self._started is not None and self._started.pid == pid:
+                if self._started.poll() is not None:
+                    break
+            else:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+            time.sleep(0.1)
+        else:
+            raise UsageError(f"%gpuscheduler: the daemon (pid {pid}) is still running 15s after SIGTERM")
+        return Message(f"eventsched daemon (pid {pid}) stopped", pid=pid)
+
+
+_SQL_OPTION = re.compile(r"\s*(-o|--out|--state-dir)(?:\s+|=)(\S+)")
+
+
+def split_sql_line(line: str) -> tuple[str | None, str | None, str]:
+    """``-o NAME`` / ``--state-dir DIR`` before the query; the query kept as typed
+    (its quotes matter to SQL, so it is not split like a shell line)."""
+    out = state_dir = None
+    rest = line
+    while True:
+        match = _SQL_OPTION.match(rest)
+        if match is None:
+            break
+        if match.group(1) == "--state-dir":
+            state_dir = match.group(2)
+        else:
+            out = match.group(2)
+        rest = rest[match.end():]
+    rest = rest.strip()
+    if rest.startswith("-"):
+        raise UsageError(f"%gpusql: unknown option {rest.split()[0]!r}; options are -o NAME and --state-dir DIR")
+    return out, state_dir, rest
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
+    except OSError:
+        return "(no output)"
+    return lines[-1] if lines else "(no output)"

@@ -1,0 +1,600 @@
+"""The live status panel: a client-side fold of the daemon's event stream.
+
+``PanelModel`` is seeded from one ``status()`` snapshot (which carries the log
+sequence it includes) and then folds every event after it, so the panel never
+misses or double-counts a fact. ``Watcher`` owns the one background thread per
+socket that consumes ``Client.subscribe``; it only mutates the model and calls
+listeners, and listeners only set widget values. The kernel's event loop is
+never touched (no nest_asyncio), which is why the panel keeps moving while a
+cell runs blocking code.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import events as ev
+
+__all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text"]
+
+ACTIVE_STATES = ("running", "queued", "held")
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+RECENT_FINISHED = 10  # finished jobs the panel keeps showing
+TAIL_LINES = 20
+THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
+
+STATE_COLOURS = {
+    "running": "#2e7d32",
+    "queued": "#1565c0",
+    "held": "#6a1b9a",
+    "succeeded": "#555",
+    "failed": "#c62828",
+    "cancelled": "#8d6e63",
+    "preempted": "#ef6c00",
+    "lost": "#c62828",
+}
+
+
+# --- the pure fold ----------------------------------------------------------
+
+
+def _share(job: dict[str, Any]) -> float:
+    """The share of each assigned GPU a running job holds."""
+    if "share" in job:
+        return float(job["share"])
+    gpus = float(job.get("gpus") or 0)
+    return gpus if 0 < gpus < 1 else 1.0
+
+
+class PanelModel:
+    """GPUs and jobs as the panel shows them; changed only by ``fold``."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[int, dict[str, Any]] = {}
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.policy = ""
+        self.seq = 0
+        self.connected = False
+        self.error = ""
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any]) -> "PanelModel":
+        model = cls()
+        for gpu in status.get("gpus", []):
+            model.gpus[int(gpu["id"])] = dict(gpu)
+        for job in status.get("jobs", []):
+            model.jobs[int(job["id"])] = dict(job)
+        model.policy = status.get("policy", "")
+        model.seq = int(status.get("seq", 0))
+        model.connected = True
+        return model
+
+    # views used by renderers
+    def running(self) -> list[dict[str, Any]]:
+        return sorted((j for j in self.jobs.values() if j["state"] == "running"), key=lambda j: j["id"])
+
+    def queued(self) -> list[dict[str, Any]]:
+        waiting = [j for j in self.jobs.values() if j["state"] in ("queued", "held")]
+        return sorted(waiting, key=lambda j: (j["state"] != "queued", -j.get("priority", 0), j["id"]))
+
+    def finished(self) -> list[dict[str, Any]]:
+        done = [j for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
+        return sorted(done, key=lambda j: -j["id"])[:RECENT_FINISHED]
+
+    def fold(self, events: list[ev.Event]) -> None:
+        for event in events:
+            if event.seq and event.seq <= self.seq:
+                continue  # already in the snapshot
+            handler = _HANDLERS.get(type(event))
+            if handler is not None:
+                handler(self, event)
+            self.seq = max(self.seq, event.seq)
+        self._allocate()
+        self._forget_old()
+
+    def _allocate(self) -> None:
+        alloc = {gid: 0.0 for gid in self.gpus}
+        on_gpu: dict[int, list[int]] = {gid: [] for gid in self.gpus}
+        for job in self.running():
+            for gid in job.get("gpu_ids", []):
+                if gid in alloc:
+                    alloc[gid] += _share(job)
+                    on_gpu[gid].append(job["id"])
+        for gid, gpu in self.gpus.items():
+            gpu["allocated"] = round(min(alloc[gid], 1.0), 3)
+            gpu["jobs"] = on_gpu[gid]
+
+    def _forget_old(self) -> None:
+        done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
+        for job_id in sorted(done)[:-RECENT_FINISHED] if len(done) > RECENT_FINISHED else []:
+            del self.jobs[job_id]
+
+
+def _gpu(model: PanelModel, gpu: int) -> dict[str, Any]:
+    return model.gpus.setdefault(
+        gpu,
+        {"id": gpu, "allocated": 0.0, "paused": False, "lost": False, "utilization": None,
+         "memory_used_mib": 0, "memory_total_mib": 0, "temperature_c": None, "jobs": []},
+    )
+
+
+def _on_daemon_started(m: PanelModel, e: ev.DaemonStarted) -> None:
+    m.policy = e.policy
+
+
+def _on_gpu_discovered(m: PanelModel, e: ev.GpuDiscovered) -> None:
+    g = _gpu(m, e.gpu)
+    g.update(memory_total_mib=e.memory_total_mib, model=e.model, lost=False)
+
+
+def _on_gpu_sampled(m: PanelModel, e: ev.GpuSampled) -> None:
+    g = _gpu(m, e.gpu)
+    g.update(utilization=e.utilization, memory_used_mib=e.memory_used_mib,
+             memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c)
+
+
+def _on_gpu_errored(m: PanelModel, e: ev.GpuErrored) -> None:
+    if e.gpu in m.gpus and e.lost:
+        m.gpus[e.gpu]["lost"] = True
+
+
+def _on_gpu_paused(m: PanelModel, e: ev.GpuPaused) -> None:
+    _gpu(m, e.gpu)["paused"] = True
+
+
+def _on_gpu_resumed(m: PanelModel, e: ev.GpuResumed) -> None:
+    _gpu(m, e.gpu)["paused"] = False
+
+
+def _on_policy_changed(m: PanelModel, e: ev.PolicyChanged) -> None:
+    m.policy = e.policy
+
+
+def _on_job_submitted(m: PanelModel, e: ev.JobSubmitted) -> None:
+    s = e.spec
+    m.jobs[e.job] = {
+        "id": e.job, "name": s.name or (s.command[0] if s.command else ""), "user": s.user,
+        "state": "queued", "priority": s.priority, "gpus": s.gpus, "gpu_ids": [],
+        "submitted_at": e.ts, "started_at": None, "ended_at": None, "exit_code": None,
+        "command": list(s.command),
+    }
+
+
+def _job(m: PanelModel, job: int) -> dict[str, Any] | None:
+    return m.jobs.get(job)  # a job from before the snapshot that already ended
+
+
+def _on_job_placed(m: PanelModel, e: ev.JobPlaced) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j.update(state="running", gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts,
+                 ended_at=None, exit_code=None, cancel_reason="")
+
+
+def _on_job_started(m: PanelModel, e: ev.JobStarted) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j.update(pid=e.pid, started_at=e.ts)
+        if e.log_path:
+            j["log_path"] = e.log_path
+
+
+def _on_job_exited(m: PanelModel, e: ev.JobExited) -> None:
+    j = _job(m, e.job)
+    if j is None:
+        return
+    reason = j.get("cancel_reason", "")
+    if reason == "cancelled" or e.reason == "cancelled":
+        state = "cancelled"
+    elif reason == "preempted":
+        state = "preempted"
+    elif reason == "time-limit":
+        state = "failed"
+    else:
+        state = "succeeded" if e.exit_code == 0 else "failed"
+    j.update(state=state, exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[])
+
+
+def _on_job_cancel_requested(m: PanelModel, e: ev.JobCancelRequested) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j["cancel_reason"] = e.reason
+
+
+def _on_job_cancelled(m: PanelModel, e: ev.JobCancelled) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j.update(state="cancelled", ended_at=e.ts, gpu_ids=[])
+
+
+def _on_job_requeued(m: PanelModel, e: ev.JobRequeued) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j.update(state="queued", gpu_ids=[], ended_at=None)
+
+
+def _on_job_held(m: PanelModel, e: ev.JobHeld) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j["state"] = "held"
+
+
+def _on_job_released(m: PanelModel, e: ev.JobReleased) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j["state"] = "queued"
+
+
+def _on_job_lost(m: PanelModel, e: ev.JobLost) -> None:
+    j = _job(m, e.job)
+    if j is not None:
+        j.update(state="lost", ended_at=e.ts, gpu_ids=[])
+
+
+_HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
+    ev.DaemonStarted: _on_daemon_started,
+    ev.GpuDiscovered: _on_gpu_discovered,
+    ev.GpuSampled: _on_gpu_sampled,
+    ev.GpuErrored: _on_gpu_errored,
+    ev.GpuPaused: _on_gpu_paused,
+    ev.GpuResumed: _on_gpu_resumed,
+    ev.PolicyChanged: _on_policy_changed,
+    ev.JobSubmitted: _on_job_submitted,
+    ev.JobPlaced: _on_job_placed,
+    ev.JobStarted: _on_job_started,
+    ev.JobExited: _on_job_exited,
+    ev.JobCancelRequested: _on_job_cancel_requested,
+    ev.JobCancelled: _on_job_cancelled,
+    ev.JobRequeued: _on_job_requeued,
+    ev.JobHeld: _on_job_held,
+    ev.JobReleased: _on_job_released,
+    ev.JobLost: _on_job_lost,
+}
+
+
+# --- rendering (pure: model in, text out) -----------------------------------
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
+    return "–" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _elapsed(job: dict[str, Any], now: float) -> str:
+    from ..cli import human_duration
+
+    if job["state"] in ("queued", "held"):
+        start, end = job.get("submitted_at"), now
+    else:
+        start, end = job.get("started_at"), job.get("ended_at") or now
+    return "" if start is None else human_duration(end - start)
+
+
+def gpu_line(gpu: dict[str, Any]) -> str:
+    flags = " PAUSED" if gpu.get("paused") else ""
+    flags += " LOST" if gpu.get("lost") else ""
+    return (
+        f"alloc {gpu.get('allocated', 0):.2f} · util {_fmt(gpu.get('utilization'), '%')} · "
+        f"mem {gpu.get('memory_used_mib', 0)}/{gpu.get('memory_total_mib', 0)} MiB · "
+        f"{_fmt(gpu.get('temperature_c'), '°C')}{flags}"
+    )
+
+
+JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT"]
+
+
+def _job_cells(job: dict[str, Any], now: float) -> list[str]:
+    exit_code = job.get("exit_code")
+    return [
+        str(job["id"]), str(job.get("name", ""))[:32], job["state"], f"{float(job.get('gpus', 0)):g}",
+        ",".join(map(str, job.get("gpu_ids") or [])) or "-", _elapsed(job, now),
+        "" if exit_code is None else str(exit_code),
+    ]
+
+
+def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
+    if not jobs:
+        return f"<p class='es-empty'><i>{html.escape(empty)}</i></p>"
+    head = "".join(f"<th style='text-align:left;padding:0 8px'>{c}</th>" for c in JOB_COLUMNS)
+    rows = []
+    for job in jobs:
+        cells = _job_cells(job, now)
+        colour = STATE_COLOURS.get(job["state"], "#000")
+        tds = "".join(
+            f"<td style='padding:0 8px;{'color:' + colour + ';font-weight:bold' if i == 2 else ''}'>"
+            f"{html.escape(c)}</td>"
+            for i, c in enumerate(cells)
+        )
+        rows.append(f"<tr class='es-job es-state-{job['state']}' data-job='{job['id']}' "
+                    f"data-state='{job['state']}'>{tds}</tr>")
+    return f"<table class='es-jobs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def render_jobs_text(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
+    from ..cli import table
+
+    if not jobs:
+        return empty
+    return table(JOB_COLUMNS, [_job_cells(j, now) for j in jobs])
+
+
+def render_text(model: PanelModel, now: float) -> str:
+    if not model.connected:
+        return f"eventsched: {model.error or 'not connected'}"
+    lines = [f"GPU {gid}: {gpu_line(g)}" for gid, g in sorted(model.gpus.items())]
+    lines.append(f"policy {model.policy} · log seq {model.seq}")
+    lines.append(render_jobs_text(model.running() + model.queued(), now, "no queued or running jobs"))
+    return "\n".join(lines)
+
+
+def render_html(model: PanelModel, now: float) -> str:
+    if not model.connected:
+        return f"<p><b>eventsched:</b> {html.escape(model.error or 'not connected')}</p>"
+    rows = []
+    for gid, g in sorted(model.gpus.items()):
+        pct = round(100 * float(g.get("allocated") or 0))
+        rows.append(
+            f"<tr><td>GPU {gid}</td><td><div style='width:120px;background:#eee'>"
+            f"<div style='width:{pct}%;background:#1976d2;height:10px'></div></div></td>"
+            f"<td>{html.escape(gpu_line(g))}</td></tr>"
+        )
+    jobs = render_jobs_html(model.running() + model.queued() + model.finished(), now)
+    return (f"<div class='eventsched-status'><table>{''.join(rows)}</table>"
+            f"<p>policy {html.escape(model.policy)} · log seq {model.seq}</p>{jobs}</div>")
+
+
+# --- the background thread ------------------------------------------------
+
+
+Listener = Callable[[PanelModel], None]
+
+
+class Watcher:
+    """One background thread folding one daemon's events; listeners redraw.
+
+    The thread re-seeds from ``status()`` whenever the stream breaks (daemon
+    restarted, not yet started) and retries every ``retry_s`` seconds.
+    """
+
+    def __init__(self, socket_path: str | Path, retry_s: float = 1.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.retry_s = retry_s
+        self.model = PanelModel()
+        self.lock = threading.RLock()
+        self._listeners: list[Listener] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_draw = 0.0
+        self._timer: threading.Timer | None = None
+        self._drawn_seq = -1  # the model's seq when listeners last ran
+
+    def settle(self, job_id: int, timeout: float = 2.0) -> None:
+        """Wait (briefly) until the displays show ``job_id`` finished, so that a
+        cell that waited for a job ends with the panel already showing it."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.model.connected:
+                    return
+                job = self.model.jobs.get(job_id)
+                if (job is None or job["state"] in FINAL_STATES) and self._drawn_seq >= self.model.seq:
+                    return
+            time.sleep(0.02)
+
+    def add_listener(self, listener: Listener) -> None:
+        with self.lock:
+            self._listeners.append(listener)
+            listener(self.model)
+        self.start()
+
+    def remove_listener(self, listener: Listener) -> None:
+        with self.lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name=f"eventsched-watch {self.socket_path}", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread at the next event (GPU samples arrive every few seconds)."""
+        self._stop.set()
+
+    def _run(self) -> None:
+        from ..client import Client, ClientError, DaemonNotRunning
+
+        while not self._stop.is_set():
+            client = Client(self.socket_path, timeout=10.0)
+            try:
+                status = client.status()
+                with self.lock:
+                    self.model = PanelModel.from_status(status)
+                self._draw(force=True)
+                for batch in client.subscribe(from_seq=self.model.seq + 1):
+                    with self.lock:
+                        self.model.fold(batch)
+                    self._draw()
+                    if self._stop.is_set():
+                        return
+                message = "the daemon closed the event stream; reconnecting"
+            except DaemonNotRunning:
+                message = "no daemon running (start one with %gpuscheduler start --gpus fake:4)"
+            except (ClientError, OSError) as exc:
+                message = f"connection lost ({exc}); reconnecting"
+            finally:
+                client.close()
+            with self.lock:
+                self.model.connected = False
+                self.model.error = message
+            self._draw(force=True)
+            self._stop.wait(self.retry_s)
+
+    def _draw(self, force: bool = False) -> None:
+        """Call listeners, at most every THROTTLE_S; a timer delivers the last change."""
+        with self.lock:
+            now = time.monotonic()
+            if not force and now - self._last_draw < THROTTLE_S:
+                if self._timer is None:
+                    self._timer = threading.Timer(THROTTLE_S, self._draw, kwargs={"force": True})
+                    self._timer.daemon = True
+                    self._timer.start()
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._last_draw = now
+            self._drawn_seq = self.model.seq
+            for listener in list(self._listeners):
+                try:
+                    listener(self.model)
+                except Exception:  # a closed widget must not stop the others
+                    self._listeners.remove(listener)
+
+
+_watchers: dict[Path, Watcher] = {}
+_watchers_lock = threading.Lock()
+
+
+def existing_watcher(socket_path: str | Path) -> Watcher | None:
+    with _watchers_lock:
+        return _watchers.get(Path(socket_path))
+
+
+def watcher_for(socket_path: str | Path) -> Watcher:
+    """The one watcher of this socket in this kernel."""
+    key = Path(socket_path)
+    with _watchers_lock:
+        if key not in _watchers:
+            _watchers[key] = Watcher(key)
+        return _watchers[key]
+
+
+# --- the widget -------------------------------------------------------------
+
+
+def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def _make_panel_class() -> type:
+    import ipywidgets as w
+
+    class StatusPanel(w.VBox):
+        """GPUs (one bar each), running and queued jobs, and a selected job's output tail."""
+
+        def __init__(self, socket_path: str | Path, status: dict[str, Any]) -> None:
+            self.socket_path = Path(socket_path)
+            self._log_paths: dict[int, str] = {}
+            self.header = w.HTML(value="<b>eventsched</b> · connecting…")
+            # Every widget is made here, on the kernel's thread: the watcher's
+            # thread only ever sets values (a GPU that appears later shows up
+            # in the header and the next %gpustatus).
+            self._gpu_rows: dict[int, tuple[Any, Any]] = {}
+            rows = []
+            for gid in sorted(int(g["id"]) for g in status.get("gpus", [])):
+                bar = w.FloatProgress(min=0.0, max=1.0, description=f"GPU {gid}", layout=w.Layout(width="320px"))
+                info = w.HTML()
+                self._gpu_rows[gid] = (bar, info)
+                rows.append(w.HBox([bar, info], _dom_classes=["es-gpu", f"es-gpu-{gid}"]))
+            self.gpu_box = w.VBox(rows)
+            self.jobs_html = w.HTML(value="")
+            self.job_select = w.Dropdown(options=[("(select a job)", 0)], value=0, description="output of")
+            self.tail = w.HTML(value="")
+            super().__init__([self.header, self.gpu_box, self.jobs_html, self.job_select, self.tail])
+            self.add_class("eventsched-panel")
+            self.job_select.observe(lambda _change: self._redraw_tail(), names="value")
+            self.watcher = watcher_for(self.socket_path)
+            self.watcher.add_listener(self.update)
+
+        # called on the watcher's thread: only sets widget values
+        def update(self, model: PanelModel) -> None:
+            now = time.time()
+            if not model.connected:
+                self.header.value = f"<b>eventsched</b> · <span style='color:#c62828'>{html.escape(model.error or 'connecting…')}</span>"
+                return
+            self.header.value = (f"<b>eventsched</b> · policy {html.escape(model.policy)} · "
+                                 f"{len(model.running())} running · {len(model.queued())} queued · seq {model.seq}")
+            self._update_gpus(model)
+            self.jobs_html.value = render_jobs_html(
+                model.running() + model.queued() + model.finished(), now, "no jobs yet")
+            options = [("(select a job)", 0)] + [
+                (f"{j['id']} {j.get('name', '')} ({j['state']})", j["id"])
+                for j in sorted(model.jobs.values(), key=lambda j: -j["id"])
+            ]
+            if options != list(self.job_select.options):
+                value = self.job_select.value
+                self.job_select.options = options
+                self.job_select.value = value if any(v == value for _, v in options) else 0
+            for job in model.jobs.values():
+                if job.get("log_path"):
+                    self._log_paths[job["id"]] = job["log_path"]
+            self._redraw_tail()
+
+        def _update_gpus(self, model: PanelModel) -> None:
+            for gid, gpu in model.gpus.items():
+                if gid not in self._gpu_rows:
+                    continue
+                bar, info = self._gpu_rows[gid]
+                bar.value = float(gpu.get("allocated") or 0.0)
+                bar.bar_style = "warning" if gpu.get("paused") else ("danger" if gpu.get("lost") else "info")
+                info.value = html.escape(gpu_line(gpu))
+
+        def _redraw_tail(self) -> None:
+            job = self.job_select.value
+            if not job:
+                self.tail.value = ""
+                return
+            path = self._log_paths.get(job)
+            if path is None:
+                try:
+                    from ..client import Client
+
+                    with Client(self.socket_path, timeout=5.0) as c:
+                        path = self._log_paths[job] = c.log_path(job)
+                except Exception as exc:  # shown in the panel, never raised into a cell
+                    self.tail.value = f"<i>{html.escape(str(exc))}</i>"
+                    return
+            text = _read_tail(path)
+            self.tail.value = (f"<pre class='es-tail' style='max-height:20em;overflow:auto;"
+                               f"background:#f7f7f7'>{html.escape(text) or '(no output yet)'}</pre>")
+
+        def close(self) -> None:
+            self.watcher.remove_listener(self.update)
+            super().close()
+
+        def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+            # static viewers (nbviewer, GitHub) get a snapshot instead of "VBox(...)"
+            data = super()._repr_mimebundle_(**kwargs) or {}
+            with self.watcher.lock:
+                data["text/plain"] = render_text(self.watcher.model, time.time())
+                data["text/html"] = render_html(self.watcher.model, time.time())
+            return data
+
+    return StatusPanel
+
+
+_panel_class: type | None = None
+
+
+def StatusPanel(socket_path: str | Path, status: dict[str, Any]) -> Any:  # noqa: N802 - a class, built lazily
+    """Create the panel for the GPUs in ``status`` (a ``Client.status()``);
+    ipywidgets is imported only when one is made."""
+    global _panel_class
+    if _panel_class is None:
+        _panel_class = _make_panel_class()
+    return _panel_class(socket_path, status)

@@ -1,0 +1,96 @@
+"""The notebooks in notebooks/ run top to bottom in a real kernel against a real
+daemon on fake GPUs, and the saved widget state shows the panel with the jobs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from daemon_harness import Daemon
+
+    d = Daemon(tmp_path / "state").start()
+    # the kernel inherits this: the notebooks' magics find this daemon
+    monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(d.state_dir))
+    monkeypatch.delenv("EVENTSCHED_SOCKET", raising=False)
+    yield d
+    d.stop()
+
+
+def execute(name: str, workdir: Path) -> nbformat.NotebookNode:
+    shutil.copy(NOTEBOOKS / name, workdir / name)
+    nb = nbformat.read(workdir / name, as_version=4)
+    client = NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(workdir)}})
+    client.execute()
+    nbformat.write(nb, workdir / f"executed-{name}")  # kept for a look when a test fails
+    return nb
+
+
+def outputs(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def text_of(nb: nbformat.NotebookNode) -> str:
+    parts = []
+    for out in outputs(nb):
+        if "text" in out:
+            parts.append(out["text"])
+        for mime in ("text/plain", "text/html"):
+            if mime in out.get("data", {}):
+                parts.append(out["data"][mime])
+    return "\n".join(parts)
+
+
+def widget_values(nb: nbformat.NotebookNode) -> list[str]:
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return [str(model["state"].get("value", "")) + str(model["state"].get("description", "")) for model in state.values()]
+
+
+def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(daemon, tmp_path: Path) -> None:
+    nb = execute("quickstart.ipynb", tmp_path)
+    assert not [o for o in outputs(nb) if o["output_type"] == "error"]
+    text = text_of(nb)
+    assert "already running" in text  # the test's daemon was found, not a second one started
+    assert "step 3" in text  # job.logs()
+    assert "'succeeded'" in text and "'cancelled'" in text
+    assert "my GPUs: " in text
+    jobs = daemon.jobs()
+    by_name = {j["name"]: j for j in jobs.values()}
+    assert by_name["demo"]["state"] == "succeeded" and by_name["demo"]["gpus"] == 0.5
+    assert by_name["long-one"]["state"] == "cancelled"
+    assert by_name["cell-demo"]["state"] == "succeeded"
+    assert (tmp_path / ".eventsched-cells").is_dir()
+
+    values = "\n".join(widget_values(nb))
+    for gpu in range(4):
+        assert f"GPU {gpu}" in values  # one bar per GPU
+    demo = by_name["demo"]["id"]
+    long_one = by_name["long-one"]["id"]
+    # the panel's job table, as the background thread last drew it
+    assert f"data-job='{demo}' data-state='succeeded'" in values
+    assert f"data-job='{long_one}' data-state='cancelled'" in values
+    # the handle's live view followed the job too
+    assert f"class='es-handle' data-job='{demo}' data-state='succeeded'" in values
+
+
+def test_analytics_runs_and_plots(daemon, tmp_path: Path) -> None:
+    nb = execute("analytics.ipynb", tmp_path)
+    assert not [o for o in outputs(nb) if o["output_type"] == "error"]
+    text = text_of(nb)
+    assert "work-5" in text and "broken" in text
+    assert "failed" in text and "succeeded" in text
+    assert any("image/png" in o.get("data", {}) for o in outputs(nb))
+    states = json.dumps([j["state"] for j in daemon.jobs().values()])
+    assert states.count("succeeded") == 6 and states.count("failed") == 1
