@@ -178,7 +178,9 @@ class Engine:
         return state
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # A root daemon serves everyone: they may traverse (not list) its
+        # state dir to reach their own jobs' output; the log stays 0700.
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711 if os.geteuid() == 0 else 0o700)
         self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes)
         try:
             if self.log.recovered is not None:

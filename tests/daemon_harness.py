@@ -18,10 +18,12 @@ from typing import Any
 EVENTSCHED = [sys.executable, "-m", "eventsched.cli"]
 
 
-def cli_env(state_dir: Path) -> dict[str, str]:
+def cli_env(state_dir: Path, socket: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["EVENTSCHED_STATE_DIR"] = str(state_dir)
     env.pop("EVENTSCHED_SOCKET", None)
+    if socket is not None:
+        env["EVENTSCHED_SOCKET"] = str(socket)
     return env
 
 
@@ -30,18 +32,22 @@ class Daemon:
     state_dir: Path
     gpus: str = "fake:4:16384"
     extra: list[str] = field(default_factory=list)
+    socket_path: Path | None = None  # default: <state-dir>/eventsched.sock
     process: subprocess.Popen | None = None
 
     @property
     def socket(self) -> Path:
-        return self.state_dir / "eventsched.sock"
+        return self.socket_path or self.state_dir / "eventsched.sock"
+
+    def env(self) -> dict[str, str]:
+        return cli_env(self.state_dir, self.socket_path)
 
     def start(self, timeout: float = 20.0) -> "Daemon":
         self.state_dir.mkdir(parents=True, exist_ok=True)
         stderr = open(self.state_dir / "daemon.stderr", "ab")
         self.process = subprocess.Popen(
             [*EVENTSCHED, "serve", "--gpus", self.gpus, "--sample-interval", "0.2", *self.extra],
-            env=cli_env(self.state_dir),
+            env=self.env(),
             stdout=stderr,
             stderr=stderr,
             start_new_session=True,
@@ -79,7 +85,7 @@ class Daemon:
     def cli(self, *args: str, timeout: float = 30.0, cwd: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [*EVENTSCHED, *args],
-            env=cli_env(self.state_dir),
+            env=self.env(),
             capture_output=True,
             text=True,
             timeout=timeout,
