@@ -2,8 +2,13 @@
 
 Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
 process in its own session that outlives the daemon, like conmon or
-containerd-shim. The executor and a supervisor share nothing but files in the
-job's attempt directory::
+containerd-shim. While ``run`` is active, supervisors are forked by one
+long-lived zygote (``supervisor.py --zygote``, started by ``run``), so a launch
+costs a fork rather than an interpreter start-up; without it (before ``run``,
+or if it cannot be started) a supervisor is started cold. A dead zygote is
+replaced at the next launch; the supervisors it forked run on, and so do they
+when the daemon dies (the zygote then reads EOF and exits). The executor and a
+supervisor share nothing but files in the job's attempt directory::
 
     <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
     <state_dir>/jobs/<job>/<attempt>/          created with mkdir: "this attempt was launched"
@@ -25,8 +30,10 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import select
 import shlex
 import signal as _signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -211,8 +218,159 @@ class _Watch:
         self.event().set()
 
 
+class _Request:
+    """One launch handed to the zygote, filled in by whoever reads replies."""
+
+    __slots__ = ("pidfd", "forked", "result")
+
+    def __init__(self) -> None:
+        self.pidfd = -1  # the supervisor's, sent by the zygote (SCM_RIGHTS)
+        self.forked = False
+        self.result = ""  # "ok PID START" or "error REASON", from the supervisor
+
+
+class _Zygote:
+    """The daemon's end of ``supervisor.py --zygote``: a long-lived process
+    that forks one supervisor per launch (a fork is ~1 ms; an interpreter
+    start-up ~20 ms of CPU). Replies arrive on one socket, tagged with the
+    request's token; whichever launch holds ``lock`` reads them for all
+    (no background task, so a launch finishes even while ``run`` is being
+    cancelled)."""
+
+    def __init__(self, python: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-I", "-S", SUPERVISOR, "--zygote", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # the daemon's session and signals are not its
+                cwd="/",
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.requests: dict[int, _Request] = {}
+        self.next_token = 0
+        self.eof = False  # the zygote and every supervisor it forked closed their end
+        self.retired = False
+        self.users = 0
+        self.lock: anyio.Lock | None = None
+
+    def alive(self) -> bool:
+        return not self.retired and not self.eof and self.popen.poll() is None
+
+    def submit(self, attempt_dir: Path) -> tuple[int, _Request] | None:
+        """Hand over a launch; None if the zygote did not take it (dead)."""
+        self.next_token += 1
+        token = self.next_token
+        try:
+            # absolute: the zygote runs in /
+            path = os.path.abspath(attempt_dir)
+            self.sock.send(f"{token} {path}".encode(errors="surrogateescape"), socket.MSG_NOSIGNAL)
+        except OSError:
+            return None
+        req = self.requests[token] = _Request()
+        return token, req
+
+    async def wait(self, token: int, req: _Request) -> None:
+        """Until the launch is decided: the supervisor answered, died, or the
+        zygote and all its supervisors are gone (EOF)."""
+        if self.lock is None:
+            self.lock = anyio.Lock()
+        self.users += 1
+        try:
+            async with self.lock:
+                while not self.eof and not (req.forked and req.result):
+                    if req.pidfd >= 0:
+                        await _wait_either(self.sock.fileno(), req.pidfd)
+                    else:
+                        await anyio.wait_readable(self.sock)
+                    self._drain()
+                    if req.pidfd >= 0 and not req.result and _readable(req.pidfd):
+                        # exited; anything it said was sent before, and is read
+                        self._drain()
+                        break
+        finally:
+            self.users -= 1
+            self.requests.pop(token, None)
+            self._maybe_close()
+
+    def _drain(self) -> None:
+        while not self.eof:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1, socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:
+                self.eof = True
+                return
+            token, _, rest = data.decode(errors="replace").partition(" ")
+            req = self.requests.get(int(token)) if token.isdigit() else None
+            if req is None:  # an abandoned launch (timed out): drop its pidfd
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if rest.startswith("forked"):
+                req.forked = True
+                if fds:
+                    req.pidfd = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            else:
+                req.result = rest.strip()
+                for fd in fds:
+                    os.close(fd)
+
+    def retire(self) -> None:
+        """No more launches: the zygote reads EOF and exits (its supervisors
+        run on); launches in flight still get their answers."""
+        if self.retired:
+            return
+        self.retired = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        try:
+            self.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if (self.retired or self.eof) and self.users == 0 and self.sock.fileno() >= 0:
+            for req in self.requests.values():
+                if req.pidfd >= 0:
+                    os.close(req.pidfd)
+            self.requests.clear()
+            self.sock.close()
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+async def _wait_either(a: int, b: int) -> None:
+    async def one(fd: int, scope: anyio.CancelScope) -> None:
+        await anyio.wait_readable(fd)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, a, tg.cancel_scope)
+        tg.start_soon(one, b, tg.cancel_scope)
+
+
 class Executor:
-    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable, spares: int = 4):
+    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable, zygote: bool = True):
         self.node = node
         self.jobs_dir = Path(state_dir) / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -223,10 +381,9 @@ class Executor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._pending: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
         self._send: Callable[[Message], Awaitable[None]] | None = None
-        # pre-started supervisors, one per launch that may happen at once
-        # (jobs ending together free several GPUs together)
-        self._spares: list[tuple[subprocess.Popen, int, int]] = []
-        self._spare_target = spares
+        # forks the supervisors while ``run`` is active; cold starts otherwise
+        self._use_zygote = zygote
+        self._zygote: _Zygote | None = None
 
     # --- paths ----------------------------------------------------------
 
@@ -273,7 +430,7 @@ class Executor:
             "uid": creds.uid if creds else None,
             "gid": creds.gid if creds else None,
             "groups": creds.groups if creds else None,
-            "log": str(log_path),
+            "log": os.path.abspath(log_path),  # supervisors run in /
         }
         try:
             # 0o600: the environment may hold the user's secrets
@@ -286,7 +443,9 @@ class Executor:
             try:
                 if creds:  # the job writes its own log as itself
                     os.fchown(log_fd, creds.uid, creds.gid)
-                popen, ready_r = self._use_spare(attempt_dir) or self._cold_start(attempt_dir, log_fd)
+                handed = self._hand_to_zygote(attempt_dir)
+                if handed is None:
+                    popen, ready_r = self._cold_start(attempt_dir, log_fd)
             finally:
                 os.close(log_fd)
         except OSError as e:
@@ -297,6 +456,8 @@ class Executor:
                     msgspec.json.encode({"exit_code": 127, "signal": None, "error": reason})
                 )
             raise LaunchError(reason) from None
+        if handed is not None:
+            return await self._zygote_started(job, attempt_dir, *handed)
 
         pidfd = os.pidfd_open(popen.pid)
         try:
@@ -306,10 +467,6 @@ class Executor:
                 line = await _read_line(ready_r)
         finally:
             os.close(ready_r)
-        if self._tg is not None:
-            # the next launches' supervisors, started once this job is off
-            # the ground so the two do not compete for a CPU
-            self._fill_spares()
         words = line.split(" ", 1) if line else []
         if words and words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
@@ -326,7 +483,7 @@ class Executor:
         try:
             os.set_blocking(ready_w, True)
             popen = subprocess.Popen(
-                [self._python, "-I", "-S", SUPERVISOR, str(attempt_dir), str(ready_w)],
+                [self._python, "-I", "-S", SUPERVISOR, os.path.abspath(attempt_dir), str(ready_w)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
@@ -342,62 +499,52 @@ class Executor:
             os.close(ready_w)
         return popen, ready_r
 
-    def _start_spare(self) -> None:
-        """Pre-start the next supervisor (only while ``run`` is active), so a
-        launch does not wait ~10 ms for a Python interpreter to start."""
-        cmd_r, cmd_w = os.pipe2(os.O_CLOEXEC)
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        os.set_blocking(ready_w, True)
-        try:
-            popen = subprocess.Popen(
-                [self._python, "-I", "-S", SUPERVISOR, "--spare", str(ready_w)],
-                stdin=cmd_r,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                pass_fds=(ready_w,),
-                start_new_session=True,
-                cwd="/",
-            )
-        except OSError:
-            os.close(cmd_w)
-            os.close(ready_r)
-            return  # launches fall back to a cold start
-        finally:
-            os.close(cmd_r)
-            os.close(ready_w)
-        self._spares.append((popen, cmd_w, ready_r))
-
-    def _fill_spares(self) -> None:
-        while len(self._spares) < self._spare_target:
-            before = len(self._spares)
-            self._start_spare()
-            if len(self._spares) == before:
-                return
-
-    def _use_spare(self, attempt_dir: Path) -> tuple[subprocess.Popen, int] | None:
-        if not self._spares:
+    def _hand_to_zygote(self, attempt_dir: Path) -> tuple[_Zygote, int, _Request] | None:
+        """Give the launch to the zygote (restarted if it died); None = the
+        caller starts the supervisor cold. Only while ``run`` is active: the
+        zygote lives as long as ``run``."""
+        if not self._use_zygote or self._tg is None:
             return None
-        popen, cmd_w, ready_r = self._spares.pop()
-        try:
-            os.write(cmd_w, f"{attempt_dir}\n".encode())
-            ok = True
-        except OSError:  # it died: the caller starts one cold
-            ok = False
-        os.close(cmd_w)
-        if ok:
-            return popen, ready_r
-        os.close(ready_r)
-        popen.wait()
-        self._start_spare()
+        for _ in range(2):
+            z = self._zygote
+            if z is not None and not z.alive():
+                z.retire()
+                z = self._zygote = None
+            if z is None:
+                try:
+                    z = self._zygote = _Zygote(self._python)
+                except OSError:
+                    return None
+            handed = z.submit(attempt_dir)
+            if handed is not None:
+                return (z, *handed)
+            z.retire()  # it took nothing: safe to hand over again
+            self._zygote = None
         return None
 
-    def _drop_spare(self) -> None:
-        spares, self._spares = self._spares, []
-        for popen, cmd_w, ready_r in spares:
-            os.close(cmd_w)  # EOF: it exits without doing anything
-            os.close(ready_r)
-            popen.wait()
+    async def _zygote_started(self, job: int, attempt_dir: Path, z: _Zygote, token: int, req: _Request) -> ProcessStarted:
+        # Shielded: once a supervisor runs, we must learn its pid even if
+        # the engine is being cancelled, or the job would go unwatched.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
+            await z.wait(token, req)
+        log_path = self.log_path(job)
+        words = req.result.split(" ", 1) if req.result else []
+        if words and words[0] == "ok":
+            pid, start_time = (int(x) for x in words[1].split())
+            w: _Watch | None = None
+            if req.pidfd >= 0:
+                w = _Watch(job, attempt_dir, pid, req.pidfd, None)
+            else:  # the zygote died before sending it: find the supervisor by its pid file
+                started = _read_json(attempt_dir / "pid")
+                w = self._adopt(job, attempt_dir, started) if started else None
+                w = w or _Watch(job, attempt_dir, pid, -1, None)  # already gone: read its exit now
+            self._watch(w)
+            return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
+        if req.pidfd >= 0:  # not our child: the zygote reaps it
+            os.close(req.pidfd)
+        if words and words[0] == "error":
+            raise LaunchError(words[1] if len(words) > 1 else "unknown error")
+        raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
 
     # --- signal ---------------------------------------------------------
 
@@ -473,19 +620,32 @@ class Executor:
 
     # --- the long-running task ----------------------------------------------
 
-    async def run(self, send: Callable[[Message], Awaitable[None]]) -> None:
-        """Report ``ProcessExited`` for every launched or adopted job as it ends."""
+    async def run(
+        self,
+        send: Callable[[Message], Awaitable[None]],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Report ``ProcessExited`` for every launched or adopted job as it
+        ends. While it runs, launches are forked by the zygote (started
+        here, stopped on return); ``task_status`` is told once it is up."""
         async with anyio.create_task_group() as tg:
             self._tg, self._send = tg, send
-            self._fill_spares()
+            if self._use_zygote and self._zygote is None:
+                with contextlib.suppress(OSError):  # else launches start cold
+                    self._zygote = _Zygote(self._python)
             try:
                 pending, self._pending = self._pending, []
                 for fn, args in pending:
                     tg.start_soon(fn, *args)
+                task_status.started()
                 await anyio.sleep_forever()
             finally:
                 self._tg = None
-                self._drop_spare()
+                if self._zygote is not None:
+                    # EOF ends it; the supervisors it forked run on
+                    self._zygote.retire()
+                    self._zygote = None
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
         if self._tg is None:
@@ -499,10 +659,11 @@ class Executor:
         self._spawn(self._wait_exit, w)
 
     async def _wait_exit(self, w: _Watch) -> None:
-        try:
-            await anyio.wait_readable(w.pidfd)  # the supervisor has exited
-        finally:
-            os.close(w.pidfd)
+        if w.pidfd >= 0:  # -1: it was gone before we could watch it
+            try:
+                await anyio.wait_readable(w.pidfd)  # the supervisor has exited
+            finally:
+                os.close(w.pidfd)
         if w.popen is not None:
             w.popen.wait()  # our child, already exited: reap the zombie
         w.set_ended()

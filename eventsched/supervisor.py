@@ -1,8 +1,9 @@
 """Per-job supervisor: starts one job, waits for it, records how it ended.
 
-Run by the executor as ``python -I -S supervisor.py JOBDIR [READY_FD]``, or
-pre-started as ``supervisor.py --spare READY_FD`` and handed JOBDIR on stdin
-when a job is launched. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
+Forked, one per job, by a long-lived zygote (``supervisor.py --zygote
+SOCK_FD``, see ``zygote``) so a launch costs a fork, not an interpreter
+start-up; or, as a fallback, run cold as ``python -I -S supervisor.py JOBDIR
+[READY_FD]``. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
 ``subprocess``) because its start-up time is part of every job's dispatch
 latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
 own session and talks to the daemon only through files in JOBDIR (plus one
@@ -12,8 +13,9 @@ line on READY_FD, if given, so a live daemon learns the pid without polling):
 - writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename)
 - writes ``JOBDIR/exit`` when the job has ended (atomically, by rename)
 
-Its own stdout/stderr are the job's log (the executor opened it for us), so a
-supervisor failure ends up where the user looks.
+Its own stdout/stderr are the job's log (opened by the executor for a cold
+start, by the supervisor itself when forked by the zygote), so a supervisor
+failure ends up where the user looks.
 """
 
 import os
@@ -112,22 +114,67 @@ def _execvpe(file, argv, env):
     raise saved if saved is not None else last
 
 
-def _read_line(fd):
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return ""
-        buf += chunk
-    return buf.decode().strip()
+class _Failed(Exception):
+    """The job could not be started; the message is for the user."""
+
+
+# default in the job, whatever we did with them (ignored ones survive exec)
+_JOB_DEFAULT_SIGNALS = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD,
+)
+
+
+def _same_identity(spec):
+    """True if the job runs as we do: no uid/gid/groups to switch."""
+    if spec.get("uid") is None:
+        return True
+    return (
+        spec["uid"] == os.getuid() == os.geteuid()
+        and spec["gid"] == os.getgid() == os.getegid()
+        # the primary group in the supplementary list adds no permission
+        and set(spec.get("groups") or []) - {spec["gid"]} == set(os.getgroups()) - {os.getgid()}
+    )
+
+
+def _spawn(spec):
+    """Start the job with posix_spawn (glibc: vfork + exec, so nothing of
+    our memory is copied: a fork of a Python process costs milliseconds of
+    page faults). Only for jobs that run as we do. Returns its pid."""
+    cwd = spec.get("cwd") or "/"
+    try:
+        os.chdir(cwd)  # ours, then inherited; same identity, same permissions
+    except OSError as e:
+        raise _Failed("cannot change to directory %s: %s" % (cwd, e.strerror))
+    argv, env = spec["argv"], spec["env"]
+    argv0 = argv[0]
+    if "/" in argv0:
+        paths = [argv0]
+    else:  # the job's PATH, as execvpe would search it
+        paths = [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
+    saved = last = None
+    for path in paths:
+        try:
+            return os.posix_spawn(path, argv, env, setsid=True, setsigdef=_JOB_DEFAULT_SIGNALS)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:  # e.g. EACCES: remember it, keep looking (like execvp)
+            last = e
+            if saved is None:
+                saved = e
+        except Exception as e:  # noqa: BLE001 - e.g. a NUL byte in an argument
+            raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
+    e = saved if saved is not None else last
+    if isinstance(e, FileNotFoundError) and "/" not in argv0:
+        raise _Failed("command not found: %s" % argv0)
+    raise _Failed("cannot execute %s: %s" % (argv0, e.strerror or e))
 
 
 def _child(spec, errw):
-    """In the forked child: become the job. Never returns."""
+    """In the forked child: switch identity, become the job. Never returns."""
     doing = "start the job"
     argv0 = spec["argv"][0]
     try:
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+        for s in _JOB_DEFAULT_SIGNALS:
             signal.signal(s, signal.SIG_DFL)
         os.setsid()  # its own session and process group: pgid == pid
         # keep 0-2 (/dev/null, log, log) and the exec-error pipe (CLOEXEC)
@@ -157,13 +204,35 @@ def _child(spec, errw):
             os._exit(127)
 
 
-def main(argv):
-    spare = argv[1] == "--spare"
-    ready_fd = int(argv[2]) if len(argv) > 2 else -1
+def _fork_exec(spec):
+    """Start the job in a forked child that switches identity first (root
+    daemon, job of another user). Returns its pid once it has exec'd."""
+    errr, errw = os.pipe2(os.O_CLOEXEC)
     try:
-        os.setsid()  # detach from the daemon's session (if Popen did not)
-    except OSError:
-        pass
+        pid = os.fork()
+    except OSError as e:
+        os.close(errr)
+        os.close(errw)
+        raise _Failed("cannot fork: %s" % e.strerror)
+    if pid == 0:
+        _child(spec, errw)
+    os.close(errw)
+    chunks = []
+    while True:  # EOF when exec succeeded (CLOEXEC), else the child's reason
+        chunk = os.read(errr, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(errr)
+    if chunks:
+        os.waitpid(pid, 0)
+        raise _Failed(b"".join(chunks).decode(errors="replace"))
+    return pid
+
+
+def _supervise(jobdir, ready_fd, prefix, open_log):
+    """Be the supervisor of the job in ``jobdir``: start it, say so on
+    ``ready_fd`` (lines start with ``prefix``), wait, record its end."""
     # The daemon's terminal and its death must not reach us (we are its shim).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -178,49 +247,25 @@ def main(argv):
 
     signal.signal(signal.SIGTERM, forward)
 
-    if spare:
-        # Pre-started by the executor so a launch does not wait for Python to
-        # start: the job directory arrives on stdin; EOF = not needed after all.
-        jobdir = _read_line(0)
-        if not jobdir:
-            return 0
-        null = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-    else:
-        jobdir = argv[1]
+    if ready_fd >= 0:  # the job must not inherit it
+        os.set_inheritable(ready_fd, False)
+    jobdir = os.path.abspath(jobdir)  # _spawn changes our directory
     with open(os.path.join(jobdir, "spec.json"), "rb") as f:
         spec = _loads(f.read().decode())
-    if spare:  # our stdout/stderr become the job's log, as in a cold start
+    if open_log:  # our stdout/stderr become the job's log, as in a cold start
         log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
 
-    errr, errw = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = os.fork()
-    except OSError as e:
-        _record_exit(jobdir, 127, None, "cannot fork: %s" % e.strerror)
-        _tell(ready_fd, "error cannot fork: %s\n" % e.strerror)
-        return 0
-    if pid == 0:
-        _child(spec, errw)
-    job_pid[0] = pid
-    os.close(errw)
-    chunks = []
-    while True:  # EOF when exec succeeded (CLOEXEC), else the child's reason
-        chunk = os.read(errr, 4096)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(errr)
-    if chunks:
-        os.waitpid(pid, 0)
-        error = b"".join(chunks).decode(errors="replace").replace("\n", " ")
+        pid = _spawn(spec) if _same_identity(spec) else _fork_exec(spec)
+    except _Failed as e:
+        error = str(e).replace("\n", " ")
         _record_exit(jobdir, 127, None, error)
-        _tell(ready_fd, "error %s\n" % error)
+        _tell(ready_fd, "%serror %s\n" % (prefix, error))
         return 0
+    job_pid[0] = pid
 
     start_time = _proc_start_time(pid)
     _write_atomic(
@@ -230,7 +275,7 @@ def main(argv):
         ' "started_at": %r}\n'
         % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time()),
     )
-    _tell(ready_fd, "ok %d %d\n" % (pid, start_time))
+    _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time))
 
     # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
     # while we kill what the job left behind in its process group.
@@ -246,6 +291,129 @@ def main(argv):
     else:
         _record_exit(jobdir, code, None)
     return 0
+
+
+def _noop(signum, frame):
+    pass
+
+
+def zygote(sock_fd):
+    """Fork one supervisor per request, so a launch costs a fork, not a
+    Python start-up. ``sock_fd`` is a SOCK_SEQPACKET socket to the daemon;
+    one message each way per event:
+
+    - daemon -> us:    ``TOKEN JOBDIR``
+    - us -> daemon:    ``TOKEN forked SUPERVISOR_PID`` with a pidfd of it
+      (SCM_RIGHTS: we reap our children, so the daemon cannot race us to
+      the pid; the pidfd still turns readable when the supervisor exits)
+    - supervisor -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``,
+      on its inherited copy of the socket, which it then closes.
+
+    EOF from the daemon (it stopped or died) ends us; the supervisors run on.
+    """
+    import gc
+    import select
+    import socket
+
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=sock_fd)
+    # SIGCHLD only wakes the loop: reaping happens there, never between a
+    # fork and the pidfd_open of its child (which must not be reaped first)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, _noop)
+    poller = select.poll()
+    poller.register(sock_fd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    # what exists now is never collected: forked children do not copy the
+    # pages a collection would write to
+    gc.freeze()
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                _reap()
+                continue
+            try:
+                request = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return 0
+            if not request:
+                return 0  # the daemon is gone: the supervisors run on
+            token, _, jobdir = request.decode(errors="surrogateescape").partition(" ")
+            try:
+                pid = os.fork()
+            except OSError as e:
+                _send(sock, "%s error cannot fork: %s" % (token, e.strerror))
+                continue
+            if pid == 0:
+                code = 127
+                try:
+                    gc.disable()  # short-lived: no collection, no copied pages
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    os.setsid()  # its own session: the zygote's end is not its
+                    code = _supervise(jobdir, sock_fd, token + " ", True)
+                except BaseException as e:  # noqa: BLE001 - tell, then die
+                    try:
+                        _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)
+                    except BaseException:  # noqa: BLE001
+                        pass
+                    _tell(sock_fd, "%s error supervisor failed: %s\n" % (token, e))
+                finally:
+                    os._exit(code)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1
+            _send(sock, "%s forked %d" % (token, pid), pidfd)
+            if pidfd >= 0:
+                os.close(pidfd)
+
+
+def _send(sock, text, fd=-1):
+    import socket
+
+    try:
+        if fd >= 0:
+            socket.send_fds(sock, [text.encode()], [fd])
+        else:
+            sock.send(text.encode())
+    except OSError:  # the daemon is gone: the next recv says so
+        pass
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv):
+    if argv[1] == "--zygote":
+        return zygote(int(argv[2]))
+    try:
+        os.setsid()  # detach from the daemon's session (if Popen did not)
+    except OSError:
+        pass
+    return _supervise(argv[1], int(argv[2]) if len(argv) > 2 else -1, "", False)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class Inbox:
 async def running(ex: Executor) -> AsyncIterator[Inbox]:
     inbox = Inbox()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(ex.run, inbox.send)
+        await tg.start(ex.run, inbox.send)  # launches go through its zygote
         yield inbox
         tg.cancel_scope.cancel()
 
@@ -243,6 +243,7 @@ async def test_death_by_signal_is_reported(tmp_path: Path) -> None:
         (JobSpec(command=["/no/such/file"]), "No such file"),
         (JobSpec(command=["true"], cwd="/no/such/dir"), "/no/such/dir"),
         (JobSpec(command=[]), "empty command"),
+        (JobSpec(command=["echo", "a\0b"]), "embedded null byte"),
     ],
 )
 async def test_launch_failure_is_one_clear_line(tmp_path: Path, spec: JobSpec, fragment: str) -> None:
@@ -460,6 +461,174 @@ def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path) -> No
     msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
     assert [type(m) for m in msgs] == [ProcessLost, ProcessLost]
     assert "999999" in msgs[0].reason
+
+
+# --- the zygote: one long-lived process forks every supervisor -------------------------
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # [state, ppid, pgrp, session, ...]
+
+
+def parent_of(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def zombie_children(ppid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                st = _stat(int(name))
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(st[1]) == ppid and st[0] == "Z":
+                out.append(int(name))
+    return out
+
+
+def supervisor_of(state: Path, job: int) -> int:
+    return json.loads((state / f"jobs/{job}/0/pid").read_text())["supervisor_pid"]
+
+
+async def test_launches_are_forked_by_one_zygote_in_its_own_session(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        for job in (1, 2):
+            await ex.launch(job, JobSpec(command=["sleep", "100"]), [0])
+        sup1, sup2 = supervisor_of(tmp_path, 1), supervisor_of(tmp_path, 2)
+        zygote = parent_of(sup1)
+        assert parent_of(sup2) == zygote and parent_of(zygote) == os.getpid()
+        # none shares the daemon's session, nor each other's
+        sessions = {_stat(p)[3] for p in (zygote, sup1, sup2)}
+        assert len(sessions) == 3 and str(os.getsid(0)) not in sessions
+        for job in (1, 2):
+            await ex.signal(job, grace_s=5)
+            assert isinstance(await inbox.next(), ProcessExited)
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(zygote))  # stopped with run()
+
+
+async def test_a_killed_zygote_leaves_jobs_running_and_launches_still_work(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        first = await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
+        zygote = parent_of(supervisor_of(tmp_path, 1))
+        os.kill(zygote, signal.SIGKILL)
+        await anyio.to_thread.run_sync(wait_for, lambda: not alive(zygote))
+        assert alive(first.pid) and alive(supervisor_of(tmp_path, 1))
+        # the next launches restart the zygote
+        await ex.launch(2, JobSpec(command=PRINT_ENV), [3])
+        assert await inbox.next() == ProcessExited(job=2, exit_code=0)
+        assert "CVD='3'" in ex.log_path(2).read_text()
+        await ex.launch(3, JobSpec(command=["sleep", "100"]), [0])
+        new_zygote = parent_of(supervisor_of(tmp_path, 3))
+        assert new_zygote != zygote and parent_of(new_zygote) == os.getpid()
+        # the orphaned supervisor still reports its job's end
+        for job in (1, 3):
+            await ex.signal(job, grace_s=5)
+            assert await inbox.next() == ProcessExited(job=job, exit_code=None, signal=signal.SIGTERM)
+
+
+async def test_many_launches_at_once_leave_no_zombie_supervisors(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    marker = tmp_path / "ran"
+    spec = JobSpec(command=["sh", "-c", f"echo $EVENTSCHED_JOB_ID >> {marker}"])
+    async with running(ex) as inbox:
+        async with anyio.create_task_group() as tg:
+            for job in range(1, 51):
+                tg.start_soon(ex.launch, job, spec, [0])
+        exits = [await inbox.next() for _ in range(50)]
+        assert sorted(m.job for m in exits) == list(range(1, 51))
+        assert {(m.exit_code, m.signal) for m in exits} == {(0, None)}
+        zygote = [p for p in map(int, filter(str.isdigit, os.listdir("/proc"))) if _is_zygote(p)][0]
+        await anyio.to_thread.run_sync(wait_for, lambda: zombie_children(zygote) == [])
+    assert sorted(int(x) for x in marker.read_text().split()) == list(range(1, 51))
+
+
+def _is_zygote(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"--zygote" in f.read() and parent_of(pid) == os.getpid()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+async def test_cold_start_fallback_runs_jobs_the_same(tmp_path: Path) -> None:
+    ex = Executor(tmp_path, zygote=False)
+    exited, log = await run_job(ex, 7, JobSpec(command=PRINT_ENV + ["--cuda", "0"]), [2])
+    assert exited.exit_code == 0
+    assert "CVD='2'" in log and "JOB=7" in log and "'--cuda', '2'" in log
+    async with running(ex):
+        with pytest.raises(LaunchError, match="command not found: nope-xyz"):
+            await ex.launch(8, JobSpec(command=["nope-xyz"]), [0])
+
+
+@pytest.mark.parametrize("zygote", [True, False])
+async def test_job_starts_with_no_signal_ignored(tmp_path: Path, zygote: bool) -> None:
+    # supervisors ignore SIGHUP/SIGINT; a job must not inherit that
+    ex = Executor(tmp_path, zygote=zygote)
+    exited, log = await run_job(ex, 1, JobSpec(command=["grep", "SigIgn", "/proc/self/status"]), [0])
+    ignored = int(log.split()[1], 16)
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGTERM, signal.SIGCHLD, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), sig
+
+
+async def test_a_relative_state_dir_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the zygote and its supervisors run in /: they must be given absolute paths
+    monkeypatch.chdir(tmp_path)
+    for zygote in (True, False):
+        ex = Executor(Path(f"state-{zygote}"), zygote=zygote)
+        exited, log = await run_job(ex, 1, JobSpec(command=PRINT_ENV), [0])
+        assert exited.exit_code == 0 and "JOB=1" in log
+
+
+DAEMON_RUNNING = """
+import anyio, json, os, sys
+from pathlib import Path
+from eventsched.events import JobSpec
+from eventsched.executor import Executor
+
+async def main():
+    ex = Executor(Path(sys.argv[1]))
+    async with anyio.create_task_group() as tg:
+        await tg.start(ex.run, lambda m: anyio.sleep(0))
+        out = {}
+        for job, cmd in json.loads(sys.argv[2]).items():
+            s = await ex.launch(int(job), JobSpec(command=cmd), [0])
+            out[job] = [s.pid, s.start_time]
+        print(json.dumps(out), flush=True)
+        await anyio.sleep_forever()
+
+anyio.run(main)
+"""
+
+
+async def test_killed_daemon_leaves_zygote_launched_jobs_running_and_recoverable(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    fifo = _fifo(tmp_path / "f")
+    wait_exit = "import sys; raise SystemExit(int(open(sys.argv[1]).read()))"
+    jobs = {"1": py(wait_exit, str(fifo)), "2": ["sleep", "100"]}
+    daemon = subprocess.Popen(
+        [PY, "-c", DAEMON_RUNNING, str(state), json.dumps(jobs)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        pids = json.loads(daemon.stdout.readline())
+        zygote = parent_of(supervisor_of(state, 1))
+        assert parent_of(zygote) == daemon.pid
+    finally:
+        daemon.kill()
+        daemon.wait()
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(zygote))  # EOF from the dead daemon
+    assert alive(pids["1"][0]) and alive(pids["2"][0])
+
+    ex = Executor(state)
+    assert ex.recover({1: tuple(pids["1"]), 2: tuple(pids["2"])}) == []
+    async with running(ex) as inbox:
+        await anyio.to_thread.run_sync(_release, fifo, "4")
+        assert await inbox.next() == ProcessExited(job=1, exit_code=4)
+        await ex.signal(2, grace_s=5)
+        assert await inbox.next() == ProcessExited(job=2, exit_code=None, signal=signal.SIGTERM)
 
 
 # --- X7: as root, jobs run as their user --------------------------------------------------
