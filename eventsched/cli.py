@@ -292,6 +292,8 @@ def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = Fa
     """Print a job's output file; with ``follow``, until the job ends."""
     import time
 
+    from .client import read_new_output
+
     final = {"succeeded", "failed", "cancelled", "lost", "preempted"}
     info = c.request(__import__("eventsched.protocol", fromlist=["JobLogPath"]).JobLogPath(job=job))
     path = Path(info["path"])
@@ -301,11 +303,7 @@ def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = Fa
     try:
         while True:
             try:
-                with open(path, "rb") as f:
-                    f.seek(position)
-                    chunk = f.read()
-            except FileNotFoundError:
-                chunk = b""
+                chunk = read_new_output(path, position)
             except PermissionError:
                 raise UserError(f"cannot read {path}: permission denied") from None
             if chunk:

@@ -14,7 +14,20 @@ from . import protocol
 from .events import Event, JobSpec, decode_many
 from .paths import default_socket
 
-__all__ = ["Client", "ClientError", "DaemonNotRunning"]
+__all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
+
+
+def read_new_output(path: str | Path, position: int) -> bytes:
+    """What a job's output file holds past ``position`` (b"" before it exists).
+
+    Shared by ``eventsched logs -f`` and the notebook's ``JobHandle.follow``.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(position)
+            return f.read()
+    except FileNotFoundError:
+        return b""
 
 
 class ClientError(Exception):

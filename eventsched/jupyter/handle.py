@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..client import Client
+from ..client import Client, read_new_output
 from .widgets import FINAL_STATES, STATE_COLOURS, render_jobs_html, render_jobs_text
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message"]
@@ -150,12 +150,7 @@ class JobHandle:
         try:
             while True:
                 state = self.state
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(position)
-                        chunk = f.read()
-                except FileNotFoundError:
-                    chunk = b""
+                chunk = read_new_output(path, position)
                 if chunk:
                     position += len(chunk)
                     print(chunk.decode("utf-8", "replace"), end="", flush=True)
