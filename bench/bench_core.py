@@ -19,8 +19,8 @@ from eventsched.projections.cluster import ClusterState
 QUEUED = 10_000
 
 
-def build(nodes: int, per_node: int, policy: str) -> tuple[ClusterState, float]:
-    """A machine whose GPUs are all busy, with QUEUED jobs waiting."""
+def build(nodes: int, per_node: int, policy: str, fill: float = 1.0) -> tuple[ClusterState, float]:
+    """A machine whose GPUs are all busy (``fill`` of each taken), with QUEUED jobs waiting."""
     state = ClusterState()
     now = 1_000.0
     for n in range(nodes):
@@ -29,7 +29,7 @@ def build(nodes: int, per_node: int, policy: str) -> tuple[ClusterState, float]:
         core.handle(state, m.Started(node=node, pid=1, version="b", gpu_backend="fake", gpus=infos,
                                      config=m.SchedulerConfig(node=node, policy=policy)), now)
     for i in range(nodes * per_node):  # fill every GPU
-        core.handle(state, m.Submit(spec=ev.JobSpec(command=["run"], gpus=1.0, name="fill")), now)
+        core.handle(state, m.Submit(spec=ev.JobSpec(command=["run"], gpus=fill, name="fill")), now)
     shapes = [0.25, 0.5, 1.0, 2.0, 0.1]
     for i in range(QUEUED):
         spec = ev.JobSpec(command=["run", str(i)], gpus=shapes[i % len(shapes)], priority=i % 5, name=f"j{i % 7}")
@@ -82,12 +82,10 @@ def main() -> None:
             report("ProcessExited -> place the next job(s)", ex)
             # worst case: every GPU has 0.05 free, one tiny job could use it but is
             # pinned to a paused GPU, so the whole queue is scanned for nothing
-            state2, _ = build(nodes, per, policy)
+            state2, _ = build(nodes, per, policy, fill=0.95)
             first = state2.all_gpus()[0]
-            core.handle(state2, m.Submit(spec=ev.JobSpec(command=["x"], gpus=0.05, gpu_ids=[first.id], node=first.node)), now)
             core.handle(state2, m.PauseGpu(node=first.node, gpu=first.id), now)
-            for g in state2.gpus.values():
-                g.used_milli = 950  # deliberately fragmented (bench only: not through events)
+            core.handle(state2, m.Submit(spec=ev.JobSpec(command=["x"], gpus=0.05, gpu_ids=[first.id], node=first.node)), now)
             report("Tick, fragments nobody can use (full scan)", timed(state2, m.Tick(), now, 20))
 
 

@@ -5,6 +5,14 @@ read and decode the same log.
     .venv/bin/python bench/bench_replay.py [--jobs 100000] [--policy best-fit] [--skip-alibaba]
 
 Targets (issue 5): 100k jobs < 10 s; Alibaba < 5 s. Prints figures only.
+
+Figures on the 2-core dev machine (before -> after the incremental capacity
+index, deadline heap, per-node grouping and lazy sjf reservation):
+synthetic 100k / 64 GPUs: best-fit 16.7 -> 7.4 s, fifo 17.8 -> 7.6 s,
+sjf-backfill 21.6 -> 11.5 s, fgd 34.8 -> 15.9 s; Alibaba 387-GPU sample:
+best-fit 6.5 -> 0.9 s, fifo 9.8 -> 2.7 s, sjf-backfill 122.6 -> 4.2 s,
+fgd 12.9 -> 2.5 s; whole 6,212-GPU cluster (--alibaba-full): best-fit
+146 -> 8.2 s, fifo 147 -> 5.2 s, sjf-backfill 7.5 s, fgd 39.5 s.
 """
 
 from __future__ import annotations

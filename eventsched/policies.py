@@ -23,8 +23,7 @@ from typing import Any, Protocol
 import msgspec
 
 from .fgd import fragmentation
-from .messages import SchedulerConfig
-from .projections.cluster import FULL, ClusterState, Gpu, Job, runtime_key
+from .projections.cluster import FULL, ClusterState, Job, runtime_key, usable
 
 __all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable"]
 
@@ -44,22 +43,6 @@ class Policy(Protocol):
     def __call__(self, state: ClusterState, now: float) -> list[Placement]: ...
 
 
-def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
-    """May this GPU receive a new job? (F7 pause, lost GPUs, F10 thresholds)"""
-    if gpu.paused or gpu.lost:
-        return False
-    if gpu.sampled_at is None:
-        return True
-    if gpu.memory_used_mib is not None and gpu.memory_total_mib > 0:
-        if 100.0 * gpu.memory_used_mib / gpu.memory_total_mib > cfg.max_gpu_memory_used_pct:
-            return False
-    if gpu.utilization is not None and gpu.utilization > cfg.max_gpu_utilization_pct:
-        return False
-    if gpu.temperature_c is not None and gpu.temperature_c > cfg.max_gpu_temperature_c:
-        return False
-    return True
-
-
 class View:
     """Free capacity of the usable GPUs during one decision.
 
@@ -69,22 +52,14 @@ class View:
     """
 
     def __init__(self, state: ClusterState) -> None:
-        cfg = state.config
-        gpus = [g for g in state.gpu_list if usable(g, cfg)]
+        cap = state.capacity  # kept up to date by the projection
         self.default_node = state.node
-        self.node = [g.node for g in gpus]
-        self.id = [g.id for g in gpus]
-        self.free = [FULL - g.used_milli for g in gpus]
-        self.mem = [g.free_memory_mib() for g in gpus]
-        self.index = {(g.node, g.id): i for i, g in enumerate(gpus)}
-        self.nodes: list[str] = []
-        self.node_idx: dict[str, list[int]] = {}
-        for i, node in enumerate(self.node):
-            if node not in self.node_idx:
-                self.nodes.append(node)
-                self.node_idx[node] = []
-            self.node_idx[node].append(i)
-        self.total = sum(self.free)
+        # shared, never changed here
+        self.node, self.id, self.index = cap.node, cap.id, cap.index
+        self.nodes, self.node_idx = cap.nodes, cap.node_idx
+        # copied: the decision subtracts its own placements
+        self.free = list(cap.free)
+        self.mem = list(cap.mem)
 
     def copy(self) -> View:
         other = object.__new__(View)
@@ -100,31 +75,51 @@ class View:
         """GPU indices where one of the job's GPUs could go, in (node, id) order."""
         spec = job.spec
         need = job.milli
-        mem = spec.gpu_mem_mib
-        allowed = spec.gpu_ids
-        out = []
-        free, memfree, ids, nodes = self.free, self.mem, self.id, self.node
-        for i in range(len(free)):
-            if free[i] < need or (mem and memfree[i] < mem) or i in exclude:
-                continue
-            if allowed is not None and ids[i] not in allowed:
-                continue
-            if spec.node and nodes[i] != spec.node:
-                continue
-            out.append(i)
+        out = [i for i, f in enumerate(self.free) if f >= need]  # the common test first, in one pass
+        if spec.gpu_mem_mib:
+            mem, memfree = spec.gpu_mem_mib, self.mem
+            out = [i for i in out if memfree[i] >= mem]
+        if exclude:
+            out = [i for i in out if i not in exclude]
+        if spec.gpu_ids is not None:
+            allowed, ids = spec.gpu_ids, self.id
+            out = [i for i in out if ids[i] in allowed]
+        if spec.node:
+            node, nodes = spec.node, self.node
+            out = [i for i in out if nodes[i] == node]
         return out
+
+    def can_take(self, job: Job, i: int) -> bool:
+        """Is GPU index ``i`` one of ``candidates(job)``?"""
+        spec = job.spec
+        return (
+            self.free[i] >= job.milli
+            and (not spec.gpu_mem_mib or self.mem[i] >= spec.gpu_mem_mib)
+            and (spec.gpu_ids is None or self.id[i] in spec.gpu_ids)
+            and (not spec.node or self.node[i] == spec.node)
+        )
 
     def take(self, idxs: list[int], milli: int, mem: int) -> None:
         for i in idxs:
             self.free[i] -= milli
             self.mem[i] -= mem
-            self.total -= milli
 
     def give(self, idxs: Iterable[int], milli: int, mem: int) -> None:
         for i in idxs:
             self.free[i] += milli
             self.mem[i] += mem
-            self.total += milli
+
+    def by_node(self, idxs: list[int]) -> dict[str, list[int]]:
+        """``idxs`` grouped by node, nodes in order (one pass)."""
+        out: dict[str, list[int]] = {}
+        nodes = self.node
+        for i in idxs:
+            on = out.get(nodes[i])
+            if on is None:
+                out[nodes[i]] = [i]
+            else:
+                on.append(i)
+        return out
 
     def placement(self, job: Job, idxs: list[int]) -> Placement:
         if not idxs:
@@ -146,8 +141,7 @@ def _gang(view: View, cands: list[int], k: int, tightest: bool) -> list[int] | N
     """k GPUs on one node: the first node that has them, or (tightest) the node
     with the fewest candidates that still has k, keeping big nodes whole."""
     best: list[int] | None = None
-    for node in view.nodes:
-        on = [i for i in cands if view.node[i] == node] if len(view.nodes) > 1 else cands
+    for on in view.by_node(cands).values():
         if len(on) < k:
             continue
         if not tightest:
@@ -316,42 +310,54 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     ends: list[tuple[float, int, list[int], int, int]] = []
 
     def running_ends() -> list[tuple[float, int, list[int], int, int]]:
+        # the hot loop of a reservation: pred() inlined
         out_ = []
+        index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
         for jid in state.running:
             r = jobs[jid]
-            idxs = [view.index[(r.node, g)] for g in r.gpu_ids if (r.node, g) in view.index]
+            p = predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
+            limit = r.time_limit(default)
+            if limit is not None:
+                p = min(p, limit)
+            node = r.node
+            idxs = [index[(node, g)] for g in r.gpu_ids if (node, g) in index]
             start = r.started_at if r.started_at is not None else now
-            out_.append((max(now, start + pred(r)), jid, idxs, r.milli, r.mem_mib))
+            out_.append((max(now, start + p), jid, idxs, r.milli, r.mem_mib))
         return out_
 
     out: list[Placement] = []
-    shadow = math.inf
-    reserved: frozenset[int] = frozenset()
-    have_head = False
+    # The head (the first job that cannot start now) gets a reservation; it is
+    # worked out from the view and ends as they were then, but only once a
+    # later job fits and might delay the head (often none does).
+    head: tuple[View, Job, list[tuple[float, int, list[int], int, int]]] | None = None
+    reservation: tuple[float, frozenset[int]] | None = None
     for jid in _sjf_order(state):
         shape = shape_of[jid]
-        if shape not in live and have_head:
+        if shape not in live and head is not None:
             continue
         job = jobs[jid]
         if not _eligible(state, job, now):
             continue
-        if shape not in live:  # the head: it cannot start now, so it gets a reservation
-            have_head = True
-            shadow, reserved = _reservation(view, job, running_ends() + ends)
+        if shape not in live:  # the head: it cannot start now
+            head = (view.copy(), job, list(ends))
             continue
         idxs = best_fit(view, job, frozenset())
         if idxs is None:
             live.discard(shape)
-            if not have_head:
-                have_head = True
-                shadow, reserved = _reservation(view, job, running_ends() + ends)
+            if head is None:
+                head = (view.copy(), job, list(ends))
             if not live:
                 break
             continue
-        if have_head and set(idxs) & reserved and now + pred(job) > shadow:
-            idxs = best_fit(view, job, reserved)
-            if idxs is None:
-                continue
+        if head is not None:
+            if reservation is None:
+                at_view, head_job, head_ends = head
+                reservation = _reservation(at_view, head_job, running_ends() + head_ends)
+            shadow, reserved = reservation
+            if set(idxs) & reserved and now + pred(job) > shadow:
+                idxs = best_fit(view, job, reserved)
+                if idxs is None:
+                    continue
         view.take(idxs, job.milli, job.spec.gpu_mem_mib)
         out.append(view.placement(job, idxs))
         ends.append((now + pred(job), job.id, idxs, job.milli, job.spec.gpu_mem_mib))
@@ -392,13 +398,30 @@ def _stream(entries: list[tuple[int, int, int]], pred: float) -> Iterator[tuple[
 def _reservation(
     view: View, head: Job, ends: list[tuple[float, int, list[int], int, int]]
 ) -> tuple[float, frozenset[int]]:
-    """When and where ``head`` would fit as jobs end in predicted order."""
+    """When and where ``head`` would fit as jobs end in predicted order.
+
+    Capacity only grows as jobs end, so a GPU that could take one of the
+    head's GPUs stays able to: count such GPUs per node as ends free them, and
+    run ``best_fit`` once, at the first end after which some node has enough.
+    """
     future = view.copy()
+    need = max(head.count, 1)
+    able = set(future.candidates(head))
+    per_node: dict[str, int] = {}
+    for i in able:
+        per_node[future.node[i]] = per_node.get(future.node[i], 0) + 1
+    enough = head.count == 0 or max(per_node.values(), default=0) >= need
     for end, _, idxs, milli, mem in sorted(ends, key=lambda e: (e[0], e[1])):
         future.give(idxs, milli, mem)
-        fit = best_fit(future, head, frozenset())
-        if fit is not None:
-            return end, frozenset(fit)
+        for i in idxs:
+            if i not in able and future.can_take(head, i):
+                able.add(i)
+                n = per_node[future.node[i]] = per_node.get(future.node[i], 0) + 1
+                enough = enough or n >= need
+        if enough:  # best_fit cannot succeed before this (and then it does)
+            fit = best_fit(future, head, frozenset())
+            if fit is not None:
+                return end, frozenset(fit)
     return math.inf, frozenset()  # it cannot fit on what runs now: reserve nothing
 
 
@@ -412,6 +435,16 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
     workload = [(k, m, n / total) for (k, m), n in sorted(state.shape_counts.items())] if total else []
     if not workload:
         return best_fit_policy(state, now)
+    # A node's fragmentation depends only on the multiset of its GPUs' free
+    # shares; many nodes (all free, all full) share one, so score each once.
+    memo: dict[tuple[int, ...], float] = {}
+
+    def frag(free: list[int]) -> float:
+        key = tuple(sorted(free))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = fragmentation(free, workload)
+        return hit
 
     def choose(view: View, job: Job, exclude: frozenset[int]) -> list[int] | None:
         if job.count == 0:
@@ -421,19 +454,18 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
             return None
         best: tuple[float, int] | None = None
         pick: list[int] | None = None
-        for node in view.nodes:
+        for node, on in view.by_node(cands).items():
             members = view.node_idx[node]
-            on = [i for i in cands if view.node[i] == node] if len(view.nodes) > 1 else cands
             if len(on) < job.count:
                 continue
             free = [view.free[i] for i in members]
-            before = fragmentation(free, workload)
+            before = frag(free)
             options = [on[: job.count]] if job.count > 1 or job.milli == FULL else [[i] for i in on]
             for idxs in options:
                 after = list(free)
                 for i in idxs:
                     after[members.index(i)] -= job.milli
-                key = (fragmentation(after, workload) - before, idxs[0])
+                key = (frag(after) - before, idxs[0])
                 if best is None or key < best:
                     best, pick = key, idxs
         return pick

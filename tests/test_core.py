@@ -310,6 +310,18 @@ def test_hot_or_busy_gpus_are_skipped():
     assert s.on(j) == [0]
 
 
+def test_new_thresholds_apply_at_once_to_every_node():
+    s = Sched(gpus=1, max_gpu_temperature_c=80.0)
+    s.do(m.GpuObserved(node="local", gpu=0, utilization=10, memory_used_mib=0, memory_total_mib=16000,
+                       temperature_c=85, power_w=1))
+    j = s.submit(gpus=1.0)
+    assert s.st(j) == "queued"
+    # a GPU-less node joins with a laxer threshold: the hot GPU elsewhere is usable again
+    s.do(m.Started(node="cpu-box", pid=2, version="t", gpu_backend="fake", gpus=[],
+                   config=m.SchedulerConfig(node="cpu-box", max_gpu_temperature_c=90.0)))
+    assert s.on(j) == [0]
+
+
 # --- F15 dependencies, hold / release ------------------------------------------------
 
 

@@ -1,5 +1,11 @@
 """Random sequences of commands, exits and clock ticks through the core, with
-the scheduler's invariants checked after every step."""
+the scheduler's invariants checked after every step.
+
+``validate_state`` also checks that every index the projection keeps
+incrementally (capacity of the usable GPUs, per-node GPU lists, time-limit
+deadlines, the submission-check cache, the queue) equals a recomputation from
+the facts, so the rules below also lose GPUs, restart nodes with other
+settings and add a second node."""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ from eventsched.projections.cluster import (
 NODE = "local"
 NGPUS = 4
 MEM = 16000
+NODE2 = "n2"  # a second, smaller node some runs add
+MEM2 = 8000
 # "failed" too: a retry or requeue happens in the same step as the exit
 FINAL_FOR_GOOD = ("succeeded", "failed", "cancelled", "lost")
 
@@ -59,12 +67,15 @@ class CoreMachine(RuleBasedStateMachine):
     def ids(self) -> list[int]:
         return sorted(self.state.jobs)
 
+    def config(self, node: str, policy: str, limit: float | None = 500.0, hot: float = 85.0) -> m.SchedulerConfig:
+        return m.SchedulerConfig(node=node, policy=policy, max_running=self.max_running, default_time_limit_s=limit,
+                                 max_gpu_temperature_c=hot, retry_backoff_s=5.0)
+
     @initialize(policy=st.sampled_from(sorted(POLICIES)), max_running=st.sampled_from([0, 0, 3]))
     def boot(self, policy: str, max_running: int) -> None:
+        self.max_running = max_running
         infos = [m.GpuInfo(gpu=i, uuid=f"GPU-{i}", model="fake", memory_total_mib=MEM) for i in range(NGPUS)]
-        config = m.SchedulerConfig(policy=policy, max_running=max_running, default_time_limit_s=500.0,
-                                   max_gpu_temperature_c=85.0, retry_backoff_s=5.0)
-        self.do(m.Started(node=NODE, pid=1, version="t", gpu_backend="fake", gpus=infos, config=config))
+        self.do(m.Started(node=NODE, pid=1, version="t", gpu_backend="fake", gpus=infos, config=self.config(NODE, policy)))
 
     # --- stimuli --------------------------------------------------------------
 
@@ -79,12 +90,13 @@ class CoreMachine(RuleBasedStateMachine):
         after=st.integers(0, 40),
         uid=st.sampled_from([1000, 2000]),
         chash=st.sampled_from(["", "", "h1", "h2"]),
+        node=st.sampled_from(["", "", "", NODE, NODE2]),
     )
-    def submit(self, gpus, mem, pinned, priority, retries, limit, on_limit, after, uid, chash) -> None:
+    def submit(self, gpus, mem, pinned, priority, retries, limit, on_limit, after, uid, chash, node) -> None:
         deps = [after] if after in self.state.jobs and after % 3 == 0 else []
         spec = ev.JobSpec(command=["job"], uid=uid, user=f"u{uid}", gpus=gpus, gpu_mem_mib=mem, gpu_ids=pinned,
                           priority=priority, retries=retries, time_limit_s=limit, on_time_limit=on_limit,
-                          after=deps, content_hash=chash, name=f"n{priority}")
+                          after=deps, content_hash=chash, name=f"n{priority}", node=node)
         self.do(m.Submit(spec=spec, by=f"uid:{uid}"))
 
     @precondition(lambda self: self.state.jobs)
@@ -116,15 +128,40 @@ class CoreMachine(RuleBasedStateMachine):
     def pause(self, gpu, pause) -> None:
         self.do((m.PauseGpu if pause else m.ResumeGpu)(node=NODE, gpu=gpu))
 
-    @rule(gpu=st.integers(0, NGPUS - 1), foreign=st.sampled_from([-1, 0, 8000]), temp=st.sampled_from([40.0, 90.0]))
-    def sample(self, gpu, foreign, temp) -> None:
-        used = self.state.gpu(NODE, gpu).reserved_mib + max(foreign, 0)
-        self.do(m.GpuObserved(node=NODE, gpu=gpu, utilization=50.0, memory_used_mib=min(used, MEM),
-                              memory_total_mib=MEM, temperature_c=temp, power_w=100.0, foreign_memory_mib=foreign))
+    @rule(gpu=st.integers(0, NGPUS - 1), foreign=st.sampled_from([-1, 0, 8000]), temp=st.sampled_from([40.0, 90.0]),
+          node=st.sampled_from([NODE, NODE, NODE2]))
+    def sample(self, gpu, foreign, temp, node) -> None:
+        if (node, gpu) not in self.state.gpus:
+            return
+        total = self.state.gpu(node, gpu).memory_total_mib
+        used = self.state.gpu(node, gpu).reserved_mib + max(foreign, 0)
+        self.do(m.GpuObserved(node=node, gpu=gpu, utilization=50.0, memory_used_mib=min(used, total),
+                              memory_total_mib=total, temperature_c=temp, power_w=100.0, foreign_memory_mib=foreign))
 
     @rule(policy=st.sampled_from(sorted(POLICIES)))
     def set_policy(self, policy) -> None:
         self.do(m.SetPolicy(policy=policy))
+
+    @rule(gpus=st.integers(1, 3))
+    def add_node(self, gpus) -> None:
+        infos = [m.GpuInfo(gpu=i, uuid=f"{NODE2}-{i}", model="small", memory_total_mib=MEM2) for i in range(gpus)]
+        self.do(m.Started(node=NODE2, pid=2, version="t", gpu_backend="fake", gpus=infos,
+                          config=self.config(NODE2, self.state.policy)))
+
+    @rule(
+        keep=st.lists(st.integers(0, NGPUS - 1), unique=True),
+        limit=st.sampled_from([500.0, 50.0, None]),
+        hot=st.sampled_from([85.0, 95.0]),
+    )
+    def restart(self, keep, limit, hot) -> None:
+        """The daemon restarts with other settings; GPUs it no longer finds are lost."""
+        infos = [m.GpuInfo(gpu=i, uuid=f"GPU-{i}", model="fake", memory_total_mib=MEM) for i in sorted(keep)]
+        self.do(m.Started(node=NODE, pid=3, version="t", gpu_backend="fake", gpus=infos,
+                          config=self.config(NODE, self.state.policy, limit, hot)))
+
+    @rule(gpu=st.integers(0, NGPUS - 1), lost=st.booleans())
+    def gpu_fails(self, gpu, lost) -> None:
+        self.do(m.GpuFailed(node=NODE, gpu=gpu, error="XID 79", lost=lost))
 
     # --- invariants -------------------------------------------------------------
 

@@ -14,6 +14,7 @@ is loaded, and ``validate_state`` checks that they agree.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections import deque
 from typing import Any
@@ -31,9 +32,12 @@ __all__ = [
     "Gpu",
     "Job",
     "QueueIndex",
+    "Capacity",
+    "usable",
     "ClusterState",
     "apply",
     "request_of",
+    "fit_summary",
     "job_json",
     "gpu_json",
     "snapshot_bytes",
@@ -142,8 +146,70 @@ class Job(msgspec.Struct, kw_only=True):
         return (self.count, self.milli, s.gpu_mem_mib, ids, s.node)
 
     def time_limit(self, default: float | None) -> float | None:
-        limits = [x for x in (self.spec.time_limit_s, default) if x is not None and x > 0]
-        return min(limits) if limits else None
+        """The tighter of the job's own limit and ``default`` (None: no limit)."""
+        own = self.spec.time_limit_s
+        own = own if own is not None and own > 0 else None
+        default = default if default is not None and default > 0 else None
+        if own is None or default is None:
+            return own if default is None else default
+        return min(own, default)
+
+
+def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
+    """May this GPU receive a new job? (F7 pause, lost GPUs, F10 thresholds)"""
+    if gpu.paused or gpu.lost:
+        return False
+    if gpu.sampled_at is None:
+        return True
+    if gpu.memory_used_mib is not None and gpu.memory_total_mib > 0:
+        if 100.0 * gpu.memory_used_mib / gpu.memory_total_mib > cfg.max_gpu_memory_used_pct:
+            return False
+    if gpu.utilization is not None and gpu.utilization > cfg.max_gpu_utilization_pct:
+        return False
+    if gpu.temperature_c is not None and gpu.temperature_c > cfg.max_gpu_temperature_c:
+        return False
+    return True
+
+
+class Capacity:
+    """Free share and free memory of the usable GPUs, in (node, id) order:
+    what every policy decision starts from.
+
+    Kept in step by ``apply`` GPU by GPU (a placement, an exit, a sample), so a
+    decision copies two lists instead of walking every GPU. Built from scratch
+    only when the set of usable GPUs changes (discovery, pause, loss, a
+    threshold crossed, new settings), which is rare.
+    """
+
+    def __init__(self, gpus: list[Gpu], cfg: SchedulerConfig) -> None:
+        ok = [g for g in gpus if usable(g, cfg)]
+        self.node = [g.node for g in ok]
+        self.id = [g.id for g in ok]
+        self.free = [FULL - g.used_milli for g in ok]
+        self.mem = [g.free_memory_mib() for g in ok]
+        self.index = {(g.node, g.id): i for i, g in enumerate(ok)}
+        self.nodes: list[str] = []  # in order
+        self.node_idx: dict[str, list[int]] = {}  # node -> its indices, in order
+        for i, node in enumerate(self.node):
+            if node not in self.node_idx:
+                self.nodes.append(node)
+                self.node_idx[node] = []
+            self.node_idx[node].append(i)
+
+    def same(self, other: Capacity) -> bool:
+        return vars(self) == vars(other)
+
+
+def fit_summary(gpus: list[Gpu], mem_mib: int) -> tuple[int, int, int]:
+    """Of ``gpus``, leaving out lost ones: (most GPUs with at least ``mem_mib``
+    on one node, how many, the largest memory). What a submission is checked against."""
+    pool = [g for g in gpus if not g.lost]
+    per_node: dict[str, int] = {}
+    for g in pool:
+        if g.memory_total_mib >= mem_mib:
+            per_node[g.node] = per_node.get(g.node, 0) + 1
+    largest = max((g.memory_total_mib for g in pool), default=0)
+    return max(per_node.values(), default=0), len(pool), largest
 
 
 def request_of(spec: ev.JobSpec) -> tuple[int, int]:
@@ -232,12 +298,16 @@ class RuntimeStats:
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
         self.sorted: list[int] = []
+        # predictions asked since the last run ended (sjf-backfill asks for
+        # every running job at every reservation)
+        self._memo: dict[tuple[tuple[str, str], float], float] = {}
 
     def add(self, key: tuple[str, str], runtime_s: float) -> None:
         ms = max(0, round(runtime_s * 1000))
         n, total = self.by_key.get(key, (0, 0))
         self.by_key[key] = (n + 1, total + ms)
         bisect.insort(self.sorted, ms)
+        self._memo.clear()
 
     def median(self) -> float | None:
         s = self.sorted
@@ -248,6 +318,12 @@ class RuntimeStats:
 
     def predict(self, key: tuple[str, str], default: float = 3600.0) -> float:
         """Mean of the same user's runs of the same job, else the median of all."""
+        memo = self._memo.get((key, default))
+        if memo is None:
+            memo = self._memo[(key, default)] = self._predict(key, default)
+        return memo
+
+    def _predict(self, key: tuple[str, str], default: float) -> float:
         hit = self.by_key.get(key)
         if hit is not None:
             return hit[1] / hit[0] / 1000
@@ -273,10 +349,20 @@ class ClusterState:
 
     def _derive(self) -> None:
         """(Re)build every index that is a function of the facts above."""
-        self.gpu_list: list[Gpu] = sorted(self.gpus.values(), key=lambda g: (g.node, g.id))
+        self.gpu_list: list[Gpu] = sorted(self.gpus.values(), key=_gpu_order)
+        self.node_gpus: dict[str, list[Gpu]] = {}  # node -> its GPUs by id
+        for gpu in self.gpu_list:
+            self.node_gpus.setdefault(gpu.node, []).append(gpu)
+        self._capacity: Capacity | None = None  # built when a policy first asks
+        # (node, gpu_mem_mib) -> what check_spec needs; only GPU discovery and loss change it
+        self.fit_cache: dict[tuple[str, int], tuple[int, int, int]] = {}
         self.queue = QueueIndex()
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
+        # running jobs with a time limit and no stop asked yet -> when it falls due;
+        # the heap finds the earliest (entries that no longer match are dropped when met)
+        self.deadlines: dict[int, float] = {}
+        self._due: list[tuple[float, int]] = []
         self.dependents: dict[int, list[int]] = {}
         self.by_hash: dict[str, int] = {}
         self.shape_counts: dict[tuple[int, int], int] = {}
@@ -288,6 +374,7 @@ class ClusterState:
                 self._enter_queue(job)
             elif job.state == "running":
                 self.running[job.id] = None
+                self._track_deadline(job)
 
     def _index_submitted(self, job: Job) -> None:
         for dep in job.spec.after:
@@ -304,6 +391,29 @@ class ClusterState:
         self.queue.remove(job)
         self.backoff.pop(job.id, None)
 
+    def _track_deadline(self, job: Job) -> None:
+        """Record when ``job``'s time limit falls due (or that none does)."""
+        limit = job.time_limit(self.config.default_time_limit_s)
+        if job.state != "running" or job.cancel_reason or limit is None or job.started_at is None:
+            self.deadlines.pop(job.id, None)
+            return
+        due = job.started_at + limit
+        if self.deadlines.get(job.id) != due:
+            self.deadlines[job.id] = due
+            heapq.heappush(self._due, (due, job.id))
+
+    def _gpu_changed(self, gpu: Gpu) -> None:
+        """Bring the capacity index in step with one GPU's new numbers."""
+        cap = self._capacity
+        if cap is None:
+            return
+        i = cap.index.get((gpu.node, gpu.id))
+        if (i is not None) != usable(gpu, self.config):
+            self._capacity = None  # the usable set changed: rebuild when next asked
+        elif i is not None:
+            cap.free[i] = FULL - gpu.used_milli
+            cap.mem[i] = gpu.free_memory_mib()
+
     # --- lookups used by the core, the server and the CLI -------------------
 
     def gpu(self, node: str, gpu: int) -> Gpu:
@@ -315,6 +425,31 @@ class ClusterState:
     def all_gpus(self) -> list[Gpu]:
         return list(self.gpu_list)
 
+    @property
+    def capacity(self) -> Capacity:
+        """Free capacity of the usable GPUs now (read-only for callers)."""
+        if self._capacity is None:
+            self._capacity = Capacity(self.gpu_list, self.config)
+        return self._capacity
+
+    def fit(self, node: str, mem_mib: int) -> tuple[int, int, int]:
+        """``fit_summary`` of the GPUs of ``node`` (all nodes: ""), cached."""
+        key = (node, mem_mib)
+        hit = self.fit_cache.get(key)
+        if hit is None:
+            if len(self.fit_cache) >= 1024:
+                self.fit_cache.clear()  # many distinct memory requests: stay small
+            gpus = self.node_gpus.get(node, []) if node else self.gpu_list
+            hit = self.fit_cache[key] = fit_summary(gpus, mem_mib)
+        return hit
+
+    def next_time_limit(self) -> float | None:
+        """The earliest time a running job's time limit falls due, if any."""
+        due = self._due
+        while due and self.deadlines.get(due[0][1]) != due[0][0]:
+            heapq.heappop(due)  # stale: the job ended, was stopped, or restarted
+        return due[0][0] if due else None
+
     def running_count(self) -> int:
         return len(self.running)
 
@@ -325,6 +460,10 @@ class ClusterState:
 
 
 # --- the fold -------------------------------------------------------------------
+
+
+def _gpu_order(gpu: Gpu) -> tuple[str, int]:
+    return (gpu.node, gpu.id)
 
 
 def _job(state: ClusterState, job_id: int) -> Job:
@@ -349,7 +488,9 @@ def _release(state: ClusterState, job: Job) -> None:
         gpu.reserved_mib -= job.mem_mib
         if job.id in gpu.jobs:
             gpu.jobs.remove(job.id)
+        state._gpu_changed(gpu)
     state.running.pop(job.id, None)
+    state.deadlines.pop(job.id, None)
 
 
 def _exit_state(job: Job, event: ev.JobExited) -> str:
@@ -377,6 +518,9 @@ def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     state.node = e.node
     state.policy = e.policy
     state.config = config
+    state._capacity = None  # thresholds may have changed
+    for jid in state.running:  # and the default time limit
+        state._track_deadline(state.jobs[jid])
 
 
 def _gpu_discovered(state: ClusterState, e: ev.GpuDiscovered) -> None:
@@ -384,9 +528,12 @@ def _gpu_discovered(state: ClusterState, e: ev.GpuDiscovered) -> None:
     if gpu is None:
         gpu = Gpu(node=e.node, id=e.gpu)
         state.gpus[(e.node, e.gpu)] = gpu
-        state.gpu_list = sorted(state.gpus.values(), key=lambda g: (g.node, g.id))
+        bisect.insort(state.gpu_list, gpu, key=_gpu_order)
+        bisect.insort(state.node_gpus.setdefault(e.node, []), gpu, key=_gpu_order)
     gpu.uuid, gpu.model, gpu.memory_total_mib = e.uuid, e.model, e.memory_total_mib
     gpu.lost, gpu.error = False, ""
+    state._capacity = None
+    state.fit_cache.clear()
 
 
 def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
@@ -399,6 +546,7 @@ def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
     gpu.temperature_c = e.temperature_c
     gpu.power_w = e.power_w
     gpu.foreign_memory_mib = e.foreign_memory_mib
+    state._gpu_changed(gpu)
 
 
 def _gpu_errored(state: ClusterState, e: ev.GpuErrored) -> None:
@@ -408,16 +556,20 @@ def _gpu_errored(state: ClusterState, e: ev.GpuErrored) -> None:
     gpu.error = e.error
     if e.lost:
         gpu.lost = True
+        state._gpu_changed(gpu)
+        state.fit_cache.clear()
 
 
 def _gpu_paused(state: ClusterState, e: ev.GpuPaused) -> None:
     if (e.node, e.gpu) in state.gpus:
         state.gpus[(e.node, e.gpu)].paused = True
+        state._gpu_changed(state.gpus[(e.node, e.gpu)])
 
 
 def _gpu_resumed(state: ClusterState, e: ev.GpuResumed) -> None:
     if (e.node, e.gpu) in state.gpus:
         state.gpus[(e.node, e.gpu)].paused = False
+        state._gpu_changed(state.gpus[(e.node, e.gpu)])
 
 
 def _policy_changed(state: ClusterState, e: ev.PolicyChanged) -> None:
@@ -477,7 +629,9 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
         gpu.used_milli += milli
         gpu.reserved_mib += e.gpu_mem_mib
         gpu.jobs.append(job.id)
+        state._gpu_changed(gpu)
     state.running[job.id] = None
+    state._track_deadline(job)
 
 
 def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
@@ -488,6 +642,7 @@ def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job.start_time = e.start_time
     job.log_path = e.log_path
     job.started_at = e.ts
+    state._track_deadline(job)
 
 
 def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
@@ -512,6 +667,7 @@ def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None
     if job.state != "running":
         raise IllegalTransition(f"job {e.job}: stop requested while {job.state}")
     job.cancel_reason = e.reason
+    state._track_deadline(job)
 
 
 def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
@@ -727,3 +883,16 @@ def validate_state(state: ClusterState) -> None:
     running = sorted(j.id for j in state.jobs.values() if j.state == "running")
     assert sorted(state.running) == running, "running index out of step"
     assert all(math.isfinite(g.used_milli) for g in state.gpus.values())
+    # the incremental indices equal a recomputation from the facts
+    fresh = ClusterState()
+    fresh.config, fresh.gpus, fresh.jobs = state.config, state.gpus, state.jobs
+    fresh._derive()
+    assert state.gpu_list == fresh.gpu_list, "GPU list out of order"
+    assert state.node_gpus == fresh.node_gpus, "per-node GPU lists out of step"
+    assert state.capacity.same(fresh.capacity), "capacity index out of step"
+    assert state.deadlines == fresh.deadlines, f"deadlines {state.deadlines} != {fresh.deadlines}"
+    assert set(state.deadlines.items()) <= set((j, d) for d, j in state._due), "a deadline missing from the heap"
+    assert state.next_time_limit() == min(fresh.deadlines.values(), default=None)
+    for (node, mib), hit in state.fit_cache.items():
+        assert hit == fresh.fit(node, mib), f"stale fit cache for {node!r}, {mib} MiB"
+    assert state.backoff == fresh.backoff, "backoff index out of step"
