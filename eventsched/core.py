@@ -376,6 +376,19 @@ def _process_lost(out: _Out, msg: m.ProcessLost) -> None:
     _schedule(out)
 
 
+def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
+    """Placed, but the launch never began: record a failed attempt that did
+    not run, and queue the job again (it cannot have run, so this is safe)."""
+    job = out.state.jobs.get(msg.job)
+    if job is None or job.state != "running" or job.pid:
+        return
+    cause = "restart"
+    out.emit(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=None, reason=f"not launched: {msg.reason}"))
+    if out.state.jobs[job.id].state == "failed":
+        out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="not-launched"))
+    _schedule(out)
+
+
 _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.Started: _started,
     m.Stopping: _stopping,
@@ -388,6 +401,7 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.SetPolicy: _set_policy,
     m.Tick: _tick,
     m.ProcessStarted: _process_started,
+    m.NeverLaunched: _never_launched,
     m.ProcessExited: _process_exited,
     m.ProcessLost: _process_lost,
     m.GpuObserved: _gpu_observed,

@@ -44,7 +44,7 @@ import anyio.abc
 import msgspec
 
 from .events import JobSpec
-from .messages import Message, ProcessExited, ProcessLost, ProcessStarted
+from .messages import Message, NeverLaunched, ProcessExited, ProcessLost, ProcessStarted
 
 __all__ = [
     "Executor",
@@ -565,15 +565,24 @@ class Executor:
 
     # --- recovery ---------------------------------------------------------
 
-    def recover(self, running: dict[int, tuple[int, int]]) -> list[Message]:
+    def recover(
+        self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
+    ) -> list[Message]:
         """At start-up, for each job the log believes placed or running
         (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
-        report how it ended, re-adopt it, or declare it lost."""
+        report how it ended, re-adopt it, or say it was never launched.
+        ``attempts`` names each job's current attempt (its latest otherwise),
+        so an earlier attempt's exit is never taken for the current one's."""
         out: list[Message] = []
         for job, (known_pid, _start) in sorted(running.items()):
-            attempt_dir = self._latest_attempt(job)
+            if attempts is not None and job in attempts:
+                attempt_dir = self.jobs_dir / str(job) / str(attempts[job])
+                if not attempt_dir.is_dir():
+                    attempt_dir = None
+            else:
+                attempt_dir = self._latest_attempt(job)
             if attempt_dir is None:
-                out.append(ProcessLost(job=job, reason="not launched: the daemon stopped before launching it"))
+                out.append(NeverLaunched(job=job, reason="the daemon stopped before launching it"))
                 continue
             started = _read_json(attempt_dir / "pid")
             ended = _read_json(attempt_dir / "exit")

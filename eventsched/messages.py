@@ -27,6 +27,7 @@ __all__ = [
     "ProcessStarted",
     "ProcessExited",
     "ProcessLost",
+    "NeverLaunched",
     "GpuObserved",
     "GpuFailed",
     "Stopping",
@@ -142,6 +143,14 @@ class ProcessExited(Message):
 
 class ProcessLost(Message):
     """On restart: the job's supervisor and exit record are both gone."""
+
+    job: int
+    reason: str = ""
+
+
+class NeverLaunched(Message):
+    """On restart: the job was placed but its launch never began (no attempt
+    directory exists), so it can safely be placed again."""
 
     job: int
     reason: str = ""

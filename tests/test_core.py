@@ -602,3 +602,25 @@ def test_cancel_between_placement_and_start_signals_once_the_process_exists() ->
     core.handle(state, Cancel(jobs=[job], uid=1000), 2.0)
     _, effects = core.handle(state, ProcessStarted(job=job, pid=4242, start_time=7), 2.1)
     assert [e for e in effects if isinstance(e, Signal) and e.job == job and e.reason == "cancelled"]
+
+
+def test_a_job_placed_but_never_launched_is_queued_again_on_restart() -> None:
+    from eventsched import core
+    from eventsched.events import JobSpec
+    from eventsched.messages import GpuInfo, Launch, NeverLaunched, SchedulerConfig, Started, Submit
+    from eventsched.projections.cluster import ClusterState
+
+    state = ClusterState()
+    started = Started(node="local", pid=1, version="t", gpu_backend="fake:1",
+                      gpus=[GpuInfo(gpu=0, uuid="u0", model="m", memory_total_mib=1000)], config=SchedulerConfig())
+    core.handle(state, started, 0.0)
+    events, _ = core.handle(state, Submit(spec=JobSpec(command=["true"], uid=1000, gpus=1.0)), 1.0)
+    job = events[0].job
+    assert state.jobs[job].state == "running"
+    # the daemon stopped before the launch began; on restart:
+    core.handle(state, started, 5.0)
+    events, effects = core.handle(state, NeverLaunched(job=job, reason="stopped"), 5.0)
+    assert [type(e).__name__ for e in events][:2] == ["JobExited", "JobRequeued"]
+    assert state.jobs[job].state == "running"  # placed again at once on the free GPU
+    assert state.jobs[job].attempts == 2
+    assert [e for e in effects if isinstance(e, Launch) and e.job == job]

@@ -226,13 +226,18 @@ def test_interactive_submit_streams_output_and_status_watch_follows(daemon: Daem
         job = int(lines[0])
         assert lines[1:] == ["first", "second"]
         # the watcher printed a status in which the job was running
-        import select
+        import queue
+        import threading
 
+        # a reader thread, since select() cannot see lines already buffered
+        lines_out: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines_out.put(l) for l in watch.stdout], daemon=True).start()
         seen_running = False
         while not seen_running:
-            ready, _, _ = select.select([watch.stdout], [], [], 20)
-            assert ready, "status --watch printed nothing for 20 s"
-            line = watch.stdout.readline()
+            try:
+                line = lines_out.get(timeout=20)
+            except queue.Empty:
+                raise AssertionError("status --watch printed nothing for 20 s") from None
             assert line, watch.stderr.read()
             status = json.loads(line)
             seen_running = any(j["id"] == job and j["state"] == "running" for j in status["jobs"])

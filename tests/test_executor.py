@@ -22,7 +22,7 @@ import pytest
 
 from eventsched.events import JobSpec
 from eventsched.executor import AlreadyLaunched, Executor, LaunchError, job_argv, rewrite_cuda
-from eventsched.messages import Message, ProcessExited, ProcessLost, ProcessStarted
+from eventsched.messages import Message, NeverLaunched, ProcessExited, ProcessLost, ProcessStarted
 
 PY = sys.executable
 
@@ -421,7 +421,7 @@ async def test_jobs_survive_a_killed_daemon_and_are_recovered(tmp_path: Path) ->
     assert msgs == [
         ProcessExited(job=1, exit_code=5),
         ProcessStarted(job=3, pid=pids["3"][0], start_time=pids["3"][1], log_path=str(ex.log_path(3))),
-        ProcessLost(job=4, reason="not launched: the daemon stopped before launching it"),
+        NeverLaunched(job=4, reason="the daemon stopped before launching it"),
     ]
     async with running(ex) as inbox:
         await anyio.to_thread.run_sync(_release, fifo_b, "0")
