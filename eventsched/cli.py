@@ -393,7 +393,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> Parser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)  # parents=[...] must be Parsers too (typeshed)
     common.add_argument("--state-dir", help="state directory (default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched)")
     common.add_argument("--socket", help="control socket (default $EVENTSCHED_SOCKET or <state-dir>/eventsched.sock)")
 

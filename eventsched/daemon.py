@@ -75,7 +75,7 @@ def serve(args: argparse.Namespace) -> int:
     if config.scheduler.policy not in POLICIES:
         return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {', '.join(POLICIES)}")
     try:
-        backend = open_backend(config.gpus)
+        backend = open_backend(config.gpus, node=config.scheduler.node)
     except NvmlUnavailable as exc:
         return _fail(str(exc))
     except ValueError as exc:

@@ -26,7 +26,7 @@ command, ``"seq:42"`` for a decision taken because of event 42, ``"timer"``,
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Union
+from typing import Callable, Literal, Union, cast
 
 import msgspec
 
@@ -300,7 +300,8 @@ def decode(data: bytes) -> Event:
 
 
 def decode_many(data: bytes | memoryview) -> list[Event]:
-    events = _list_decoder.decode(data)
+    # A fresh list of AnyEvent members; cast (not list()) to avoid a copy per frame.
+    events = cast(list[Event], _list_decoder.decode(data))
     if UPCASTERS:  # only once a shape has been retired
         events = [upcast(event) for event in events]
     return events

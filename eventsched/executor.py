@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import anyio
 import anyio.abc
@@ -59,6 +59,8 @@ __all__ = [
 SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
+# an async method run in the executor's task group (anyio wants a coroutine function)
+_TaskFn = Callable[..., Coroutine[Any, Any, None]]
 
 
 class LaunchError(Exception):
@@ -379,7 +381,7 @@ class Executor:
         self._python = python
         self._watched: dict[int, _Watch] = {}
         self._tg: anyio.abc.TaskGroup | None = None
-        self._pending: list[tuple[Callable[..., Awaitable[None]], tuple]] = []
+        self._pending: list[tuple[_TaskFn, tuple[object, ...]]] = []
         self._send: Callable[[Message], Awaitable[None]] | None = None
         # forks the supervisors while ``run`` is active; cold starts otherwise
         self._use_zygote = zygote
@@ -575,6 +577,7 @@ class Executor:
         so an earlier attempt's exit is never taken for the current one's."""
         out: list[Message] = []
         for job, (known_pid, _start) in sorted(running.items()):
+            attempt_dir: Path | None
             if attempts is not None and job in attempts:
                 attempt_dir = self.jobs_dir / str(job) / str(attempts[job])
                 if not attempt_dir.is_dir():
@@ -656,7 +659,7 @@ class Executor:
                     self._zygote.retire()
                     self._zygote = None
 
-    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+    def _spawn(self, fn: _TaskFn, *args: object) -> None:
         if self._tg is None:
             self._pending.append((fn, args))
         else:

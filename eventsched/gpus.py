@@ -254,7 +254,7 @@ class FakeBackend:
 # --- choosing a backend ------------------------------------------------------
 
 
-def parse_gpus_option(text: str, *, node: str = "local") -> GpuBackend:
+def parse_gpus_option(text: str | None, *, node: str = "local") -> GpuBackend:
     """``--gpus``: ``fake:N[:MEM_MIB]`` for simulated GPUs, ``nvml`` (or
     nothing) for the real ones. Raises ``GpuSpecError`` for a bad value and
     ``NvmlUnavailable`` when NVML is asked for but absent."""

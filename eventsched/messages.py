@@ -67,7 +67,7 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
     memory_total_mib: int
 
 
-class Started(Message):
+class Started(Message, frozen=True):
     """The daemon started: which GPUs it found, with which settings."""
 
     node: str
@@ -78,77 +78,77 @@ class Started(Message):
     config: SchedulerConfig
 
 
-class Stopping(Message):
+class Stopping(Message, frozen=True):
     node: str
     reason: str = ""
 
 
-class Submit(Message):
+class Submit(Message, frozen=True):
     spec: JobSpec
     by: str = ""  # "uid:1000"
 
 
-class Cancel(Message):
+class Cancel(Message, frozen=True):
     jobs: list[int]
     uid: int  # the peer's uid: only the owner (or root, uid 0) may cancel
     by: str = ""
 
 
-class Hold(Message):
+class Hold(Message, frozen=True):
     jobs: list[int]
     uid: int
     by: str = ""
 
 
-class Release(Message):
+class Release(Message, frozen=True):
     jobs: list[int]
     uid: int
     by: str = ""
 
 
-class PauseGpu(Message):
+class PauseGpu(Message, frozen=True):
     node: str
     gpu: int
     by: str = ""
 
 
-class ResumeGpu(Message):
+class ResumeGpu(Message, frozen=True):
     node: str
     gpu: int
     by: str = ""
 
 
-class SetPolicy(Message):
+class SetPolicy(Message, frozen=True):
     policy: str
     by: str = ""
 
 
-class Tick(Message):
+class Tick(Message, frozen=True):
     """The clock moved: time limits, retry backoff and aging are checked."""
 
 
-class ProcessStarted(Message):
+class ProcessStarted(Message, frozen=True):
     job: int
     pid: int
     start_time: int = 0
     log_path: str = ""
 
 
-class ProcessExited(Message):
+class ProcessExited(Message, frozen=True):
     job: int
     exit_code: int | None
     signal: int | None = None
     reason: str = ""  # "launch-failed: ..." when the process never started
 
 
-class ProcessLost(Message):
+class ProcessLost(Message, frozen=True):
     """On restart: the job's supervisor and exit record are both gone."""
 
     job: int
     reason: str = ""
 
 
-class NeverLaunched(Message):
+class NeverLaunched(Message, frozen=True):
     """On restart: the job was placed but its launch never began (no attempt
     directory exists), so it can safely be placed again."""
 
@@ -156,7 +156,7 @@ class NeverLaunched(Message):
     reason: str = ""
 
 
-class GpuObserved(Message):
+class GpuObserved(Message, frozen=True):
     node: str
     gpu: int
     utilization: float
@@ -167,7 +167,7 @@ class GpuObserved(Message):
     foreign_memory_mib: int = -1
 
 
-class GpuFailed(Message):
+class GpuFailed(Message, frozen=True):
     node: str
     gpu: int
     error: str
@@ -178,14 +178,14 @@ class Effect(msgspec.Struct, frozen=True, kw_only=True):
     pass
 
 
-class Launch(Effect):
+class Launch(Effect, frozen=True):
     job: int
     spec: JobSpec
     node: str
     gpu_ids: list[int]
 
 
-class Signal(Effect):
+class Signal(Effect, frozen=True):
     """Stop a job: SIGTERM to its process group, SIGKILL after ``grace_s``."""
 
     job: int
@@ -193,7 +193,7 @@ class Signal(Effect):
     reason: str = "cancelled"
 
 
-class WakeAt(Effect):
+class WakeAt(Effect, frozen=True):
     """The core wants a ``Tick`` no later than ``at`` (time limits, backoff)."""
 
     at: float

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -19,7 +19,7 @@ logger = logging.getLogger("eventsched.metrics")
 MAX_REQUEST_BYTES = 8192
 
 
-def live_gauges(status: dict) -> str:
+def live_gauges(status: dict[str, Any]) -> str:
     """Gauges of the scheduler's present state (queue depth, allocation)."""
     lines = [
         "# HELP eventsched_jobs_active Jobs queued, running or held now.",
@@ -58,7 +58,7 @@ async def serve_metrics(
     host: str,
     port: int,
     state_dir: Path,
-    read_status: Callable[[], "anyio.abc.Awaitable[dict]"],
+    read_status: Callable[[], Awaitable[dict[str, Any]]],
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:

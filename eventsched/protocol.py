@@ -26,55 +26,55 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pass
 
 
-class SubmitJob(Request):
+class SubmitJob(Request, frozen=True):
     # user, uid, gid, groups and home are filled in by the server from the
     # peer credentials; whatever the client puts there is overwritten.
     spec: JobSpec
 
 
-class ListJobs(Request):
+class ListJobs(Request, frozen=True):
     all: bool = False
 
 
-class GetStatus(Request):
+class GetStatus(Request, frozen=True):
     pass
 
 
-class CancelJobs(Request):
+class CancelJobs(Request, frozen=True):
     jobs: list[int]
 
 
-class HoldJobs(Request):
+class HoldJobs(Request, frozen=True):
     jobs: list[int]
 
 
-class ReleaseJobs(Request):
+class ReleaseJobs(Request, frozen=True):
     jobs: list[int]
 
 
-class PauseGpu(Request):
+class PauseGpu(Request, frozen=True):
     gpu: int
     node: str = ""
 
 
-class ResumeGpu(Request):
+class ResumeGpu(Request, frozen=True):
     gpu: int
     node: str = ""
 
 
-class SetPolicy(Request):
+class SetPolicy(Request, frozen=True):
     policy: str
 
 
-class JobLogPath(Request):
+class JobLogPath(Request, frozen=True):
     job: int
 
 
-class Ping(Request):
+class Ping(Request, frozen=True):
     pass
 
 
-class Subscribe(Request):
+class Subscribe(Request, frozen=True):
     from_seq: int = 0  # 0 = only events after now
 
 

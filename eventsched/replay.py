@@ -237,6 +237,10 @@ def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
         return SchedulerConfig(node=e.node, policy=e.policy)
 
 
+# Events an operator's command leaves, one per job named (cancel, hold, release).
+_COMMANDED = (ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld, ev.JobReleased)
+
+
 def _user_command(e: ev.Event) -> bool:
     """Did an operator ask for this, or did the core decide it (a dependency
     failed: cause ``dependency:...``)? Time-limit and preemption stops are
@@ -248,8 +252,8 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     """Read a recorded log into stimuli and per-job attempts."""
     try:
         batches = list(eventlog.read_batches(log_dir))
-    except eventlog.LogError as e:
-        raise ReplayError(f"{log_dir}: cannot read the log: {e}") from None
+    except eventlog.LogError as err:
+        raise ReplayError(f"{log_dir}: cannot read the log: {err}") from None
     stimuli: list[tuple[float, int, float, Any]] = []
     attempts: dict[int, list[dict[str, Any]]] = {}
     ordinal: dict[int, int] = {}  # recorded job id -> submission ordinal
@@ -282,57 +286,58 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             tp = type(e)
             if tp is not ev.GpuDiscovered and not (tp is ev.PolicyChanged and e.cause == "daemon"):
                 flush_start()  # the Started's own events are over
-            if tp is ev.DaemonStarted:
+            if isinstance(e, ev.DaemonStarted):
                 if not recorded_policy:
                     recorded_policy = e.policy
                 pending_start = (t, seq, e, [])
-            elif tp is ev.GpuDiscovered:
+            elif isinstance(e, ev.GpuDiscovered):
                 if pending_start is not None:
                     pending_start[3].append(
                         GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib)
                     )
-            elif tp is ev.JobSubmitted:
+            elif isinstance(e, ev.JobSubmitted):
                 ordinal[e.job] = len(ordinal) + 1
                 stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause))))
-            elif tp is ev.GpuSampled:
+            elif isinstance(e, ev.GpuSampled):
                 stimuli.append((t, _REC, float(seq), GpuObserved(
                     node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
                     memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
                     foreign_memory_mib=e.foreign_memory_mib)))
-            elif tp is ev.GpuErrored and e.cause == "daemon":
+            elif isinstance(e, ev.GpuErrored) and e.cause == "daemon":
                 pass  # the core's own finding at start-up (a GPU gone)
-            elif tp is ev.GpuErrored:
+            elif isinstance(e, ev.GpuErrored):
                 stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
-            elif tp is ev.GpuPaused:
+            elif isinstance(e, ev.GpuPaused):
                 stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
-            elif tp is ev.GpuResumed:
+            elif isinstance(e, ev.GpuResumed):
                 stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
-            elif tp is ev.PolicyChanged and e.cause == "daemon":
+            elif isinstance(e, ev.PolicyChanged) and e.cause == "daemon":
                 pass  # the core records it itself when a restart brings another policy
-            elif tp is ev.PolicyChanged:
+            elif isinstance(e, ev.PolicyChanged):
                 policy_changes += 1
                 stimuli.append((t, _REC, float(seq), ("policy", SetPolicy(policy=e.policy, by=e.by))))
-            elif tp is ev.DaemonStopped:
+            elif isinstance(e, ev.DaemonStopped):
                 stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
-            elif tp in (ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld, ev.JobReleased) and _user_command(e):
+            elif isinstance(e, _COMMANDED) and _user_command(e):
                 # one command naming several jobs left consecutive events with one cause
                 kind = ev.JobHeld if tp is ev.JobHeld else ev.JobReleased if tp is ev.JobReleased else ev.JobCancelled
-                jobs = []
+                jobs: list[int] = []
                 j = i
                 while j < n:
                     f = batch[j]
+                    if not isinstance(f, _COMMANDED):
+                        break
                     ft = type(f)
-                    fk = ev.JobHeld if ft is ev.JobHeld else ev.JobReleased if ft is ev.JobReleased else (
-                        ev.JobCancelled if ft in (ev.JobCancelled, ev.JobCancelRequested) else None)
+                    fk = ev.JobHeld if ft is ev.JobHeld else ev.JobReleased if ft is ev.JobReleased else ev.JobCancelled
                     if fk is not kind or f.cause != e.cause or not _user_command(f):
                         break
-                    if ft is ev.JobCancelRequested and f.reason != "cancelled":
+                    if isinstance(f, ev.JobCancelRequested) and f.reason != "cancelled":
                         break
-                    if ft is ev.JobCancelRequested:
+                    if isinstance(f, ev.JobCancelRequested):
                         _attempt(attempts, f.job)["stop_requested"] = t
                     jobs.append(f.job)
                     j += 1
-                if tp is ev.JobCancelRequested and e.reason != "cancelled":
+                if isinstance(e, ev.JobCancelRequested) and e.reason != "cancelled":
                     jobs, j = [], i + 1  # a stop the core decided (time limit, preemption)
                     _attempt(attempts, e.job)["stop_requested"] = t
                     if e.cause == "timer" and i > 0 and batch[i - 1].cause != "timer":
@@ -342,21 +347,21 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                     stimuli.append((t, _REC, float(seq), ("jobs", jobs, cls, e.cause)))
                 i = j
                 continue
-            elif tp is ev.JobCancelRequested:
+            elif isinstance(e, ev.JobCancelRequested):
                 _attempt(attempts, e.job)["stop_requested"] = t
-            elif tp is ev.JobPlaced:
+            elif isinstance(e, ev.JobPlaced):
                 attempts.setdefault(e.job, []).append({"placed": t})
-            elif tp is ev.JobStarted:
+            elif isinstance(e, ev.JobStarted):
                 a = _attempt(attempts, e.job)
                 a["started"], a["start_seq"] = t, seq
-            elif tp is ev.JobExited:
+            elif isinstance(e, ev.JobExited):
                 a = _attempt(attempts, e.job)
                 a.update(exit_code=e.exit_code, signal=e.signal, reason=e.reason, end_seq=seq)
                 if "stop_requested" in a:
                     a["stopped"] = t
                 else:
                     a["ended"] = t
-            elif tp is ev.JobLost:
+            elif isinstance(e, ev.JobLost):
                 a = _attempt(attempts, e.job)
                 a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
             i += 1
@@ -366,7 +371,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
 
     by_ordinal: dict[int, list[Attempt]] = {}
     runtimes: dict[str, list[float]] = {}
-    specs = {rid: None for rid in ordinal}
+    specs: dict[int, ev.JobSpec] = {}  # recorded job id -> its spec
     for _, _, _, item in stimuli:
         if isinstance(item, tuple) and item[0] == "submit":
             specs[item[1]] = item[2].spec
@@ -379,7 +384,8 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 continue
             out.append(msgspec.convert(a, Attempt))
             if a.get("started") is not None and a.get("ended") is not None and not a.get("lost"):
-                key = "\0".join(runtime_key(specs[rid])) if specs.get(rid) is not None else ""
+                spec = specs.get(rid)
+                key = "\0".join(runtime_key(spec)) if spec is not None else ""
                 runtimes.setdefault(key, []).append(a["ended"] - a["started"])
         by_ordinal[ordinal[rid]] = out
     # Re-key job references by submission ordinal: the replay's ids may differ.
@@ -482,7 +488,7 @@ def alibaba_workload(
     - a pod asks num_gpu whole GPUs, or gpu_milli/1000 of one GPU; CPU and
       host memory are not modelled (our scheduler has none), nor GPU models.
     """
-    from .traces import TraceJob, load_alibaba
+    from .traces import AlibabaNode, TraceJob, load_alibaba
 
     pods, nodes = load_alibaba(pod_csv, node_csv)
     finished = sorted(
@@ -495,10 +501,10 @@ def alibaba_workload(
         finished = [3600.0]
     rng = random.Random(seed)
     if node_share < 1.0:
-        shapes: dict[tuple[str, int], list[Any]] = {}
+        shapes: dict[tuple[str, int], list[AlibabaNode]] = {}
         for node in nodes:
             shapes.setdefault((node.model, node.gpus), []).append(node)
-        keep = set()
+        keep: set[str] = set()
         for group in shapes.values():
             k = max(1, round(len(group) * node_share))
             keep.update(n.name for n in rng.sample(group, k))
@@ -601,12 +607,11 @@ class _Sim:
 
             validate_state(self.state)
         for eff in effects:
-            tp = type(eff)
-            if tp is Launch:
+            if isinstance(eff, Launch):
                 self.launch(eff)
-            elif tp is Signal:
+            elif isinstance(eff, Signal):
                 self.signal(eff)
-            elif tp is WakeAt:
+            elif isinstance(eff, WakeAt):
                 self.wake(eff.at)
         return events
 

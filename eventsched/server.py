@@ -136,8 +136,8 @@ class Server:
         if isinstance(request, (protocol.PauseGpu, protocol.ResumeGpu)):
             self._require_operator(peer, "pause or resume a GPU")
             node, gpu = request.node or config.node, request.gpu
-            kind = msg.PauseGpu if isinstance(request, protocol.PauseGpu) else msg.ResumeGpu
-            return kind(node=node, gpu=gpu, by=peer.by), lambda state, _events: gpu_json(state.gpu(node, gpu))
+            gpu_cmd = msg.PauseGpu if isinstance(request, protocol.PauseGpu) else msg.ResumeGpu
+            return gpu_cmd(node=node, gpu=gpu, by=peer.by), lambda state, _events: gpu_json(state.gpu(node, gpu))
         if isinstance(request, protocol.SetPolicy):
             self._require_operator(peer, "change the policy")
             return msg.SetPolicy(policy=request.policy, by=peer.by), lambda state, _events: {"policy": state.policy}

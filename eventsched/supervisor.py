@@ -35,9 +35,10 @@ try:  # the C scanner behind json, without json's 7 ms import of ``re``
         parse_constant = float
         memo: dict = {}
 
-    _scan = _json.make_scanner(_Ctx())
+    # typeshed wants a make_scanner as the context; C code reads these attributes off any object
+    _scan = _json.make_scanner(_Ctx())  # type: ignore[arg-type]
 
-    def _loads(text):
+    def _loads(text: str, /):  # -> Any, left implicit: no typing import here (start-up time)
         return _scan(text, 0)[0]
 
     _quote = _json.encode_basestring_ascii
@@ -163,10 +164,10 @@ def _spawn(spec):
                 saved = e
         except Exception as e:  # noqa: BLE001 - e.g. a NUL byte in an argument
             raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
-    e = saved if saved is not None else last
-    if isinstance(e, FileNotFoundError) and "/" not in argv0:
+    err = saved if saved is not None else last
+    if isinstance(err, FileNotFoundError) and "/" not in argv0:
         raise _Failed("command not found: %s" % argv0)
-    raise _Failed("cannot execute %s: %s" % (argv0, e.strerror or e))
+    raise _Failed("cannot execute %s: %s" % (argv0, err.strerror or err))
 
 
 def _child(spec, errw):

@@ -280,6 +280,8 @@ class EventschedMagics(Magics):
         args = argparse.Namespace(state_dir=state_dir, socket=None)
         frame = self._query(self.resolve_state_dir(args), query)
         if out is not None:
+            if self.shell is None:  # only when built by hand, outside IPython
+                raise UsageError("%gpusql -o: no IPython shell to store the result in")
             self.shell.user_ns[out] = frame
         return frame
 
