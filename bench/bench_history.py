@@ -20,6 +20,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import duckdb
@@ -76,12 +77,14 @@ def synthetic_frames(n_events: int, seed: int = 1) -> Iterator[list[ev.Event]]:
         yield frame
 
 
-def write_log(log_dir: str, n_events: int) -> int:
+def write_log(log_dir: str, n_events: int, mix: Counter[str] | None = None) -> int:
     writer = log.LogWriter.open(log_dir)
     writer._fdatasync = lambda fd: None  # building the bench input, not measuring durability
     written = 0
     pending: list[ev.Event] = []
     for frame in synthetic_frames(n_events):
+        if mix is not None:
+            mix.update(type(e).__name__ for e in frame)
         pending.extend(frame)
         if len(pending) >= 64:  # group commit of a busy daemon
             written = writer.append(pending)
@@ -114,8 +117,10 @@ def main() -> None:
     try:
         state = os.path.join(root, "state")
         t0 = time.perf_counter()
-        n = write_log(os.path.join(state, "log"), args.events)
-        print(f"wrote a {n:,}-event log in {time.perf_counter() - t0:.1f} s")
+        mix: Counter[str] = Counter()
+        n = write_log(os.path.join(state, "log"), args.events, mix)
+        print(f"wrote a {n:,}-event log in {time.perf_counter() - t0:.1f} s; mix: "
+              + ", ".join(f"{name} {count / n:.0%}" for name, count in mix.most_common()))
 
         best = float("inf")
         for _ in range(3):  # best of 3: the machine may be shared

@@ -528,3 +528,33 @@ def test_model_ahead_of_a_shortened_log_is_rebuilt(tmp_path: Path) -> None:
     history.catch_up()
     columns, rows = history.query("SELECT id FROM jobs ORDER BY id")
     assert [r[0] for r in rows] == [1, 2]
+
+
+def test_a_catch_up_cut_short_keeps_an_exact_prefix_and_resumes(tmp_path: Path, state: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several chunks share a transaction: an error mid-way rolls back to the last commit, never between."""
+    from eventsched.projections import history as hist
+
+    monkeypatch.setattr(hist, "CHUNK_EVENTS", 2)  # many chunks, several per transaction
+    monkeypatch.setattr(hist, "COMMIT_EVENTS", 6)
+    frames = list(log.read_batches(state / "log"))
+
+    def cut_short() -> object:
+        yield from frames[: len(frames) // 2]
+        raise OSError("the disk went away")
+
+    con = duckdb.connect(str(tmp_path / "cut.duckdb"))
+    hist.ensure_schema(con)
+    with pytest.raises(OSError):
+        hist.fold(con, cut_short(), 0)
+    pos = hist.position(con)
+    assert 0 < pos < frames[len(frames) // 2][0].seq
+    n_job_events = sum(1 for f in frames for e in f if hasattr(e, "job") and e.seq <= pos)
+    assert con.execute("SELECT count(*) FROM job_events").fetchone()[0] == n_job_events
+    assert con.execute("SELECT max(last_seq) FROM jobs").fetchone()[0] <= pos
+    hist.fold(con, log.read_batches(state / "log", pos + 1), pos)
+    resumed = {name: con.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall()
+               for name in ("jobs", "job_events", "placements", "gpu_samples", "gpus", "_position")}
+    con.close()
+    full = dump(open_history(state))
+    assert resumed == {name: full[name] for name in resumed}

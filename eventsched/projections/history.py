@@ -15,6 +15,10 @@ Shape of the model
   just ingested, so catch-up cost follows the new events, not the history.
 * ``_position`` holds the last log sequence included; it is updated in the same
   transaction as the rows, so the file is always a fold of an exact log prefix.
+* Catch-up turns each chunk of ~100k events into Arrow tables (one bulk
+  conversion per event type, see "turning frames into columns") while a writer
+  thread inserts the previous chunk; DuckDB scans Arrow without the GIL, so the
+  two overlap on two cores.
 
 Ownership and concurrency
 -------------------------
@@ -36,7 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import gc
+import itertools
 import os
 import re
 import shlex
@@ -48,8 +54,9 @@ from typing import Any, Callable
 
 import duckdb
 import msgspec
+import msgspec.inspect
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
 from eventsched import events as ev
 from eventsched import paths
@@ -67,9 +74,12 @@ __all__ = [
 SCHEMA_VERSION = 1
 DB_NAME = "history.duckdb"
 LOCK_NAME = "history.lock"
-# Events folded per transaction during catch-up: big enough for columnar
-# inserts to pay, small enough to bound memory on a huge log.
+# Events turned into columns at a time during catch-up: big enough for
+# columnar inserts to pay, small enough to bound memory on a huge log.
 CHUNK_EVENTS = 100_000
+# Events per transaction: the position is committed with the rows as always,
+# only less often during a long catch-up (see _Writer).
+COMMIT_EVENTS = 1_000_000
 # Overlap column building with DuckDB inserts (see fold).
 PIPELINE = True
 
@@ -301,6 +311,12 @@ FROM g WHERE gpu >= 0 GROUP BY node, gpu
 
 
 # --- turning frames into columns -------------------------------------------
+#
+# Per event, Python touches each object once: ``msgspec.structs.astuple`` (C)
+# turns a struct into a tuple and numpy converts a whole bucket of tuples into
+# a record array in one call. Every column is then a numpy array DuckDB scans
+# directly (numbers without the GIL); constant columns (an event's type name,
+# NULLs) are SQL literals rather than arrays of the same Python object.
 
 
 _UNSAFE = re.compile(r"[^\w@%+=:,./ -]", re.ASCII).search
@@ -325,8 +341,26 @@ def _obj(values: list[Any]) -> np.ndarray:
     return arr
 
 
+# A column is a numpy array, or a SQL expression (a str) for a constant one.
+Columns = dict[str, "np.ndarray | str"]
+
+_NUMPY_TYPE = {msgspec.inspect.IntType: "i8", msgspec.inspect.FloatType: "f8", msgspec.inspect.BoolType: "?"}
+
+
+@functools.cache
+def _record_type(cls: type) -> np.dtype:
+    """One numpy field per struct field; strings, lists and optionals stay objects."""
+    fields = msgspec.inspect.type_info(cls).fields  # type: ignore[attr-defined]
+    return np.dtype([(f.name, _NUMPY_TYPE.get(type(f.type), "O")) for f in fields])
+
+
+def _records(structs: list[Any]) -> np.ndarray:
+    """A record array of same-typed structs, in the structs' field order."""
+    return np.array(list(map(msgspec.structs.astuple, structs)), dtype=_record_type(type(structs[0])))
+
+
 class _Chunk:
-    """Events of several frames, bucketed by type, turned into column frames."""
+    """Events of several frames, bucketed by type, turned into column sets."""
 
     def __init__(self) -> None:
         self.buckets: dict[type, list[ev.Event]] = {}
@@ -346,52 +380,25 @@ class _Chunk:
         self.last_seq = batch[-1].seq
         self.last_ts = batch[-1].ts if self.last_ts is None else max(self.last_ts, batch[-1].ts)
 
-    def frames(self) -> dict[str, pd.DataFrame]:
-        """table name -> DataFrame with that table's columns, in order."""
-        out: dict[str, list[pd.DataFrame]] = {}
+    def inserts(self) -> tuple[list[tuple[str, Columns]], np.ndarray]:
+        """(table, columns) to append, and the ids of the jobs they touch."""
+        out: list[tuple[str, Columns]] = []
+        jobs: list[np.ndarray] = []
         for t, events in self.buckets.items():
             builder = _BUILDERS.get(t)
             if builder is None:
                 continue  # an event kind this model does not fold
-            for table, cols in builder(events):
-                out.setdefault(table, []).append(pd.DataFrame(cols, copy=False))
-        return {k: (v[0] if len(v) == 1 else pd.concat(v, ignore_index=True)) for k, v in out.items()}
-
-    def touched_jobs(self) -> np.ndarray:
-        jobs: set[int] = set()
-        for t, events in self.buckets.items():
             if t in _JOB_DETAIL:
-                jobs.update(e.job for e in events)  # type: ignore[attr-defined]
-        return np.fromiter(jobs, dtype=np.int64, count=len(jobs))
+                rec = _records(events)
+                jobs.append(rec["job"])
+                out.extend(builder(events, rec))
+            else:
+                out.extend(builder(events, None))
+        touched = np.unique(np.concatenate(jobs)) if jobs else np.empty(0, dtype=np.int64)
+        return out, touched
 
     def touches_gpus(self) -> bool:
         return any(t in _GPU_EVENTS for t in self.buckets)
-
-
-def _common(events: list[ev.Event]) -> dict[str, Any]:
-    return {
-        "seq": np.fromiter((e.seq for e in events), dtype=np.int64, count=len(events)),
-        "ts": np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)),
-    }
-
-
-def _job_event_cols(events: list[Any]) -> dict[str, Any]:
-    detail = _JOB_DETAIL[type(events[0])]
-    n = len(events)
-    cols = _common(events)
-    cols["job"] = np.fromiter((e.job for e in events), dtype=np.int64, count=n)
-    cols["type"] = _obj([type(events[0]).__name__] * n)
-    cols["cause"] = _obj([e.cause for e in events])
-    cols["detail"] = _obj([detail(e) for e in events])
-    if isinstance(events[0], ev.JobExited):
-        cols["exit_code"] = _obj([e.exit_code for e in events])
-        cols["signal"] = _obj([e.signal for e in events])
-    else:
-        cols["exit_code"] = _obj([None] * n)
-        cols["signal"] = _obj([None] * n)
-    reason = getattr(events[0], "reason", None)
-    cols["reason"] = _obj([e.reason for e in events] if reason is not None else [None] * n)
-    return cols
 
 
 def _exit_detail(e: ev.JobExited) -> str:
@@ -413,69 +420,75 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
 }
 
 
-def _build_job(events: list[Any]) -> Iterable[tuple[str, dict[str, Any]]]:
-    yield "job_events", _job_event_cols(events)
-
-
-def _build_submitted(events: list[ev.JobSubmitted]) -> Iterable[tuple[str, dict[str, Any]]]:
-    yield "job_events", _job_event_cols(events)
-    specs = [e.spec for e in events]
-    cols = _common(events)
-    cols["job"] = np.fromiter((e.job for e in events), dtype=np.int64, count=len(events))
-    cols["name"] = _obj([s.name for s in specs])
-    cols["user"] = _obj([s.user for s in specs])
-    cols["uid"] = np.fromiter((s.uid for s in specs), dtype=np.int64, count=len(specs))
-    cols["tenant"] = _obj([s.tenant for s in specs])
-    cols["command"] = _obj([_command(s.command) for s in specs])
-    cols["gpus"] = np.fromiter((s.gpus for s in specs), dtype=np.float64, count=len(specs))
-    cols["gpu_mem_mib"] = np.fromiter((s.gpu_mem_mib for s in specs), dtype=np.int64, count=len(specs))
-    cols["allowed_gpu_ids"] = _obj([_ids(s.gpu_ids) for s in specs])
-    cols["priority"] = np.fromiter((s.priority for s in specs), dtype=np.int64, count=len(specs))
-    cols["time_limit_s"] = _obj([s.time_limit_s for s in specs])
-    cols["on_time_limit"] = _obj([s.on_time_limit for s in specs])
-    cols["retries"] = np.fromiter((s.retries for s in specs), dtype=np.int64, count=len(specs))
-    cols["after"] = _obj([_ids(s.after) or None for s in specs])
-    cols["cwd"] = _obj([s.cwd for s in specs])
-    cols["content_hash"] = _obj([s.content_hash for s in specs])
-    cols["node"] = _obj([s.node for s in specs])
-    yield "submissions", cols
-
-
-def _build_placed(events: list[ev.JobPlaced]) -> Iterable[tuple[str, dict[str, Any]]]:
-    yield "job_events", _job_event_cols(events)
-    # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
-    rows = [(e, g, i) for e in events for i, g in enumerate(e.gpu_ids)]
-    yield "placement_events", {
-        "seq": np.fromiter((e.seq for e, _, _ in rows), dtype=np.int64, count=len(rows)),
-        "ts": np.fromiter((e.ts for e, _, _ in rows), dtype=np.float64, count=len(rows)),
-        "job": np.fromiter((e.job for e, _, _ in rows), dtype=np.int64, count=len(rows)),
-        "node": _obj([e.node for e, _, _ in rows]),
-        "gpu": np.fromiter((g for _, g, _ in rows), dtype=np.int64, count=len(rows)),
-        "idx": np.fromiter((i for _, _, i in rows), dtype=np.int64, count=len(rows)),
-        "share": np.fromiter((e.share for e, _, _ in rows), dtype=np.float64, count=len(rows)),
-        "gpu_mem_mib": np.fromiter((e.gpu_mem_mib for e, _, _ in rows), dtype=np.int64, count=len(rows)),
-        "policy": _obj([e.policy for e, _, _ in rows]),
+def _job_event_cols(events: list[Any], rec: np.ndarray) -> Columns:
+    t = type(events[0])
+    names = rec.dtype.names
+    return {
+        "seq": rec["seq"], "ts": rec["ts"], "job": rec["job"],
+        "type": f"'{t.__name__}'",
+        "cause": rec["cause"],
+        "detail": _obj(list(map(_JOB_DETAIL[t], events))),
+        "exit_code": rec["exit_code"] if "exit_code" in names else "NULL",
+        "signal": rec["signal"] if "signal" in names else "NULL",
+        "reason": rec["reason"] if "reason" in names else "NULL",
     }
 
 
-def _build_sampled(events: list[ev.GpuSampled]) -> Iterable[tuple[str, dict[str, Any]]]:
-    n = len(events)
-    cols = _common(events)
-    cols["node"] = _obj([e.node for e in events])
-    cols["gpu"] = np.fromiter((e.gpu for e in events), dtype=np.int64, count=n)
-    cols["utilization"] = np.fromiter((e.utilization for e in events), dtype=np.float64, count=n)
-    cols["memory_used_mib"] = np.fromiter((e.memory_used_mib for e in events), dtype=np.int64, count=n)
-    cols["memory_total_mib"] = np.fromiter((e.memory_total_mib for e in events), dtype=np.int64, count=n)
-    cols["temperature_c"] = np.fromiter((e.temperature_c for e in events), dtype=np.float64, count=n)
-    cols["power_w"] = np.fromiter((e.power_w for e in events), dtype=np.float64, count=n)
-    cols["foreign_memory_mib"] = np.fromiter((e.foreign_memory_mib for e in events), dtype=np.int64, count=n)
-    yield "gpu_samples", cols
+def _build_job(events: list[Any], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+
+
+def _build_submitted(events: list[ev.JobSubmitted], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+    specs = rec["spec"].tolist()
+    s = _records(specs)
+    yield "submissions", {
+        "seq": rec["seq"], "ts": rec["ts"], "job": rec["job"],
+        "name": s["name"], "user": s["user"], "uid": s["uid"], "tenant": s["tenant"],
+        "command": _obj([_command(argv) for argv in s["command"].tolist()]),
+        "gpus": s["gpus"], "gpu_mem_mib": s["gpu_mem_mib"],
+        "allowed_gpu_ids": _obj([_ids(ids) for ids in s["gpu_ids"].tolist()]),
+        "priority": s["priority"], "time_limit_s": s["time_limit_s"], "on_time_limit": s["on_time_limit"],
+        "retries": s["retries"],
+        "after": _obj([_ids(after) or None for after in s["after"].tolist()]),
+        "cwd": s["cwd"], "content_hash": s["content_hash"], "node": s["node"],
+    }
+
+
+def _build_placed(events: list[ev.JobPlaced], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+    # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
+    gpu_ids = rec["gpu_ids"].tolist()
+    counts = np.fromiter(map(len, gpu_ids), dtype=np.int64, count=len(gpu_ids))
+    rows = np.repeat(np.arange(len(gpu_ids)), counts)  # event of each row
+    first_row = np.cumsum(counts) - counts
+    yield "placement_events", {
+        "seq": rec["seq"][rows], "ts": rec["ts"][rows], "job": rec["job"][rows], "node": rec["node"][rows],
+        "gpu": np.fromiter(itertools.chain.from_iterable(gpu_ids), dtype=np.int64, count=len(rows)),
+        "idx": np.arange(len(rows)) - first_row[rows],
+        "share": rec["share"][rows], "gpu_mem_mib": rec["gpu_mem_mib"][rows], "policy": rec["policy"][rows],
+    }
+
+
+def _build_sampled(events: list[ev.GpuSampled], rec: None) -> Iterable[tuple[str, Columns]]:
+    r = _records(events)
+    yield "gpu_samples", {name: r[name] for name in (
+        "seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c",
+        "power_w", "foreign_memory_mib")}
 
 
 _GPU_EVENTS = (ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored)
 
 
-def _build_gpu_event(events: list[Any]) -> Iterable[tuple[str, dict[str, Any]]]:
+def _common(events: list[ev.Event]) -> Columns:
+    return {
+        "seq": np.fromiter((e.seq for e in events), dtype=np.int64, count=len(events)),
+        "ts": np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)),
+    }
+
+
+# GPU and daemon events are few: plain attribute access is fast enough.
+def _build_gpu_event(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
     n = len(events)
     cols = _common(events)
     cols["node"] = _obj([e.node for e in events])
@@ -499,7 +512,7 @@ def _daemon_detail(e: Any) -> str:
     return f"policy={e.policy} by={e.by}"
 
 
-def _build_daemon(events: list[Any]) -> Iterable[tuple[str, dict[str, Any]]]:
+def _build_daemon(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
     cols = _common(events)
     cols["type"] = _obj([type(e).__name__ for e in events])
     cols["cause"] = _obj([e.cause for e in events])
@@ -508,7 +521,8 @@ def _build_daemon(events: list[Any]) -> Iterable[tuple[str, dict[str, Any]]]:
     yield "daemon_events", cols
 
 
-_BUILDERS: dict[type, Callable[[Any], Iterable[tuple[str, dict[str, Any]]]]] = {
+# type -> builder(events, record array of them for job events, else None)
+_BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.JobSubmitted: _build_submitted,
     ev.JobPlaced: _build_placed,
     ev.GpuSampled: _build_sampled,
@@ -553,9 +567,10 @@ def position(con: duckdb.DuckDBPyConnection) -> int:
 
 
 class _Prepared(msgspec.Struct, frozen=True):
-    """A chunk turned into columns: everything `_flush` needs, no Python objects per event."""
+    """A chunk turned into Arrow tables: the writer runs no Python per event and,
+    scanning Arrow rather than Python objects, mostly runs without the GIL."""
 
-    frames: dict[str, pd.DataFrame]
+    inserts: list[tuple[str, pa.Table]]  # (INSERT ... SELECT ... FROM _chunk, its rows)
     touched: np.ndarray
     touches_gpus: bool
     last_seq: int
@@ -563,50 +578,105 @@ class _Prepared(msgspec.Struct, frozen=True):
     count: int
 
 
+def _insert(table: str, cols: Columns) -> tuple[str, pa.Table]:
+    names = ", ".join(f'"{k}"' for k in cols)
+    exprs = ", ".join(v if isinstance(v, str) else f'"{k}"' for k, v in cols.items())
+    # from_pandas: None (and NaN) are NULL, as they were in the pandas frames this replaced
+    # (a column of a record array is strided: numpy copies it faster than Arrow does)
+    rows = pa.table({k: pa.array(np.ascontiguousarray(v), from_pandas=True)
+                     for k, v in cols.items() if not isinstance(v, str)})
+    return f"INSERT INTO {table} ({names}) SELECT {exprs} FROM _chunk", rows
+
+
 def _prepare(chunk: _Chunk) -> _Prepared:
-    return _Prepared(chunk.frames(), chunk.touched_jobs(), chunk.touches_gpus(),
+    inserts, touched = chunk.inserts()
+    return _Prepared([_insert(table, cols) for table, cols in inserts], touched, chunk.touches_gpus(),
                      chunk.last_seq, chunk.last_ts, chunk.count)
 
 
-def _flush(con: duckdb.DuckDBPyConnection, chunk: _Prepared) -> int:
-    """Append one chunk and refresh what it touched, in one transaction."""
-    con.begin()
-    try:
-        for table, df in chunk.frames.items():
-            con.register("_chunk", df)
-            names = ", ".join(f'"{c}"' for c in df.columns)
-            con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _chunk")
+class _Writer:
+    """Appends prepared chunks to the raw tables, COMMIT_EVENTS events per transaction.
+
+    The derived tables are refreshed once per transaction, for every job its
+    chunks touched, just before the commit that also records the position: a
+    job spanning several chunks is recomputed once, and big transactions let
+    DuckDB write whole row groups to the file instead of through its WAL.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.in_transaction = False
+        self.uncommitted = 0
+        self.committed = 0  # events, over all transactions
+        self.touched: list[np.ndarray] = []
+        self.touches_gpus = False
+        self.last_seq = 0
+        self.last_ts: float | None = None
+
+    def append(self, chunk: _Prepared) -> None:
+        con = self.con
+        if not self.in_transaction:
+            con.begin()
+            self.in_transaction = True
+        for sql, rows in chunk.inserts:
+            con.register("_chunk", rows)
+            con.execute(sql)
             con.unregister("_chunk")
         if len(chunk.touched):
-            con.register("_touched", pd.DataFrame({"job": chunk.touched}))
+            self.touched.append(chunk.touched)
+        self.touches_gpus |= chunk.touches_gpus
+        self.last_seq = chunk.last_seq
+        if chunk.last_ts is not None:
+            self.last_ts = chunk.last_ts if self.last_ts is None else max(self.last_ts, chunk.last_ts)
+        self.uncommitted += chunk.count
+        if self.uncommitted >= COMMIT_EVENTS:
+            self.commit()
+
+    def commit(self) -> None:
+        """Refresh what the open transaction touched, record the position, commit."""
+        if not self.in_transaction:
+            return
+        con = self.con
+        if self.touched:
+            touched = np.unique(np.concatenate(self.touched))
+            con.register("_touched", {"job": touched})
             con.execute("DELETE FROM jobs WHERE id IN (SELECT job FROM _touched)")
             con.execute("INSERT INTO jobs " + _JOBS_SQL)
             con.execute("DELETE FROM placements WHERE job IN (SELECT job FROM _touched)")
             con.execute("INSERT INTO placements " + _PLACEMENTS_SQL)
             con.unregister("_touched")
-        if chunk.touches_gpus:
+        if self.touches_gpus:
             con.execute("DELETE FROM gpus")
             con.execute("INSERT INTO gpus " + _GPUS_SQL)
         con.execute(
             "UPDATE _position SET seq = ?, ts = greatest(coalesce(ts, ?), ?)",
-            [chunk.last_seq, chunk.last_ts, chunk.last_ts],
+            [self.last_seq, self.last_ts, self.last_ts],
         )
         con.commit()
-    except BaseException:
-        con.rollback()
-        raise
-    return chunk.count
+        self.committed += self.uncommitted
+        self.in_transaction = False
+        self.uncommitted = 0
+        self.touched = []
+        self.touches_gpus = False
+        self.last_ts = None
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.in_transaction = False
+            self.con.rollback()
 
 
 def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], after_seq: int) -> int:
     """Fold frames (events with seq > after_seq) into the model; returns events added.
 
     Decoding and column building (Python, holds the GIL) overlap with the
-    previous chunk's inserts (DuckDB, mostly releases it) in one writer thread.
+    previous chunk's inserts (DuckDB on Arrow tables, releases it) in one
+    writer thread. On an error the open transaction is rolled back: the model
+    stays the fold of the prefix committed before it.
     """
-    added = 0
     chunk = _Chunk()
-    pending: Future[int] | None = None
+    writer = _Writer(con)
+    pending: Future[None] | None = None
     # The decoded events are acyclic and short-lived: the cyclic GC only
     # burns time rescanning them (halves decoding time, see bench/).
     was_enabled = gc.isenabled()
@@ -624,23 +694,30 @@ def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], afte
                         prepared = _prepare(chunk)
                         chunk = _Chunk()
                         if pending is not None:
-                            added += pending.result()
-                        pending = pool.submit(_flush, con, prepared)
+                            pending.result()
+                        pending = pool.submit(writer.append, prepared)
                         if not PIPELINE:
-                            added += pending.result()
+                            pending.result()
                             pending = None
                 if chunk.count:
                     prepared = _prepare(chunk)
                     if pending is not None:
-                        added += pending.result()
-                    pending = pool.submit(_flush, con, prepared)
-            finally:
+                        pending.result()
+                    pending = pool.submit(writer.append, prepared)
                 if pending is not None:
-                    added += pending.result()
+                    pending.result()
+                    pending = None
+                pool.submit(writer.commit).result()
+            except BaseException:
+                if pending is not None:
+                    with contextlib.suppress(BaseException):
+                        pending.result()
+                pool.submit(writer.rollback).result()
+                raise
     finally:
         if was_enabled:
             gc.enable()
-    return added
+    return writer.committed
 
 
 # --- the log ----------------------------------------------------------------
