@@ -35,17 +35,21 @@ _DURATIONS = {
 
 
 def _summary(con: duckdb.DuckDBPyConnection, column: str, where: str) -> dict[str, float | int | None]:
-    count, total, mean, median, p95 = con.execute(
+    row = con.execute(
         f"SELECT count({column}), sum({column}), avg({column}), quantile_cont({column}, 0.5), "
         f"quantile_cont({column}, 0.95) FROM jobs WHERE {where}"
     ).fetchone()
+    assert row is not None  # an aggregate always returns one row
+    count, total, mean, median, p95 = row
     return {"count": int(count), "sum": total or 0.0, "mean": mean, "median": median, "p95": p95}
 
 
 def compute_metrics(history: History) -> dict[str, Any]:
     """The I5 figures on a current, consistent view of the history."""
     with history.reader() as con:
-        seq, ts = con.execute("SELECT seq, ts FROM _position").fetchone()
+        position = con.execute("SELECT seq, ts FROM _position").fetchone()
+        assert position is not None  # ensure_schema always writes the one row
+        seq, ts = position
         by_state = dict.fromkeys(STATES, 0)
         for state, n in con.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall():
             by_state[state or "unknown"] = int(n)

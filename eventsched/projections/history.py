@@ -356,7 +356,8 @@ def _record_type(cls: type) -> np.dtype:
 
 def _records(structs: list[Any]) -> np.ndarray:
     """A record array of same-typed structs, in the structs' field order."""
-    return np.array(list(map(msgspec.structs.astuple, structs)), dtype=_record_type(type(structs[0])))
+    struct_type: type = type(structs[0])  # classes are hashable: the lru_cache key
+    return np.array(list(map(msgspec.structs.astuple, structs)), dtype=_record_type(struct_type))
 
 
 class _Chunk:
@@ -422,7 +423,7 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
 
 def _job_event_cols(events: list[Any], rec: np.ndarray) -> Columns:
     t = type(events[0])
-    names = rec.dtype.names
+    names = rec.dtype.names or ()  # a record dtype always has names
     return {
         "seq": rec["seq"], "ts": rec["ts"], "job": rec["job"],
         "type": f"'{t.__name__}'",
