@@ -130,7 +130,8 @@ def bench_drain(root: Path, n: int) -> None:
     with Daemon(root / "drain", gpus="fake:4") as d:
         with Client(d.socket) as c:
             start = time.perf_counter()
-            ids = [c.submit(JobSpec(command=cmd, gpus=1.0, cwd="/tmp")) for cmd in commands]
+            # one pipelined batch, as a script submitting a sweep would
+            ids = c.submit_many([JobSpec(command=cmd, gpus=1.0, cwd="/tmp") for cmd in commands])
             pending = set(ids)
             for batch in c.subscribe(from_seq=1):
                 pending.difference_update(e.job for e in batch if type(e).__name__ == "JobExited")

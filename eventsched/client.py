@@ -111,6 +111,28 @@ class Client:
     def submit(self, spec: JobSpec) -> int:
         return int(self.request(protocol.SubmitJob(spec=spec))["id"])
 
+    def submit_many(self, specs: list[JobSpec]) -> list[int]:
+        """Submit several jobs over one connection, pipelined: every request
+        is sent before the replies are read, so the daemon can commit them
+        together. Returns the ids in order; stops at the first refusal."""
+        if self._sock is None:
+            self._sock = self._connect()
+        sock = self._sock
+        try:
+            sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in specs))
+            replies = [self._receive(sock) for _ in specs]
+        except (OSError, ClientError):
+            self.close()
+            raise
+        ids = []
+        for reply in replies:
+            if not isinstance(reply, protocol.Reply):
+                raise ClientError("unexpected message from the daemon")
+            if not reply.ok:
+                raise ClientError(reply.error)
+            ids.append(int(reply.data["id"]))
+        return ids
+
     def jobs(self, all: bool = False) -> list[dict]:
         return self.request(protocol.ListJobs(all=all))
 

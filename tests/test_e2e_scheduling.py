@@ -244,3 +244,16 @@ def test_interactive_submit_streams_output_and_status_watch_follows(daemon: Daem
     finally:
         watch.terminate()
         watch.wait(10)
+
+
+def test_pipelined_bulk_submission_keeps_order(daemon: Daemon, tmp_path: Path) -> None:
+    from eventsched.client import Client, ClientError
+    from eventsched.events import JobSpec
+
+    with Client(daemon.socket) as c:
+        ids = c.submit_many([JobSpec(command=["/bin/true"], gpus=0.25, cwd="/tmp", name=f"sweep-{i}") for i in range(40)])
+        assert ids == sorted(ids) and len(set(ids)) == 40
+        jobs = daemon.wait_states(ids, {"succeeded"}, timeout=60)
+        assert [jobs[i]["name"] for i in ids] == [f"sweep-{i}" for i in range(40)]
+        with pytest.raises(ClientError, match="GPU"):
+            c.submit_many([JobSpec(command=["/bin/true"], gpus=1.0, cwd="/tmp"), JobSpec(command=["/bin/true"], gpus=9.0, cwd="/tmp")])
