@@ -10,10 +10,12 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Sequence
 
-from .paths import default_socket, default_state_dir
+from .paths import socket_location
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 EXIT_USAGE = 2
 
@@ -143,7 +145,7 @@ def print_json(data: Any) -> None:
 def client(args: argparse.Namespace):  # -> Client, lazily imported
     from .client import Client
 
-    return Client(args.socket or default_socket(Path(args.state_dir) if args.state_dir else None))
+    return Client(args.socket or socket_location(args.state_dir))
 
 
 def build_spec(args: argparse.Namespace, command: list[str]):
@@ -292,11 +294,12 @@ def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = Fa
     """Print a job's output file; with ``follow``, until the job ends."""
     import time
 
+    from . import protocol
     from .client import read_new_output
 
     final = {"succeeded", "failed", "cancelled", "lost", "preempted"}
-    info = c.request(__import__("eventsched.protocol", fromlist=["JobLogPath"]).JobLogPath(job=job))
-    path = Path(info["path"])
+    info = c.request(protocol.JobLogPath(job=job))
+    path = info["path"]
     position = 0
     state = info["state"]
     next_check = 0.0
@@ -313,7 +316,7 @@ def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = Fa
             if not follow or state in final:
                 break
             if time.monotonic() >= next_check:
-                state = c.request(__import__("eventsched.protocol", fromlist=["JobLogPath"]).JobLogPath(job=job))["state"]
+                state = c.request(protocol.JobLogPath(job=job))["state"]
                 next_check = time.monotonic() + 0.5
                 if state in final:
                     continue  # one more read catches the last output
@@ -334,6 +337,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def state_dir_of(args: argparse.Namespace) -> Path:
+    from pathlib import Path
+
+    from .paths import default_state_dir
+
     return Path(args.state_dir) if args.state_dir else default_state_dir()
 
 
@@ -392,7 +399,18 @@ def cmd_health(args: argparse.Namespace) -> int:
 # --- the parser -------------------------------------------------------------
 
 
-def build_parser() -> Parser:
+COMMANDS = (
+    "serve", "submit", "queue", "status", "cancel", "hold", "release", "pause-gpu", "resume-gpu",
+    "logs", "health", "sql", "metrics", "replay", "log", "config-sample",
+)
+
+
+def build_parser(only: str | None = None) -> Parser:
+    """The whole parser, or with ``only`` just that command's (faster)."""
+
+    def want(name: str) -> bool:
+        return only is None or only == name
+
     common = Parser(add_help=False)  # parents=[...] must be Parsers too (typeshed)
     common.add_argument("--state-dir", help="state directory (default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched)")
     common.add_argument("--socket", help="control socket (default $EVENTSCHED_SOCKET or <state-dir>/eventsched.sock)")
@@ -401,94 +419,129 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("serve", parents=[common], help="run the scheduler daemon")
-    p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
-    p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, sjf-backfill, fgd)")
-    p.add_argument("--config", help="TOML config file (see `eventsched config-sample`)")
-    p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
-    p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+    if want("serve"):
+        p = sub.add_parser("serve", parents=[common], help="run the scheduler daemon")
+        p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
+        p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, sjf-backfill, fgd)")
+        p.add_argument("--config", help="TOML config file (see `eventsched config-sample`)")
+        p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
+        p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
+        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)")
+        p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
 
-    p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
-    p.add_argument("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)")
-    p.add_argument("--gpu-mem", type=int, metavar="MIB", help="GPU memory needed on each GPU, MiB")
-    p.add_argument("--gpu-ids", metavar="LIST", help="allowed GPU ids, e.g. 1,3 or 0-3")
-    p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    p.add_argument("--name")
-    p.add_argument("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)")
-    p.add_argument("--requeue-on-time-limit", action="store_true", help="requeue at the back instead of killing for good")
-    p.add_argument("--tenant")
-    p.add_argument("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)")
-    p.add_argument("--retries", type=int, default=0, help="retry a failed job up to N times")
-    p.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
-    p.add_argument("--env-setup", metavar="CMD", help='shell set-up run first, e.g. "source venv/bin/activate"')
-    p.add_argument("--dedupe", action="store_true", help="refuse if an identical job is queued, running or succeeded")
-    p.add_argument("--interactive", action="store_true", help="stream the job's output here; Ctrl+C detaches")
-    p.add_argument("--json", action="store_true")
+    if want("submit"):
+        p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
+        p.add_argument("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)")
+        p.add_argument("--gpu-mem", type=int, metavar="MIB", help="GPU memory needed on each GPU, MiB")
+        p.add_argument("--gpu-ids", metavar="LIST", help="allowed GPU ids, e.g. 1,3 or 0-3")
+        p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
+        p.add_argument("--name")
+        p.add_argument("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)")
+        p.add_argument("--requeue-on-time-limit", action="store_true", help="requeue at the back instead of killing for good")
+        p.add_argument("--tenant")
+        p.add_argument("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)")
+        p.add_argument("--retries", type=int, default=0, help="retry a failed job up to N times")
+        p.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
+        p.add_argument("--env-setup", metavar="CMD", help='shell set-up run first, e.g. "source venv/bin/activate"')
+        p.add_argument("--dedupe", action="store_true", help="refuse if an identical job is queued, running or succeeded")
+        p.add_argument("--interactive", action="store_true", help="stream the job's output here; Ctrl+C detaches")
+        p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("queue", parents=[common], help="list queued and running jobs")
-    p.add_argument("--all", action="store_true", help="include finished jobs")
-    p.add_argument("--json", action="store_true")
+    if want("queue"):
+        p = sub.add_parser("queue", parents=[common], help="list queued and running jobs")
+        p.add_argument("--all", action="store_true", help="include finished jobs")
+        p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("status", parents=[common], help="GPUs, allocation and jobs")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--watch", action="store_true", help="keep updating as events arrive")
+    if want("status"):
+        p = sub.add_parser("status", parents=[common], help="GPUs, allocation and jobs")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--watch", action="store_true", help="keep updating as events arrive")
 
-    for name, what in (("cancel", "cancel jobs"), ("hold", "hold queued jobs"), ("release", "release held jobs")):
-        p = sub.add_parser(name, parents=[common], help=what)
-        p.add_argument("jobs", nargs="+", metavar="JOB")
+    if any(want(n) for n in ("cancel", "hold", "release")):
+        for name, what in (("cancel", "cancel jobs"), ("hold", "hold queued jobs"), ("release", "release held jobs")):
+            p = sub.add_parser(name, parents=[common], help=what)
+            p.add_argument("jobs", nargs="+", metavar="JOB")
 
-    for name, what in (("pause-gpu", "place nothing new on a GPU"), ("resume-gpu", "accept jobs on a GPU again")):
-        p = sub.add_parser(name, parents=[common], help=what)
-        p.add_argument("gpu", type=int, metavar="ID")
+    if any(want(n) for n in ("pause-gpu", "resume-gpu")):
+        for name, what in (("pause-gpu", "place nothing new on a GPU"), ("resume-gpu", "accept jobs on a GPU again")):
+            p = sub.add_parser(name, parents=[common], help=what)
+            p.add_argument("gpu", type=int, metavar="ID")
 
-    p = sub.add_parser("logs", parents=[common], help="print a job's output")
-    p.add_argument("job", type=int)
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    if want("logs"):
+        p = sub.add_parser("logs", parents=[common], help="print a job's output")
+        p.add_argument("job", type=int)
+        p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
 
-    p = sub.add_parser("health", parents=[common], help="is the daemon up (exit 0) or not")
-    p.add_argument("--json", action="store_true")
+    if want("health"):
+        p = sub.add_parser("health", parents=[common], help="is the daemon up (exit 0) or not")
+        p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("sql", parents=[common], help="read-only SQL over the whole history (DuckDB)")
-    p.add_argument("query")
-    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    if want("sql"):
+        p = sub.add_parser("sql", parents=[common], help="read-only SQL over the whole history (DuckDB)")
+        p.add_argument("query")
+        p.add_argument("--format", choices=["table", "csv", "json"], default="table")
 
-    p = sub.add_parser("metrics", parents=[common], help="wait/run times, utilisation, GPU-hours")
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--json", action="store_true")
-    group.add_argument("--prometheus", action="store_true")
+    if want("metrics"):
+        p = sub.add_parser("metrics", parents=[common], help="wait/run times, utilisation, GPU-hours")
+        group = p.add_mutually_exclusive_group()
+        group.add_argument("--json", action="store_true")
+        group.add_argument("--prometheus", action="store_true")
 
-    p = sub.add_parser("replay", parents=[common], help="replay a log or trace under policies")
-    p.add_argument("source", help="a state dir, a log dir, or a trace file")
-    p.add_argument("--policy", action="append", required=True)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--static", action="store_true", help="FGD-style static packing experiment (Alibaba trace)")
-    p.add_argument("--seeds", default="42-51", help="seeds for --static (default 42-51)")
-    p.add_argument("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on")
-    p.add_argument("--out", help="where replay logs go (default: a temporary directory)")
+    if want("replay"):
+        p = sub.add_parser("replay", parents=[common], help="replay a log or trace under policies")
+        p.add_argument("source", help="a state dir, a log dir, or a trace file")
+        p.add_argument("--policy", action="append", required=True)
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--static", action="store_true", help="FGD-style static packing experiment (Alibaba trace)")
+        p.add_argument("--seeds", default="42-51", help="seeds for --static (default 42-51)")
+        p.add_argument("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on")
+        p.add_argument("--out", help="where replay logs go (default: a temporary directory)")
 
-    p = sub.add_parser("log", help="inspect the event log")
-    log_sub = p.add_subparsers(dest="log_command", parser_class=Parser, metavar="ACTION")
-    log_sub.required = True
-    q = log_sub.add_parser("verify", help="check every frame's checksum")
-    q.add_argument("dir")
-    q = log_sub.add_parser("dump", help="one event per line")
-    q.add_argument("dir")
-    q.add_argument("--json", action="store_true")
-    q.add_argument("--from-seq", type=int, default=1)
-    q = log_sub.add_parser("repair", help="move damaged frames aside so the log opens again")
-    q.add_argument("dir")
+    if want("log"):
+        p = sub.add_parser("log", help="inspect the event log")
+        log_sub = p.add_subparsers(dest="log_command", parser_class=Parser, metavar="ACTION")
+        log_sub.required = True
+        q = log_sub.add_parser("verify", help="check every frame's checksum")
+        q.add_argument("dir")
+        q = log_sub.add_parser("dump", help="one event per line")
+        q.add_argument("dir")
+        q.add_argument("--json", action="store_true")
+        q.add_argument("--from-seq", type=int, default=1)
+        q = log_sub.add_parser("repair", help="move damaged frames aside so the log opens again")
+        q.add_argument("dir")
 
-    sub.add_parser("config-sample", help="print a commented sample config file")
+    if want("config-sample"):
+        sub.add_parser("config-sample", help="print a commented sample config file")
+
     return parser
+
+
+def _import_msgspec_lean() -> None:
+    """Import msgspec without typing_extensions: ~10 ms of every CLI call.
+
+    msgspec only takes ``get_type_hints``, ``Required`` and ``NotRequired``
+    from typing_extensions when it is installed (the notebook stack brings
+    it), and Python >= 3.11's typing has all three. The block is lifted at
+    once, so any later import of typing_extensions works as usual.
+    """
+    if "msgspec" in sys.modules or "typing_extensions" in sys.modules or sys.version_info < (3, 11):
+        return
+    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # makes its import fail
+    try:
+        import msgspec  # noqa: F401
+    finally:
+        del sys.modules["typing_extensions"]
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _import_msgspec_lean()
     options, command = split_command(argv)
-    parser = build_parser()
+    # building the one parser needed keeps `submit` fast; anything unusual
+    # (help, a typo) gets the whole parser and its messages
+    first = options[0] if options and not options[0].startswith("-") else None
+    parser = build_parser(only=first if first in COMMANDS else None)
     args = parser.parse_args(options)
     if command and args.command != "submit":
         fail(f"`--` is only for `submit`, not `{args.command}`")

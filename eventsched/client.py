@@ -6,18 +6,18 @@ little and starts fast.
 
 from __future__ import annotations
 
+import os
 import socket
-from pathlib import Path
 from typing import Any, Iterator
 
 from . import protocol
 from .events import Event, JobSpec, decode_many
-from .paths import default_socket
+from .paths import socket_location
 
 __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
 
 
-def read_new_output(path: str | Path, position: int) -> bytes:
+def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
     """What a job's output file holds past ``position`` (b"" before it exists).
 
     Shared by ``eventsched logs -f`` and the notebook's ``JobHandle.follow``.
@@ -35,7 +35,7 @@ class ClientError(Exception):
 
 
 class DaemonNotRunning(ClientError):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: str) -> None:
         super().__init__(
             f"no eventsched daemon is listening on {path}; start one with "
             f"`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)"
@@ -44,8 +44,9 @@ class DaemonNotRunning(ClientError):
 
 
 class Client:
-    def __init__(self, socket_path: str | Path | None = None, *, timeout: float | None = 30.0) -> None:
-        self.socket_path = Path(socket_path) if socket_path else default_socket()
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, timeout: float | None = 30.0) -> None:
+        # a string, not a Path: the CLI's import path stays free of pathlib
+        self.socket_path: str = os.fspath(socket_path) if socket_path else socket_location()
         self.timeout = timeout
         self._sock: socket.socket | None = None
 
@@ -55,7 +56,7 @@ class Client:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.socket_path))
+            sock.connect(self.socket_path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise DaemonNotRunning(self.socket_path) from exc

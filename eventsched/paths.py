@@ -1,26 +1,46 @@
-"""Where eventsched keeps its state, per SPEC §2."""
+"""Where eventsched keeps its state, per SPEC §2.
+
+The ``*_location`` functions return plain strings so that the CLI's client
+path never imports pathlib (every millisecond of a ``submit`` counts); the
+others wrap them in ``Path`` for the daemon's code.
+"""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
-def default_state_dir() -> Path:
+def state_dir_location() -> str:
     """``$EVENTSCHED_STATE_DIR``, else the user's data directory (XDG)."""
     explicit = os.environ.get("EVENTSCHED_STATE_DIR")
     if explicit:
-        return Path(explicit)
+        return explicit
     data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
-    return Path(data_home) / "eventsched"
+    return os.path.join(data_home, "eventsched")
 
 
-def default_socket(state_dir: Path | None = None) -> Path:
+def socket_location(state_dir: str | os.PathLike[str] | None = None) -> str:
     """``$EVENTSCHED_SOCKET``, else ``<state-dir>/eventsched.sock``."""
     explicit = os.environ.get("EVENTSCHED_SOCKET")
     if explicit:
-        return Path(explicit)
-    return (state_dir or default_state_dir()) / "eventsched.sock"
+        return explicit
+    return os.path.join(os.fspath(state_dir) if state_dir else state_dir_location(), "eventsched.sock")
+
+
+def default_state_dir() -> Path:
+    from pathlib import Path
+
+    return Path(state_dir_location())
+
+
+def default_socket(state_dir: Path | None = None) -> Path:
+    from pathlib import Path
+
+    return Path(socket_location(state_dir))
 
 
 def log_dir(state_dir: Path) -> Path:

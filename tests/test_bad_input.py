@@ -137,3 +137,15 @@ def test_hostile_socket_messages_change_nothing(tmp_path: Path) -> None:
         assert unknown.returncode == 1 and "999" in unknown.stderr
         after = d.cli("log", "dump", str(d.state_dir / "log")).stdout
         assert after.count("\n") > before
+
+
+def test_every_command_has_its_fast_parser() -> None:
+    """`main` builds only the parser of the command given; none may be missing."""
+    from eventsched.cli import COMMANDS, build_parser
+
+    full = build_parser()
+    choices = next(a for a in full._subparsers._group_actions).choices  # type: ignore[union-attr]
+    assert set(choices) == set(COMMANDS)
+    for name in COMMANDS:
+        only = build_parser(only=name)
+        assert name in next(a for a in only._subparsers._group_actions).choices  # type: ignore[union-attr]
