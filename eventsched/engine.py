@@ -77,10 +77,6 @@ class Pending:
     produced: list[ev.Event] = field(default_factory=list)
 
 
-class EngineStopped(Exception):
-    pass
-
-
 class Engine:
     def __init__(
         self,

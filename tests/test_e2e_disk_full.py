@@ -1,0 +1,56 @@
+"""Disk full: submissions are refused with a clear error, nothing written
+before is damaged, and the daemon works again once space returns (SPEC §3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from daemon_harness import Daemon
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+def fill(path: Path) -> None:
+    """Write until the filesystem is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 16))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
+    with Daemon(small_disk / "state", gpus="fake:2") as d:
+        before = [d.submit("--gpus", "0.5", "--", "/bin/true") for _ in range(3)]
+        d.wait_states(before, {"succeeded"})
+        filler = small_disk / "filler"
+        fill(filler)
+        refused = [d.cli("submit", "--gpus", "0.5", "--", "/bin/true") for _ in range(3)]
+        assert all(r.returncode != 0 for r in refused)
+        for r in refused:
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+            assert "space" in r.stderr.lower() or "full" in r.stderr.lower(), r.stderr
+        assert d.cli("health").returncode == 0, "the daemon stays up"
+        filler.unlink()
+        after = d.submit("--gpus", "0.5", "--", "/bin/true")
+        jobs = d.wait_states(before + [after], {"succeeded"})
+        assert len(jobs) == 4, "refused submissions left nothing behind"
+        assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
