@@ -196,6 +196,19 @@ def _fitting_shapes(state: ClusterState, view: View, choose: Chooser) -> set[tup
     return {shape for shape, members in q.by_shape.items() if choose(view, jobs[next(iter(members))], frozenset()) is not None}
 
 
+def _room(state: ClusterState) -> tuple[View, int, int] | None:
+    """Free capacity (view, job slots, smallest queued share), or None when
+    no queued job can start: no slot left, or no GPU has the smallest share."""
+    slots = _slots(state)
+    if slots <= 0:
+        return None
+    view = View(state)
+    smallest = state.queue.min_milli()
+    if smallest > 0 and view.max_free() < smallest:
+        return None
+    return view, slots, smallest
+
+
 def _scan(
     state: ClusterState,
     now: float,
@@ -209,13 +222,10 @@ def _scan(
     for the rest of the decision (capacity only shrinks within it), and the
     scan stops when no shape is left, so a long queue costs little.
     """
-    slots = _slots(state)
-    if slots <= 0:
+    room = _room(state)
+    if room is None:
         return []
-    view = View(state)
-    smallest = state.queue.min_milli()
-    if smallest > 0 and view.max_free() < smallest:
-        return []
+    view, slots, smallest = room
     live = _fitting_shapes(state, view, choose)
     if not live:
         return []
@@ -283,13 +293,10 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     which it would fit as running jobs end (by prediction). Later jobs may
     start now only if they end before that time or stay off those GPUs.
     """
-    slots = _slots(state)
-    if slots <= 0:
+    room = _room(state)
+    if room is None:
         return []
-    view = View(state)
-    smallest = state.queue.min_milli()
-    if smallest > 0 and view.max_free() < smallest:
-        return []
+    view, slots, smallest = room
     jobs = state.jobs
     pred_cache: dict[tuple[str, str], float] = {}
 
