@@ -376,6 +376,9 @@ def _process_lost(out: _Out, msg: m.ProcessLost) -> None:
     _schedule(out)
 
 
+NOT_LAUNCHED = "not launched"  # JobExited.reason prefix of an attempt that never ran
+
+
 def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     """Placed, but the launch never began: record a failed attempt that did
     not run, and queue the job again (it cannot have run, so this is safe)."""
@@ -383,7 +386,7 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     if job is None or job.state != "running" or job.pid:
         return
     cause = "restart"
-    out.emit(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=None, reason=f"not launched: {msg.reason}"))
+    out.emit(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=None, reason=f"{NOT_LAUNCHED}: {msg.reason}"))
     if out.state.jobs[job.id].state == "failed":
         out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="not-launched"))
     _schedule(out)

@@ -60,6 +60,7 @@ from .messages import (
     Message,
     PauseGpu,
     ProcessExited,
+    NeverLaunched,
     ProcessLost,
     ProcessStarted,
     Refused,
@@ -669,6 +670,9 @@ class _Sim:
             cls, key = (_REC, float(a.end_seq)) if a.end_seq else (_END, float(token))
             if a.lost:
                 msg: Message = ProcessLost(job=job, reason=a.reason)
+            elif a.started is None and a.reason.startswith(core.NOT_LAUNCHED):
+                # the recording's daemon stopped before launching it
+                msg = NeverLaunched(job=job, reason=a.reason.removeprefix(f"{core.NOT_LAUNCHED}: "))
             else:
                 msg = ProcessExited(job=job, exit_code=a.exit_code, signal=a.signal, reason=a.reason)
             self.push(a.ended + shift, cls, key, ("end", job, token, msg))

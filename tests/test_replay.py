@@ -420,3 +420,42 @@ def test_alibaba_source_keeps_shares_and_fits_its_node_sample() -> None:
     assert len(submits) > 7000
     times = [s[0] for s in work.stimuli if s[3][0] == "submit"]
     assert times == sorted(times)
+
+
+def test_a_restart_that_requeued_a_never_launched_job_replays_exactly(tmp_path: Path) -> None:
+    """The daemon stopped between placing a job and launching it; on restart
+    the job was queued again and placed anew. The replay does the same."""
+    from eventsched.messages import NeverLaunched
+
+    state = ClusterState()
+    log_dir = tmp_path / "rec" / "log"
+    writer = eventlog.LogWriter.open(log_dir)
+    infos = [GpuInfo(gpu=i, uuid=f"GPU-{i}", model="fake", memory_total_mib=16_000) for i in range(2)]
+    config = SchedulerConfig(policy="best-fit")
+
+    def step(msg: object, now: float) -> list[object]:
+        events, effects = core.handle(state, msg, now)
+        if events:
+            state.last_seq = writer.append(events)
+        return effects
+
+    started = Started(node="local", pid=1, version="t", gpu_backend="fake:2", gpus=infos, config=config)
+    step(started, T0)
+    spec = ev.JobSpec(command=["train", "5", "0"], uid=1000, user="ann", gpus=1.0)
+    for i in range(3):
+        step(Submit(spec=spec, by="uid:1000"), T0 + 1 + i)
+    # jobs 1 and 2 placed; the daemon stops before launching job 2
+    step(ProcessStarted(job=1, pid=11), T0 + 3.1)
+    step(Stopping(node="local", reason="signal"), T0 + 3.2)
+    step(started, T0 + 5)
+    effects = step(NeverLaunched(job=2, reason="the daemon stopped before launching it"), T0 + 5)
+    assert any(isinstance(e, Launch) and e.job == 2 for e in effects)
+    step(ProcessStarted(job=2, pid=12), T0 + 5.1)
+    step(ProcessExited(job=1, exit_code=0), T0 + 8)
+    step(ProcessStarted(job=3, pid=13), T0 + 8.1)
+    step(ProcessExited(job=2, exit_code=0), T0 + 10.1)
+    step(ProcessExited(job=3, exit_code=0), T0 + 13.1)
+    writer.close()
+
+    replay = simulate(load_source(tmp_path / "rec"), "recorded", tmp_path / "replay")
+    assert compare_placements(log_dir, tmp_path / "replay" / "log") is None, replay

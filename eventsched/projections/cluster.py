@@ -684,8 +684,9 @@ def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
     job = _job(state, e.job)
     _check(job, "queued")
     job.state = "queued"
-    job.order = state.next_order  # to the back of the queue
-    state.next_order += 1
+    if e.reason != "not-launched":  # one that never ran keeps its place
+        job.order = state.next_order  # to the back of the queue
+        state.next_order += 1
     job.not_before = e.not_before
     if e.reason == "retry":
         job.retries_used += 1
