@@ -361,9 +361,25 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from .sqlcmd import run_sql
+    from .sqlcmd import SqlError, needs_daemon, run_sql
 
-    return run_sql(state_dir_of(args), args.query, args.format)
+    state_dir = state_dir_of(args)
+    if not needs_daemon(state_dir):
+        return run_sql(state_dir, args.query, args.format)
+    from . import protocol
+    from .client import ClientError
+
+    c = client(args)
+
+    def via_daemon(sql: str) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = c.request(protocol.RunSql(query=sql))
+            return result
+        except ClientError as exc:
+            raise SqlError(str(exc), 2) from None
+
+    with c:
+        return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:

@@ -70,6 +70,13 @@ class JobLogPath(Request, frozen=True):
     job: int
 
 
+class RunSql(Request, frozen=True):
+    """Read-only SQL over the history, answered by the daemon (for users who
+    cannot read a root daemon's log themselves)."""
+
+    query: str
+
+
 class Ping(Request, frozen=True):
     pass
 
@@ -89,6 +96,7 @@ AnyRequest = Union[
     ResumeGpu,
     SetPolicy,
     JobLogPath,
+    RunSql,
     Ping,
     Subscribe,
 ]

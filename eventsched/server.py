@@ -109,6 +109,10 @@ class Server:
 
     def dispatch(self, request: protocol.Request, peer: Peer, reply: Callable[[Any, str | None], None]) -> None:
         """Hand a request to the engine; ``reply`` is called once with its outcome."""
+        if isinstance(request, protocol.RunSql):
+            # read-only and possibly slow: a worker thread, not the engine
+            self._tg.start_soon(self._run_sql, request.query, reply)
+            return
         try:
             item, answer = self._translate(request, peer)
         except msg.Refused as refusal:
@@ -169,6 +173,20 @@ class Server:
         if peer.uid not in (0, job.spec.uid, self.daemon_uid):
             raise msg.Refused(f"job {job_id} belongs to {job.spec.user}")
         return {"path": str(self.engine.executor.log_path(job_id)), "state": job.state}
+
+    async def _run_sql(self, sql: str, reply: Callable[[Any, str | None], None]) -> None:
+        from .sqlcmd import SqlError, plain_result, query
+
+        try:
+            columns, rows = await anyio.to_thread.run_sync(query, self.engine.state_dir, sql)
+        except SqlError as exc:
+            reply(None, str(exc))
+            return
+        except Exception as exc:  # a bug must cost one reply, not the daemon
+            logger.exception("sql request failed")
+            reply(None, f"internal error: {exc}")
+            return
+        reply(plain_result(columns, rows), None)
 
     # --- event streams ----------------------------------------------------
 

@@ -16,13 +16,16 @@ import math
 import os
 import sys
 import uuid
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import duckdb
 
 from eventsched.projections.history import History, HistoryError
 
-__all__ = ["run_sql", "check_read_only", "QueryRefused", "format_table", "format_csv", "format_json"]
+__all__ = [
+    "run_sql", "query", "SqlError", "plain_result", "needs_daemon", "check_read_only", "QueryRefused",
+    "format_table", "format_csv", "format_json",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
@@ -154,27 +157,26 @@ def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
 # --- the command -----------------------------------------------------------------
 
 
-def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
-            *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run read-only ``sql`` on a current view of the history and print the last result."""
-    out = out or sys.stdout
-    err = err or sys.stderr
-    if fmt not in ("table", "csv", "json"):
-        print(f"eventsched sql: unknown format {fmt!r} (table, csv or json)", file=err)
-        return EXIT_BAD_QUERY
+class SqlError(Exception):
+    """A query that could not be answered: one line, and the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run read-only ``sql`` on a current view of the history; the last result."""
     try:
         statements = check_read_only(sql)
     except QueryRefused as e:
-        print(f"eventsched sql: {e}", file=err)
-        return EXIT_BAD_QUERY
+        raise SqlError(str(e), EXIT_BAD_QUERY) from None
     except duckdb.Error as e:
-        print(f"eventsched sql: {_one_line(str(e))}", file=err)
-        return EXIT_BAD_QUERY
+        raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
     try:
         history = History(state_dir)
     except HistoryError as e:
-        print(f"eventsched sql: {e}", file=err)
-        return EXIT_ERROR
+        raise SqlError(str(e), EXIT_ERROR) from None
     try:
         with history.reader() as con:
             columns: list[str] = []
@@ -184,22 +186,60 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
                 columns = [d[0] for d in cur.description or []]
                 rows = cur.fetchall()
     except duckdb.Error as e:
-        print(f"eventsched sql: {_one_line(str(e))}", file=err)
-        return EXIT_BAD_QUERY
+        raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
     except (HistoryError, OSError) as e:
-        print(f"eventsched sql: {e}", file=err)
-        return EXIT_ERROR
+        raise SqlError(str(e), EXIT_ERROR) from None
     except Exception as e:  # the log's own errors (corruption) carry a user-facing message
         if type(e).__module__.startswith("eventsched"):
-            print(f"eventsched sql: {e}", file=err)
-            return EXIT_ERROR
+            raise SqlError(str(e), EXIT_ERROR) from None
         raise
     finally:
         history.close()
+    return columns, rows
+
+
+def plain_result(columns: list[str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """A result that crosses the control socket (msgpack-ready values)."""
+    return {"columns": columns, "rows": [[_plain(v) for v in row] for row in rows]}
+
+
+def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out: TextIO) -> None:
     if fmt == "csv":
         format_csv(columns, rows, out)
     elif fmt == "json":
         print(format_json(columns, rows), file=out)
     else:
         print(format_table(columns, rows), file=out)
+
+
+def needs_daemon(state_dir: str | os.PathLike[str]) -> bool:
+    """Whether the daemon must answer: this user cannot read the log here (a
+    root daemon's state, or none in this user's default state dir). The
+    daemon reads the log and owns the read model for them."""
+    log = os.path.join(os.fspath(state_dir), "log")
+    return not os.access(log, os.R_OK | os.X_OK)
+
+
+def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
+            *, out: TextIO | None = None, err: TextIO | None = None,
+            via_daemon: Callable[[str], dict[str, Any]] | None = None) -> int:
+    """Print the result of read-only ``sql`` over the history; the exit status.
+
+    ``via_daemon`` asks the daemon instead (see ``needs_daemon``).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if fmt not in ("table", "csv", "json"):
+        print(f"eventsched sql: unknown format {fmt!r} (table, csv or json)", file=err)
+        return EXIT_BAD_QUERY
+    try:
+        if via_daemon is not None:
+            result = via_daemon(sql)
+            columns, rows = result["columns"], [tuple(row) for row in result["rows"]]
+        else:
+            columns, rows = query(state_dir, sql)
+    except SqlError as e:
+        print(f"eventsched sql: {e}", file=err)
+        return e.code
+    print_result(columns, rows, fmt, out)
     return EXIT_OK

@@ -63,6 +63,15 @@ def test_jobs_run_as_their_submitter_who_alone_may_cancel_them(tmp_path: Path) -
         assert mine in [j["id"] for j in json.loads(queue.stdout)]
         assert as_user("nobody", socket, "logs", str(mine)).returncode != 0
         assert daemon.cli("cancel", str(mine)).returncode == 0
+        daemon.wait_states([mine], {"cancelled"})
+        # nobody cannot read root's log, yet may query the history: the
+        # daemon answers, with the same read-only rules
+        sql = as_user("nobody", socket, "sql", "SELECT id, user, state FROM jobs ORDER BY id", "--format", "json")
+        assert sql.returncode == 0, sql.stderr
+        rows = {r["id"]: r for r in json.loads(sql.stdout)}
+        assert rows[job]["user"] == "nobody" and rows[mine]["state"] == "cancelled"
+        refused = as_user("nobody", socket, "sql", "DELETE FROM jobs")
+        assert refused.returncode == 2 and "refused" in refused.stderr and "Traceback" not in refused.stderr
     finally:
         daemon.stop()
         shutil.rmtree(public, ignore_errors=True)
