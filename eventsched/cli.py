@@ -111,7 +111,10 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    """Aligned columns; every cell through ``printable`` (names are users' text)."""
+    from .text import printable
+
+    cells = [[("" if c is None else printable(str(c))) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
     for row in cells:

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from .admission import SubmitLimits
 from .messages import SchedulerConfig
 
 
@@ -22,6 +23,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     policy: str | None = None
     sample_interval_s: float = 2.0
     scheduler: SchedulerConfig = SchedulerConfig()
+    limits: SubmitLimits = SubmitLimits()
 
 
 SAMPLE = """\
@@ -41,6 +43,14 @@ max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this (F10)
 max_gpu_utilization_pct = 100.0
 max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
 retry_backoff_s = 2.0          # first retry delay, doubled each time
+max_queued_per_user = 20000    # one user's waiting jobs beyond this are refused
+
+[limits]                       # what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)
+max_user_priority = 100        # --priority within [-100, 100]
+max_retries = 100
+max_time_limit_s = 31622400    # one year
+max_command_bytes = 65536
+max_env_bytes = 262144         # environment plus --env-setup
 """
 
 

@@ -215,12 +215,18 @@ def _submit(out: _Out, msg: m.Submit) -> None:
             raise Refused(f"--after: no job {dep}")
         if d.state in ("failed", "cancelled", "lost"):
             raise Refused(f"--after: job {dep} already {d.state}, so this job could never run")
-    if spec.content_hash and spec.content_hash in state.by_hash:
-        dup = state.jobs[state.by_hash[spec.content_hash]]
+    if spec.content_hash and (spec.uid, spec.content_hash) in state.by_hash:  # per user: no squatting
+        dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
         if dup.state in LIVE_FOR_DEDUP:
             raise Refused(f"duplicate of job {dup.id} ({dup.state})")
     if len(state.queue) >= state.config.max_queued:
         raise Refused(f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
+    mine = state.queued_by_uid.get(spec.uid, 0)
+    if mine >= state.config.max_queued_per_user:
+        raise Refused(
+            f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
+            "wait for some to start or cancel some"
+        )
     out.emit(ev.JobSubmitted(ts=out.now, cause=msg.by or "submit", job=state.next_job_id, spec=spec))
     _schedule(out)
 

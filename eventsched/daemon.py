@@ -95,7 +95,7 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
 
     log = logging.getLogger("eventsched.daemon")
     engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
-    server = Server(engine, socket_path)
+    server = Server(engine, socket_path, limits=config.limits)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)

@@ -48,6 +48,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     default_time_limit_s: float | None = None  # global time limit (F9)
     kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL (F8)
     max_queued: int = 100_000  # I9
+    max_queued_per_user: int = 20_000  # one user cannot fill the global queue
     max_running: int = 0  # I9; 0 = no limit
     # GPU health thresholds (F10): a GPU over any of them gets nothing new.
     max_gpu_memory_used_pct: float = 100.0

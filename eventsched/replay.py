@@ -735,7 +735,7 @@ class _Sim:
             elif kind == "start":  # a trace's machine: one Started per node
                 _, node, infos, backend = item
                 # no queue limit: a trace's burst is a workload, not abuse
-                cfg = SchedulerConfig(node=node, policy=self.policy, max_queued=1 << 40)
+                cfg = SchedulerConfig(node=node, policy=self.policy, max_queued=1 << 40, max_queued_per_user=1 << 40)
                 self.handle(_started_message(node, infos, cfg, backend))
             elif kind == "tick":
                 self.tick()

@@ -32,6 +32,7 @@ import msgspec
 from . import log as eventlog
 from . import messages as msg
 from . import protocol
+from .admission import SubmitLimits, check_submission
 from .engine import Answer, Engine, Query
 from .events import Event, encode_many
 from .paths import log_dir
@@ -79,9 +80,10 @@ def account(uid: int) -> tuple[str, str]:
 
 
 class Server:
-    def __init__(self, engine: Engine, socket_path: Path) -> None:
+    def __init__(self, engine: Engine, socket_path: Path, *, limits: SubmitLimits = SubmitLimits()) -> None:
         self.engine = engine
         self.socket_path = socket_path
+        self.limits = limits
         self.daemon_uid = os.geteuid()
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -161,6 +163,7 @@ class Server:
                 f"this daemon runs as uid {self.daemon_uid} and cannot run jobs as uid {peer.uid}; "
                 "ask its owner, or run the daemon as root to serve several users"
             )
+        check_submission(spec, self.limits, operator=peer.uid in (0, self.daemon_uid))
         user, home = account(peer.uid)
         return msgspec.structs.replace(
             spec, user=user, uid=peer.uid, gid=peer.gid, groups=list(peer.groups), home=home

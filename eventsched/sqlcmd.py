@@ -123,7 +123,10 @@ def _numeric(value: Any) -> bool:
 
 def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     """Aligned columns, numbers right-aligned, and a row count."""
-    cells = [[_cell(v) for v in row] for row in rows]
+    from .text import printable  # users' names reach other users' terminals
+
+    cells = [[printable(_cell(v)) for v in row] for row in rows]
+    columns = [printable(c) for c in columns]
     widths = [len(c) for c in columns]
     for row in cells:
         for i, text in enumerate(row):

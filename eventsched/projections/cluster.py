@@ -364,7 +364,8 @@ class ClusterState:
         self.deadlines: dict[int, float] = {}
         self._due: list[tuple[float, int]] = []
         self.dependents: dict[int, list[int]] = {}
-        self.by_hash: dict[str, int] = {}
+        self.by_hash: dict[tuple[int, str], int] = {}  # (uid, --dedupe hash) -> job
+        self.queued_by_uid: dict[int, int] = {}
         self.shape_counts: dict[tuple[int, int], int] = {}
         for shape in self.recent_shapes:
             self.shape_counts[shape] = self.shape_counts.get(shape, 0) + 1
@@ -380,15 +381,23 @@ class ClusterState:
         for dep in job.spec.after:
             self.dependents.setdefault(dep, []).append(job.id)
         if job.spec.content_hash:
-            self.by_hash[job.spec.content_hash] = job.id
+            self.by_hash[(job.spec.uid, job.spec.content_hash)] = job.id
 
     def _enter_queue(self, job: Job) -> None:
         self.queue.add(job)
+        uid = job.spec.uid
+        self.queued_by_uid[uid] = self.queued_by_uid.get(uid, 0) + 1
         if job.not_before > 0:
             self.backoff[job.id] = None
 
     def _leave_queue(self, job: Job) -> None:
         self.queue.remove(job)
+        uid = job.spec.uid
+        left = self.queued_by_uid[uid] - 1
+        if left:
+            self.queued_by_uid[uid] = left
+        else:
+            del self.queued_by_uid[uid]
         self.backoff.pop(job.id, None)
 
     def _track_deadline(self, job: Job) -> None:
@@ -881,6 +890,11 @@ def validate_state(state: ClusterState) -> None:
     assert sorted(i for _, i in state.queue.by_order) == queued, "queue index out of step"
     assert state.queue.by_priority == sorted(state.queue.by_priority)
     assert state.queue.by_order == sorted(state.queue.by_order)
+    per_uid: dict[int, int] = {}
+    for j in state.jobs.values():
+        if j.state == "queued":
+            per_uid[j.spec.uid] = per_uid.get(j.spec.uid, 0) + 1
+    assert state.queued_by_uid == per_uid, "per-user queue counts out of step"
     running = sorted(j.id for j in state.jobs.values() if j.state == "running")
     assert sorted(state.running) == running, "running index out of step"
     assert all(math.isfinite(g.used_milli) for g in state.gpus.values())
