@@ -20,6 +20,7 @@ from . import events as ev
 from . import messages as m
 from .messages import Effect, Launch, Refused, Signal, WakeAt
 from .policies import POLICIES, decide
+from .settings import settings_dict
 from .projections.cluster import FINAL_STATES, FULL, ClusterState, Job, apply, fit_summary, request_of
 
 __all__ = ["handle"]
@@ -123,7 +124,7 @@ def _started(out: _Out, msg: m.Started) -> None:
     if policy not in POLICIES:
         raise Refused(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     previous = state.policy if state.last_seq or state.jobs else None
-    config: dict[str, Any] = msgspec.to_builtins(msg.config)
+    config = settings_dict(msg.config)
     out.emit(
         ev.DaemonStarted(
             ts=out.now, cause="daemon", node=msg.node, pid=msg.pid, version=msg.version,

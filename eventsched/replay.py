@@ -76,6 +76,7 @@ from .messages import (
     WakeAt,
 )
 from .projections.cluster import ClusterState, runtime_key
+from .settings import settings_from_dict
 
 __all__ = [
     "ReplayError",
@@ -228,14 +229,8 @@ def _started_message(
 
 
 def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
-    raw = dict(e.config) if e.config else {}
-    raw.setdefault("node", e.node)
-    raw["policy"] = e.policy or raw.get("policy", "best-fit")
-    fields = set(SchedulerConfig.__struct_fields__)
-    try:
-        return msgspec.convert({k: v for k, v in raw.items() if k in fields}, SchedulerConfig)
-    except msgspec.ValidationError:
-        return SchedulerConfig(node=e.node, policy=e.policy)
+    config = settings_from_dict(dict(e.config), node=e.node)
+    return msgspec.structs.replace(config, policy=e.policy or config.policy)
 
 
 # Events an operator's command leaves, one per job named (cancel, hold, release).

@@ -23,6 +23,7 @@ import msgspec
 
 from .. import events as ev
 from ..messages import SchedulerConfig
+from ..settings import settings_from_dict
 
 __all__ = [
     "JOB_STATES",
@@ -523,7 +524,7 @@ def apply(state: ClusterState, event: ev.Event) -> None:
 
 
 def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
-    config = msgspec.convert(dict(e.config), SchedulerConfig) if e.config else SchedulerConfig(node=e.node)
+    config = settings_from_dict(dict(e.config), node=e.node)
     state.node = e.node
     state.policy = e.policy
     state.config = config
