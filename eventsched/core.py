@@ -21,25 +21,57 @@ from . import messages as m
 from .messages import Effect, Launch, Refused, Signal, WakeAt
 from .policies import POLICIES, decide
 from .settings import settings_dict
-from .projections.cluster import FINAL_STATES, FULL, ClusterState, Job, apply, fit_summary, request_of
+from .projections.cluster import FULL, ClusterState, Job, apply, fit_summary, request_of
+from .states import FINAL, WAITING, JobState, can, exit_outcome
 
-__all__ = ["handle"]
+__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
 
-LIVE_FOR_DEDUP = ("queued", "running", "succeeded", "held", "preempted")
+LIVE_FOR_DEDUP = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.HELD, JobState.PREEMPTED})
 
 
 class _Out:
-    """Collects what one message produced, applying each event at once."""
+    """Collects what one message produced, applying each event at once.
+
+    Every message is recorded as a *fact* (``fact``: its cause is who or what
+    sent it) before any *decision* it leads to (``decide``: its cause is
+    ``seq:N``, the fact's position in the log). The core stamps each event's
+    seq itself (the log's next one: the core's caller appends every event it
+    returns, in order), so a decision can name its fact before either is
+    written. A timer's fact is recorded only if a decision follows (``defer``).
+    """
 
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
         self.now = now
         self.events: list[ev.Event] = []
         self.effects: list[Effect] = []
+        self.cause = ""  # "seq:N" of this message's fact, once recorded
+        self._deferred: ev.Event | None = None
 
-    def emit(self, event: ev.Event) -> None:
+    def _emit(self, event: ev.Event) -> ev.Event:
+        event = msgspec.structs.replace(event, seq=self.state.last_seq + 1, ts=self.now)
         apply(self.state, event)
         self.events.append(event)
+        return event
+
+    def fact(self, event: ev.Event) -> ev.Event:
+        """Record what happened (a stimulus); later decisions name it."""
+        event = self._emit(event)
+        self.cause = f"seq:{event.seq}"
+        return event
+
+    def defer(self, event: ev.Event) -> None:
+        """A fact worth recording only if some decision follows from it."""
+        self._deferred = event
+
+    def decide(self, event: ev.Event) -> ev.Event:
+        """Record a decision, caused by this message's fact."""
+        if self._deferred is not None:
+            self.fact(self._deferred)
+            self._deferred = None
+        if not self.cause:  # a handler that decides before recording its fact: a bug
+            raise AssertionError(f"decision {type(event).__name__} without a recorded cause")
+        return self._emit(msgspec.structs.replace(event, cause=self.cause))
 
 
 def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Event], list[Effect]]:
@@ -67,12 +99,10 @@ def _schedule(out: _Out) -> None:
     state = out.state
     if not state.queue:
         return
-    cause = f"policy:{state.policy}"
     for p in decide(state, out.now):
-        out.emit(
+        out.decide(
             ev.JobPlaced(
-                ts=out.now, cause=cause, job=p.job, node=p.node, gpu_ids=p.gpu_ids,
-                share=p.share, gpu_mem_mib=p.mem, policy=state.policy,
+                job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem, policy=state.policy,
             )
         )
         job = state.jobs[p.job]
@@ -85,9 +115,8 @@ def _cascade(out: _Out, job_id: int) -> None:
     while stack:
         jid = stack.pop()
         for dep in out.state.dependents.get(jid, ()):
-            d = out.state.jobs[dep]
-            if d.state in ("queued", "held"):
-                out.emit(ev.JobCancelled(ts=out.now, cause=f"dependency:job {jid}", job=dep, by=f"dependency:job {jid}"))
+            if out.state.jobs[dep].state in WAITING:
+                out.decide(ev.JobCancelled(job=dep, by=f"dependency:job {jid}"))
                 stack.append(dep)
 
 
@@ -124,32 +153,29 @@ def _started(out: _Out, msg: m.Started) -> None:
     if policy not in POLICIES:
         raise Refused(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     previous = state.policy if state.last_seq or state.jobs else None
-    config = settings_dict(msg.config)
-    out.emit(
+    out.fact(
         ev.DaemonStarted(
             ts=out.now, cause="daemon", node=msg.node, pid=msg.pid, version=msg.version,
-            policy=policy, gpu_backend=msg.gpu_backend, config=config,
+            policy=policy, gpu_backend=msg.gpu_backend, config=settings_dict(msg.config),
         )
     )
     if previous is not None and previous != policy:
-        out.emit(ev.PolicyChanged(ts=out.now, cause="daemon", policy=policy, by="config"))
+        out.decide(ev.PolicyChanged(policy=policy, by="config"))
     found = set()
     for info in sorted(msg.gpus, key=lambda g: g.gpu):
         found.add(info.gpu)
-        out.emit(
-            ev.GpuDiscovered(
-                ts=out.now, cause="daemon", node=msg.node, gpu=info.gpu, uuid=info.uuid,
-                model=info.model, memory_total_mib=info.memory_total_mib,
-            )
+        out.decide(
+            ev.GpuDiscovered(node=msg.node, gpu=info.gpu, uuid=info.uuid, model=info.model,
+                             memory_total_mib=info.memory_total_mib)
         )
     for gpu in list(state.node_gpus.get(msg.node, ())):
         if gpu.id not in found and not gpu.lost:
-            out.emit(ev.GpuErrored(ts=out.now, cause="daemon", node=gpu.node, gpu=gpu.id, error="not found at start-up", lost=True))
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error="not found at start-up", lost=True))
     _schedule(out)
 
 
 def _stopping(out: _Out, msg: m.Stopping) -> None:
-    out.emit(ev.DaemonStopped(ts=out.now, cause="daemon", node=msg.node, reason=msg.reason))
+    out.fact(ev.DaemonStopped(ts=out.now, cause="daemon", node=msg.node, reason=msg.reason))
 
 
 # --- submissions ------------------------------------------------------------------
@@ -214,7 +240,7 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         d = state.jobs.get(dep)
         if d is None:
             raise Refused(f"--after: no job {dep}")
-        if d.state in ("failed", "cancelled", "lost"):
+        if d.state in FINAL and d.state != JobState.SUCCEEDED:
             raise Refused(f"--after: job {dep} already {d.state}, so this job could never run")
     if spec.content_hash and (spec.uid, spec.content_hash) in state.by_hash:  # per user: no squatting
         dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
@@ -228,25 +254,31 @@ def _submit(out: _Out, msg: m.Submit) -> None:
             f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
             "wait for some to start or cancel some"
         )
-    out.emit(ev.JobSubmitted(ts=out.now, cause=msg.by or "submit", job=state.next_job_id, spec=spec))
+    out.fact(ev.JobSubmitted(ts=out.now, cause=msg.by or "submit", job=state.next_job_id, spec=spec))
     _schedule(out)
+
+
+def _command(out: _Out, command: str, jobs: list[Job], msg: m.Cancel | m.Hold | m.Release) -> None:
+    by = msg.by or f"uid:{msg.uid}"
+    out.fact(ev.JobsCommanded(ts=out.now, cause=by, command=command, jobs=[j.id for j in jobs], by=by))  # type: ignore[arg-type]
 
 
 def _cancel(out: _Out, msg: m.Cancel) -> None:
     state = out.state
     jobs = _owned(state, msg.jobs, msg.uid, "cancel")
     for job in jobs:
-        if job.state in FINAL_STATES:
+        if job.state in FINAL:
             raise Refused(f"job {job.id} already {job.state}")
-    cause = msg.by or f"uid:{msg.uid}"
+    _command(out, "cancel", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
     grace = state.config.kill_grace_s
     for job in jobs:
-        if job.state == "running":
+        if job.state == JobState.RUNNING:
             if job.cancel_reason != "cancelled":
-                out.emit(ev.JobCancelRequested(ts=out.now, cause=cause, job=job.id, by=cause, reason="cancelled"))
+                out.decide(ev.JobCancelRequested(job=job.id, by=by, reason="cancelled"))
                 out.effects.append(Signal(job=job.id, grace_s=grace, reason="cancelled"))
-        elif job.state in ("queued", "held", "preempted"):
-            out.emit(ev.JobCancelled(ts=out.now, cause=cause, job=job.id, by=cause))
+        elif can(job.state, ev.JobCancelled):  # a cascade above may have cancelled it already
+            out.decide(ev.JobCancelled(job=job.id, by=by))
             _cascade(out, job.id)
     _schedule(out)
 
@@ -254,24 +286,26 @@ def _cancel(out: _Out, msg: m.Cancel) -> None:
 def _hold(out: _Out, msg: m.Hold) -> None:
     jobs = _owned(out.state, msg.jobs, msg.uid, "hold")
     for job in jobs:
-        if job.state not in ("queued", "held"):
+        if job.state not in WAITING:
             raise Refused(f"job {job.id} is {job.state}; only waiting jobs can be held")
-    cause = msg.by or f"uid:{msg.uid}"
+    _command(out, "hold", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
-        if job.state == "queued":
-            out.emit(ev.JobHeld(ts=out.now, cause=cause, job=job.id, by=cause))
+        if job.state == JobState.QUEUED:
+            out.decide(ev.JobHeld(job=job.id, by=by))
     _schedule(out)  # a held head no longer blocks a FIFO queue
 
 
 def _release(out: _Out, msg: m.Release) -> None:
     jobs = _owned(out.state, msg.jobs, msg.uid, "release")
     for job in jobs:
-        if job.state not in ("queued", "held"):
+        if job.state not in WAITING:
             raise Refused(f"job {job.id} is {job.state}, not held")
-    cause = msg.by or f"uid:{msg.uid}"
+    _command(out, "release", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
-        if job.state == "held":
-            out.emit(ev.JobReleased(ts=out.now, cause=cause, job=job.id, by=cause))
+        if job.state == JobState.HELD:
+            out.decide(ev.JobReleased(job=job.id, by=by))
     _schedule(out)
 
 
@@ -288,30 +322,30 @@ def _pause(out: _Out, msg: m.PauseGpu) -> None:
     _known_gpu(out.state, msg.node, msg.gpu)
     if not out.state.gpus[(msg.node, msg.gpu)].paused:
         cause = msg.by or "operator"
-        out.emit(ev.GpuPaused(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
+        out.fact(ev.GpuPaused(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
 
 
 def _resume(out: _Out, msg: m.ResumeGpu) -> None:
     _known_gpu(out.state, msg.node, msg.gpu)
     if out.state.gpus[(msg.node, msg.gpu)].paused:
         cause = msg.by or "operator"
-        out.emit(ev.GpuResumed(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
-    _schedule(out)
+        out.fact(ev.GpuResumed(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
+        _schedule(out)
 
 
 def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
     if msg.policy not in POLICIES:
         raise Refused(f"unknown policy {msg.policy!r}; known: {', '.join(POLICIES)}")
-    if msg.policy != out.state.policy:
+    if msg.policy != out.state.policy:  # the same policy again decides nothing new
         cause = msg.by or "operator"
-        out.emit(ev.PolicyChanged(ts=out.now, cause=cause, policy=msg.policy, by=cause))
-    _schedule(out)
+        out.fact(ev.PolicyChanged(ts=out.now, cause=cause, policy=msg.policy, by=cause))
+        _schedule(out)
 
 
 def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
     if (msg.node, msg.gpu) not in out.state.gpus:
         return
-    out.emit(
+    out.fact(
         ev.GpuSampled(
             ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
             memory_used_mib=msg.memory_used_mib, memory_total_mib=msg.memory_total_mib,
@@ -322,7 +356,7 @@ def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
 
 
 def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
-    out.emit(ev.GpuErrored(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, error=msg.error, lost=msg.lost))
+    out.fact(ev.GpuErrored(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, error=msg.error, lost=msg.lost))
 
 
 # --- the clock and the processes --------------------------------------------------
@@ -330,17 +364,18 @@ def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
 
 def _tick(out: _Out, msg: m.Tick) -> None:
     state = out.state
+    out.defer(ev.TimerFired(ts=out.now, cause="timer"))
     for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
-        out.emit(ev.JobCancelRequested(ts=out.now, cause="timer", job=jid, by="timer", reason="time-limit"))
+        out.decide(ev.JobCancelRequested(job=jid, by="timer", reason="time-limit"))
         out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
     _schedule(out)
 
 
 def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != "running" or job.pid == msg.pid:
+    if job is None or job.state != JobState.RUNNING or job.pid == msg.pid:
         return  # late, duplicate or re-adopted: nothing new to record
-    out.emit(
+    out.fact(
         ev.JobStarted(
             ts=out.now, cause=f"pid:{msg.pid}", job=msg.job, pid=msg.pid,
             start_time=msg.start_time, log_path=msg.log_path,
@@ -352,33 +387,39 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
         out.effects.append(Signal(job=job.id, grace_s=out.state.config.kill_grace_s, reason=job.cancel_reason))
 
 
+def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:
+    """Record the exit of running ``job`` (a fact), with the state it ends in."""
+    outcome = exit_outcome(job.cancel_reason, exit_code, reason)
+    out.fact(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=exit_code, signal=signal,
+                          reason=reason or job.cancel_reason, outcome=outcome))
+
+
 def _process_exited(out: _Out, msg: m.ProcessExited) -> None:
     state = out.state
     job = state.jobs.get(msg.job)
-    if job is None or job.state != "running":
+    if job is None or job.state != JobState.RUNNING:
         return  # an exit reported twice
     stop_reason = job.cancel_reason
-    cause = f"exit:job {job.id}"
-    out.emit(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=msg.exit_code, signal=msg.signal, reason=msg.reason or stop_reason))
-    if job.state == "failed":
+    _exited(out, job, f"exit:job {job.id}", msg.exit_code, msg.signal, msg.reason)
+    if job.state == JobState.FAILED:
         if stop_reason == "time-limit":
             if job.spec.on_time_limit == "requeue":
-                out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="time-limit"))
+                out.decide(ev.JobRequeued(job=job.id, reason="time-limit"))
         elif job.retries_used < job.spec.retries:
             delay = state.config.retry_backoff_s * (2**job.retries_used)
-            out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="retry", not_before=out.now + delay))
-    elif job.state == "preempted":
-        out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="preempted"))
-    if job.state in ("failed", "cancelled", "lost"):
+            out.decide(ev.JobRequeued(job=job.id, reason="retry", not_before=out.now + delay))
+    elif job.state == JobState.PREEMPTED:
+        out.decide(ev.JobRequeued(job=job.id, reason="preempted"))
+    if job.state in FINAL and job.state != JobState.SUCCEEDED:
         _cascade(out, job.id)
     _schedule(out)
 
 
 def _process_lost(out: _Out, msg: m.ProcessLost) -> None:
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != "running":
+    if job is None or job.state != JobState.RUNNING:
         return
-    out.emit(ev.JobLost(ts=out.now, cause="restart", job=job.id, reason=msg.reason or "lost"))
+    out.fact(ev.JobLost(ts=out.now, cause="restart", job=job.id, reason=msg.reason or "lost"))
     _cascade(out, job.id)
     _schedule(out)
 
@@ -390,12 +431,11 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     """Placed, but the launch never began: record a failed attempt that did
     not run, and queue the job again (it cannot have run, so this is safe)."""
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != "running" or job.pid:
+    if job is None or job.state != JobState.RUNNING or job.pid:
         return
-    cause = "restart"
-    out.emit(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=None, reason=f"{NOT_LAUNCHED}: {msg.reason}"))
-    if out.state.jobs[job.id].state == "failed":
-        out.emit(ev.JobRequeued(ts=out.now, cause=cause, job=job.id, reason="not-launched"))
+    _exited(out, job, "restart", None, None, f"{NOT_LAUNCHED}: {msg.reason}")
+    if out.state.jobs[job.id].state == JobState.FAILED:
+        out.decide(ev.JobRequeued(job=job.id, reason="not-launched"))
     _schedule(out)
 
 

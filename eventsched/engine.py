@@ -77,6 +77,20 @@ class Pending:
     produced: list[ev.Event] = field(default_factory=list)
 
 
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state dir with its mode, or tighten one that is ours.
+
+    A root daemon serves everyone: they may traverse (not list) its state dir
+    to reach their own jobs' output and the socket; the log stays 0700. A
+    user's daemon keeps its state to itself.
+    """
+    mode = 0o711 if os.geteuid() == 0 else 0o700
+    state_dir.mkdir(parents=True, exist_ok=True, mode=mode)
+    st = state_dir.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
+        os.chmod(state_dir, mode)  # e.g. 0755 from an earlier version or a harness
+
+
 class Engine:
     def __init__(
         self,
@@ -96,6 +110,8 @@ class Engine:
         self.snapshot_every = snapshot_every
         self.segment_bytes = segment_bytes
         self.clock = clock
+        # before the executor makes jobs/ (and with it, a 0755 state dir)
+        prepare_state_dir(state_dir)
         self.executor = Executor(state_dir, node=config.node)
         self.state: ClusterState | None = None
         self.log: eventlog.LogWriter | None = None
@@ -180,9 +196,7 @@ class Engine:
         return state
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        # A root daemon serves everyone: they may traverse (not list) its
-        # state dir to reach their own jobs' output; the log stays 0700.
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711 if os.geteuid() == 0 else 0o700)
+        prepare_state_dir(self.state_dir)
         self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes)
         try:
             if self.log.recovered is not None:
@@ -297,7 +311,11 @@ class Engine:
 
     async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
         assert self.log is not None and self.state is not None
-        stamped = ev.stamp(produced, self.log.next_seq)
+        # the core stamped each event with the log's next seq (its causes
+        # name seqs); anything else would be a second writer or a bug
+        if produced[0].seq != self.log.next_seq:
+            raise RuntimeError(f"core stamped seq {produced[0].seq}, the log is at {self.log.next_seq}")
+        stamped = produced
         try:
             # fdatasync off the loop, so sockets keep being read meanwhile
             last = await asyncio.get_running_loop().run_in_executor(self._committer, self.log.append, stamped)
@@ -313,11 +331,6 @@ class Engine:
             return False
         self.state.last_seq = last
         self.committed_seq = last
-        # hand the stamped copies to whoever asked, so replies carry seqs
-        by_identity = {id(old): new for old, new in zip(produced, stamped)}
-        for pending in batch:
-            if pending.produced:
-                pending.produced = [by_identity[id(e)] for e in pending.produced]
         self._broadcast(ev.encode_many(stamped))
         return True
 
@@ -341,7 +354,10 @@ class Engine:
         assert self.state is not None
         self._last_snapshot_seq = self.state.last_seq
         data = snapshots.snapshot_bytes(self.state)
-        await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
+        try:
+            await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
+        except OSError as exc:  # a snapshot is an optimisation: out of fds or space costs only the next start-up
+            logger.warning("could not save a snapshot: %s", exc)
 
     # --- effects ---------------------------------------------------------
 
@@ -369,7 +385,7 @@ class Engine:
             started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids, attempt=attempt)
         except AlreadyLaunched:
             return  # its supervisor reports how it goes
-        except LaunchError as exc:
+        except (LaunchError, OSError) as exc:  # OSError: e.g. out of file descriptors (EMFILE)
             await self.tell(ProcessExited(job=effect.job, exit_code=None, reason=f"launch-failed: {exc}"))
             return
         # no await between launch() returning and this: the exit of a short
@@ -389,11 +405,18 @@ class Engine:
                 await self._wake_changed.wait()
 
     async def _sampler(self) -> None:
+        failures = 0
         while True:
             assert self.state is not None
-            self._show_load_to_fake_gpus()
-            pids = self.executor.job_process_ids()
-            samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
+            try:
+                self._show_load_to_fake_gpus()
+                pids = self.executor.job_process_ids()
+                samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
+            except Exception as exc:  # EMFILE on /proc, a backend bug: skip this sample, never die
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    logger.warning("GPU sample skipped (%d so far): %s", failures, exc)
+                samples = []
             for sample in samples:
                 await self.tell(sample)
             await anyio.sleep(self.sample_interval_s)

@@ -52,7 +52,10 @@ __all__ = [
     "JobReleased",
     "JobLost",
     "AnyEvent",
-    "STIMULI",
+    "TimerFired",
+    "JobsCommanded",
+    "is_stimulus",
+    "cause_seq",
     "encode",
     "decode",
     "decode_many",
@@ -163,6 +166,23 @@ class PolicyChanged(Event, frozen=True, kw_only=True):
     by: str = ""
 
 
+class TimerFired(Event, frozen=True, kw_only=True):
+    """The clock reached a deadline (a time limit, the end of a backoff).
+    Recorded only when it led to a decision, which names it as its cause."""
+
+
+# --- commands -----------------------------------------------------------
+
+
+class JobsCommanded(Event, frozen=True, kw_only=True):
+    """A user's cancel, hold or release of one or more jobs, as accepted.
+    The per-job events it leads to name it as their cause."""
+
+    command: Literal["cancel", "hold", "release"]
+    jobs: list[int]
+    by: str = ""
+
+
 # --- jobs ---------------------------------------------------------------
 
 
@@ -194,6 +214,9 @@ class JobExited(Event, frozen=True, kw_only=True):
     exit_code: int | None  # None when killed by a signal
     signal: int | None = None
     reason: str = ""  # "", "cancelled", "time-limit", "launch-failed", ...
+    # the state it ended in (states.exit_outcome, computed once by the core);
+    # "" in logs written before it was recorded: the fold computes it then
+    outcome: str = ""
 
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):
@@ -243,6 +266,8 @@ AnyEvent = Union[
     GpuPaused,
     GpuResumed,
     PolicyChanged,
+    TimerFired,
+    JobsCommanded,
     JobSubmitted,
     JobPlaced,
     JobStarted,
@@ -255,27 +280,24 @@ AnyEvent = Union[
     JobLost,
 ]
 
-# Facts that come from outside the scheduler's decisions (users, processes,
-# GPUs, the clock). Replaying these in order through the core reproduces the
-# decisions (placements, requeues...) it took.
-STIMULI: tuple[type[Event], ...] = (
-    DaemonStarted,
-    DaemonStopped,
-    GpuDiscovered,
-    GpuSampled,
-    GpuErrored,
-    GpuPaused,
-    GpuResumed,
-    PolicyChanged,
-    JobSubmitted,
-    JobStarted,
-    JobExited,
-    JobCancelRequested,
-    JobCancelled,
-    JobHeld,
-    JobReleased,
-    JobLost,
-)
+
+def is_stimulus(event: Event) -> bool:
+    """A fact from outside the core's decisions (a user, a process, a GPU, the
+    clock), as opposed to a decision, whose ``cause`` names the stimulus's
+    ``seq``. Replaying the stimuli in order through the core reproduces the
+    decisions."""
+    return not event.cause.startswith("seq:")
+
+
+def cause_seq(event: Event) -> int | None:
+    """The seq of the fact that caused ``event`` (None for a stimulus)."""
+    if event.cause.startswith("seq:"):
+        try:
+            return int(event.cause[4:])
+        except ValueError:
+            return None
+    return None
+
 
 # Upcasters: tag of a retired shape -> function producing the current shape.
 # Empty while every shape is still the first of its kind.

@@ -21,8 +21,12 @@ recorded inputs use their recorded time and sequence number, so inputs that the
 daemon handled in one batch (one ``now``) keep their recorded order, and a
 process event comes back exactly at its recorded time because its time is
 computed as ``recorded_time + shift`` with ``shift`` exactly 0.0 when the
-placement happened when it was recorded. A decision the daemon took on a timer
-(cause ``"timer"``) is replayed by ticking at that recorded moment. Recorded
+placement happened when it was recorded. The daemon records each timer tick
+that decided anything as a ``TimerFired`` fact; the replay ticks at exactly
+those moments (a log from before facts and causes were recorded ticks when the
+core asks instead, so it is replayed faithfully only up to timer latency).
+Stimuli are the events whose ``cause`` is not ``seq:N``: nothing is inferred
+from how events happened to be batched into frames. Recorded
 clocks that stepped backwards are flattened (running maximum) first.
 
 Sources (``load_source``): a state dir or log dir of ours, a plain CSV
@@ -135,7 +139,8 @@ class Workload(msgspec.Struct, kw_only=True):
     attempts: dict[int, list[Attempt]]  # by the submission's ordinal (1-based)
     recorded_policy: str = ""
     instant_start: bool = False  # a trace: ProcessStarted right with the Launch
-    timer_times: list[tuple[float, int]] = []  # (time, seq) of recorded timer decisions
+    timer_times: list[tuple[float, int]] = []  # (time, seq) of each recorded TimerFired
+    legacy: bool = False  # a log without causes: its timers are not known, ticks come from the core
     policy_changes: int = 0  # operators' policy switches in the recording
     default_runtime: float = 3600.0  # for jobs that never ran in the recording
     runtime_by_key: dict[str, float] = {}
@@ -234,22 +239,33 @@ def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
 
 
 # Events an operator's command leaves, one per job named (cancel, hold, release).
-_COMMANDED = (ev.JobCancelled, ev.JobCancelRequested, ev.JobHeld, ev.JobReleased)
 
 
-def _user_command(e: ev.Event) -> bool:
-    """Did an operator ask for this, or did the core decide it (a dependency
-    failed: cause ``dependency:...``)? Time-limit and preemption stops are
-    ``JobCancelRequested`` with another reason, told apart by the caller."""
-    return not e.cause.startswith("dependency:")
+_COMMANDS = {"cancel": Cancel, "hold": Hold, "release": Release}
+
+
+def _legacy_command(e: ev.Event) -> bool:
+    """In a log written before commands and causes were recorded, a user's
+    cancel, hold or release is the per-job event itself (one per job)."""
+    if isinstance(e, ev.JobCancelRequested):
+        return e.reason == "cancelled" and not e.cause.startswith("dependency:")
+    return not e.cause.startswith(("dependency:", "seq:"))
 
 
 def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
-    """Read a recorded log into stimuli and per-job attempts."""
+    """Read a recorded log into stimuli and per-job attempts.
+
+    A stimulus is an event whose ``cause`` is not ``seq:N`` (``events.is_stimulus``):
+    what a user, a process, a GPU or the clock did. Decisions name the stimulus
+    that caused them and are never read back as inputs, only compared.
+    """
     try:
-        batches = list(eventlog.read_batches(log_dir))
+        events = [e for batch in eventlog.read_batches(log_dir) for e in batch]
     except eventlog.LogError as err:
         raise ReplayError(f"{log_dir}: cannot read the log: {err}") from None
+    # a log from before causes were recorded: its user commands are per-job
+    # events, and when its timers fired is not known (see Workload.timer_times)
+    legacy = not any(e.cause.startswith("seq:") for e in events)
     stimuli: list[tuple[float, int, float, Any]] = []
     attempts: dict[int, list[dict[str, Any]]] = {}
     ordinal: dict[int, int] = {}  # recorded job id -> submission ordinal
@@ -257,110 +273,79 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     recorded_policy = ""
     policy_changes = 0
     clock = -math.inf
-    pending_start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
+    start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
 
     def flush_start() -> None:
-        nonlocal pending_start
-        if pending_start is not None:
-            t, seq, d, infos = pending_start
+        nonlocal start
+        if start is not None:
+            t, seq, d, infos = start
             msg = _started_message(d.node, infos, _config_of(d), d.gpu_backend, d.pid, d.version)
             stimuli.append((t, _REC, float(seq), msg))
-            pending_start = None
+            start = None
 
-    decisions = (ev.JobPlaced, ev.JobRequeued)
-    for batch in batches:
-        i = 0
-        n = len(batch)
-        # A frame that opens with a decision was a Tick's (or a message that
-        # changed nothing and only re-ran the policy: the same thing).
-        if batch and (type(batch[0]) in decisions or batch[0].cause == "timer"):
-            timer_times.append((max(clock, batch[0].ts), batch[0].seq))
-        while i < n:
-            e = batch[i]
-            t = clock = max(clock, e.ts)  # a clock stepped back is flattened
-            seq = e.seq
-            tp = type(e)
-            if tp is not ev.GpuDiscovered and not (tp is ev.PolicyChanged and e.cause == "daemon"):
-                flush_start()  # the Started's own events are over
-            if isinstance(e, ev.DaemonStarted):
-                if not recorded_policy:
-                    recorded_policy = e.policy
-                pending_start = (t, seq, e, [])
-            elif isinstance(e, ev.GpuDiscovered):
-                if pending_start is not None:
-                    pending_start[3].append(
-                        GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib)
-                    )
-            elif isinstance(e, ev.JobSubmitted):
-                ordinal[e.job] = len(ordinal) + 1
-                stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause))))
-            elif isinstance(e, ev.GpuSampled):
-                stimuli.append((t, _REC, float(seq), GpuObserved(
-                    node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
-                    memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
-                    foreign_memory_mib=e.foreign_memory_mib)))
-            elif isinstance(e, ev.GpuErrored) and e.cause == "daemon":
-                pass  # the core's own finding at start-up (a GPU gone)
-            elif isinstance(e, ev.GpuErrored):
+    for e in events:
+        t = clock = max(clock, e.ts)  # a clock stepped back is flattened
+        seq = e.seq
+        stimulus = ev.is_stimulus(e)
+        if isinstance(e, ev.GpuDiscovered):  # part of the DaemonStarted before it
+            if start is not None:
+                start[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
+            continue
+        if isinstance(e, ev.PolicyChanged) and e.by == "config":
+            continue  # recorded by the core itself when a restart brings another policy
+        if stimulus:
+            flush_start()  # the DaemonStarted's own decisions are over
+        if isinstance(e, ev.DaemonStarted):
+            recorded_policy = recorded_policy or e.policy
+            start = (t, seq, e, [])
+        elif isinstance(e, ev.JobSubmitted):
+            ordinal[e.job] = len(ordinal) + 1
+            stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause))))
+        elif isinstance(e, ev.GpuSampled):
+            stimuli.append((t, _REC, float(seq), GpuObserved(
+                node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
+                memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
+                foreign_memory_mib=e.foreign_memory_mib)))
+        elif isinstance(e, ev.GpuErrored):
+            if stimulus and e.cause != "daemon":  # not the core's own finding at start-up
                 stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
-            elif isinstance(e, ev.GpuPaused):
-                stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
-            elif isinstance(e, ev.GpuResumed):
-                stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
-            elif isinstance(e, ev.PolicyChanged) and e.cause == "daemon":
-                pass  # the core records it itself when a restart brings another policy
-            elif isinstance(e, ev.PolicyChanged):
+        elif isinstance(e, ev.GpuPaused):
+            stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
+        elif isinstance(e, ev.GpuResumed):
+            stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
+        elif isinstance(e, ev.PolicyChanged):
+            if stimulus:
                 policy_changes += 1
                 stimuli.append((t, _REC, float(seq), ("policy", SetPolicy(policy=e.policy, by=e.by))))
-            elif isinstance(e, ev.DaemonStopped):
-                stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
-            elif isinstance(e, _COMMANDED) and _user_command(e):
-                # one command naming several jobs left consecutive events with one cause
-                kind = ev.JobHeld if tp is ev.JobHeld else ev.JobReleased if tp is ev.JobReleased else ev.JobCancelled
-                jobs: list[int] = []
-                j = i
-                while j < n:
-                    f = batch[j]
-                    if not isinstance(f, _COMMANDED):
-                        break
-                    ft = type(f)
-                    fk = ev.JobHeld if ft is ev.JobHeld else ev.JobReleased if ft is ev.JobReleased else ev.JobCancelled
-                    if fk is not kind or f.cause != e.cause or not _user_command(f):
-                        break
-                    if isinstance(f, ev.JobCancelRequested) and f.reason != "cancelled":
-                        break
-                    if isinstance(f, ev.JobCancelRequested):
-                        _attempt(attempts, f.job)["stop_requested"] = t
-                    jobs.append(f.job)
-                    j += 1
-                if isinstance(e, ev.JobCancelRequested) and e.reason != "cancelled":
-                    jobs, j = [], i + 1  # a stop the core decided (time limit, preemption)
-                    _attempt(attempts, e.job)["stop_requested"] = t
-                    if e.cause == "timer" and i > 0 and batch[i - 1].cause != "timer":
-                        timer_times.append((t, seq))  # a Tick in the middle of a batch
-                if jobs:
-                    cls = {ev.JobHeld: Hold, ev.JobReleased: Release, ev.JobCancelled: Cancel}[kind]
-                    stimuli.append((t, _REC, float(seq), ("jobs", jobs, cls, e.cause)))
-                i = j
-                continue
-            elif isinstance(e, ev.JobCancelRequested):
-                _attempt(attempts, e.job)["stop_requested"] = t
-            elif isinstance(e, ev.JobPlaced):
-                attempts.setdefault(e.job, []).append({"placed": t})
-            elif isinstance(e, ev.JobStarted):
-                a = _attempt(attempts, e.job)
-                a["started"], a["start_seq"] = t, seq
-            elif isinstance(e, ev.JobExited):
-                a = _attempt(attempts, e.job)
-                a.update(exit_code=e.exit_code, signal=e.signal, reason=e.reason, end_seq=seq)
-                if "stop_requested" in a:
-                    a["stopped"] = t
-                else:
-                    a["ended"] = t
-            elif isinstance(e, ev.JobLost):
-                a = _attempt(attempts, e.job)
-                a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
-            i += 1
+        elif isinstance(e, ev.DaemonStopped):
+            stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
+        elif isinstance(e, ev.TimerFired):
+            timer_times.append((t, seq))
+        elif isinstance(e, ev.JobsCommanded):
+            stimuli.append((t, _REC, float(seq), ("jobs", list(e.jobs), _COMMANDS[e.command], e.by)))
+        elif isinstance(e, (ev.JobCancelled, ev.JobHeld, ev.JobReleased)):
+            if legacy and _legacy_command(e):
+                cls = Cancel if isinstance(e, ev.JobCancelled) else Hold if isinstance(e, ev.JobHeld) else Release
+                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], cls, e.cause)))
+        elif isinstance(e, ev.JobCancelRequested):
+            _attempt(attempts, e.job)["stop_requested"] = t
+            if legacy and _legacy_command(e):
+                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], Cancel, e.cause)))
+        elif isinstance(e, ev.JobPlaced):
+            attempts.setdefault(e.job, []).append({"placed": t})
+        elif isinstance(e, ev.JobStarted):
+            a = _attempt(attempts, e.job)
+            a["started"], a["start_seq"] = t, seq
+        elif isinstance(e, ev.JobExited):
+            a = _attempt(attempts, e.job)
+            a.update(exit_code=e.exit_code, signal=e.signal, reason=e.reason, end_seq=seq)
+            if "stop_requested" in a:
+                a["stopped"] = t
+            else:
+                a["ended"] = t
+        elif isinstance(e, ev.JobLost):
+            a = _attempt(attempts, e.job)
+            a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
     flush_start()
     if not recorded_policy:
         raise ReplayError(f"{log_dir}: the log has no DaemonStarted event; nothing to replay on")
@@ -400,7 +385,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     median = every[len(every) // 2] if every else 3600.0
     return Workload(
         name=str(log_dir), kind="log", stimuli=fixed, attempts=by_ordinal, recorded_policy=recorded_policy,
-        timer_times=sorted(timer_times), default_runtime=median, policy_changes=policy_changes,
+        timer_times=sorted(timer_times), default_runtime=median, policy_changes=policy_changes, legacy=legacy,
         runtime_by_key={k: sorted(v)[len(v) // 2] for k, v in runtimes.items()},
     )
 
@@ -554,7 +539,7 @@ class _Sim:
         # RECORDED follows the log's policy switches; a named policy holds throughout
         self.follow_recorded = policy == RECORDED
         # the recording's own policy throughout: tick exactly when the daemon did
-        self.exact = workload.kind == "log" and (
+        self.exact = workload.kind == "log" and not workload.legacy and (
             policy == RECORDED or (policy == workload.recorded_policy and not workload.policy_changes)
         )
         self.state = ClusterState()
@@ -588,16 +573,12 @@ class _Sim:
         except Refused:
             self.refused += 1
             return []
-        if events:
-            seq = self.next_seq
-            stamped = ev.stamp(events, seq)
-            self.next_seq = seq + len(stamped)
-            self.state.last_seq = self.next_seq - 1
-            self.buffer.extend(stamped)
-            for e in stamped:
+        if events:  # stamped by the core with the next seqs of this replay's log
+            self.next_seq = events[-1].seq + 1
+            self.buffer.extend(events)
+            for e in events:
                 if type(e) is ev.JobPlaced:
                     self.placements += 1
-            events = stamped
         if self.validate:
             from .projections.cluster import validate_state
 
@@ -617,12 +598,7 @@ class _Sim:
             self.buffer = []
 
     def tick(self) -> None:
-        # A Tick's events open a frame of their own, as in the daemon's log (a
-        # frame that opens with a decision was a tick's), so that a replay of
-        # this replay finds its ticks; other frames are cut only before a
-        # message that is not a tick.
-        self.flush()
-        self.handle(Tick())
+        self.handle(Tick())  # records a TimerFired when it decides anything
 
     def maybe_flush(self) -> None:
         if len(self.buffer) >= FLUSH_EVENTS:
@@ -700,8 +676,7 @@ class _Sim:
     # -- inputs --
 
     def feed(self, item: Any) -> None:
-        if not (isinstance(item, tuple) and item[0] == "tick"):
-            self.maybe_flush()
+        self.maybe_flush()
         if isinstance(item, tuple):
             kind = item[0]
             if kind == "submit":
@@ -762,7 +737,7 @@ class _Sim:
         if self.exact:
             # the daemon ticked a little after the deadline it was asked for;
             # ticking when it did keeps every input in its recorded order
-            stimuli.extend((t, _REC, seq - 0.5, ("tick", None)) for t, seq in self.w.timer_times)
+            stimuli.extend((t, _REC, float(seq), ("tick", None)) for t, seq in self.w.timer_times)
         stimuli.sort(key=lambda s: (s[0], s[1], s[2]))
         i, n = 0, len(stimuli)
         heap = self.heap

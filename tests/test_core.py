@@ -241,9 +241,16 @@ def test_cancel_queued_and_running_jobs():
     run = s.submit(gpus=1)
     wait = s.submit(gpus=1)
     events, effects = s.do(m.Cancel(jobs=[wait], uid=OWNER))
-    assert [type(e) for e in events] == [ev.JobCancelled] and s.st(wait) == "cancelled"
+    by = f"uid:{OWNER}"
+    n = events[0].seq
+    # the command is a fact; the cancellation is a decision that names it
+    assert events == [
+        ev.JobsCommanded(seq=n, ts=s.now, cause=by, command="cancel", jobs=[wait], by=by),
+        ev.JobCancelled(seq=n + 1, ts=s.now, cause=f"seq:{n}", job=wait, by=by),
+    ]
+    assert s.st(wait) == "cancelled"
     events, effects = s.do(m.Cancel(jobs=[run], uid=OWNER))
-    assert isinstance(events[0], ev.JobCancelRequested)
+    assert isinstance(events[1], ev.JobCancelRequested) and events[1].cause == f"seq:{events[0].seq}"
     assert [x for x in effects if isinstance(x, m.Signal)] == [m.Signal(job=run, grace_s=10.0, reason="cancelled")]
     assert s.st(run) == "running"  # until the process is gone
     s.exit(run, None, signal=15)
@@ -425,7 +432,8 @@ def test_fifo_blocks_at_the_head_priority_skips():
 def test_set_policy_is_recorded_and_unknown_names_refused():
     s = Sched()
     events, _ = s.do(m.SetPolicy(policy="fifo", by="uid:0"))
-    assert events == [ev.PolicyChanged(ts=s.now, cause="uid:0", policy="fifo", by="uid:0")]
+    assert events == [ev.PolicyChanged(seq=s.state.last_seq, ts=s.now, cause="uid:0", policy="fifo", by="uid:0")]
+    assert s.do(m.SetPolicy(policy="fifo", by="uid:0"))[0] == []  # the same policy again: nothing to record
     assert "unknown policy" in s.refused(m.SetPolicy(policy="nope"))
     assert set(POLICIES) >= {"fifo", "priority", "best-fit", "sjf-backfill", "fgd"}
 

@@ -24,11 +24,9 @@ import msgspec
 from .. import events as ev
 from ..messages import SchedulerConfig
 from ..settings import settings_from_dict
+from ..states import FINAL, IllegalTransition, JobState, next_state
 
 __all__ = [
-    "JOB_STATES",
-    "FINAL_STATES",
-    "TRANSITIONS",
     "IllegalTransition",
     "Gpu",
     "Job",
@@ -48,28 +46,7 @@ __all__ = [
 
 FULL = 1000  # milli-GPU in one whole GPU
 
-JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "preempted", "held", "lost")
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-
-# Legal job-state transitions, the only place they are written down.
-# "failed" and "preempted" may go back to the queue: retries (F17), time-limit
-# requeue (F9) and preemption (F13) emit JobRequeued right after JobExited.
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "queued": frozenset({"running", "cancelled", "held"}),
-    "held": frozenset({"queued", "cancelled"}),
-    "running": frozenset({"succeeded", "failed", "cancelled", "preempted", "lost"}),
-    "failed": frozenset({"queued"}),
-    "preempted": frozenset({"queued", "cancelled"}),
-    "succeeded": frozenset(),
-    "cancelled": frozenset(),
-    "lost": frozenset(),
-}
-
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
-
-
-class IllegalTransition(ValueError):
-    """An event that does not fit the current state; nothing was changed."""
 
 
 class Gpu(msgspec.Struct, kw_only=True):
@@ -117,7 +94,7 @@ class Gpu(msgspec.Struct, kw_only=True):
 class Job(msgspec.Struct, kw_only=True):
     id: int
     spec: ev.JobSpec
-    state: str = "queued"
+    state: JobState = JobState.QUEUED
     count: int = 1  # GPUs asked for (0 = CPU only)
     milli: int = FULL  # share of each of them
     order: int = 0  # queue position (FIFO key); a requeue moves it to the back
@@ -372,9 +349,9 @@ class ClusterState:
             self.shape_counts[shape] = self.shape_counts.get(shape, 0) + 1
         for job in sorted(self.jobs.values(), key=lambda j: j.id):
             self._index_submitted(job)
-            if job.state == "queued":
+            if job.state == JobState.QUEUED:
                 self._enter_queue(job)
-            elif job.state == "running":
+            elif job.state == JobState.RUNNING:
                 self.running[job.id] = None
                 self._track_deadline(job)
 
@@ -404,7 +381,7 @@ class ClusterState:
     def _track_deadline(self, job: Job) -> None:
         """Record when ``job``'s time limit falls due (or that none does)."""
         limit = job.time_limit(self.config.default_time_limit_s)
-        if job.state != "running" or job.cancel_reason or limit is None or job.started_at is None:
+        if job.state != JobState.RUNNING or job.cancel_reason or limit is None or job.started_at is None:
             self.deadlines.pop(job.id, None)
             return
         due = job.started_at + limit
@@ -483,11 +460,6 @@ def _job(state: ClusterState, job_id: int) -> Job:
     return job
 
 
-def _check(job: Job, to: str) -> None:
-    if to not in TRANSITIONS[job.state]:
-        raise IllegalTransition(f"job {job.id}: {job.state} -> {to} is not allowed")
-
-
 def _release(state: ClusterState, job: Job) -> None:
     """Give back the shares and memory a running job held."""
     for gid in job.gpu_ids:
@@ -501,16 +473,6 @@ def _release(state: ClusterState, job: Job) -> None:
         state._gpu_changed(gpu)
     state.running.pop(job.id, None)
     state.deadlines.pop(job.id, None)
-
-
-def _exit_state(job: Job, event: ev.JobExited) -> str:
-    if job.cancel_reason == "cancelled" or event.reason == "cancelled":
-        return "cancelled"
-    if job.cancel_reason == "preempted":
-        return "preempted"
-    if job.cancel_reason == "time-limit":
-        return "failed"
-    return "succeeded" if event.exit_code == 0 else "failed"
 
 
 def apply(state: ClusterState, event: ev.Event) -> None:
@@ -611,7 +573,7 @@ def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
 
 def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
     job = _job(state, e.job)
-    _check(job, "running")
+    to = next_state(job, e)
     gpus = []
     for gid in e.gpu_ids:
         gpu = state.gpus.get((e.node, gid))
@@ -620,7 +582,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
         gpus.append(gpu)
     milli = round(e.share * FULL) if e.gpu_ids else 0
     state._leave_queue(job)
-    job.state = "running"
+    job.state = to
     job.node = e.node
     job.gpu_ids = list(e.gpu_ids)
     job.milli = milli
@@ -646,8 +608,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
 
 def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job = _job(state, e.job)
-    if job.state != "running":
-        raise IllegalTransition(f"job {e.job} started while {job.state}")
+    next_state(job, e)
     job.pid = e.pid
     job.start_time = e.start_time
     job.log_path = e.log_path
@@ -657,9 +618,7 @@ def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
 
 def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
     job = _job(state, e.job)
-    if job.state != "running":
-        raise IllegalTransition(f"job {e.job} exited while {job.state}")
-    to = _exit_state(job, e)
+    to = next_state(job, e)
     _release(state, job)
     job.state = to
     job.exit_code = e.exit_code
@@ -674,26 +633,24 @@ def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
 
 def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None:
     job = _job(state, e.job)
-    if job.state != "running":
-        raise IllegalTransition(f"job {e.job}: stop requested while {job.state}")
+    next_state(job, e)
     job.cancel_reason = e.reason
     state._track_deadline(job)
 
 
 def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
     job = _job(state, e.job)
-    _check(job, "cancelled")
-    if job.state == "queued":
+    to = next_state(job, e)
+    if job.state == JobState.QUEUED:
         state._leave_queue(job)
-    job.state = "cancelled"
+    job.state = to
     job.reason = "cancelled"
     job.ended_at = e.ts
 
 
 def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
     job = _job(state, e.job)
-    _check(job, "queued")
-    job.state = "queued"
+    job.state = next_state(job, e)
     if e.reason != "not-launched":  # one that never ran keeps its place
         job.order = state.next_order  # to the back of the queue
         state.next_order += 1
@@ -708,24 +665,22 @@ def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
 
 def _job_held(state: ClusterState, e: ev.JobHeld) -> None:
     job = _job(state, e.job)
-    _check(job, "held")
+    to = next_state(job, e)
     state._leave_queue(job)
-    job.state = "held"
+    job.state = to
 
 
 def _job_released(state: ClusterState, e: ev.JobReleased) -> None:
     job = _job(state, e.job)
-    if job.state != "held":
-        raise IllegalTransition(f"job {e.job} released while {job.state}")
-    job.state = "queued"  # keeps its place (order) in the queue
+    job.state = next_state(job, e)  # keeps its place (order) in the queue
     state._enter_queue(job)
 
 
 def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job = _job(state, e.job)
-    _check(job, "lost")
+    to = next_state(job, e)
     _release(state, job)
-    job.state = "lost"
+    job.state = to
     job.reason = e.reason or "lost"
     job.ended_at = e.ts
 
@@ -870,8 +825,8 @@ def validate_state(state: ClusterState) -> None:
     mem: dict[tuple[str, int], int] = {key: 0 for key in state.gpus}
     on: dict[tuple[str, int], list[int]] = {key: [] for key in state.gpus}
     for job in state.jobs.values():
-        assert job.state in TRANSITIONS, f"job {job.id} in unknown state {job.state}"
-        if job.state == "running":
+        assert isinstance(job.state, JobState), f"job {job.id} in unknown state {job.state}"
+        if job.state == JobState.RUNNING:
             assert len(job.gpu_ids) == job.count, f"job {job.id}: gang not all-or-nothing {job.gpu_ids}"
             assert len(set(job.gpu_ids)) == len(job.gpu_ids), f"job {job.id}: a GPU twice"
             for gid in job.gpu_ids:
@@ -881,22 +836,22 @@ def validate_state(state: ClusterState) -> None:
                 on[key].append(job.id)
         else:
             assert job.id not in state.running
-            assert job.state not in FINAL_STATES or job.ended_at is not None, f"job {job.id} final without end"
+            assert job.state not in FINAL or job.ended_at is not None, f"job {job.id} final without end"
     for key, gpu in state.gpus.items():
         assert 0 <= gpu.used_milli <= FULL, f"GPU {key} over-committed: {gpu.used_milli}"
         assert gpu.used_milli == used[key], f"GPU {key}: {gpu.used_milli} != {used[key]}"
         assert gpu.reserved_mib == mem[key], f"GPU {key}: reserved {gpu.reserved_mib} != {mem[key]}"
         assert sorted(gpu.jobs) == sorted(on[key]), f"GPU {key}: jobs {gpu.jobs} != {on[key]}"
-    queued = sorted(j.id for j in state.jobs.values() if j.state == "queued")
+    queued = sorted(j.id for j in state.jobs.values() if j.state == JobState.QUEUED)
     assert sorted(i for _, i in state.queue.by_order) == queued, "queue index out of step"
     assert state.queue.by_priority == sorted(state.queue.by_priority)
     assert state.queue.by_order == sorted(state.queue.by_order)
     per_uid: dict[int, int] = {}
     for j in state.jobs.values():
-        if j.state == "queued":
+        if j.state == JobState.QUEUED:
             per_uid[j.spec.uid] = per_uid.get(j.spec.uid, 0) + 1
     assert state.queued_by_uid == per_uid, "per-user queue counts out of step"
-    running = sorted(j.id for j in state.jobs.values() if j.state == "running")
+    running = sorted(j.id for j in state.jobs.values() if j.state == JobState.RUNNING)
     assert sorted(state.running) == running, "running index out of step"
     assert all(math.isfinite(g.used_milli) for g in state.gpus.values())
     # the incremental indices equal a recomputation from the facts
