@@ -31,6 +31,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
 EXIT_BAD_QUERY = 2  # the user's SQL: invalid or refused
 
+# Everything else (SET, RESET, ATTACH, COPY, INSTALL, LOAD, CALL, ...) is refused.
 _READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
 # PRAGMAs that only describe things; every other one may change settings or data
 _READ_PRAGMAS = {
@@ -54,8 +55,60 @@ def _one_line(message: str) -> str:
     return " ".join(keep)
 
 
+def _explained(text: str) -> list[str]:
+    """Where the statement an EXPLAIN explains may start, by DuckDB's grammar:
+    after ``EXPLAIN``, ``EXPLAIN ANALYZE``, ``EXPLAIN [ANALYZE] VERBOSE`` or
+    ``EXPLAIN (options)``."""
+    tokens = [(pos, kind) for pos, kind in duckdb.tokenize(text) if kind != duckdb.token_type.comment]
+
+    def word(i: int) -> str:
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(text)
+        return text[tokens[i][0]:end].strip().lower()
+
+    starts = []
+    i = 1
+    if i < len(tokens) and word(i) in ("analyze", "analyse"):
+        starts.append(i)
+        i += 1
+    if i < len(tokens) and word(i) == "verbose":
+        starts.append(i)
+        i += 1
+    starts.append(i)
+    if len(tokens) > 1 and word(1).startswith("("):
+        depth = 0
+        for j in range(1, len(tokens)):
+            depth += word(j).count("(") - word(j).count(")")
+            if depth <= 0:
+                starts.append(j + 1)
+                break
+    return [text[tokens[k][0]:] for k in sorted(set(starts)) if k < len(tokens)]
+
+
+def _check_explain(text: str) -> None:
+    """EXPLAIN ANALYZE runs its statement: let an EXPLAIN through only when
+    every way of reading what it explains is one SELECT."""
+    selects = 0
+    for inner in _explained(text):
+        try:
+            statements = duckdb.extract_statements(inner)
+        except duckdb.Error:
+            continue
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            kind = statements[0].type.name if len(statements) == 1 else "several statements"
+            raise QueryRefused(f"refused: EXPLAIN of {kind}; only a SELECT may be explained")
+        selects += 1
+    if not selects:
+        raise QueryRefused("refused: EXPLAIN of something other than a SELECT; only a SELECT may be explained")
+
+
 def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if all of them only read; raises QueryRefused."""
+    """The statements of ``sql`` if all of them only read; raises QueryRefused.
+
+    An allow-list by DuckDB's own parser: SELECT (which includes DESCRIBE, SHOW,
+    SUMMARIZE, VALUES, FROM-first), EXPLAIN [ANALYZE] of a SELECT, and the
+    descriptive PRAGMAs. The connection it runs on is hardened besides
+    (``harden``): no file access, no extensions, its settings locked.
+    """
     statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException
     if not statements:
         raise QueryRefused("empty query")
@@ -70,11 +123,42 @@ def check_read_only(sql: str) -> list[str]:
                 raise QueryRefused(f"refused: PRAGMA {name or '?'} is not a read-only statement")
         elif kind not in _READ_TYPES:
             raise QueryRefused(
-                f"refused: {kind.name} statements would modify the read model; "
+                f"refused: {kind.name} statements are not read-only queries; "
                 "only SELECT, EXPLAIN and descriptive PRAGMAs are allowed"
             )
+        elif kind == duckdb.StatementType.EXPLAIN:
+            _check_explain(text)
         out.append(text)
     return out
+
+
+def harden(con: duckdb.DuckDBPyConnection, *, memory_limit: str | None = None, threads: int | None = None,
+           spill: bool = True) -> None:
+    """Lock ``con`` down before it runs a user's SQL: no files outside the
+    database already open (read_text, glob, COPY, ATTACH), no extensions
+    installed or loaded, then ``lock_configuration`` so no statement can undo
+    any of it. ``memory_limit``/``threads`` bound it; ``spill=False`` keeps it
+    off the disk altogether. One helper for both the local ``sql`` and the
+    daemon's sandbox (``sql_sandbox``).
+    """
+    settings: list[str] = []
+    if not spill:  # temp_directory may only change while external access is on
+        settings += ["SET temp_directory = ''", "SET max_temp_directory_size = '0B'"]
+    if memory_limit is not None:
+        settings.append(f"SET memory_limit = '{memory_limit}'")
+    if threads is not None:
+        settings.append(f"SET threads = {int(threads)}")
+    settings += ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
+                 "SET enable_progress_bar = false"]
+    for statement in settings:
+        con.execute(statement)
+    for optional in ("SET allow_community_extensions = false",):
+        try:
+            con.execute(optional)
+        except duckdb.CatalogException:
+            pass  # a setting this DuckDB version does not have
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
 
 
 # --- formatting ----------------------------------------------------------------
@@ -88,6 +172,8 @@ def _plain(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
+    if type(value).__name__ == "MonthDayNano":  # an INTERVAL read through Arrow (the daemon's sandbox)
+        return (value.months * 30 + value.days) * 86400.0 + value.nanoseconds / 1e9
     if isinstance(value, decimal.Decimal):
         return float(value)
     if isinstance(value, uuid.UUID):
@@ -182,6 +268,7 @@ def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[
         raise SqlError(str(e), EXIT_ERROR) from None
     try:
         with history.reader() as con:
+            harden(con)
             columns: list[str] = []
             rows: list[tuple[Any, ...]] = []
             for text in statements:

@@ -71,7 +71,8 @@ __all__ = [
     "VIEWS",
 ]
 
-SCHEMA_VERSION = 1
+# 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
+SCHEMA_VERSION = 2
 DB_NAME = "history.duckdb"
 LOCK_NAME = "history.lock"
 # Events turned into columns at a time during catch-up: big enough for
@@ -100,7 +101,7 @@ CREATE TABLE IF NOT EXISTS job_events (
 CREATE TABLE IF NOT EXISTS submissions (
     seq BIGINT, ts DOUBLE, job BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR,
     command VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, allowed_gpu_ids VARCHAR, priority BIGINT,
-    time_limit_s DOUBLE, on_time_limit VARCHAR, retries INTEGER, after VARCHAR, cwd VARCHAR,
+    time_limit_s DOUBLE, on_time_limit VARCHAR, retries BIGINT, after VARCHAR, cwd VARCHAR,
     content_hash VARCHAR, node VARCHAR);
 CREATE TABLE IF NOT EXISTS placement_events (
     seq BIGINT, ts DOUBLE, job BIGINT, node VARCHAR, gpu INTEGER, idx INTEGER, share DOUBLE,
@@ -354,10 +355,31 @@ def _record_type(cls: type) -> np.dtype:
     return np.dtype([(f.name, _NUMPY_TYPE.get(type(f.type), "O")) for f in fields])
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _clamped(row: tuple[Any, ...], dtype: np.dtype) -> tuple[Any, ...]:
+    """``row`` with integers outside int64 clamped into it (int64 fields only)."""
+    return tuple(
+        min(max(v, _INT64_MIN), _INT64_MAX) if dtype[i].kind == "i" and isinstance(v, int) else v
+        for i, v in enumerate(row)
+    )
+
+
 def _records(structs: list[Any]) -> np.ndarray:
-    """A record array of same-typed structs, in the structs' field order."""
+    """A record array of same-typed structs, in the structs' field order.
+
+    The log may hold integers beyond int64 (msgspec decodes up to 2**64 - 1,
+    and old logs predate the submission bounds): those are clamped, so one
+    absurd number costs its own precision, never the whole read model.
+    """
     struct_type: type = type(structs[0])  # classes are hashable: the lru_cache key
-    return np.array(list(map(msgspec.structs.astuple, structs)), dtype=_record_type(struct_type))
+    dtype = _record_type(struct_type)
+    rows = list(map(msgspec.structs.astuple, structs))
+    try:
+        return np.array(rows, dtype=dtype)
+    except OverflowError:
+        return np.array([_clamped(row, dtype) for row in rows], dtype=dtype)
 
 
 class _Chunk:
@@ -757,6 +779,62 @@ def _flock(fd: int, kind: int, timeout_s: float) -> bool:
             delay = min(delay * 2, 0.05)
 
 
+def _private(fd: int) -> None:
+    """Make a file we own 0600 (an earlier version left it 0644 or 0666)."""
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, readable and writable by its owner alone: anyone who
+    could open it could flock it and stall every catch-up and query (a root
+    daemon's users ask the daemon instead). PermissionError if it is not ours."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        _private(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _create_private_db(db_path: Path) -> None:
+    """Create an empty database file at ``db_path`` with mode 0600.
+
+    DuckDB creates files with the process umask and refuses an empty file,
+    so it is created in a 0700 folder beside it, made 0600 and renamed into
+    place: no other user ever sees it with a looser mode.
+    """
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=".history-new-", dir=db_path.parent)
+    try:
+        tmp = Path(folder) / db_path.name
+        con = duckdb.connect(str(tmp))
+        try:
+            ensure_schema(con)
+        finally:
+            con.close()
+        os.chmod(tmp, 0o600)
+        os.rename(tmp, db_path)
+    finally:
+        for leftover in Path(folder).glob("*"):
+            leftover.unlink(missing_ok=True)
+        os.rmdir(folder)
+
+
+def _private_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        _private(fd)
+    finally:
+        os.close(fd)
+
+
 def _is_lock_conflict(exc: duckdb.Error) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
 
@@ -772,7 +850,7 @@ class History:
     """
 
     def __init__(self, state_dir: str | os.PathLike[str], *, lock_timeout_s: float = 5.0,
-                 in_memory: bool = False) -> None:
+                 in_memory: bool = False, write_wait_s: float | None = None) -> None:
         self.state_dir = Path(state_dir)
         if not self.state_dir.is_dir():
             raise HistoryError(f"no eventsched state directory at {self.state_dir}")
@@ -780,6 +858,9 @@ class History:
         self.db_path = self.state_dir / DB_NAME
         self.lock_path = self.state_dir / LOCK_NAME
         self.lock_timeout_s = lock_timeout_s
+        # how long a reader waits to catch the file up before it reads a
+        # private copy instead (default: lock_timeout_s)
+        self.write_wait_s = lock_timeout_s if write_wait_s is None else write_wait_s
         self.force_memory = in_memory
         self._mem: duckdb.DuckDBPyConnection | None = None
         # how the last view was obtained: "file", "memory-copy" or "memory-log"
@@ -791,7 +872,10 @@ class History:
         """Fold new log events into the database file; returns events added."""
         if self.force_memory:
             return self._catch_up_memory()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = _open_lock(self.lock_path)
+        except PermissionError:
+            return 0  # not ours to write (a root daemon's); its owner keeps it current
         try:
             if not _flock(fd, fcntl.LOCK_EX, self.lock_timeout_s):
                 return 0  # someone else is writing or reading; they are current
@@ -805,6 +889,11 @@ class History:
             os.close(fd)  # closing releases the flock
 
     def _catch_up_file(self) -> int:
+        if not self.db_path.exists():
+            _create_private_db(self.db_path)
+        else:
+            _private_path(self.db_path)
+        _private_path(self.db_path.with_name(self.db_path.name + ".wal"))
         con = duckdb.connect(str(self.db_path))
         try:
             ensure_schema(con)
@@ -816,6 +905,7 @@ class History:
                 con.close()
                 for stale in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal")):
                     stale.unlink(missing_ok=True)
+                _create_private_db(self.db_path)
                 con = duckdb.connect(str(self.db_path))
                 ensure_schema(con)
                 after = 0
@@ -844,7 +934,15 @@ class History:
             self.last_mode = "memory-log"
             yield self._mem  # type: ignore[misc]
             return
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fd = _open_lock(self.lock_path)
+        except PermissionError:
+            # not ours (a root daemon's read model): a private view from the log
+            try:
+                yield self._memory_from_log()
+            finally:
+                self._replace_mem(None)
+            return
         try:
             con = self._open_current(fd)
             try:
@@ -857,7 +955,7 @@ class History:
 
     def _open_current(self, fd: int) -> duckdb.DuckDBPyConnection:
         wrote = False
-        if _flock(fd, fcntl.LOCK_EX, self.lock_timeout_s):
+        if _flock(fd, fcntl.LOCK_EX, self.write_wait_s):
             try:
                 self._catch_up_file()
                 wrote = True
@@ -930,7 +1028,7 @@ def open_history(state_dir: str | os.PathLike[str], **kwargs: Any) -> History:
 def rebuild(state_dir: str | os.PathLike[str]) -> int:
     """Throw the database file away and fold the whole log again; events folded."""
     history = History(state_dir)
-    fd = os.open(history.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(history.lock_path)
     try:
         if not _flock(fd, fcntl.LOCK_EX, 60.0):
             raise HistoryError(f"{history.lock_path} is busy; try again when queries finish")
