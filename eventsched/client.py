@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Any, Iterator
 
 from . import protocol
@@ -28,6 +29,15 @@ def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
             return f.read()
     except FileNotFoundError:
         return b""
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    """Send a request; if the daemon already hung up, its reason (e.g. too
+    many connections) is still there to read, so let the caller read it."""
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
 
 
 class ClientError(Exception):
@@ -56,7 +66,14 @@ class Client:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self.socket_path)
+            for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
+                try:
+                    sock.connect(self.socket_path)
+                    break
+                except BlockingIOError:  # the daemon's listen backlog is full for a moment
+                    if not delay:
+                        raise
+                    time.sleep(delay)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise DaemonNotRunning(self.socket_path) from exc
@@ -96,7 +113,7 @@ class Client:
         if self._sock is None:
             self._sock = self._connect()
         try:
-            self._sock.sendall(protocol.frame(req))
+            _send(self._sock, protocol.frame(req))
             reply = self._receive(self._sock)
         except (OSError, ClientError):
             self.close()
@@ -119,9 +136,19 @@ class Client:
         if self._sock is None:
             self._sock = self._connect()
         sock = self._sock
+        # a window at a time, the next one sent before the last one's replies
+        # are read: the daemon stops reading a client that leaves many replies
+        # unread, so sending everything first could leave both sides waiting
+        window = 512
+        chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
+        replies: list[protocol.Reply | protocol.EventBatch] = []
         try:
-            sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in specs))
-            replies = [self._receive(sock) for _ in specs]
+            if chunks:
+                sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[0]))
+            for k, chunk in enumerate(chunks):
+                if k + 1 < len(chunks):
+                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
+                replies.extend(self._receive(sock) for _ in chunk)
         except (OSError, ClientError):
             self.close()
             raise
@@ -158,6 +185,10 @@ class Client:
     def set_policy(self, policy: str) -> dict:
         return self.request(protocol.SetPolicy(policy=policy))
 
+    def explain(self, job: int) -> dict:
+        """Why ``job`` waits now (``reason``, null unless it waits) and its ``story``."""
+        return self.request(protocol.ExplainJob(job=job))
+
     def log_path(self, job: int) -> str:
         return self.request(protocol.JobLogPath(job=job))["path"]
 
@@ -173,7 +204,7 @@ class Client:
         sock = self._connect()
         sock.settimeout(None)
         try:
-            sock.sendall(protocol.frame(protocol.Subscribe(from_seq=from_seq)))
+            _send(sock, protocol.frame(protocol.Subscribe(from_seq=from_seq)))
             reply = self._receive(sock)
             if isinstance(reply, protocol.Reply) and not reply.ok:
                 raise ClientError(reply.error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -16,6 +16,21 @@ class ConfigError(Exception):
     """One line naming the file and what is wrong in it."""
 
 
+class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Fair use of the control socket: how many connections, and how much
+    unread reply data the daemon holds for them before it stops reading or
+    hangs up."""
+
+    # connections of one uid (root and the daemon's user are not counted)
+    max_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # every connection; lowered at start to fit the daemon's open-file limit
+    max_total: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    # replies and events written but not yet read by one uid's connections:
+    # a connection that would push it past this is closed (one reply of any
+    # size is let through when nothing else of that user is waiting)
+    max_unread_bytes_per_user: Annotated[int, msgspec.Meta(ge=1 << 16)] = 32 << 20
+
+
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What a config file may set; command-line options override it."""
 
@@ -24,6 +39,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sample_interval_s: float = 2.0
     scheduler: SchedulerConfig = SchedulerConfig()
     limits: SubmitLimits = SubmitLimits()
+    connections: ConnectionLimits = ConnectionLimits()
 
 
 SAMPLE = """\
@@ -51,6 +67,11 @@ max_retries = 100
 max_time_limit_s = 31622400    # one year
 max_command_bytes = 65536
 max_env_bytes = 262144         # environment plus --env-setup
+
+[connections]                  # fair use of the socket (root and the daemon's user are exempt from the per-user limit)
+max_per_user = 64              # connections held by one user at once
+max_total = 4096               # all connections; lowered to fit the open-file limit
+max_unread_bytes_per_user = 33554432  # replies a user's clients leave unread before one is cut off
 """
 
 

@@ -60,9 +60,26 @@ def resolve(args: argparse.Namespace) -> tuple[ServeConfig, Path, Path]:
     return config, state_dir, socket_path
 
 
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's default soft
+    limit of 1,024 is a handful of users' worth of connections); returns
+    (before, after)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
 def serve(args: argparse.Namespace) -> int:
     from . import log as eventlog
-    from .gpus import NvmlUnavailable, open_backend
+    from .gpus import NvmlUnavailable, parse_gpus_option
     from .policies import POLICIES
 
     handler = logging.StreamHandler(sys.stderr)
@@ -75,7 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     if config.scheduler.policy not in POLICIES:
         return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {', '.join(POLICIES)}")
     try:
-        backend = open_backend(config.gpus, node=config.scheduler.node)
+        backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
     except NvmlUnavailable as exc:
         return _fail(str(exc))
     except ValueError as exc:
@@ -94,8 +111,10 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
     from .server import Server, status
 
     log = logging.getLogger("eventsched.daemon")
+    before, after = raise_open_file_limit()
+    log.info("open-file limit %d (soft limit was %d)", after, before)
     engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
-    server = Server(engine, socket_path, limits=config.limits)
+    server = Server(engine, socket_path, limits=config.limits, connections=config.connections)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)

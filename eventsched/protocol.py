@@ -70,6 +70,12 @@ class JobLogPath(Request, frozen=True):
     job: int
 
 
+class ExplainJob(Request, frozen=True):
+    """Why a job waits now, and its story from the log (``eventsched explain``)."""
+
+    job: int
+
+
 class RunSql(Request, frozen=True):
     """Read-only SQL over the history, answered by the daemon (for users who
     cannot read a root daemon's log themselves)."""
@@ -96,6 +102,7 @@ AnyRequest = Union[
     ResumeGpu,
     SetPolicy,
     JobLogPath,
+    ExplainJob,
     RunSql,
     Ping,
     Subscribe,

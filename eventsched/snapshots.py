@@ -5,6 +5,8 @@ payload, payload length) then ``cluster.snapshot_bytes``. It includes every
 event up to ``seq``; start-up loads the newest valid one and folds the log's
 tail after it. Deleting every snapshot gives the same state, only slower.
 Writes are atomic: temp file, fsync, rename, fsync of the directory.
+Snapshots hold every job's environment: the directory is 0700 and the files
+0600, whoever runs the daemon.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import msgspec
 
+from .fsutil import fsync_dir
 from .projections.cluster import ClusterState, snapshot_bytes, state_from_snapshot
 
 __all__ = ["save", "save_bytes", "load_latest", "snapshot_bytes", "list_snapshots", "KEEP"]
@@ -48,27 +51,22 @@ def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes) -> Path:
     """Write one snapshot payload (from ``snapshot_bytes``) atomically; prune old ones."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if d.stat().st_mode & 0o077:
+        os.chmod(d, 0o700)  # made by an earlier version: snapshots hold every job's environment
     final = d / _name(seq)
     tmp = d / (final.name + ".tmp")
-    with open(tmp, "wb") as f:
+    tmp.unlink(missing_ok=True)  # a leftover with another mode; O_EXCL below
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
         f.write(HEADER.pack(MAGIC, zlib.crc32(data), len(data)))
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    _fsync_dir(d)
+    fsync_dir(d)
     prune(d)
     return final
 
