@@ -16,6 +16,8 @@ import msgspec
 
 from .events import JobSpec
 from .messages import Refused
+from .rlimits import RlimitError
+from .rlimits import validate as validate_rlimits
 from .text import has_control
 
 __all__ = ["SubmitLimits", "check_submission"]
@@ -83,3 +85,7 @@ def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> 
         )
     if len(spec.cwd) > 4096 or "\0" in spec.cwd:
         raise Refused("the working directory is not a valid path")
+    try:  # the supervisor clamps them to the daemon's own limits; refuse nonsense here
+        validate_rlimits(spec.rlimits, spec.umask)
+    except RlimitError as exc:
+        raise Refused(str(exc)) from None

@@ -152,6 +152,7 @@ def client(args: argparse.Namespace):  # -> Client, lazily imported
 
 
 def build_spec(args: argparse.Namespace, command: list[str]):
+    from . import rlimits
     from .events import JobSpec
 
     if not command:
@@ -177,6 +178,9 @@ def build_spec(args: argparse.Namespace, command: list[str]):
         env_setup=args.env_setup or "",
         interactive=args.interactive,
         content_hash=content_hash(command, os.getcwd(), args) if args.dedupe else "",
+        # the job gets our umask and limits (the daemon clamps them to its own)
+        umask=rlimits.current_umask(),
+        rlimits=rlimits.current(),
     )
     return spec
 
@@ -233,10 +237,18 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 ",".join(map(str, j["gpu_ids"])) or "-",
                 human_duration(elapsed),
                 "" if j["exit_code"] is None else j["exit_code"],
+                _short_reason(j),
             ]
         )
-    print(table(["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT"], rows))
+    print(table(["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"], rows))
     return 0
+
+
+def _short_reason(job: dict) -> str:
+    """The REASON column (Slurm's NODELIST(REASON)): why it waits, cut to fit;
+    `eventsched explain ID` tells the whole of it."""
+    text = job.get("reason") or ""
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def render_status(status: dict) -> str:
@@ -331,6 +343,18 @@ def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = Fa
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    with client(args) as c:
+        info = c.explain(args.job)
+    if args.json:
+        print_json(info)
+    else:
+        from .story import render_explanation
+
+        print(render_explanation(info))
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     with client(args) as c:
         return follow_output(c, args.job, follow=args.follow)
@@ -372,7 +396,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from . import protocol
     from .client import ClientError
 
-    c = client(args)
+    from .client import Client
+
+    # the daemon bounds the query itself (catch-up, then its own time limit)
+    c = Client(args.socket or socket_location(args.state_dir), timeout=180.0)
 
     def via_daemon(sql: str) -> dict[str, Any]:
         try:
@@ -380,6 +407,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
             return result
         except ClientError as exc:
             raise SqlError(str(exc), 2) from None
+        except OSError as exc:  # e.g. the daemon took longer than the client waits
+            raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
 
     with c:
         return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon)
@@ -420,7 +449,7 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 COMMANDS = (
     "serve", "submit", "queue", "status", "cancel", "hold", "release", "pause-gpu", "resume-gpu",
-    "logs", "health", "sql", "metrics", "replay", "log", "config-sample",
+    "logs", "explain", "health", "sql", "metrics", "replay", "log", "config-sample",
 )
 
 
@@ -486,6 +515,11 @@ def build_parser(only: str | None = None) -> Parser:
         for name, what in (("pause-gpu", "place nothing new on a GPU"), ("resume-gpu", "accept jobs on a GPU again")):
             p = sub.add_parser(name, parents=[common], help=what)
             p.add_argument("gpu", type=int, metavar="ID")
+
+    if want("explain"):
+        p = sub.add_parser("explain", parents=[common], help="why a job waits, and its story")
+        p.add_argument("job", type=int)
+        p.add_argument("--json", action="store_true")
 
     if want("logs"):
         p = sub.add_parser("logs", parents=[common], help="print a job's output")
@@ -575,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         "pause-gpu": lambda: cmd_gpu_action(args, "pause_gpu"),
         "resume-gpu": lambda: cmd_gpu_action(args, "resume_gpu"),
         "logs": lambda: cmd_logs(args),
+        "explain": lambda: cmd_explain(args),
         "health": lambda: cmd_health(args),
         "sql": lambda: cmd_sql(args),
         "metrics": lambda: cmd_metrics(args),
@@ -592,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(str(exc), code=1)
     except BrokenPipeError:
         return 0
+    except TimeoutError:
+        fail("the daemon did not answer in time; it may be overloaded (try again)", code=1)
     except KeyboardInterrupt:
         return 130
 

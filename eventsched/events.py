@@ -100,6 +100,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     interactive: bool = False
     content_hash: str = ""
     node: str = ""  # "" = any node
+    # the submitter's umask (-1 = not sent: the job keeps the daemon's) and
+    # resource limits {"nofile": [soft, hard], ...} (-1 = unlimited), see
+    # rlimits.py; clamped to the daemon's own hard limits at launch
+    umask: int = -1
+    rlimits: dict[str, list[int]] = {}
 
 
 # --- the daemon ---------------------------------------------------------

@@ -23,11 +23,20 @@ polling); ``recover`` re-adopts supervisors after a restart.
 
 Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
 otherwise the command is exec'd as an argv, never interpreted.
+
+Containment (issue 18): where the daemon can manage cgroup v2 (``cgroups.py``),
+each attempt runs in its own cgroup ``<parent>/job-<id>-<attempt>``, which
+the job joins before exec; signals then reach every process in it, including
+those that left the job's process group (``setsid``, ``setpgid``). Elsewhere
+jobs are contained by their process group only, and the executor says so once,
+at start-up. The job also gets the submitter's umask and resource limits,
+clamped to the daemon's own (``rlimits.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import select
@@ -41,8 +50,11 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import msgspec
 
+from . import cgroups as _cg
+from . import rlimits as _rl
 from .events import JobSpec
 from .messages import Message, NeverLaunched, ProcessExited, ProcessLost, ProcessStarted
 
@@ -59,6 +71,7 @@ __all__ = [
 SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
+_log = logging.getLogger("eventsched.executor")
 # an async method run in the executor's task group (anyio wants a coroutine function)
 _TaskFn = Callable[..., Coroutine[Any, Any, None]]
 
@@ -188,7 +201,7 @@ def _credentials(spec: JobSpec) -> _Creds | None:
 class _Watch:
     """A supervisor the executor waits on (launched here or adopted)."""
 
-    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "_event")
+    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "_event")
 
     def __init__(
         self,
@@ -198,6 +211,7 @@ class _Watch:
         pidfd: int,
         popen: subprocess.Popen | None,
         report: bool = True,
+        cgroup: str = "",
     ) -> None:
         self.job = job
         self.attempt_dir = attempt_dir
@@ -206,6 +220,7 @@ class _Watch:
         self.popen = popen  # set when the supervisor is our child: reap it
         self.report = report
         self.ended = False
+        self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
         self._event: anyio.Event | None = None  # made lazily: recover() runs outside a loop
 
     def event(self) -> anyio.Event:
@@ -371,8 +386,24 @@ async def _wait_either(a: int, b: int) -> None:
         tg.start_soon(one, b, tg.cancel_scope)
 
 
+def _spec_cgroup(attempt_dir: Path) -> str:
+    """The cgroup an attempt was launched into (from its spec.json), or ""."""
+    plan = _read_json(attempt_dir / "spec.json")
+    cg = plan.get("cgroup") if isinstance(plan, dict) else None
+    # only ever a job's own cgroup, which is killed and removed by path
+    return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
+
+
 class Executor:
-    def __init__(self, state_dir: Path, *, node: str = "local", python: str = sys.executable, zygote: bool = True):
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        node: str = "local",
+        python: str = sys.executable,
+        zygote: bool = True,
+        cgroups: bool = True,
+    ):
         self.node = node
         self.jobs_dir = Path(state_dir) / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -386,6 +417,19 @@ class Executor:
         # forks the supervisors while ``run`` is active; cold starts otherwise
         self._use_zygote = zygote
         self._zygote: _Zygote | None = None
+        # issue 18: each job in its own cgroup where we can make one
+        self._cgroups: _cg.Cgroups | None = None
+        if cgroups:
+            self._cgroups, why = _cg.Cgroups.setup(state_dir)
+            if self._cgroups is None:
+                _log.warning("%s: jobs that leave their process group escape cancel", why)
+            else:
+                _log.info("jobs run in their own cgroups under %s", self._cgroups.parent)
+
+    @property
+    def containment(self) -> str:
+        """``cgroup2:<parent dir>`` or ``process-group``."""
+        return self._cgroups.containment if self._cgroups else "process-group"
 
     # --- paths ----------------------------------------------------------
 
@@ -409,6 +453,11 @@ class Executor:
         duplicate of one already launched, which raises ``AlreadyLaunched``."""
         if not spec.command:
             raise LaunchError("empty command")
+        try:  # the submitter's limits, never above ours (the server validated them too)
+            _rl.validate(spec.rlimits, spec.umask)
+            limits = _rl.clamp(spec.rlimits)
+        except _rl.RlimitError as e:
+            raise LaunchError(str(e)) from None
         creds = _credentials(spec)
         job_dir = self.jobs_dir / str(job)
         attempt_dir = job_dir / str(attempt)
@@ -420,6 +469,14 @@ class Executor:
         except OSError as e:
             raise LaunchError(f"cannot create {attempt_dir}: {e.strerror}") from None
 
+        cgroup = ""
+        if self._cgroups is not None:
+            try:
+                cgroup = self._cgroups.create(job, attempt)
+            except OSError as e:
+                _log.warning(
+                    "job %d: cannot create its cgroup (%s): contained by its process group only", job, e
+                )
         log_path = self.log_path(job)
         env = job_env(
             job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""
@@ -433,6 +490,9 @@ class Executor:
             "gid": creds.gid if creds else None,
             "groups": creds.groups if creds else None,
             "log": os.path.abspath(log_path),  # supervisors run in /
+            "cgroup": cgroup,
+            "umask": spec.umask,
+            "rlimits": limits,
         }
         try:
             # 0o600: the environment may hold the user's secrets
@@ -452,6 +512,8 @@ class Executor:
                 os.close(log_fd)
         except OSError as e:
             reason = f"cannot start the supervisor: {e.strerror or e}"
+            if cgroup:
+                _cg.remove(cgroup)
             # recorded like a supervisor would, so a restart reads "launch-failed"
             with contextlib.suppress(OSError):
                 (attempt_dir / "exit").write_bytes(
@@ -459,7 +521,7 @@ class Executor:
                 )
             raise LaunchError(reason) from None
         if handed is not None:
-            return await self._zygote_started(job, attempt_dir, *handed)
+            return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup)
 
         pidfd = os.pidfd_open(popen.pid)
         try:
@@ -472,10 +534,12 @@ class Executor:
         words = line.split(" ", 1) if line else []
         if words and words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
-            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen))
+            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen, cgroup=cgroup))
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         # Failed: reap the supervisor in the background, report nothing more.
-        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False))
+        if cgroup:  # the supervisor removes it too; the job never ran in it
+            _cg.remove(cgroup)
+        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False, cgroup=cgroup))
         if words and words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
@@ -524,7 +588,9 @@ class Executor:
             self._zygote = None
         return None
 
-    async def _zygote_started(self, job: int, attempt_dir: Path, z: _Zygote, token: int, req: _Request) -> ProcessStarted:
+    async def _zygote_started(
+        self, job: int, attempt_dir: Path, z: _Zygote, token: int, req: _Request, *, cgroup: str = ""
+    ) -> ProcessStarted:
         # Shielded: once a supervisor runs, we must learn its pid even if
         # the engine is being cancelled, or the job would go unwatched.
         with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
@@ -535,15 +601,17 @@ class Executor:
             pid, start_time = (int(x) for x in words[1].split())
             w: _Watch | None = None
             if req.pidfd >= 0:
-                w = _Watch(job, attempt_dir, pid, req.pidfd, None)
+                w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup)
             else:  # the zygote died before sending it: find the supervisor by its pid file
                 started = _read_json(attempt_dir / "pid")
                 w = self._adopt(job, attempt_dir, started) if started else None
-                w = w or _Watch(job, attempt_dir, pid, -1, None)  # already gone: read its exit now
+                w = w or _Watch(job, attempt_dir, pid, -1, None, cgroup=cgroup)  # already gone: read its exit now
             self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         if req.pidfd >= 0:  # not our child: the zygote reaps it
             os.close(req.pidfd)
+        if cgroup:  # the job never ran (its child was reaped before the error)
+            _cg.remove(cgroup)
         if words and words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
@@ -551,18 +619,23 @@ class Executor:
     # --- signal ---------------------------------------------------------
 
     async def signal(self, job: int, grace_s: float) -> None:
-        """SIGTERM the job's process group now; SIGKILL it after ``grace_s``
-        unless it has ended by then. Returns at once."""
+        """SIGTERM every process of the job now (its cgroup, else its process
+        group); SIGKILL them after ``grace_s`` unless the job has ended by
+        then. Returns at once."""
         w = self._watched.get(job)
         if w is None or w.pgid <= 0:
             return  # not running here (ended, or never started): nothing to stop
-        _killpg(w.pgid, _signal.SIGTERM)
+        # once each: a second SIGTERM can land inside the job's handler for the first
+        if not (w.cgroup and _cg.signal_all(w.cgroup, _signal.SIGTERM)):
+            _killpg(w.pgid, _signal.SIGTERM)
         self._spawn(self._kill_after, w, grace_s)
 
     async def _kill_after(self, w: _Watch, grace_s: float) -> None:
         with anyio.move_on_after(max(0.0, grace_s)):
             await w.event().wait()
         if not w.ended:
+            if w.cgroup:
+                await anyio.to_thread.run_sync(_cg.kill_all, w.cgroup)
             _killpg(w.pgid, _signal.SIGKILL)
 
     # --- recovery ---------------------------------------------------------
@@ -602,6 +675,7 @@ class Executor:
                     out.append(self._started(job, started))
                 out.append(_exited(job, ended))
             elif started is not None:
+                self._clear_cgroup(attempt_dir)
                 out.append(
                     ProcessLost(
                         job=job,
@@ -610,7 +684,23 @@ class Executor:
                 )
             else:
                 out.append(ProcessLost(job=job, reason="supervisor gone before starting the job"))
+        self._sweep_cgroups()
         return out
+
+    def _sweep_cgroups(self) -> None:
+        """Remove the empty cgroups of attempts whose supervisors were killed
+        while we were down (rmdir fails on a populated one: nothing is killed)."""
+        if self._cgroups is None:
+            return
+        try:
+            names = os.listdir(self._cgroups.parent)
+        except OSError:
+            return
+        ours = {w.cgroup for w in self._watched.values()}
+        for name in names:
+            path = os.path.join(self._cgroups.parent, name)
+            if name.startswith("job-") and path not in ours:
+                _cg.remove(path)
 
     def _started(self, job: int, started: dict) -> ProcessStarted:
         return ProcessStarted(
@@ -628,7 +718,14 @@ class Executor:
         if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
             os.close(pidfd)
             return None
-        return _Watch(job, attempt_dir, started["pid"], pidfd, None)
+        return _Watch(job, attempt_dir, started["pid"], pidfd, None, cgroup=_spec_cgroup(attempt_dir))
+
+    def _clear_cgroup(self, attempt_dir: Path) -> None:
+        """The supervisor is gone without recording an exit: whatever is
+        left of the job must not keep its GPUs once it is reported lost."""
+        cg = _spec_cgroup(attempt_dir)
+        if cg and os.path.isdir(cg):
+            _clear(cg, True)
 
     # --- the long-running task ----------------------------------------------
 
@@ -658,6 +755,8 @@ class Executor:
                     # EOF ends it; the supervisors it forked run on
                     self._zygote.retire()
                     self._zygote = None
+                if self._cgroups is not None:  # stays while any job's cgroup does
+                    self._cgroups.remove_parent()
 
     def _spawn(self, fn: _TaskFn, *args: object) -> None:
         if self._tg is None:
@@ -678,12 +777,14 @@ class Executor:
                 os.close(w.pidfd)
         if w.popen is not None:
             w.popen.wait()  # our child, already exited: reap the zombie
+        ended = _read_json(w.attempt_dir / "exit")
+        if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
+            await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
         w.set_ended()
         if not w.report:
             return
         if self._watched.get(w.job) is w:
             del self._watched[w.job]
-        ended = _read_json(w.attempt_dir / "exit")
         msg: Message
         if ended is None:
             msg = ProcessLost(
@@ -705,6 +806,9 @@ class Executor:
         descendants), for telling job GPU memory from foreign (F2)."""
         sessions = {w.pgid for w in self._watched.values() if w.pgid > 0}
         pids: set[int] = set()
+        for w in self._watched.values():  # also what left the session
+            if w.cgroup:
+                pids.update(_cg.procs(w.cgroup))
         if not sessions:
             return pids
         for name in os.listdir("/proc"):
@@ -723,6 +827,14 @@ def _exited(job: int, ended: dict) -> ProcessExited:
         signal=ended.get("signal"),
         reason=f"launch-failed: {error}" if error else "",
     )
+
+
+def _clear(cgroup: str, kill: bool) -> None:
+    """Remove a job's cgroup once its supervisor is gone; ``kill`` what is
+    left in it first (a supervisor killed before it could)."""
+    if kill:
+        _cg.kill_all(cgroup)
+    _cg.remove(cgroup, timeout_s=2.0 if kill else 0.0)
 
 
 def _killpg(pgid: int, sig: int) -> None:

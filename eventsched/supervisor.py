@@ -9,7 +9,9 @@ latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
 own session and talks to the daemon only through files in JOBDIR (plus one
 line on READY_FD, if given, so a live daemon learns the pid without polling):
 
-- reads  ``JOBDIR/spec.json``: argv, env, cwd, uid/gid/groups (null = keep)
+- reads  ``JOBDIR/spec.json``: argv, env, cwd, uid/gid/groups (null = keep),
+  cgroup (a cgroup v2 directory the job joins before exec; absent = none),
+  umask and rlimits (already clamped by the daemon; clamped again here)
 - writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename)
 - writes ``JOBDIR/exit`` when the job has ended (atomically, by rename)
 
@@ -137,15 +139,121 @@ def _same_identity(spec):
     )
 
 
+def _le(a, b):
+    """a <= b for resource limits, where -1 (RLIM_INFINITY) is above all."""
+    if b == -1:
+        return True
+    return a != -1 and a <= b
+
+
+def _rlimit_changes(spec):
+    """[(resource, soft, hard)] the job's limits differ from ours by. The
+    daemon clamped them already; clamped again (last line of defence, as root
+    could raise a hard limit): never above our own hard limit, soft <= hard."""
+    wanted = spec.get("rlimits") or {}
+    if not wanted:
+        return []
+    import resource
+
+    changes = []
+    for name, pair in sorted(wanted.items()):
+        res = getattr(resource, "RLIMIT_" + name.upper(), None)
+        if res is None or len(pair) != 2:
+            continue  # the daemon validated them: nothing unknown gets here
+        soft, hard = int(pair[0]), int(pair[1])
+        cur_soft, cur_hard = resource.getrlimit(res)
+        if not _le(hard, cur_hard):
+            hard = cur_hard
+        if not _le(soft, hard):
+            soft = hard
+        if (soft, hard) != (cur_soft, cur_hard):
+            changes.append((res, soft, hard))
+    return changes
+
+
+def _join_cgroup(path):
+    """Move the calling process into the cgroup at ``path`` ("0" = ourselves)."""
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+
+
+def _cgroup_procs(path):
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _cgroup_signal(path, signum):
+    for pid in _cgroup_procs(path):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def _cgroup_populated(path):
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except OSError:
+        return False
+    return bool(_cgroup_procs(path))
+
+
+def _cgroup_empty(path, timeout_s=10.0):
+    """Kill everything left in the job's cgroup and wait (bounded) until it
+    is empty, so the GPUs are free when the exit is recorded."""
+    try:
+        fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1")
+            kill = False
+        finally:
+            os.close(fd)
+    except OSError:  # before Linux 5.14: one pid at a time
+        kill = True
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while _cgroup_populated(path) and time.monotonic() < deadline:
+        if kill:
+            _cgroup_signal(path, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _cgroup_remove(path, timeout_s=2.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return  # the daemon tries again when it sees us gone
+        time.sleep(0.01)
+
+
 def _spawn(spec):
     """Start the job with posix_spawn (glibc: vfork + exec, so nothing of
     our memory is copied: a fork of a Python process costs milliseconds of
-    page faults). Only for jobs that run as we do. Returns its pid."""
+    page faults). Only for jobs that run as we do, with no cgroup to join
+    and no resource limit to change. Returns its pid."""
     cwd = spec.get("cwd") or "/"
     try:
         os.chdir(cwd)  # ours, then inherited; same identity, same permissions
     except OSError as e:
         raise _Failed("cannot change to directory %s: %s" % (cwd, e.strerror))
+    if spec.get("umask", -1) >= 0:
+        os.umask(spec["umask"])  # ours too: it only narrows our own files' modes
     argv, env = spec["argv"], spec["env"]
     argv0 = argv[0]
     if "/" in argv0:
@@ -170,18 +278,34 @@ def _spawn(spec):
     raise _Failed("cannot execute %s: %s" % (argv0, err.strerror or err))
 
 
-def _child(spec, errw):
-    """In the forked child: switch identity, become the job. Never returns."""
+def _child(spec, errw, switch, limits):
+    """In the forked child: join the job's cgroup, take the submitter's umask
+    and limits, switch identity (if ``switch``), become the job. Never returns.
+
+    Everything here runs as the supervisor, before the job's first
+    instruction: the cgroup is joined before anything else can happen, so
+    every process the job ever starts is born inside it."""
     doing = "start the job"
     argv0 = spec["argv"][0]
     try:
         for s in _JOB_DEFAULT_SIGNALS:
             signal.signal(s, signal.SIG_DFL)
         os.setsid()  # its own session and process group: pgid == pid
+        if spec.get("cgroup"):
+            doing = "join cgroup %s" % spec["cgroup"]
+            _join_cgroup(spec["cgroup"])
         # keep 0-2 (/dev/null, log, log) and the exec-error pipe (CLOEXEC)
         os.closerange(3, errw)
         os.closerange(errw + 1, 1 << 20)
-        if spec.get("uid") is not None:
+        if spec.get("umask", -1) >= 0:
+            os.umask(spec["umask"])
+        if limits:
+            import resource
+
+            doing = "set resource limits"
+            for res, soft, hard in limits:  # before setuid: lowers, never raises
+                resource.setrlimit(res, (soft, hard))
+        if switch and spec.get("uid") is not None:
             doing = "switch to uid %s gid %s" % (spec["uid"], spec["gid"])
             # groups first, uid last: once uid changes we may not change groups
             os.setgroups(spec.get("groups") or [])
@@ -205,9 +329,10 @@ def _child(spec, errw):
             os._exit(127)
 
 
-def _fork_exec(spec):
-    """Start the job in a forked child that switches identity first (root
-    daemon, job of another user). Returns its pid once it has exec'd."""
+def _fork_exec(spec, switch, limits):
+    """Start the job in a forked child that joins its cgroup, sets its
+    limits and switches identity (if ``switch``: root daemon, job of another
+    user) first. Returns its pid once it has exec'd."""
     errr, errw = os.pipe2(os.O_CLOEXEC)
     try:
         pid = os.fork()
@@ -216,7 +341,7 @@ def _fork_exec(spec):
         os.close(errw)
         raise _Failed("cannot fork: %s" % e.strerror)
     if pid == 0:
-        _child(spec, errw)
+        _child(spec, errw, switch, limits)
     os.close(errw)
     chunks = []
     while True:  # EOF when exec succeeded (CLOEXEC), else the child's reason
@@ -238,9 +363,12 @@ def _supervise(jobdir, ready_fd, prefix, open_log):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job_pid = [0]
+    cgroup = [""]
 
     def forward(signum, frame):  # stopping the supervisor stops its job
-        if job_pid[0]:
+        if cgroup[0] and _cgroup_procs(cgroup[0]):  # all of it, even what left its group
+            _cgroup_signal(cgroup[0], signum)
+        elif job_pid[0]:
             try:
                 os.killpg(job_pid[0], signum)
             except OSError:
@@ -260,13 +388,21 @@ def _supervise(jobdir, ready_fd, prefix, open_log):
         os.close(log)
 
     try:
-        pid = _spawn(spec) if _same_identity(spec) else _fork_exec(spec)
+        same = _same_identity(spec)
+        limits = _rlimit_changes(spec)
+        if same and not spec.get("cgroup") and not limits:
+            pid = _spawn(spec)
+        else:
+            pid = _fork_exec(spec, not same, limits)
     except _Failed as e:
+        if spec.get("cgroup"):  # the child that joined it is reaped: it is empty
+            _cgroup_remove(spec["cgroup"], 0.5)
         error = str(e).replace("\n", " ")
         _record_exit(jobdir, 127, None, error)
         _tell(ready_fd, "%serror %s\n" % (prefix, error))
         return 0
     job_pid[0] = pid
+    cgroup[0] = spec.get("cgroup") or ""
 
     start_time = _proc_start_time(pid)
     _write_atomic(
@@ -279,13 +415,18 @@ def _supervise(jobdir, ready_fd, prefix, open_log):
     _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time))
 
     # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
-    # while we kill what the job left behind in its process group.
+    # while we kill what the job left behind in its process group, and in
+    # its cgroup (which holds even what left the group: setsid, setpgid).
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
+    if cgroup[0]:
+        _cgroup_empty(cgroup[0])
     _, status = os.waitpid(pid, 0)
+    if cgroup[0]:
+        _cgroup_remove(cgroup[0])
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         _record_exit(jobdir, None, -code)

@@ -44,6 +44,13 @@ def test_out_of_bounds_numbers_and_sizes_are_refused_with_the_bound(field: str, 
     assert "\n" not in refusal.value.reason
 
 
+def test_malformed_resource_limits_and_umask_are_refused_at_submit() -> None:
+    check_submission(spec(umask=0o077, rlimits={"nofile": [256, 1024]}), LIMITS, operator=False)
+    for bad in (dict(rlimits={"bogus": [1, 1]}), dict(rlimits={"nofile": [-5, 10]}), dict(umask=0o7777)):
+        with pytest.raises(Refused):
+            check_submission(spec(**bad), LIMITS, operator=False)
+
+
 def test_operators_may_use_priorities_above_the_ceiling_but_not_unbounded_retries() -> None:
     check_submission(spec(priority=10_000), LIMITS, operator=True)
     with pytest.raises(Refused):

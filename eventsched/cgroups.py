@@ -1,0 +1,291 @@
+"""Each job in its own cgroup v2, so nothing it starts escapes a cancel (issue 18).
+
+A process group is not a container: a job that calls ``setsid`` or
+``setpgid`` leaves it, and a signal to the group no longer reaches it. A
+cgroup is: every descendant of a process in a cgroup is born in it, and only
+someone who may write the ``cgroup.procs`` of a common ancestor (root, or the
+owner of a delegated subtree) can move a process out. So:
+
+- at start-up ``Cgroups.setup`` finds the cgroup2 mount (``/proc/self/mountinfo``;
+  ``/sys/fs/cgroup`` on a unified host, ``/sys/fs/cgroup/unified`` on a hybrid
+  one) and the daemon's own cgroup (``/proc/self/cgroup``, the ``0::`` line),
+  and proves it can contain a process: it makes the daemon-owned parent
+  ``<own cgroup>/eventsched-<hash of the state dir>`` (or a sibling of the
+  daemon's cgroup, if a child of it cannot hold processes), moves a throw-away
+  ``sleep`` into a probe cgroup there and kills it;
+- each job attempt gets ``<parent>/job-<id>-<attempt>``, which the job's
+  forked child joins before it switches identity and execs (``supervisor.py``);
+- cancel and time limits signal every process listed in ``cgroup.procs`` and
+  kill with ``cgroup.kill`` (or SIGKILL of every pid, on kernels before 5.14);
+  when the job's main process ends, the supervisor empties and removes it.
+
+Where none of this works (no cgroup2, not root and no delegation), jobs run as
+before, contained by their process group only, and ``setup`` says why in one
+line. No controller is enabled anywhere: the cgroups only group and kill, so
+the "no internal processes" rule does not apply.
+
+The functions below that take a cgroup path are also used, inline, by the
+stdlib-only supervisor (which imports nothing from eventsched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "Cgroups",
+    "cgroup2_mounts",
+    "own_cgroup",
+    "find_own_cgroup_dir",
+    "procs",
+    "signal_all",
+    "kill_all",
+    "populated",
+    "remove",
+]
+
+
+# --- pure: where is cgroup2, and where are we in it ---------------------------
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as \\ooo."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and len(field[i + 1 : i + 4]) == 3 and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def cgroup2_mounts(mountinfo: str) -> list[tuple[str, str]]:
+    """(root within the hierarchy, mount point) of every cgroup2 mount in a
+    ``/proc/self/mountinfo`` text, in order."""
+    found = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, fstype = left.split(), right.split()
+        if len(fields) >= 5 and fstype and fstype[0] == "cgroup2":
+            found.append((_unescape(fields[3]), _unescape(fields[4])))
+    return found
+
+
+def own_cgroup(proc_cgroup: str) -> str | None:
+    """Our path in the cgroup2 hierarchy: the ``0::PATH`` line of ``/proc/self/cgroup``."""
+    for line in proc_cgroup.splitlines():
+        if line.startswith("0::"):
+            path = line[3:]
+            return path.removesuffix(" (deleted)") or "/"
+    return None
+
+
+def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir=os.path.isdir) -> str | None:
+    """The directory of our own cgroup under a cgroup2 mount, or None."""
+    path = own_cgroup(proc_cgroup)
+    if path is None:
+        return None
+    for root, mount in cgroup2_mounts(mountinfo):
+        if root == "/":
+            rel = path
+        elif path == root or path.startswith(root.rstrip("/") + "/"):
+            rel = path[len(root.rstrip("/")) :]
+        else:
+            continue  # a mount of another part of the hierarchy
+        candidate = os.path.normpath(mount + "/" + rel.lstrip("/"))
+        if isdir(candidate):
+            return candidate
+    return None
+
+
+# --- I/O on one cgroup (the executor's; the supervisor has its own copy) -------
+
+
+def procs(path: str) -> list[int]:
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def populated(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except OSError:
+        return False
+    return bool(procs(path))
+
+
+def signal_all(path: str, sig: int) -> int:
+    """Send ``sig`` to every process in the cgroup, again for any forked
+    meanwhile (a few rounds); returns how many were signalled."""
+    seen: set[int] = set()
+    for _ in range(4):
+        new = [p for p in procs(path) if p not in seen]
+        if not new:
+            break
+        for pid in new:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        seen.update(new)
+    return len(seen)
+
+
+def kill_all(path: str) -> None:
+    """SIGKILL everything in the cgroup: ``cgroup.kill`` (Linux 5.14+, atomic
+    even against a fork bomb), else SIGKILL each pid until none is left."""
+    try:
+        _write(os.path.join(path, "cgroup.kill"), "1")
+        return
+    except OSError:
+        pass
+    deadline = time.monotonic() + 2.0
+    while procs(path) and time.monotonic() < deadline:
+        signal_all(path, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def remove(path: str, timeout_s: float = 0.0) -> bool:
+    """rmdir the (emptied) cgroup; True if it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                return False
+        time.sleep(0.01)
+
+
+# --- the daemon's parent cgroup ------------------------------------------------
+
+
+def _write(path: str, text: str) -> None:
+    """Write a cgroup control file; never creates one (outside cgroupfs,
+    that would pass for success)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _probe(parent: str) -> str:
+    """Prove a process can be moved into (and killed in) a child of
+    ``parent``; "" if so, else what went wrong."""
+    probe = os.path.join(parent, f"probe-{os.getpid()}")
+    try:
+        os.mkdir(probe, 0o755)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"cannot create {probe}: {e.strerror}"
+    sleeper = shutil.which("sleep") or "/bin/sleep"
+    argv = [sleeper, "30"] if os.path.exists(sleeper) else [sys.executable, "-c", "import time; time.sleep(30)"]
+    try:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    except OSError as e:
+        remove(probe)
+        return f"cannot start a probe process: {e.strerror}"
+    try:
+        _write(os.path.join(probe, "cgroup.procs"), str(p.pid))
+        return ""
+    except OSError as e:
+        return f"cannot move a process into {probe}: {e.strerror}"
+    finally:
+        kill_all(probe)
+        p.kill()
+        p.wait()
+        remove(probe, timeout_s=2.0)
+
+
+@dataclass(frozen=True)
+class Cgroups:
+    """The daemon's parent cgroup for its jobs' cgroups."""
+
+    parent: str
+
+    @classmethod
+    def setup(cls, state_dir: str | os.PathLike[str]) -> tuple["Cgroups | None", str]:
+        """(Cgroups, "") where the daemon can contain its jobs, else (None,
+        one line saying what is missing). Leaves no cgroup behind: the
+        parent is made again at the first launch."""
+        mountinfo = _read("/proc/self/mountinfo")
+        if not cgroup2_mounts(mountinfo):
+            return None, "no cgroup v2 mount in /proc/self/mountinfo"
+        own = find_own_cgroup_dir(mountinfo, _read("/proc/self/cgroup"))
+        if own is None:
+            return None, "cannot find this process's cgroup v2 directory"
+        digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
+        name = f"eventsched-{digest}"
+        candidates = [os.path.join(own, name)]
+        mount_points = {m for _, m in cgroup2_mounts(mountinfo)}
+        if own not in mount_points:  # a sibling, if our own cgroup cannot hold children with processes
+            candidates.append(os.path.join(os.path.dirname(own), name))
+        why = ""
+        for parent in candidates:
+            made = not os.path.isdir(parent)
+            try:
+                os.makedirs(parent, 0o755, exist_ok=True)
+            except OSError as e:
+                why = why or f"cgroup v2 not writable at {os.path.dirname(parent)} ({e.strerror})"
+                continue
+            problem = _probe(parent)
+            if made:
+                remove(parent)
+            if not problem:
+                return cls(parent), ""
+            why = why or f"cgroup v2 not writable at {parent} ({problem})"
+        return None, why
+
+    @property
+    def containment(self) -> str:
+        return f"cgroup2:{self.parent}"
+
+    def create(self, job: int, attempt: int) -> str:
+        """Make (or reuse) the cgroup of one job attempt; its path."""
+        path = os.path.join(self.parent, f"job-{job}-{attempt}")
+        for _ in range(3):  # the parent may be removed at the same moment
+            os.makedirs(self.parent, 0o755, exist_ok=True)
+            try:
+                os.mkdir(path, 0o755)
+                return path
+            except FileExistsError:
+                return path
+            except FileNotFoundError:
+                continue
+        raise FileNotFoundError(errno.ENOENT, "cgroup parent vanished", self.parent)
+
+    def remove_parent(self) -> None:
+        """At shutdown: gone if no job cgroup is left (EBUSY otherwise)."""
+        with contextlib.suppress(OSError):
+            os.rmdir(self.parent)

@@ -1,0 +1,92 @@
+"""A job's umask and resource limits: the submitter's, never more than the daemon's (issue 18).
+
+The client sends its umask and its (soft, hard) limits for ``NAMES`` in the
+JobSpec (``umask``, ``rlimits``; -1 = RLIM_INFINITY, as Python spells it).
+The daemon validates them (``validate``: a refusal names the bad entry) and
+clamps them (``clamp``: soft <= hard <= the daemon's own hard limit), and the
+supervisor applies them in the job's child before it switches identity, so
+a hard limit is only ever lowered. Pure except for the defaults that read
+this process's own limits.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Mapping, Sequence
+
+__all__ = ["NAMES", "INFINITY", "RlimitError", "validate", "clamp", "current", "current_umask"]
+
+INFINITY = resource.RLIM_INFINITY  # -1 in Python on Linux
+NAMES: dict[str, int] = {
+    "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC,
+    "core": resource.RLIMIT_CORE,
+    "fsize": resource.RLIMIT_FSIZE,
+    "as": resource.RLIMIT_AS,
+    "data": resource.RLIMIT_DATA,
+    "stack": resource.RLIMIT_STACK,
+    "cpu": resource.RLIMIT_CPU,
+    "memlock": resource.RLIMIT_MEMLOCK,
+}
+_MAX = (1 << 63) - 1
+
+
+class RlimitError(ValueError):
+    """A JobSpec's umask or limits are malformed; ``str(e)`` is the refusal."""
+
+
+def _value_ok(v: object) -> bool:
+    return type(v) is int and (v == INFINITY or 0 <= v <= _MAX)
+
+
+def validate(rlimits: Mapping[str, Sequence[int]], umask: int = -1) -> None:
+    """Raise RlimitError for an unknown name, a pair that is not two
+    integers, a negative value other than RLIM_INFINITY (-1), or a umask
+    outside 0..0o777 (-1 = not sent)."""
+    if type(umask) is not int or not (umask == -1 or 0 <= umask <= 0o777):
+        raise RlimitError(f"umask must be between 0 and 0777, not {umask!r}")
+    for name, pair in rlimits.items():
+        if name not in NAMES:
+            raise RlimitError(f"unknown resource limit {name!r}; known: {', '.join(NAMES)}")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(_value_ok(v) for v in pair):
+            raise RlimitError(
+                f"resource limit {name!r} must be [soft, hard], each >= 0 or -1 for unlimited, not {pair!r}"
+            )
+
+
+def _le(a: int, b: int) -> bool:
+    """a <= b, where INFINITY is above everything."""
+    if b == INFINITY:
+        return True
+    return a != INFINITY and a <= b
+
+
+def clamp(
+    rlimits: Mapping[str, Sequence[int]], ceiling: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, list[int]]:
+    """Validate, then clamp each (soft, hard) to hard <= the ceiling's hard
+    limit (default: this process's) and soft <= hard. Names missing from the
+    request are left out (the job keeps the supervisor's limit)."""
+    validate(rlimits)
+    out: dict[str, list[int]] = {}
+    for name, (soft, hard) in rlimits.items():
+        top = ceiling[name][1] if ceiling is not None and name in ceiling else resource.getrlimit(NAMES[name])[1]
+        if not _le(hard, top):
+            hard = top
+        if not _le(soft, hard):
+            soft = hard
+        out[name] = [soft, hard]
+    return out
+
+
+def current() -> dict[str, list[int]]:
+    """This process's limits for ``NAMES``, to send with a submission."""
+    return {name: list(resource.getrlimit(res)) for name, res in NAMES.items()}
+
+
+def current_umask() -> int:
+    """This process's umask (read by setting it, then putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
