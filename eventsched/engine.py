@@ -32,8 +32,9 @@ import anyio.lowlevel
 
 from . import __version__, core, events as ev, log as eventlog, snapshots
 from .executor import AlreadyLaunched, Executor, LaunchError
-from .gpus import FakeBackend, GpuBackend, significant
+from .gpus import GpuBackend, significant
 from .messages import (
+    Effect,
     GpuObserved,
     Launch,
     Message,
@@ -144,6 +145,8 @@ class Engine:
 
         if self._stopping:
             raise Refused("the daemon is shutting down")
+        if len(self._inbox) >= INBOX_SIZE:
+            raise Refused("the daemon is overloaded; try again")
         self._enqueue(Pending(item, answer, reply))
         await done.wait()
         result, error = outcome
@@ -167,7 +170,13 @@ class Engine:
         self._inbox_ready.set()
 
     async def tell(self, item: Message) -> None:
-        """Send a message nobody waits for (observations)."""
+        """Send a message nobody waits for (observations). A GPU sample is
+        dropped when the inbox is full (the next one says the same); any other
+        observation (an exit) waits for room: it must not be lost."""
+        while len(self._inbox) >= INBOX_SIZE:
+            if isinstance(item, GpuObserved):
+                return
+            await anyio.sleep(0.01)
         self._enqueue(Pending(item))
         await anyio.lowlevel.checkpoint()
 
@@ -237,6 +246,9 @@ class Engine:
         """Record the stop, then cancel every task. Jobs keep running (X9)."""
         if self._stopping:
             return
+        if not hasattr(self, "_tg"):  # never ran: nothing to record or cancel
+            self._stopping = True
+            return
         try:
             await self.call(Stopping(node=self.config.node, reason=reason))
         except Refused:
@@ -269,7 +281,7 @@ class Engine:
             batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
             now = self.clock()
             produced: list[ev.Event] = []
-            effects: list[Any] = []
+            effects: list[Effect] = []
             for pending in batch:
                 if isinstance(pending.item, Query):
                     continue
@@ -361,21 +373,25 @@ class Engine:
 
     # --- effects ---------------------------------------------------------
 
-    def _perform(self, effect: Any) -> None:
-        if isinstance(effect, Launch):
-            # a requeued or retried job is launched again under a new attempt
-            assert self.state is not None
-            self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
-        elif isinstance(effect, Signal):
-            self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
-        elif isinstance(effect, WakeAt):
-            if effect.at < self._wake_at:
-                self._wake_at = effect.at
-                self._wake_changed.set()
+    def _perform(self, effect: Effect) -> None:
+        """Carry out one effect of the core; every kind of effect is handled here."""
+        match effect:
+            case Launch():
+                # a requeued or retried job is launched again under a new attempt
+                assert self.state is not None
+                self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
+            case Signal():
+                self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
+            case WakeAt():
+                if effect.at < self._wake_at:
+                    self._wake_at = effect.at
+                    self._wake_changed.set()
+            case _:
+                raise TypeError(f"the engine cannot perform {type(effect).__name__}")
 
-    def _show_load_to_fake_gpus(self) -> None:
+    def _show_load_to_gpus(self) -> None:
         # fake GPUs report what the scheduler placed on them, as real ones would
-        if isinstance(self.backend, FakeBackend) and self.state is not None:
+        if self.state is not None:
             for gpu in self.state.all_gpus():
                 if gpu.node == self.config.node and not gpu.lost:
                     self.backend.set_load(gpu.id, gpu.used_milli / 1000, gpu.reserved_mib)
@@ -409,7 +425,7 @@ class Engine:
         while True:
             assert self.state is not None
             try:
-                self._show_load_to_fake_gpus()
+                self._show_load_to_gpus()
                 pids = self.executor.job_process_ids()
                 samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
             except Exception as exc:  # EMFILE on /proc, a backend bug: skip this sample, never die

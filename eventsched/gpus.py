@@ -24,7 +24,6 @@ __all__ = [
     "NvmlBackend",
     "FakeBackend",
     "parse_gpus_option",
-    "open_backend",
     "significant",
     "DEFAULT_FAKE_MEM_MIB",
 ]
@@ -54,6 +53,12 @@ class GpuBackend(Protocol):
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
         """One observation per GPU. ``job_pids``: the scheduler's jobs and
         their descendants; GPU memory of any other process is foreign (F2)."""
+        ...
+
+    def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
+        """What the scheduler placed on ``gpu`` (total share, reserved MiB).
+        Real GPUs see their load for themselves and ignore it; fake ones
+        report it back, as real ones would."""
         ...
 
     def close(self) -> None: ...
@@ -153,6 +158,9 @@ class NvmlBackend:
                 # usedGpuMemory is None when the driver cannot tell (e.g. Windows WDDM)
                 used[p.pid] = max(used.get(p.pid, 0), int(p.usedGpuMemory or 0))
         return sum(used.values()) // _MIB
+
+    def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
+        pass  # the driver reports what the jobs really use
 
     def close(self) -> None:
         try:
@@ -284,7 +292,6 @@ def _positive_int(value: str, what: str, text: str) -> int:
     return n
 
 
-open_backend = parse_gpus_option
 
 
 # --- what is worth logging --------------------------------------------------

@@ -56,6 +56,7 @@ import msgspec
 
 from eventsched import events as ev
 from eventsched.events import Event
+from eventsched.fsutil import fsync_dir
 
 __all__ = [
     "LogError",
@@ -333,15 +334,7 @@ def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
 # --- the writer -------------------------------------------------------------
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _keep_aside(path: str, offset: int, data: bytes) -> str:
+def keep_aside(path: str, offset: int, data: bytes) -> str:
     """Write ``data`` (bytes cut from ``path`` at ``offset``) to a file next to it."""
     target = f"{path}.torn-{offset}"
     n = 1
@@ -359,7 +352,7 @@ def _keep_aside(path: str, offset: int, data: bytes) -> str:
     return target
 
 
-def _lock_holder(lock_path: str) -> str:
+def lock_holder(lock_path: str) -> str:
     try:
         with open(lock_path) as f:
             pid = f.read().strip()
@@ -429,7 +422,7 @@ class LogWriter:
         except BlockingIOError:
             os.close(fd)
             raise LogLockedError(
-                f"log {self.directory} is locked by pid {_lock_holder(lock_path)} (another writer is running)"
+                f"log {self.directory} is locked by pid {lock_holder(lock_path)} (another writer is running)"
             ) from None
         try:  # the pid is only for the message a second writer prints
             os.ftruncate(fd, 0)
@@ -478,14 +471,14 @@ class LogWriter:
         self._end, self._next_seq = end, next_seq
 
     def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
-        kept = _keep_aside(path, offset, cut)
+        kept = keep_aside(path, offset, cut)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
             os.ftruncate(fd, offset)
             os.fsync(fd)  # the cut must be durable before anything is appended
         finally:
             os.close(fd)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self.recovered = RecoveryReport(
             segment=path, offset=offset, bytes_cut=len(cut), kept_at=kept, reason=reason, next_seq=next_seq
         )
@@ -516,7 +509,7 @@ class LogWriter:
             os.rename(tmp, path)
             self._step("rotate:renamed")
             try:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             except OSError as e:
                 raise self._die(f"fsync of {self.directory} failed: {e.strerror}") from None
             self._step("rotate:dir-synced")
@@ -561,14 +554,6 @@ class LogWriter:
         frame = _frame_bytes(self._salt, first, len(stamped), ev.encode_many(stamped))
         self._commit(frame, len(stamped))
         return stamped
-
-    def append_encoded(self, payload: bytes, count: int) -> int:
-        """Append a payload already encoded with ``encode_many`` (seqs stamped by the caller)."""
-        self._check_alive()
-        if self._end >= self.segment_bytes and self._end > SEGMENT_HEADER_SIZE:
-            self.rotate()
-        self._commit(_frame_bytes(self._salt, self._next_seq, count, payload), count)
-        return self._next_seq - 1
 
     def _commit(self, frame: bytes, count: int) -> None:
         fd, end = self._fd, self._end

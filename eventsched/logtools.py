@@ -18,6 +18,7 @@ import msgspec
 from eventsched import events as ev
 from eventsched import log as L
 from eventsched.events import Event
+from eventsched.fsutil import fsync_dir
 
 __all__ = ["verify", "dump", "repair", "format_event"]
 
@@ -174,7 +175,7 @@ def _lock(d: str) -> int | str:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return L._lock_holder(path)
+        return L.lock_holder(path)
     return fd
 
 
@@ -212,7 +213,7 @@ def repair(directory: str | os.PathLike[str]) -> int:
             with open(seg, "rb") as f:
                 f.seek(found.offset)
                 data = f.read()
-            kept = L._keep_aside(seg, found.offset, data)
+            kept = L.keep_aside(seg, found.offset, data)
             fd = os.open(seg, os.O_RDWR | os.O_CLOEXEC)
             try:
                 os.ftruncate(fd, found.offset)
@@ -226,7 +227,7 @@ def repair(directory: str | os.PathLike[str]) -> int:
         for later in found.later:
             os.rename(later, f"{later}.torn-0")
             print(f"moved later segment {later} aside to {later}.torn-0")
-        L._fsync_dir(d)
+        fsync_dir(d)
         if found.last_seq == 0:
             print("the log is now empty (its first segment was damaged); everything is kept in the files above")
         else:

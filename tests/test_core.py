@@ -632,3 +632,59 @@ def test_a_job_placed_but_never_launched_is_queued_again_on_restart() -> None:
     assert state.jobs[job].state == "running"  # placed again at once on the free GPU
     assert state.jobs[job].attempts == 2
     assert [e for e in effects if isinstance(e, Launch) and e.job == job]
+
+
+# --- exact output for one stimulus (dask's test_worker_state_machine style) ------------
+
+
+def test_a_submission_that_fits_is_its_fact_then_a_placement_naming_it() -> None:
+    s = Sched(gpus=2)
+    n = s.state.last_seq + 1
+    events, effects = s.do(m.Submit(spec=ev.JobSpec(command=["train"], uid=OWNER, user="alice", gpus=1.0),
+                                    by=f"uid:{OWNER}"))
+    spec = s.job(1).spec
+    assert events == [
+        ev.JobSubmitted(seq=n, ts=s.now, cause=f"uid:{OWNER}", job=1, spec=spec),
+        ev.JobPlaced(seq=n + 1, ts=s.now, cause=f"seq:{n}", job=1, node="local", gpu_ids=[0], share=1.0,
+                     gpu_mem_mib=0, policy="best-fit"),
+    ]
+    assert effects == [m.Launch(job=1, spec=spec, node="local", gpu_ids=[0])]
+
+
+def test_a_failed_run_with_retries_left_is_requeued_by_its_exit() -> None:
+    s = Sched(gpus=1, retry_backoff_s=5.0)
+    job = s.submit(gpus=1, retries=1)
+    n = s.state.last_seq + 1
+    events, effects = s.do(m.ProcessExited(job=job, exit_code=3), at=200.0)
+    assert events == [
+        ev.JobExited(seq=n, ts=200.0, cause=f"exit:job {job}", job=job, exit_code=3, outcome="failed"),
+        ev.JobRequeued(seq=n + 1, ts=200.0, cause=f"seq:{n}", job=job, reason="retry", not_before=205.0),
+    ]
+    assert effects == [m.WakeAt(at=205.0)]
+
+
+def test_a_time_limit_is_a_timer_fact_then_a_stop_naming_it() -> None:
+    s = Sched(gpus=1, kill_grace_s=2.0)
+    job = s.submit(gpus=1, time_limit_s=10.0)
+    s.do(m.ProcessStarted(job=job, pid=77), at=100.0)
+    n = s.state.last_seq + 1
+    events, effects = s.do(m.Tick(), at=111.0)
+    assert events == [
+        ev.TimerFired(seq=n, ts=111.0, cause="timer"),
+        ev.JobCancelRequested(seq=n + 1, ts=111.0, cause=f"seq:{n}", job=job, by="timer", reason="time-limit"),
+    ]
+    assert effects == [m.Signal(job=job, grace_s=2.0, reason="time-limit")]
+    # a tick with nothing due records nothing at all
+    assert s.do(m.Tick(), at=111.5) == ([], [])
+
+
+def test_an_unknown_state_event_pair_is_refused_and_changes_nothing() -> None:
+    from eventsched.projections.cluster import apply, snapshot_bytes
+    from eventsched.states import IllegalTransition
+
+    s = Sched(gpus=1)
+    job = s.submit(gpus=1)
+    before = snapshot_bytes(s.state)
+    with pytest.raises(IllegalTransition, match="JobReleased is not allowed while running"):
+        apply(s.state, ev.JobReleased(seq=s.state.last_seq + 1, job=job))
+    assert snapshot_bytes(s.state) == before

@@ -11,7 +11,6 @@ from eventsched.gpus import (
     GpuSpecError,
     NvmlBackend,
     NvmlUnavailable,
-    open_backend,
     parse_gpus_option,
     significant,
 )
@@ -74,7 +73,7 @@ def test_nvml_without_driver_says_how_to_use_fake_gpus() -> None:
     else:  # pragma: no cover - only on a machine with a driver
         pynvml.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver")
-    for make in (lambda: NvmlBackend(), lambda: open_backend("nvml"), lambda: parse_gpus_option("")):
+    for make in (lambda: NvmlBackend(), lambda: parse_gpus_option("nvml"), lambda: parse_gpus_option("")):
         with pytest.raises(NvmlUnavailable) as info:
             make()
         message = str(info.value)

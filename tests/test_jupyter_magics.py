@@ -293,6 +293,11 @@ def test_queue_cancel_and_handle_cancel(live, capsys) -> None:
     assert any(j["id"] == sleeper.id and j["state"] == "cancelled" for j in result.result)
     other = run(live, "%gpusubmit -- sleep 60", capsys)[0].result
     assert other.cancel().wait(timeout=30) == "cancelled"
+    # the handle explains itself as `eventsched explain` does
+    why = sleeper.explain()
+    assert why.reason is None and why.story[-1]["what"].endswith("-> cancelled")
+    assert any("asked to cancel" in line["because"] for line in why.story)
+    assert f"job {sleeper.id} (sleeper," in repr(why) and "<ol>" in why._repr_html_()
 
 
 @pytest.mark.slow

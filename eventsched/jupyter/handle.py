@@ -16,7 +16,7 @@ from typing import Any
 from ..client import Client, read_new_output
 from .widgets import FINAL_STATES, STATE_COLOURS, render_jobs_html, render_jobs_text
 
-__all__ = ["JobHandle", "JobTable", "LogText", "Message"]
+__all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]
 
 
 def _in_kernel() -> bool:
@@ -78,6 +78,33 @@ class JobTable:
 
     def _repr_html_(self) -> str:
         return render_jobs_html(self.jobs, time.time(), self.empty)
+
+
+class Explanation:
+    """A job's ``explain``: ``.reason`` (a dict, or None), ``.story`` (a list of
+    dicts, one per event); shown as text or as an HTML list in a notebook."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        self.reason: dict[str, Any] | None = info["reason"]
+        self.story: list[dict[str, Any]] = info["story"]
+
+    def __repr__(self) -> str:
+        from ..story import render_explanation
+
+        return render_explanation(self.info)
+
+    def _repr_html_(self) -> str:
+        job = self.info["job"]
+        head = (f"job {job['id']} ({html.escape(job['name'])}, {html.escape(job['user'])}) "
+                f"is <b>{html.escape(job['state'])}</b>")
+        reason = f"<p>reason: {html.escape(self.reason['text'])}</p>" if self.reason else ""
+        items = "".join(
+            f"<li><code>{time.strftime('%H:%M:%S', time.localtime(line['ts']))}</code> {html.escape(line['what'])}"
+            + (f" <i>because {html.escape(line['because'])}</i>" if line["because"] else "") + "</li>"
+            for line in self.story
+        )
+        return f"<div class='es-explain'><p>{head}</p>{reason}<ol>{items}</ol></div>"
 
 
 class JobHandle:
@@ -160,6 +187,12 @@ class JobHandle:
         except KeyboardInterrupt:
             print(f"\ndetached; job {self.id} keeps running")
             return self.state
+
+    def explain(self) -> "Explanation":
+        """Why the job waits now (``.reason``, None unless it waits) and its
+        story from the log (``.story``), as ``eventsched explain`` tells it."""
+        with self._client() as c:
+            return Explanation(c.explain(self.id))
 
     def cancel(self) -> "JobHandle":
         with self._client() as c:

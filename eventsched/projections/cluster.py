@@ -115,6 +115,7 @@ class Job(msgspec.Struct, kw_only=True):
     retries_used: int = 0
     not_before: float = 0.0
     cancel_reason: str = ""  # set while a stop was requested for a running job
+    submitted_seq: int = 0  # where its story starts in the log (explain)
 
     @property
     def shape(self) -> tuple[Any, ...]:
@@ -437,9 +438,6 @@ class ClusterState:
             heapq.heappop(due)  # stale: the job ended, was stopped, or restarted
         return due[0][0] if due else None
 
-    def running_count(self) -> int:
-        return len(self.running)
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ClusterState):
             return NotImplemented
@@ -552,7 +550,8 @@ def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
     if e.job in state.jobs:
         raise IllegalTransition(f"job {e.job} already exists")
     count, milli = request_of(e.spec)
-    job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts)
+    job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts,
+              submitted_seq=e.seq)
     state.jobs[e.job] = job
     state.next_job_id = max(state.next_job_id, e.job + 1)
     state.next_order += 1
@@ -709,7 +708,9 @@ _HANDLERS: dict[type, Any] = {
 # --- JSON views (CLI `queue --json`, `status --json`) ---------------------------
 
 
-def job_json(job: Job) -> dict[str, Any]:
+def job_json(job: Job, waiting: Any = None) -> dict[str, Any]:
+    """A job as ``queue --json`` shows it; ``waiting`` is its ``explain.Reason``
+    (None unless it is queued or held)."""
     s = job.spec
     return {
         "id": job.id,
@@ -724,7 +725,9 @@ def job_json(job: Job) -> dict[str, Any]:
         "ended_at": job.ended_at,
         "exit_code": job.exit_code,
         "signal": job.signal,
-        "reason": job.reason or job.cancel_reason,
+        "reason": waiting.text if waiting is not None else None,  # why it waits (explain)
+        "reason_kind": waiting.kind if waiting is not None else None,
+        "exit_reason": job.reason or job.cancel_reason,  # why its last run ended
         "tenant": s.tenant,
         "command": list(s.command),
         "gpu_mem_mib": s.gpu_mem_mib,
