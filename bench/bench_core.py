@@ -11,9 +11,9 @@ import statistics
 import time
 
 from eventsched import core
-from eventsched import events as ev
-from eventsched import messages as m
-from eventsched.policies import POLICIES
+from eventsched.core.policies import POLICIES
+from eventsched.domain import events as ev
+from eventsched.domain import messages as m
 from eventsched.projections.cluster import ClusterState
 
 QUEUED = 10_000

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 import duckdb
 import msgspec
 
-from eventsched import events as ev
-from eventsched import log
+from eventsched.domain import events as ev
 from eventsched.projections import history
+from eventsched.storage import log
 
 USERS = [f"user{i}" for i in range(20)]
 TENANTS = ["ml", "vision", "nlp", "infra"]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import anyio
 
-from eventsched.events import JobSpec
-from eventsched.executor import Executor
+from eventsched.domain.events import JobSpec
+from eventsched.runtime.executor import Executor
 
 JOBS = {
     "python -I -S": [sys.executable, "-I", "-S", "-c", "import time; print(repr(time.time()), flush=True)"],

@@ -23,8 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from eventsched import events as ev
-from eventsched import log
+from eventsched.domain import events as ev
+from eventsched.storage import log
 
 
 def realistic(n: int, first: int = 1) -> list[ev.Event]:
@@ -124,7 +124,7 @@ def build(d: Path, total: int) -> None:
 
 CHILD = r"""
 import json, resource, sys, time
-from eventsched import log
+from eventsched.storage import log
 what, d = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
 if what == "read":

@@ -24,10 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventsched import log as eventlog
-from eventsched.replay import alibaba_workload, simulate, trace_workload
-from eventsched.messages import GpuInfo
-from eventsched.traces import TraceJob
+from eventsched.domain.messages import GpuInfo
+from eventsched.sim.simulator import simulate
+from eventsched.sim.sources import alibaba_workload, trace_workload
+from eventsched.sim.traces import TraceJob
+from eventsched.storage import log as eventlog
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 
@@ -57,7 +58,7 @@ def read_decode_s(log_dir: Path) -> float:
 
 def _instrument() -> list[float]:
     """Wrap core.handle to time it (the rest is the simulator and the log)."""
-    import eventsched.replay as replay
+    import eventsched.sim.simulator as replay
 
     acc = [0.0]
     inner = replay.core.handle

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import statistics
 import struct
 import subprocess
 import sys
@@ -24,8 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from daemon_harness import Daemon, cli_env  # noqa: E402
-from eventsched import protocol  # noqa: E402
-from eventsched.events import JobSpec  # noqa: E402
+
+from eventsched.domain.events import JobSpec  # noqa: E402
+from eventsched.wire import protocol  # noqa: E402
 
 EVENTSCHED_BIN = str(Path(sys.executable).parent / "eventsched")
 
@@ -92,7 +91,7 @@ def bench_cli_submit(root: Path, n: int) -> None:
 
 
 def bench_dispatch(root: Path, n: int) -> None:
-    from eventsched.client import Client
+    from eventsched.wire.client import Client
 
     with Daemon(root / "dispatch", gpus="fake:4") as d:
         stamp_dir = root / "stamps"
@@ -121,7 +120,7 @@ def bench_dispatch(root: Path, n: int) -> None:
 
 
 def bench_drain(root: Path, n: int) -> None:
-    from eventsched.client import Client
+    from eventsched.wire.client import Client
 
     commands = [["/bin/true"] for _ in range(n)]
     start = time.perf_counter()

@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from eventsched.static_sim import DEFAULT_SEEDS, POLICIES, run_one, run_static
-from eventsched.traces import load_alibaba
+from eventsched.sim.static_sim import DEFAULT_SEEDS, POLICIES, run_one, run_static
+from eventsched.sim.traces import load_alibaba
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 

@@ -1,3 +1,60 @@
-"""eventsched: a GPU job scheduler for a shared machine, built on an event log."""
+"""eventsched: a GPU job scheduler for a shared machine, built on an event log.
+
+The Python API a notebook or script needs is importable from here, whatever
+the package's inner layout (SPEC §2)::
+
+    from eventsched import Client, JobSpec
+    from eventsched import load_source, simulate, compare, compare_placements, open_history
+
+Names are resolved on first use, so ``import eventsched`` stays cheap (every
+CLI call pays for it).
+
+The layers, lowest first (enforced by import-linter, see pyproject.toml):
+``domain`` (events, messages, job states, settings, units) -> ``storage``
+(the log, snapshots as bytes) and ``wire`` (protocol, client) ->
+``projections`` (pure folds; the DuckDB read model) -> ``core`` (the
+scheduler, policies, explain) -> ``runtime`` (engine, executor, server,
+daemon) and ``sim`` (replay, what-if) -> ``cli`` -> ``jupyter``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_API = {
+    "Client": "eventsched.wire.client",
+    "ClientError": "eventsched.wire.client",
+    "DaemonNotRunning": "eventsched.wire.client",
+    "JobSpec": "eventsched.domain.events",
+    "JobState": "eventsched.domain.states",
+    "SchedulerConfig": "eventsched.domain.messages",
+    "load_source": "eventsched.sim.sources",
+    "ReplayError": "eventsched.sim.sources",
+    "simulate": "eventsched.sim.simulator",
+    "RECORDED": "eventsched.sim.simulator",
+    "compare_placements": "eventsched.sim.compare",
+    "compare": "eventsched.sim.whatif",
+    "format_comparison": "eventsched.sim.whatif",
+    "metrics_from_log": "eventsched.sim.whatif",
+    "open_history": "eventsched.projections.history",
+    "History": "eventsched.projections.history",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'eventsched' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

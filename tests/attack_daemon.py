@@ -17,9 +17,9 @@ import sys
 import time
 from typing import Callable
 
-from eventsched import protocol
-from eventsched.client import Client, ClientError
-from eventsched.events import JobSpec, JobSubmitted, decode_many
+from eventsched.domain.events import JobSpec, JobSubmitted, decode_many
+from eventsched.wire import protocol
+from eventsched.wire.client import Client, ClientError
 
 SOCKET = sys.argv[1]
 

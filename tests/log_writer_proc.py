@@ -17,8 +17,8 @@ import signal
 import sys
 import time
 
-from eventsched import events as ev
-from eventsched.log import LogWriter
+from eventsched.domain import events as ev
+from eventsched.storage.log import LogWriter
 
 
 def make_event(seq: int) -> ev.Event:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from daemon_harness import Daemon
-from eventsched import protocol
-from eventsched.cli import UserError, parse_duration, parse_gpu_ids
+
+from eventsched.domain.units import UnitError as UserError
+from eventsched.domain.units import parse_duration, parse_gpu_ids
+from eventsched.wire import protocol
 
 
 def test_gpu_id_lists_and_ranges() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from eventsched import core, snapshots
-from eventsched import events as ev
-from eventsched import messages as m
-from eventsched.policies import POLICIES
+from eventsched import core
+from eventsched.core.policies import POLICIES
+from eventsched.domain import events as ev
+from eventsched.domain import messages as m
+from eventsched.projections import snapshot
 from eventsched.projections.cluster import (
     ClusterState,
     IllegalTransition,
@@ -19,6 +20,7 @@ from eventsched.projections.cluster import (
     state_from_snapshot,
     validate_state,
 )
+from eventsched.storage import snapshots
 
 OWNER = 1000
 
@@ -549,8 +551,8 @@ def test_snapshot_plus_tail_equals_full_fold_and_deleting_snapshots_is_harmless(
     partial = ClusterState()
     for e in log[:half]:
         apply(partial, e)
-    snapshots.save(tmp_path, partial)
-    restored = snapshots.load_latest(tmp_path)
+    snapshot.save(tmp_path, partial)
+    restored = snapshot.load_latest(tmp_path)
     assert restored is not None and restored.last_seq == half
     for e in log[half:]:
         apply(restored, e)
@@ -560,7 +562,7 @@ def test_snapshot_plus_tail_equals_full_fold_and_deleting_snapshots_is_harmless(
     assert restored == full
     for p in tmp_path.iterdir():
         p.unlink()
-    assert snapshots.load_latest(tmp_path) is None
+    assert snapshot.load_latest(tmp_path) is None
 
 
 def test_corrupt_newest_snapshot_is_skipped_and_only_two_are_kept(tmp_path):
@@ -569,13 +571,13 @@ def test_corrupt_newest_snapshot_is_skipped_and_only_two_are_kept(tmp_path):
     state = ClusterState()
     for e in log:
         apply(state, e)
-        snapshots.save(tmp_path, state)
+        snapshot.save(tmp_path, state)
     assert len(snapshots.list_snapshots(tmp_path)) == 2
     newest = snapshots.list_snapshots(tmp_path)[-1][1]
     raw = bytearray(newest.read_bytes())
     raw[-3] ^= 0xFF
     newest.write_bytes(bytes(raw))
-    older = snapshots.load_latest(tmp_path)
+    older = snapshot.load_latest(tmp_path)
     assert older is not None and older.last_seq == log[-2].seq
 
 
@@ -596,8 +598,16 @@ def test_job_json_has_the_queue_contract_keys():
 def test_cancel_between_placement_and_start_signals_once_the_process_exists() -> None:
     """A job cancelled before its process started must still be stopped."""
     from eventsched import core
-    from eventsched.events import JobSpec
-    from eventsched.messages import Cancel, GpuInfo, ProcessStarted, SchedulerConfig, Signal, Started, Submit
+    from eventsched.domain.events import JobSpec
+    from eventsched.domain.messages import (
+        Cancel,
+        GpuInfo,
+        ProcessStarted,
+        SchedulerConfig,
+        Signal,
+        Started,
+        Submit,
+    )
     from eventsched.projections.cluster import ClusterState
 
     state = ClusterState()
@@ -614,8 +624,15 @@ def test_cancel_between_placement_and_start_signals_once_the_process_exists() ->
 
 def test_a_job_placed_but_never_launched_is_queued_again_on_restart() -> None:
     from eventsched import core
-    from eventsched.events import JobSpec
-    from eventsched.messages import GpuInfo, Launch, NeverLaunched, SchedulerConfig, Started, Submit
+    from eventsched.domain.events import JobSpec
+    from eventsched.domain.messages import (
+        GpuInfo,
+        Launch,
+        NeverLaunched,
+        SchedulerConfig,
+        Started,
+        Submit,
+    )
     from eventsched.projections.cluster import ClusterState
 
     state = ClusterState()
@@ -679,8 +696,8 @@ def test_a_time_limit_is_a_timer_fact_then_a_stop_naming_it() -> None:
 
 
 def test_an_unknown_state_event_pair_is_refused_and_changes_nothing() -> None:
+    from eventsched.domain.states import IllegalTransition
     from eventsched.projections.cluster import apply, snapshot_bytes
-    from eventsched.states import IllegalTransition
 
     s = Sched(gpus=1)
     job = s.submit(gpus=1)

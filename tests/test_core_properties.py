@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from eventsched import core
-from eventsched import events as ev
-from eventsched import messages as m
-from eventsched.policies import POLICIES
+from eventsched.core.policies import POLICIES
+from eventsched.domain import events as ev
+from eventsched.domain import messages as m
 from eventsched.projections.cluster import (
     FULL,
     ClusterState,

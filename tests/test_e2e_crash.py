@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon, cli_env
 
 pytestmark = pytest.mark.slow

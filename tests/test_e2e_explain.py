@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon
 
 pytestmark = pytest.mark.slow

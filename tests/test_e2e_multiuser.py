@@ -12,7 +12,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon
 
 pytestmark = [

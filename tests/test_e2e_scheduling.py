@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon
 
 pytestmark = pytest.mark.slow
@@ -247,8 +245,8 @@ def test_interactive_submit_streams_output_and_status_watch_follows(daemon: Daem
 
 
 def test_pipelined_bulk_submission_keeps_order(daemon: Daemon, tmp_path: Path) -> None:
-    from eventsched.client import Client, ClientError
-    from eventsched.events import JobSpec
+    from eventsched.domain.events import JobSpec
+    from eventsched.wire.client import Client, ClientError
 
     with Client(daemon.socket) as c:
         ids = c.submit_many([JobSpec(command=["/bin/true"], gpus=0.25, cwd="/tmp", name=f"sweep-{i}") for i in range(40)])

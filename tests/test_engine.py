@@ -7,10 +7,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from eventsched import engine as engine_mod
-from eventsched.engine import Engine, Pending, Query
-from eventsched.gpus import FakeBackend
-from eventsched.messages import GpuObserved, ProcessExited, Refused, SchedulerConfig
+from eventsched.domain.messages import (
+    GpuObserved,
+    ProcessExited,
+    Refused,
+    SchedulerConfig,
+)
+from eventsched.runtime import engine as engine_mod
+from eventsched.runtime.engine import Engine, Pending, Query
+from eventsched.runtime.gpus import FakeBackend
 
 
 def make(tmp_path: Path) -> Engine:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import msgspec
 
-from eventsched import events as ev
-from eventsched import log
+from eventsched.domain import events as ev
+from eventsched.storage import log
 
 FIXTURE = Path(__file__).parent / "fixtures" / "log_v0"
 

@@ -20,9 +20,21 @@ from typing import AsyncIterator
 import anyio
 import pytest
 
-from eventsched.events import JobSpec
-from eventsched.executor import AlreadyLaunched, Executor, LaunchError, job_argv, rewrite_cuda
-from eventsched.messages import Message, NeverLaunched, ProcessExited, ProcessLost, ProcessStarted
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import (
+    Message,
+    NeverLaunched,
+    ProcessExited,
+    ProcessLost,
+    ProcessStarted,
+)
+from eventsched.runtime.executor import (
+    AlreadyLaunched,
+    Executor,
+    LaunchError,
+    job_argv,
+    rewrite_cuda,
+)
 
 PY = sys.executable
 
@@ -364,8 +376,8 @@ async def test_job_process_ids_cover_the_job_and_its_children(tmp_path: Path) ->
 DAEMON = """
 import anyio, json, sys
 from pathlib import Path
-from eventsched.events import JobSpec
-from eventsched.executor import Executor
+from eventsched.domain.events import JobSpec
+from eventsched.runtime.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))
@@ -586,8 +598,8 @@ async def test_a_relative_state_dir_works(tmp_path: Path, monkeypatch: pytest.Mo
 DAEMON_RUNNING = """
 import anyio, json, os, sys
 from pathlib import Path
-from eventsched.events import JobSpec
-from eventsched.executor import Executor
+from eventsched.domain.events import JobSpec
+from eventsched.runtime.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))

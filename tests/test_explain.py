@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from eventsched import core
-from eventsched import events as ev
-from eventsched import messages as m
-from eventsched.explain import waiting_reason, waiting_reasons
+from eventsched.core.explain import waiting_reason, waiting_reasons
+from eventsched.domain import events as ev
+from eventsched.domain import messages as m
 from eventsched.projections.cluster import ClusterState
 
 NOW = 100.0

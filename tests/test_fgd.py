@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from eventsched.fgd import (
+from eventsched.core.fgd import (
     FragTable,
     TaskType,
     fgd_score,
@@ -18,7 +18,7 @@ from eventsched.fgd import (
     node_fragmentation,
     target_workload,
 )
-from eventsched.static_sim import (
+from eventsched.sim.static_sim import (
     PAPER,
     POLICIES,
     GoLikeRand,
@@ -27,7 +27,7 @@ from eventsched.static_sim import (
     run_one,
     run_static,
 )
-from eventsched.traces import AlibabaNode, AlibabaPod, load_alibaba
+from eventsched.sim.traces import AlibabaNode, AlibabaPod, load_alibaba
 
 TRACES = Path("/work/shared/traces")
 POD_CSV = TRACES / "openb_pod_list_default.csv"

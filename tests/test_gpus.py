@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eventsched.gpus import (
+from eventsched.domain.messages import GpuFailed, GpuObserved
+from eventsched.runtime.gpus import (
     DEFAULT_FAKE_MEM_MIB,
     FakeBackend,
     GpuBackend,
@@ -14,8 +15,6 @@ from eventsched.gpus import (
     parse_gpus_option,
     significant,
 )
-from eventsched.messages import GpuFailed, GpuObserved
-
 
 # --- --gpus parsing ----------------------------------------------------------
 

@@ -8,23 +8,20 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
 
-from eventsched import events as ev
-from eventsched import log
-from eventsched.metrics import compute_metrics, prometheus_text, run_metrics
+from eventsched.cli.sql import run_sql
+from eventsched.domain import events as ev
 from eventsched.projections.history import History, open_history, rebuild
-from eventsched.sqlcmd import run_sql
+from eventsched.projections.metrics import compute_metrics, prometheus_text, run_metrics
+from eventsched.storage import log
 
 T0 = 1_699_920_000.0  # a UTC midnight
 DAY = 86_400.0
@@ -334,7 +331,7 @@ def test_sql_missing_state_dir(tmp_path: Path) -> None:
 
 SQL_PROC = """
 import sys
-from eventsched.sqlcmd import run_sql
+from eventsched.cli.sql import run_sql
 sys.exit(run_sql(sys.argv[1], sys.argv[2], "json"))
 """
 
@@ -352,7 +349,8 @@ def test_concurrent_sql_processes_agree(state: Path) -> None:
 
 APPENDER = """
 import sys, time
-from eventsched import events as ev, log
+from eventsched.domain import events as ev
+from eventsched.storage import log
 w = log.LogWriter.open(sys.argv[1])
 for job in range(1000, 1000 + int(sys.argv[2])):
     s = ev.JobSpec(command=["sleep", "1"], user="load")
@@ -509,9 +507,9 @@ def test_model_ahead_of_a_shortened_log_is_rebuilt(tmp_path: Path) -> None:
     """A power cut can take back a tail the model already read: the log wins."""
     import shutil
 
-    from eventsched import log as eventlog
-    from eventsched.events import JobSubmitted, JobSpec
+    from eventsched.domain.events import JobSpec, JobSubmitted
     from eventsched.projections.history import History
+    from eventsched.storage import log as eventlog
 
     state = tmp_path / "state"
     with eventlog.LogWriter.open(state / "log") as writer:

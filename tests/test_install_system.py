@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from users_harness import User, needs_root, users  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from eventsched import events as ev
+from eventsched.domain import events as ev
 from eventsched.jupyter.handle import JobHandle, JobTable, LogText, Message
 from eventsched.jupyter.magics import EventschedMagics, parse_submit, split_sql_line
 from eventsched.jupyter.widgets import PanelModel, render_html, render_text

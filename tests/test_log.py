@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventsched import events as ev
-from eventsched import log, logtools
-from eventsched.log import (
+from eventsched.domain import events as ev
+from eventsched.storage import log, logtools
+from eventsched.storage.log import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     LogCorruptError,
@@ -304,7 +304,7 @@ def test_second_writer_is_refused(tmp_path: Path) -> None:
     with LogWriter.open(d):
         with pytest.raises(LogLockedError, match=f"log {d} is locked by pid {os.getpid()}"):
             LogWriter.open(d)
-        code = f"from eventsched.log import LogWriter, LogError\ntry:\n LogWriter.open({str(d)!r})\nexcept LogError as e:\n print(e)"
+        code = f"from eventsched.storage.log import LogWriter, LogError\ntry:\n LogWriter.open({str(d)!r})\nexcept LogError as e:\n print(e)"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert f"locked by pid {os.getpid()}" in out.stdout
         assert logtools.repair(d) == 1  # repair never runs under a live writer

@@ -3,7 +3,6 @@ survives, in order, with no gaps, and the log always reopens for appends."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from eventsched import log, logtools
-from eventsched.log import LogWriter
+from eventsched.storage import log, logtools
+from eventsched.storage.log import LogWriter
 
 sys.path.insert(0, str(Path(__file__).parent))
 from log_writer_proc import make_event  # noqa: E402

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from eventsched import core
-from eventsched import events as ev
-from eventsched import log as eventlog
-from eventsched.messages import (
+from eventsched.core.policies import POLICIES
+from eventsched.domain import events as ev
+from eventsched.domain.messages import (
     Cancel,
     GpuInfo,
     GpuObserved,
@@ -41,17 +41,12 @@ from eventsched.messages import (
     Tick,
     WakeAt,
 )
-from eventsched.policies import POLICIES
 from eventsched.projections.cluster import ClusterState, validate_state
-from eventsched.replay import (
-    RECORDED,
-    ReplayError,
-    compare_placements,
-    load_source,
-    placements,
-    simulate,
-)
-from eventsched.whatif import compare, format_comparison, metrics_from_log
+from eventsched.sim.compare import compare_placements, placements
+from eventsched.sim.simulator import RECORDED, simulate
+from eventsched.sim.sources import ReplayError, load_source
+from eventsched.sim.whatif import compare, format_comparison, metrics_from_log
+from eventsched.storage import log as eventlog
 
 T0 = 1_700_000_000.0
 
@@ -425,7 +420,7 @@ def test_alibaba_source_keeps_shares_and_fits_its_node_sample() -> None:
 def test_a_restart_that_requeued_a_never_launched_job_replays_exactly(tmp_path: Path) -> None:
     """The daemon stopped between placing a job and launching it; on restart
     the job was queued again and placed anew. The replay does the same."""
-    from eventsched.messages import NeverLaunched
+    from eventsched.domain.messages import NeverLaunched
 
     state = ClusterState()
     log_dir = tmp_path / "rec" / "log"

@@ -20,17 +20,26 @@ import textwrap
 import time
 from pathlib import Path
 
-
 import anyio
-import pytest
-
 import daemon_harness
+import pytest
 from daemon_harness import Daemon
-from eventsched import cgroups, rlimits
-from eventsched.events import JobSpec
-from eventsched.executor import Executor
-from eventsched.messages import Message, ProcessExited
-from users_harness import VENV_BIN, as_user, needs_root, public_dir, root_daemon, run_as, user_env, users  # noqa: F401
+from users_harness import (  # noqa: F401
+    VENV_BIN,
+    as_user,
+    needs_root,
+    public_dir,
+    root_daemon,
+    run_as,
+    user_env,
+    users,
+)
+
+from eventsched.domain import rlimits
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import Message, ProcessExited
+from eventsched.runtime import cgroups
+from eventsched.runtime.executor import Executor
 
 INF = rlimits.INFINITY
 
@@ -297,8 +306,8 @@ async def test_executor_kills_what_a_finished_job_left_behind(tmp_path: Path, zy
 ADOPT_DAEMON = """
 import anyio, json, sys
 from pathlib import Path
-from eventsched.events import JobSpec
-from eventsched.executor import Executor
+from eventsched.domain.events import JobSpec
+from eventsched.runtime.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))
@@ -390,7 +399,7 @@ async def test_executor_applies_umask_and_limits_clamped(tmp_path: Path, use_cgr
 
 @pytest.mark.anyio
 async def test_executor_refuses_malformed_limits_with_a_clear_reason(tmp_path: Path) -> None:
-    from eventsched.executor import LaunchError
+    from eventsched.runtime.executor import LaunchError
 
     ex = Executor(tmp_path / "state")
     with pytest.raises(LaunchError, match="unknown resource limit 'bogus'"):
@@ -419,8 +428,8 @@ wait
 
 FORGE = """\
 import json, sys
-from eventsched.client import Client
-from eventsched.events import JobSpec
+from eventsched.wire.client import Client
+from eventsched.domain.events import JobSpec
 spec = JobSpec(command=["sh", "-c", "echo nofile $(ulimit -Hn); echo core $(ulimit -Hc)"], gpus=0,
                cwd="/tmp", rlimits=json.loads(sys.argv[2]), umask=0)
 with Client(sys.argv[1]) as c:

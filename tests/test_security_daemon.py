@@ -21,11 +21,19 @@ import time
 from pathlib import Path
 
 import anyio
-import pytest
-
 import daemon_harness
+import pytest
 from daemon_harness import Daemon
-from users_harness import VENV_BIN, as_user, needs_root, public_dir, root_daemon, run_as, user_env, users  # noqa: F401
+from users_harness import (  # noqa: F401
+    VENV_BIN,
+    as_user,
+    needs_root,
+    public_dir,
+    root_daemon,
+    run_as,
+    user_env,
+    users,
+)
 
 pytestmark = [pytest.mark.slow, needs_root]
 
@@ -290,9 +298,9 @@ def test_a_low_open_file_limit_lowers_the_connection_limit_and_jobs_still_run(us
 
 
 def test_the_gpu_sampler_survives_running_out_of_file_descriptors(tmp_path: Path, caplog) -> None:
-    from eventsched.engine import Engine, Query
-    from eventsched.gpus import FakeBackend
-    from eventsched.messages import SchedulerConfig
+    from eventsched.domain.messages import SchedulerConfig
+    from eventsched.runtime.engine import Engine, Query
+    from eventsched.runtime.gpus import FakeBackend
 
     class Exhausted(FakeBackend):
         def sample(self, job_pids=()):  # type: ignore[no-untyped-def]

@@ -13,21 +13,27 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 import duckdb
 import pytest
-
-from eventsched import events as ev
-from eventsched import log
-from eventsched.projections.history import SCHEMA_VERSION, TABLES, VIEWS, History
-from eventsched.sqlcmd import QueryRefused, SqlError, check_read_only, query
 from users_harness import (  # noqa: F401 (fixtures)
-    VENV_BIN, as_user, needs_root, public_dir, root_daemon, run_as, user_env, users,
+    VENV_BIN,
+    as_user,
+    needs_root,
+    public_dir,
+    root_daemon,
+    run_as,
+    user_env,
+    users,
 )
+
+from eventsched.domain import events as ev
+from eventsched.projections.history import SCHEMA_VERSION, TABLES, VIEWS, History
+from eventsched.projections.sql import QueryRefused, SqlError, check_read_only, query
+from eventsched.storage import log
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +103,7 @@ def test_local_queries_are_hardened_too(tmp_path: Path) -> None:
 
 
 def test_the_hardening_holds_even_for_statements_the_allow_list_would_refuse(tmp_path: Path) -> None:
-    from eventsched.sqlcmd import harden
+    from eventsched.projections.sql import harden
 
     con = duckdb.connect()
     harden(con, memory_limit="256MB", threads=1, spill=False)
@@ -148,7 +154,7 @@ def test_read_model_files_left_loose_by_an_earlier_version_become_private(tmp_pa
 
 
 def test_sql_limits_come_from_the_environment() -> None:
-    from eventsched.sql_sandbox import SqlLimits
+    from eventsched.runtime.sql_sandbox import SqlLimits
 
     limits = SqlLimits.from_env({"EVENTSCHED_SQL_TIMEOUT_S": "2.5", "EVENTSCHED_SQL_PER_USER": "3",
                                  "EVENTSCHED_SQL_MEMORY_MB": "nonsense", "EVENTSCHED_SQL_TOTAL": "-1"})
@@ -205,8 +211,8 @@ def sql_as(user, world: dict, sql: str, *more: str, timeout: float = 30.0) -> su
 
 TIMED_REQUEST = """
 import sys, time
-from eventsched import protocol
-from eventsched.client import Client
+from eventsched.wire import protocol
+from eventsched.wire.client import Client
 client = Client(sys.argv[1], timeout=60)
 start = time.monotonic()
 try:
@@ -235,7 +241,7 @@ def sandboxes() -> dict[int, int]:
             status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
-        if b"eventsched.sql_sandbox" in cmdline:
+        if b"eventsched.runtime.sql_sandbox" in cmdline:
             uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
             out[int(entry)] = int(uids[0]) if len(set(uids)) == 1 else -1
     return out

@@ -11,14 +11,20 @@ import os
 from pathlib import Path
 
 import pytest
+from users_harness import as_user, needs_root, public_dir, root_daemon, users  # noqa: F401 (fixtures)
 
 from eventsched import core
-from eventsched.admission import SubmitLimits, check_submission
-from eventsched.events import JobSpec
-from eventsched.messages import GpuInfo, Refused, SchedulerConfig, Started, Submit
+from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import (
+    GpuInfo,
+    Refused,
+    SchedulerConfig,
+    Started,
+    Submit,
+)
+from eventsched.domain.text import printable
 from eventsched.projections.cluster import ClusterState, validate_state
-from eventsched.text import printable
-from users_harness import as_user, needs_root, public_dir, root_daemon, users  # noqa: F401 (fixtures)
 
 LIMITS = SubmitLimits()
 
@@ -182,7 +188,7 @@ def test_a_job_name_cannot_inject_escape_sequences_into_another_users_terminal(u
 
 
 def test_the_sample_config_carries_the_limits() -> None:
-    from eventsched.config import load_config, sample_config
+    from eventsched.runtime.config import load_config, sample_config
 
     path = Path(os.environ.get("TMPDIR", "/tmp")) / f"es-sample-{os.getpid()}.toml"
     path.write_text(sample_config())

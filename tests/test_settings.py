@@ -15,13 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from daemon_harness import Daemon
-from eventsched import events as ev
-from eventsched import log
-from eventsched.messages import SchedulerConfig
+
+from eventsched.domain import events as ev
+from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.settings import (
+    SETTINGS_VERSION,
+    SettingsError,
+    settings_dict,
+    settings_from_dict,
+    upcast_v1_v2,
+)
 from eventsched.projections.cluster import ClusterState, apply
-from eventsched.settings import SETTINGS_VERSION, SettingsError, settings_dict, settings_from_dict, upcast_v1_v2
+from eventsched.storage import log
 
 FIXTURE = Path(__file__).parent / "fixtures" / "state_settings_v1"
 

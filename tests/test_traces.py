@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from eventsched.traces import TraceError, TraceJob, alibaba_jobs, load_alibaba, load_csv
+from eventsched.sim.traces import (
+    TraceError,
+    TraceJob,
+    alibaba_jobs,
+    load_alibaba,
+    load_csv,
+)
 
 TRACES = Path("/work/shared/traces")
 POD_CSV = TRACES / "openb_pod_list_default.csv"

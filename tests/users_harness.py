@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from daemon_harness import Daemon
 
 VENV_BIN = str(Path(sys.executable).parent)

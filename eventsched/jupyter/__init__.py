@@ -13,14 +13,14 @@ __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from .magics import EventschedMagics
+    from eventsched.jupyter.magics import EventschedMagics
 
     # an instance, with the shell as its parent: %config and ipython_config.py apply
     ipython.register_magics(EventschedMagics(shell=ipython))
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .widgets import _watchers
+    from eventsched.jupyter.widgets import _watchers
 
     for watcher in list(_watchers.values()):
         watcher.stop()

@@ -13,8 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..client import Client, read_new_output
-from .widgets import FINAL_STATES, STATE_COLOURS, render_jobs_html, render_jobs_text
+from eventsched.domain.states import FINAL
+from eventsched.jupyter.widgets import (
+    STATE_COLOURS,
+    render_jobs_html,
+    render_jobs_text,
+)
+from eventsched.wire.client import Client, read_new_output
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]
 
@@ -90,7 +95,7 @@ class Explanation:
         self.story: list[dict[str, Any]] = info["story"]
 
     def __repr__(self) -> str:
-        from ..story import render_explanation
+        from eventsched.projections.story import render_explanation
 
         return render_explanation(self.info)
 
@@ -141,7 +146,7 @@ class JobHandle:
                 state = next((j["state"] for j in c.jobs(all=True) if j["id"] == self.id), None)
                 if state is None:
                     raise LookupError(f"the daemon knows no job {self.id}")
-                if state in FINAL_STATES:
+                if state in FINAL:
                     self._settle_displays()
                     return state
                 if deadline is not None and time.monotonic() >= deadline:
@@ -149,7 +154,7 @@ class JobHandle:
                 time.sleep(poll)
 
     def _settle_displays(self) -> None:
-        from .widgets import existing_watcher
+        from eventsched.jupyter.widgets import existing_watcher
 
         watcher = existing_watcher(self.socket_path)
         if watcher is not None:
@@ -181,7 +186,7 @@ class JobHandle:
                 if chunk:
                     position += len(chunk)
                     print(chunk.decode("utf-8", "replace"), end="", flush=True)
-                if state in FINAL_STATES:
+                if state in FINAL:
                     return state
                 time.sleep(poll)
         except KeyboardInterrupt:
@@ -239,7 +244,7 @@ class JobHandle:
         """A widget kept current by the panel's thread (only in a live kernel)."""
         import ipywidgets as w
 
-        from .widgets import watcher_for
+        from eventsched.jupyter.widgets import watcher_for
 
         view = w.HTML(value=self._repr_html_())
         job_id = self.id

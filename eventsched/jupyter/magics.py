@@ -43,10 +43,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from traitlets import Float, Unicode
 
-from .. import cli
-from ..client import Client, ClientError, DaemonNotRunning
-from ..paths import default_socket, default_state_dir
-from .handle import JobHandle, JobTable, Message
+from eventsched import cli
+from eventsched.domain.paths import default_socket, default_state_dir
+from eventsched.domain.units import UnitError
+from eventsched.jupyter.handle import JobHandle, JobTable, Message
+from eventsched.wire.client import Client, ClientError, DaemonNotRunning
 
 __all__ = ["EventschedMagics", "parse_submit", "subcommand_parser"]
 
@@ -117,7 +118,7 @@ def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
                 f"`%gpuscheduler start --gpus fake:4` (simulated GPUs; leave out --gpus to use the real ones), "
                 f"or in a terminal with `eventsched serve`."
             ) from None
-        except (cli.UserError, ClientError, LookupError) as exc:
+        except (cli.UserError, UnitError, ClientError, LookupError) as exc:
             raise UsageError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
 
     wrapper.__name__ = method.__name__
@@ -250,7 +251,7 @@ class EventschedMagics(Magics):
         utilisation, memory, temperature, paused beside it), running and queued
         jobs, and the output tail of the job you select. A background thread
         keeps it current while other cells run."""
-        from .widgets import StatusPanel
+        from eventsched.jupyter.widgets import StatusPanel
 
         args = subcommand_parser("status", "%gpustatus").parse_args(_split(line, "%gpustatus"))
         socket_path = self.resolve_socket(args)
@@ -289,7 +290,7 @@ class EventschedMagics(Magics):
         import duckdb
         import pandas as pd
 
-        from ..projections.history import HistoryError, open_history
+        from eventsched.projections.history import HistoryError, open_history
 
         try:
             history = open_history(state_dir)

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import events as ev
+from eventsched.domain import events as ev
+from eventsched.domain.states import FINAL, exit_outcome
 
 __all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text"]
 
 ACTIVE_STATES = ("running", "queued", "held")
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
 TAIL_LINES = 20
 THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
@@ -187,16 +187,8 @@ def _on_job_exited(m: PanelModel, e: ev.JobExited) -> None:
     j = _job(m, e.job)
     if j is None:
         return
-    reason = j.get("cancel_reason", "")
-    if reason == "cancelled" or e.reason == "cancelled":
-        state = "cancelled"
-    elif reason == "preempted":
-        state = "preempted"
-    elif reason == "time-limit":
-        state = "failed"
-    else:
-        state = "succeeded" if e.exit_code == 0 else "failed"
-    j.update(state=state, exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[])
+    state = e.outcome or exit_outcome(j.get("cancel_reason", ""), e.exit_code, e.reason)
+    j.update(state=str(state), exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[])
 
 
 def _on_job_cancel_requested(m: PanelModel, e: ev.JobCancelRequested) -> None:
@@ -264,7 +256,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
 
 
 def _elapsed(job: dict[str, Any], now: float) -> str:
-    from ..cli import human_duration
+    from eventsched.cli import human_duration
 
     if job["state"] in ("queued", "held"):
         start, end = job.get("submitted_at"), now
@@ -314,7 +306,7 @@ def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jo
 
 
 def render_jobs_text(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
-    from ..cli import table
+    from eventsched.cli import table
 
     if not jobs:
         return empty
@@ -382,7 +374,7 @@ class Watcher:
                 if not self.model.connected:
                     return
                 job = self.model.jobs.get(job_id)
-                if (job is None or job["state"] in FINAL_STATES) and self._drawn_seq >= self.model.seq:
+                if (job is None or job["state"] in FINAL) and self._drawn_seq >= self.model.seq:
                     return
             time.sleep(0.02)
 
@@ -408,7 +400,7 @@ class Watcher:
         self._stop.set()
 
     def _run(self) -> None:
-        from ..client import Client, ClientError, DaemonNotRunning
+        from eventsched.wire.client import Client, ClientError, DaemonNotRunning
 
         while not self._stop.is_set():
             client = Client(self.socket_path, timeout=10.0)
@@ -562,7 +554,7 @@ def _make_panel_class() -> type:
             path = self._log_paths.get(job)
             if path is None:
                 try:
-                    from ..client import Client
+                    from eventsched.wire.client import Client
 
                     with Client(self.socket_path, timeout=5.0) as c:
                         path = self._log_paths[job] = c.log_path(job)

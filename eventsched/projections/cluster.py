@@ -21,10 +21,11 @@ from typing import Any
 
 import msgspec
 
-from .. import events as ev
-from ..messages import SchedulerConfig
-from ..settings import settings_from_dict
-from ..states import FINAL, IllegalTransition, JobState, next_state
+from eventsched.domain import events as ev
+from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.settings import settings_from_dict
+from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_state
+from eventsched.domain.units import FULL
 
 __all__ = [
     "IllegalTransition",
@@ -44,7 +45,6 @@ __all__ = [
     "validate_state",
 ]
 
-FULL = 1000  # milli-GPU in one whole GPU
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
 

@@ -47,8 +47,8 @@ import os
 import re
 import shlex
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,8 +58,9 @@ import msgspec.inspect
 import numpy as np
 import pyarrow as pa
 
-from eventsched import events as ev
-from eventsched import paths
+from eventsched.domain import events as ev
+from eventsched.domain import paths
+from eventsched.domain.states import FINAL
 
 __all__ = [
     "History",
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 # 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "history.duckdb"
 LOCK_NAME = "history.lock"
 # Events turned into columns at a time during catch-up: big enough for
@@ -84,7 +85,7 @@ COMMIT_EVENTS = 1_000_000
 # Overlap column building with DuckDB inserts (see fold).
 PIPELINE = True
 
-FINAL_STATES = ("succeeded", "failed", "cancelled", "lost")
+FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
 
 
 class HistoryError(Exception):
@@ -97,7 +98,7 @@ _RAW_DDL = """
 CREATE TABLE IF NOT EXISTS _position (seq BIGINT NOT NULL, ts DOUBLE, schema_version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS job_events (
     seq BIGINT, ts DOUBLE, job BIGINT, type VARCHAR, cause VARCHAR, detail VARCHAR,
-    exit_code INTEGER, signal INTEGER, reason VARCHAR);
+    exit_code INTEGER, signal INTEGER, reason VARCHAR, outcome VARCHAR);
 CREATE TABLE IF NOT EXISTS submissions (
     seq BIGINT, ts DOUBLE, job BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR,
     command VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, allowed_gpu_ids VARCHAR, priority BIGINT,
@@ -208,7 +209,9 @@ st AS (
             WHEN 'JobSubmitted' THEN 'queued'
             WHEN 'JobPlaced' THEN 'running'
             WHEN 'JobStarted' THEN 'running'
-            WHEN 'JobExited' THEN CASE
+            -- the core records the state an exit ends in (JobExited.outcome);
+            -- only logs written before it was recorded fall back to the rule
+            WHEN 'JobExited' THEN coalesce(nullif(outcome, ''), CASE
                 WHEN reason = 'cancelled'
                      OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'cancelled')
                     THEN 'cancelled'
@@ -216,7 +219,7 @@ st AS (
                      OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'preempted')
                     THEN 'preempted'
                 WHEN exit_code = 0 THEN 'succeeded'
-                ELSE 'failed' END
+                ELSE 'failed' END)
             WHEN 'JobCancelled' THEN 'cancelled'
             WHEN 'JobRequeued' THEN 'queued'
             WHEN 'JobHeld' THEN 'held'
@@ -454,6 +457,8 @@ def _job_event_cols(events: list[Any], rec: np.ndarray) -> Columns:
         "exit_code": rec["exit_code"] if "exit_code" in names else "NULL",
         "signal": rec["signal"] if "signal" in names else "NULL",
         "reason": rec["reason"] if "reason" in names else "NULL",
+        # the state an exit ended in, as the core decided it (states.exit_outcome)
+        "outcome": rec["outcome"] if "outcome" in names else "NULL",
     }
 
 
@@ -749,7 +754,7 @@ def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], afte
 def _log_batches(log_dir: Path, from_seq: int) -> Iterator[list[ev.Event]]:
     if not log_dir.is_dir():
         return iter(())
-    from eventsched import log  # the log module is optional at import time
+    from eventsched.storage import log  # the log module is optional at import time
 
     return log.read_batches(log_dir, from_seq=from_seq)
 
@@ -757,7 +762,7 @@ def _log_batches(log_dir: Path, from_seq: int) -> Iterator[list[ev.Event]]:
 def _log_last_seq(log_dir: Path) -> int:
     if not log_dir.is_dir():
         return 0
-    from eventsched import log
+    from eventsched.storage import log
 
     return int(log.last_seq(log_dir))
 

@@ -1,0 +1,123 @@
+"""``eventsched replay SOURCE --policy A [--policy B ...]``: run and compare replays.
+
+Each replay writes its own state dir (``<out>/<policy>/log``), queryable like a
+real one (``eventsched sql --state-dir <out>/<policy> ...``). With ``--static``
+the Alibaba trace goes through the FGD paper's static packing experiment
+instead (``static_sim``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["run_replay", "parse_seeds"]
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"eventsched replay: {message}\n")
+    return 2
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``42-51`` or ``1,2,7`` (or a mix) -> a list of seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)-(\d+)", part)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ValueError(f"bad seed range {part!r}")
+            seeds.extend(range(lo, hi + 1))
+        elif part.isdigit():
+            seeds.append(int(part))
+        else:
+            raise ValueError(f"--seeds must look like 42-51 or 1,2,3, got {text!r}")
+    return seeds
+
+
+def _run_static(args: argparse.Namespace) -> int:
+    from eventsched.sim import static_sim
+    from eventsched.sim.traces import TraceError
+
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        return _fail(str(e))
+    pod_csv = Path(args.source)
+    node_csv = pod_csv.parent / "openb_node_list_gpu_node.csv"
+    if not pod_csv.is_file():
+        return _fail(f"{pod_csv}: no such file (--static needs the Alibaba openb pod list)")
+    if not node_csv.is_file():
+        return _fail(f"{node_csv}: no such file (the node list must sit next to the pod list)")
+    unknown = [p for p in args.policy if p not in static_sim.POLICIES]
+    if unknown:
+        return _fail(f"unknown policy {unknown[0]!r} for --static; choose from {', '.join(static_sim.POLICIES)}")
+    try:
+        result = static_sim.run_static(str(pod_csv), str(node_csv), list(args.policy), seeds)
+    except (TraceError, ValueError) as e:
+        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    if args.json:
+        print(json.dumps(static_sim.result_dict(result), indent=2))
+    else:
+        print(static_sim.format_table(result))
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Replay ``args.source`` under each ``args.policy``; print the comparison."""
+    if getattr(args, "static", False):
+        return _run_static(args)
+    from eventsched.core.policies import POLICIES
+    from eventsched.sim.simulator import RECORDED, simulate
+    from eventsched.sim.sources import ReplayError, load_source
+    from eventsched.sim.whatif import compare, format_comparison
+
+    policies = list(dict.fromkeys(args.policy or []))
+    for p in policies:
+        if p != RECORDED and p not in POLICIES:
+            return _fail(f"unknown policy {p!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
+    try:
+        workload = load_source(args.source, gpus=getattr(args, "gpus", None))
+    except ReplayError as e:
+        return _fail(str(e))
+    if RECORDED in policies and workload.kind != "log":
+        return _fail(f"policy {RECORDED!r} needs a recorded log as the source")
+    if args.out:
+        out = Path(args.out)
+        for p in policies:
+            target = out / p / "log"
+            if target.exists() and any(target.iterdir()):
+                return _fail(f"{target} already holds a log; choose another --out")
+    else:
+        out = Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
+    results = []
+    try:
+        for p in policies:
+            results.append(simulate(workload, p, out / p))
+    except ReplayError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"cannot write the replay logs under {out}: {e.strerror or e}")
+    baseline = None
+    if workload.kind == "log":
+        baseline = ("as recorded", workload.name)
+    table = compare(results, baseline=baseline)
+    table["out"] = str(out)
+    if args.json:
+        print(json.dumps(table, indent=2))
+    else:
+        print(format_comparison(table))
+        print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - handy for development
+    from eventsched.cli import main
+
+    raise SystemExit(main(["replay", *sys.argv[1:]]))

@@ -1,0 +1,91 @@
+"""What the control socket admits from a user, before the core sees it.
+
+The core checks that a job *could run here* (``core.check_spec``); this module
+checks that a request is *reasonable from this user*: every number a user
+sends is bounded, every string has a size cap, and priorities above the
+ceiling are for operators only. A value outside these bounds is refused at
+submit with one line naming the option and the bound, so nothing absurd ever
+reaches the log (which is append-only: a bad value there would stay forever).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import Refused
+from eventsched.domain.rlimits import RlimitError
+from eventsched.domain.rlimits import validate as validate_rlimits
+from eventsched.domain.text import has_control
+
+__all__ = ["SubmitLimits", "check_submission"]
+
+YEAR_S = 366 * 86400.0
+
+
+class SubmitLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[limits]`` table of the serve config."""
+
+    max_user_priority: int = 100  # non-operators submit priorities in [-this, this]
+    max_retries: int = 100
+    max_time_limit_s: float = YEAR_S
+    max_gpu_mem_mib: int = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int overflow
+    max_command_bytes: int = 64 << 10  # the command line, all arguments together
+    max_env_bytes: int = 256 << 10  # environment names and values, plus --env-setup
+    max_name_chars: int = 200
+    max_after: int = 1000  # --after dependencies of one job
+    max_gpu_ids: int = 1024
+
+
+def _bytes(strings: list[str]) -> int:
+    return sum(len(s.encode("utf-8", "surrogatepass")) + 1 for s in strings)
+
+
+def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> None:
+    """Refuse (``Refused``) a spec outside ``limits``; return if admissible."""
+    if operator:
+        pass  # root and the daemon's user may use any priority the type holds
+    elif abs(spec.priority) > limits.max_user_priority:
+        raise Refused(
+            f"--priority {spec.priority} is outside [-{limits.max_user_priority}, {limits.max_user_priority}]; "
+            "higher priorities are for operators"
+        )
+    if abs(spec.priority) > 1 << 31:
+        raise Refused(f"--priority {spec.priority} is too large")
+    if not 0 <= spec.retries <= limits.max_retries:
+        raise Refused(f"--retries must be between 0 and {limits.max_retries}, not {spec.retries}")
+    t = spec.time_limit_s
+    if t is not None and not (math.isfinite(t) and 0 < t <= limits.max_time_limit_s):
+        raise Refused(f"--time-limit must be between 0 and {limits.max_time_limit_s:g} seconds, not {t:g}")
+    if not 0 <= spec.gpu_mem_mib <= limits.max_gpu_mem_mib:
+        raise Refused(f"--gpu-mem must be between 0 and {limits.max_gpu_mem_mib} MiB, not {spec.gpu_mem_mib}")
+    if not math.isfinite(spec.gpus) or not 0 <= spec.gpus <= limits.max_gpu_ids:
+        raise Refused(f"--gpus must be between 0 and {limits.max_gpu_ids}, not {spec.gpus:g}")
+    if spec.gpu_ids is not None and (len(spec.gpu_ids) > limits.max_gpu_ids
+                                     or any(not 0 <= g < 1 << 20 for g in spec.gpu_ids)):
+        raise Refused("--gpu-ids lists too many GPUs or an impossible id")
+    if len(spec.after) > limits.max_after or any(not 0 < j < 1 << 53 for j in spec.after):
+        raise Refused(f"--after takes at most {limits.max_after} valid job ids")
+    if len(spec.name) > limits.max_name_chars:
+        raise Refused(f"--name is {len(spec.name)} characters; at most {limits.max_name_chars}")
+    # control characters in names are kept (a default name is the command's
+    # own) and escaped wherever they are printed (text.printable)
+    if has_control(spec.tenant) or len(spec.tenant) > limits.max_name_chars:
+        raise Refused("--tenant must be a short name without control characters")
+    command = _bytes(spec.command) + len(spec.conda.encode("utf-8", "surrogatepass"))
+    if command > limits.max_command_bytes:
+        raise Refused(f"the command is {command} bytes; at most {limits.max_command_bytes}")
+    env = _bytes(list(spec.env)) + _bytes(list(spec.env.values())) + _bytes([spec.env_setup])
+    if env > limits.max_env_bytes:
+        raise Refused(
+            f"the environment and --env-setup are {env} bytes; at most {limits.max_env_bytes} "
+            "(submit from a shell with a smaller environment, e.g. `env -i PATH=$PATH eventsched submit ...`)"
+        )
+    if len(spec.cwd) > 4096 or "\0" in spec.cwd:
+        raise Refused("the working directory is not a valid path")
+    try:  # the supervisor clamps them to the daemon's own limits; refuse nonsense here
+        validate_rlimits(spec.rlimits, spec.umask)
+    except RlimitError as exc:
+        raise Refused(str(exc)) from None

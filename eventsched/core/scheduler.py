@@ -1,0 +1,466 @@
+"""The sans-I/O scheduler: ``handle(state, message, now) -> (events, effects)``.
+
+No clock, no files, no processes: time arrives as ``now``, the world as
+messages. Every event is applied to ``state`` as it is produced (through
+``projections.cluster.apply``), so after ``handle`` the state is exactly the
+fold of the events it returned; a ``Refused`` message changes nothing (every
+check runs before the first event). The daemon and the replay simulator drive
+this same function.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from eventsched.core.policies import POLICIES, decide
+from eventsched.domain import events as ev
+from eventsched.domain import messages as m
+from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
+from eventsched.domain.settings import settings_dict
+from eventsched.domain.states import FINAL, WAITING, JobState, can, exit_outcome
+from eventsched.projections.cluster import (
+    FULL,
+    ClusterState,
+    Job,
+    apply,
+    fit_summary,
+    request_of,
+)
+
+__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
+
+LIVE_FOR_DEDUP = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.HELD, JobState.PREEMPTED})
+
+
+class _Out:
+    """Collects what one message produced, applying each event at once.
+
+    Every message is recorded as a *fact* (``fact``: its cause is who or what
+    sent it) before any *decision* it leads to (``decide``: its cause is
+    ``seq:N``, the fact's position in the log). The core stamps each event's
+    seq itself (the log's next one: the core's caller appends every event it
+    returns, in order), so a decision can name its fact before either is
+    written. A timer's fact is recorded only if a decision follows (``defer``).
+    """
+
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.events: list[ev.Event] = []
+        self.effects: list[Effect] = []
+        self.cause = ""  # "seq:N" of this message's fact, once recorded
+        self._deferred: ev.Event | None = None
+
+    def _emit(self, event: ev.Event) -> ev.Event:
+        event = msgspec.structs.replace(event, seq=self.state.last_seq + 1, ts=self.now)
+        apply(self.state, event)
+        self.events.append(event)
+        return event
+
+    def fact(self, event: ev.Event) -> ev.Event:
+        """Record what happened (a stimulus); later decisions name it."""
+        event = self._emit(event)
+        self.cause = f"seq:{event.seq}"
+        return event
+
+    def defer(self, event: ev.Event) -> None:
+        """A fact worth recording only if some decision follows from it."""
+        self._deferred = event
+
+    def decide(self, event: ev.Event) -> ev.Event:
+        """Record a decision, caused by this message's fact."""
+        if self._deferred is not None:
+            self.fact(self._deferred)
+            self._deferred = None
+        if not self.cause:  # a handler that decides before recording its fact: a bug
+            raise AssertionError(f"decision {type(event).__name__} without a recorded cause")
+        return self._emit(msgspec.structs.replace(event, cause=self.cause))
+
+
+def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Event], list[Effect]]:
+    """Turn one message into events (already applied to ``state``) and effects.
+
+    Raises ``Refused`` with a one-line reason, leaving ``state`` unchanged, for
+    a command that cannot be accepted.
+    """
+    handler = _HANDLERS.get(type(msg))
+    if handler is None:
+        raise Refused(f"unsupported message {type(msg).__name__}")
+    out = _Out(state, now)
+    handler(out, msg)
+    wake = next_deadline(state, now)
+    if wake is not None:
+        out.effects.append(WakeAt(at=wake))
+    return out.events, out.effects
+
+
+# --- shared steps ---------------------------------------------------------------
+
+
+def _schedule(out: _Out) -> None:
+    """Run the current policy and launch what it placed."""
+    state = out.state
+    if not state.queue:
+        return
+    for p in decide(state, out.now):
+        out.decide(
+            ev.JobPlaced(
+                job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem, policy=state.policy,
+            )
+        )
+        job = state.jobs[p.job]
+        out.effects.append(Launch(job=p.job, spec=job.spec, node=p.node, gpu_ids=list(p.gpu_ids)))
+
+
+def _cascade(out: _Out, job_id: int) -> None:
+    """Cancel waiting jobs that needed ``job_id`` to succeed (F15)."""
+    stack = [job_id]
+    while stack:
+        jid = stack.pop()
+        for dep in out.state.dependents.get(jid, ()):
+            if out.state.jobs[dep].state in WAITING:
+                out.decide(ev.JobCancelled(job=dep, by=f"dependency:job {jid}"))
+                stack.append(dep)
+
+
+def next_deadline(state: ClusterState, now: float) -> float | None:
+    """The earliest future time something is due: a time limit or a backoff."""
+    due = state.next_time_limit()  # kept by the projection: no walk over running jobs
+    best = math.inf if due is None else due
+    for jid in state.backoff:
+        nb = state.jobs[jid].not_before
+        if nb > now:
+            best = min(best, nb)
+    return None if best == math.inf else best
+
+
+def _owned(state: ClusterState, ids: list[int], uid: int, verb: str) -> list[Job]:
+    """The jobs named, each checked to exist and to belong to ``uid`` (or root)."""
+    jobs: list[Job] = []
+    for jid in dict.fromkeys(ids):
+        job = state.jobs.get(jid)
+        if job is None:
+            raise Refused(f"no job {jid}")
+        if uid != 0 and uid != job.spec.uid:
+            raise Refused(f"job {jid} belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}; only its owner or root may {verb} it")
+        jobs.append(job)
+    return jobs
+
+
+# --- the daemon -----------------------------------------------------------------
+
+
+def _started(out: _Out, msg: m.Started) -> None:
+    state = out.state
+    policy = msg.config.policy
+    if policy not in POLICIES:
+        raise Refused(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    previous = state.policy if state.last_seq or state.jobs else None
+    out.fact(
+        ev.DaemonStarted(
+            ts=out.now, cause="daemon", node=msg.node, pid=msg.pid, version=msg.version,
+            policy=policy, gpu_backend=msg.gpu_backend, config=settings_dict(msg.config),
+        )
+    )
+    if previous is not None and previous != policy:
+        out.decide(ev.PolicyChanged(policy=policy, by="config"))
+    found = set()
+    for info in sorted(msg.gpus, key=lambda g: g.gpu):
+        found.add(info.gpu)
+        out.decide(
+            ev.GpuDiscovered(node=msg.node, gpu=info.gpu, uuid=info.uuid, model=info.model,
+                             memory_total_mib=info.memory_total_mib)
+        )
+    for gpu in list(state.node_gpus.get(msg.node, ())):
+        if gpu.id not in found and not gpu.lost:
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error="not found at start-up", lost=True))
+    _schedule(out)
+
+
+def _stopping(out: _Out, msg: m.Stopping) -> None:
+    out.fact(ev.DaemonStopped(ts=out.now, cause="daemon", node=msg.node, reason=msg.reason))
+
+
+# --- submissions ------------------------------------------------------------------
+
+
+def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
+    """Refuse a submission that could never run here, with the reason."""
+    if not spec.command or not all(isinstance(a, str) for a in spec.command):
+        raise Refused("the job has no command")
+    g = spec.gpus
+    if not math.isfinite(g) or g < 0 or (g > 1 and g != int(g)):
+        raise Refused(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {g}")
+    count, milli = request_of(spec)
+    if 0 < g < 1 and round(g * FULL) < 1:
+        raise Refused(f"--gpus {g} is below the smallest share (0.001)")
+    if spec.gpu_mem_mib < 0:
+        raise Refused(f"--gpu-mem must be >= 0 MiB, not {spec.gpu_mem_mib}")
+    if spec.time_limit_s is not None and not (math.isfinite(spec.time_limit_s) and spec.time_limit_s > 0):
+        raise Refused(f"--time-limit must be a positive number of seconds, not {spec.time_limit_s}")
+    if spec.retries < 0:
+        raise Refused(f"--retries must be >= 0, not {spec.retries}")
+    if spec.node and spec.node != state.node and spec.node not in state.node_gpus:
+        raise Refused(f"unknown node {spec.node!r}")
+    gpus = state.node_gpus.get(spec.node, []) if spec.node else state.gpu_list
+    if spec.gpu_ids is not None:
+        if not spec.gpu_ids:
+            raise Refused("--gpu-ids is empty")
+        known = {x.id for x in gpus}
+        unknown = sorted(i for i in set(spec.gpu_ids) if i not in known)
+        if unknown:
+            have = ", ".join(str(i) for i in sorted(known)) or "none"
+            raise Refused(f"unknown GPU id {', '.join(map(str, unknown))} (GPUs here: {have})")
+        gpus = [x for x in gpus if x.id in spec.gpu_ids]
+    if count == 0:
+        return
+    # (most GPUs with the memory on one node, GPUs not lost, largest memory)
+    if spec.gpu_ids is None:
+        most, pool, largest = state.fit(spec.node, spec.gpu_mem_mib)  # cached: GPUs rarely change
+    else:
+        most, pool, largest = fit_summary(gpus, spec.gpu_mem_mib)
+    if not pool:
+        raise Refused("no GPU here can take this job (no GPUs, or all allowed ones are lost)")
+    if most >= count:
+        return
+    if spec.gpu_mem_mib and most < pool:
+        raise Refused(
+            f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) but only {most} GPU(s) have that much "
+            f"(largest: {largest} MiB)"
+        )
+    where = "allowed GPU(s)" if spec.gpu_ids is not None else "GPU(s) on one node"
+    raise Refused(f"asks for {count} GPUs but there are only {most} {where}")
+
+
+def _submit(out: _Out, msg: m.Submit) -> None:
+    state = out.state
+    try:  # normalise types (an int where a float belongs) exactly as the log will decode them
+        spec = msgspec.convert(msgspec.to_builtins(msg.spec), ev.JobSpec)
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise Refused(f"bad job spec: {exc}") from None
+    check_spec(state, spec)
+    for dep in spec.after:
+        d = state.jobs.get(dep)
+        if d is None:
+            raise Refused(f"--after: no job {dep}")
+        if d.state in FINAL and d.state != JobState.SUCCEEDED:
+            raise Refused(f"--after: job {dep} already {d.state}, so this job could never run")
+    if spec.content_hash and (spec.uid, spec.content_hash) in state.by_hash:  # per user: no squatting
+        dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
+        if dup.state in LIVE_FOR_DEDUP:
+            raise Refused(f"duplicate of job {dup.id} ({dup.state})")
+    if len(state.queue) >= state.config.max_queued:
+        raise Refused(f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
+    mine = state.queued_by_uid.get(spec.uid, 0)
+    if mine >= state.config.max_queued_per_user:
+        raise Refused(
+            f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
+            "wait for some to start or cancel some"
+        )
+    out.fact(ev.JobSubmitted(ts=out.now, cause=msg.by or "submit", job=state.next_job_id, spec=spec))
+    _schedule(out)
+
+
+def _command(out: _Out, command: str, jobs: list[Job], msg: m.Cancel | m.Hold | m.Release) -> None:
+    by = msg.by or f"uid:{msg.uid}"
+    out.fact(ev.JobsCommanded(ts=out.now, cause=by, command=command, jobs=[j.id for j in jobs], by=by))  # type: ignore[arg-type]
+
+
+def _cancel(out: _Out, msg: m.Cancel) -> None:
+    state = out.state
+    jobs = _owned(state, msg.jobs, msg.uid, "cancel")
+    for job in jobs:
+        if job.state in FINAL:
+            raise Refused(f"job {job.id} already {job.state}")
+    _command(out, "cancel", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
+    grace = state.config.kill_grace_s
+    for job in jobs:
+        if job.state == JobState.RUNNING:
+            if job.cancel_reason != "cancelled":
+                out.decide(ev.JobCancelRequested(job=job.id, by=by, reason="cancelled"))
+                out.effects.append(Signal(job=job.id, grace_s=grace, reason="cancelled"))
+        elif can(job.state, ev.JobCancelled):  # a cascade above may have cancelled it already
+            out.decide(ev.JobCancelled(job=job.id, by=by))
+            _cascade(out, job.id)
+    _schedule(out)
+
+
+def _hold(out: _Out, msg: m.Hold) -> None:
+    jobs = _owned(out.state, msg.jobs, msg.uid, "hold")
+    for job in jobs:
+        if job.state not in WAITING:
+            raise Refused(f"job {job.id} is {job.state}; only waiting jobs can be held")
+    _command(out, "hold", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
+    for job in jobs:
+        if job.state == JobState.QUEUED:
+            out.decide(ev.JobHeld(job=job.id, by=by))
+    _schedule(out)  # a held head no longer blocks a FIFO queue
+
+
+def _release(out: _Out, msg: m.Release) -> None:
+    jobs = _owned(out.state, msg.jobs, msg.uid, "release")
+    for job in jobs:
+        if job.state not in WAITING:
+            raise Refused(f"job {job.id} is {job.state}, not held")
+    _command(out, "release", jobs, msg)
+    by = msg.by or f"uid:{msg.uid}"
+    for job in jobs:
+        if job.state == JobState.HELD:
+            out.decide(ev.JobReleased(job=job.id, by=by))
+    _schedule(out)
+
+
+# --- GPUs and policy ----------------------------------------------------------------
+
+
+def _known_gpu(state: ClusterState, node: str, gpu: int) -> None:
+    if (node, gpu) not in state.gpus:
+        have = ", ".join(str(g.id) for g in state.node_gpus.get(node, ())) or "none"
+        raise Refused(f"no GPU {gpu} on node {node!r} (GPUs here: {have})")
+
+
+def _pause(out: _Out, msg: m.PauseGpu) -> None:
+    _known_gpu(out.state, msg.node, msg.gpu)
+    if not out.state.gpus[(msg.node, msg.gpu)].paused:
+        cause = msg.by or "operator"
+        out.fact(ev.GpuPaused(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
+
+
+def _resume(out: _Out, msg: m.ResumeGpu) -> None:
+    _known_gpu(out.state, msg.node, msg.gpu)
+    if out.state.gpus[(msg.node, msg.gpu)].paused:
+        cause = msg.by or "operator"
+        out.fact(ev.GpuResumed(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
+        _schedule(out)
+
+
+def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
+    if msg.policy not in POLICIES:
+        raise Refused(f"unknown policy {msg.policy!r}; known: {', '.join(POLICIES)}")
+    if msg.policy != out.state.policy:  # the same policy again decides nothing new
+        cause = msg.by or "operator"
+        out.fact(ev.PolicyChanged(ts=out.now, cause=cause, policy=msg.policy, by=cause))
+        _schedule(out)
+
+
+def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
+    if (msg.node, msg.gpu) not in out.state.gpus:
+        return
+    out.fact(
+        ev.GpuSampled(
+            ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
+            memory_used_mib=msg.memory_used_mib, memory_total_mib=msg.memory_total_mib,
+            temperature_c=msg.temperature_c, power_w=msg.power_w, foreign_memory_mib=msg.foreign_memory_mib,
+        )
+    )
+    _schedule(out)  # memory freed or a GPU cooled down: room may have appeared
+
+
+def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
+    out.fact(ev.GpuErrored(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, error=msg.error, lost=msg.lost))
+
+
+# --- the clock and the processes --------------------------------------------------
+
+
+def _tick(out: _Out, msg: m.Tick) -> None:
+    state = out.state
+    out.defer(ev.TimerFired(ts=out.now, cause="timer"))
+    for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
+        out.decide(ev.JobCancelRequested(job=jid, by="timer", reason="time-limit"))
+        out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
+    _schedule(out)
+
+
+def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
+    job = out.state.jobs.get(msg.job)
+    if job is None or job.state != JobState.RUNNING or job.pid == msg.pid:
+        return  # late, duplicate or re-adopted: nothing new to record
+    out.fact(
+        ev.JobStarted(
+            ts=out.now, cause=f"pid:{msg.pid}", job=msg.job, pid=msg.pid,
+            start_time=msg.start_time, log_path=msg.log_path,
+        )
+    )
+    if job.cancel_reason:
+        # Stopped between placement and start: the signal sent then found no
+        # process yet, so send it again now that there is one.
+        out.effects.append(Signal(job=job.id, grace_s=out.state.config.kill_grace_s, reason=job.cancel_reason))
+
+
+def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:
+    """Record the exit of running ``job`` (a fact), with the state it ends in."""
+    outcome = exit_outcome(job.cancel_reason, exit_code, reason)
+    out.fact(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=exit_code, signal=signal,
+                          reason=reason or job.cancel_reason, outcome=outcome))
+
+
+def _process_exited(out: _Out, msg: m.ProcessExited) -> None:
+    state = out.state
+    job = state.jobs.get(msg.job)
+    if job is None or job.state != JobState.RUNNING:
+        return  # an exit reported twice
+    stop_reason = job.cancel_reason
+    _exited(out, job, f"exit:job {job.id}", msg.exit_code, msg.signal, msg.reason)
+    if job.state == JobState.FAILED:
+        if stop_reason == "time-limit":
+            if job.spec.on_time_limit == "requeue":
+                out.decide(ev.JobRequeued(job=job.id, reason="time-limit"))
+        elif job.retries_used < job.spec.retries:
+            delay = state.config.retry_backoff_s * (2**job.retries_used)
+            out.decide(ev.JobRequeued(job=job.id, reason="retry", not_before=out.now + delay))
+    elif job.state == JobState.PREEMPTED:
+        out.decide(ev.JobRequeued(job=job.id, reason="preempted"))
+    if job.state in FINAL and job.state != JobState.SUCCEEDED:
+        _cascade(out, job.id)
+    _schedule(out)
+
+
+def _process_lost(out: _Out, msg: m.ProcessLost) -> None:
+    job = out.state.jobs.get(msg.job)
+    if job is None or job.state != JobState.RUNNING:
+        return
+    out.fact(ev.JobLost(ts=out.now, cause="restart", job=job.id, reason=msg.reason or "lost"))
+    _cascade(out, job.id)
+    _schedule(out)
+
+
+NOT_LAUNCHED = "not launched"  # JobExited.reason prefix of an attempt that never ran
+
+
+def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
+    """Placed, but the launch never began: record a failed attempt that did
+    not run, and queue the job again (it cannot have run, so this is safe)."""
+    job = out.state.jobs.get(msg.job)
+    if job is None or job.state != JobState.RUNNING or job.pid:
+        return
+    _exited(out, job, "restart", None, None, f"{NOT_LAUNCHED}: {msg.reason}")
+    if out.state.jobs[job.id].state == JobState.FAILED:
+        out.decide(ev.JobRequeued(job=job.id, reason="not-launched"))
+    _schedule(out)
+
+
+_HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
+    m.Started: _started,
+    m.Stopping: _stopping,
+    m.Submit: _submit,
+    m.Cancel: _cancel,
+    m.Hold: _hold,
+    m.Release: _release,
+    m.PauseGpu: _pause,
+    m.ResumeGpu: _resume,
+    m.SetPolicy: _set_policy,
+    m.Tick: _tick,
+    m.ProcessStarted: _process_started,
+    m.NeverLaunched: _never_launched,
+    m.ProcessExited: _process_exited,
+    m.ProcessLost: _process_lost,
+    m.GpuObserved: _gpu_observed,
+    m.GpuFailed: _gpu_failed,
+}

@@ -1,0 +1,208 @@
+"""What goes into the sans-I/O core and what comes out of it.
+
+Messages are stimuli: a user's command, an observation of a process or a GPU,
+or the clock. ``core.handle(state, message, now)`` turns one message into the
+events to append (see ``events.py``) and the effects for the engine to perform.
+Messages are never stored; the events they produce are.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from eventsched.domain.events import JobSpec
+
+__all__ = [
+    "Message",
+    "Started",
+    "GpuInfo",
+    "Submit",
+    "Cancel",
+    "Hold",
+    "Release",
+    "PauseGpu",
+    "ResumeGpu",
+    "SetPolicy",
+    "Tick",
+    "ProcessStarted",
+    "ProcessExited",
+    "ProcessLost",
+    "NeverLaunched",
+    "GpuObserved",
+    "GpuFailed",
+    "Stopping",
+    "Effect",
+    "Launch",
+    "Signal",
+    "WakeAt",
+    "Refused",
+    "SchedulerConfig",
+]
+
+
+class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Settings the core obeys; recorded in ``DaemonStarted.config``."""
+
+    node: str = "local"
+    policy: str = "best-fit"
+    default_time_limit_s: float | None = None  # global time limit (F9)
+    kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL (F8)
+    max_queued: int = 100_000  # I9
+    max_queued_per_user: int = 20_000  # one user cannot fill the global queue
+    max_running: int = 0  # I9; 0 = no limit
+    # GPU health thresholds (F10): a GPU over any of them gets nothing new.
+    max_gpu_memory_used_pct: float = 100.0
+    max_gpu_utilization_pct: float = 100.0
+    max_gpu_temperature_c: float = 1000.0
+    retry_backoff_s: float = 2.0  # first retry delay, doubled each time (F17)
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
+    gpu: int
+    uuid: str
+    model: str
+    memory_total_mib: int
+
+
+class Started(Message, frozen=True):
+    """The daemon started: which GPUs it found, with which settings."""
+
+    node: str
+    pid: int
+    version: str
+    gpu_backend: str
+    gpus: list[GpuInfo]
+    config: SchedulerConfig
+
+
+class Stopping(Message, frozen=True):
+    node: str
+    reason: str = ""
+
+
+class Submit(Message, frozen=True):
+    spec: JobSpec
+    by: str = ""  # "uid:1000"
+
+
+class Cancel(Message, frozen=True):
+    jobs: list[int]
+    uid: int  # the peer's uid: only the owner (or root, uid 0) may cancel
+    by: str = ""
+
+
+class Hold(Message, frozen=True):
+    jobs: list[int]
+    uid: int
+    by: str = ""
+
+
+class Release(Message, frozen=True):
+    jobs: list[int]
+    uid: int
+    by: str = ""
+
+
+class PauseGpu(Message, frozen=True):
+    node: str
+    gpu: int
+    by: str = ""
+
+
+class ResumeGpu(Message, frozen=True):
+    node: str
+    gpu: int
+    by: str = ""
+
+
+class SetPolicy(Message, frozen=True):
+    policy: str
+    by: str = ""
+
+
+class Tick(Message, frozen=True):
+    """The clock moved: time limits, retry backoff and aging are checked."""
+
+
+class ProcessStarted(Message, frozen=True):
+    job: int
+    pid: int
+    start_time: int = 0
+    log_path: str = ""
+
+
+class ProcessExited(Message, frozen=True):
+    job: int
+    exit_code: int | None
+    signal: int | None = None
+    reason: str = ""  # "launch-failed: ..." when the process never started
+
+
+class ProcessLost(Message, frozen=True):
+    """On restart: the job's supervisor and exit record are both gone."""
+
+    job: int
+    reason: str = ""
+
+
+class NeverLaunched(Message, frozen=True):
+    """On restart: the job was placed but its launch never began (no attempt
+    directory exists), so it can safely be placed again."""
+
+    job: int
+    reason: str = ""
+
+
+class GpuObserved(Message, frozen=True):
+    node: str
+    gpu: int
+    utilization: float
+    memory_used_mib: int
+    memory_total_mib: int
+    temperature_c: float
+    power_w: float
+    foreign_memory_mib: int = -1
+
+
+class GpuFailed(Message, frozen=True):
+    node: str
+    gpu: int
+    error: str
+    lost: bool = False
+
+
+class Effect(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class Launch(Effect, frozen=True):
+    job: int
+    spec: JobSpec
+    node: str
+    gpu_ids: list[int]
+
+
+class Signal(Effect, frozen=True):
+    """Stop a job: SIGTERM to its process group, SIGKILL after ``grace_s``."""
+
+    job: int
+    grace_s: float
+    reason: str = "cancelled"
+
+
+class WakeAt(Effect, frozen=True):
+    """The core wants a ``Tick`` no later than ``at`` (time limits, backoff)."""
+
+    at: float
+
+
+class Refused(Exception):
+    """A command that cannot be accepted; nothing was changed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

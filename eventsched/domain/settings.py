@@ -1,0 +1,71 @@
+"""The scheduler settings as the log records them, and how they evolve.
+
+``DaemonStarted.config`` holds the settings as a plain dict, stamped with
+``settings_version``. Reading one goes dict -> upcasters -> struct (the
+eventsourcing way: ``upcast_vN_vN1`` works on the dict before the object is
+built), so a newer daemon starts on an older log, and an older daemon meets a
+newer log with a clear refusal instead of a validation traceback.
+
+To change the settings' shape: bump ``SETTINGS_VERSION``, add
+``upcast_v{N}_v{N+1}`` below and register it in ``UPCASTERS``; never edit an
+upcaster that has shipped. Adding a field with a default needs no upcaster
+unless old logs should get a value other than the default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from eventsched.domain.messages import SchedulerConfig
+
+__all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
+
+SETTINGS_VERSION = 2
+VERSION_KEY = "settings_version"
+
+
+class SettingsError(Exception):
+    """The recorded settings cannot be read by this version (one line)."""
+
+
+def upcast_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:
+    """v2 added a per-user queue limit. A v1 log had none: give it one as large
+    as its global limit, so replaying or resuming it decides as it did."""
+    out = dict(raw)
+    out.setdefault("max_queued_per_user", out.get("max_queued", SchedulerConfig().max_queued))
+    return out
+
+
+UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2}
+
+
+def settings_dict(config: SchedulerConfig) -> dict[str, Any]:
+    """What ``DaemonStarted.config`` records: the settings and their version."""
+    raw: dict[str, Any] = msgspec.to_builtins(config)
+    raw[VERSION_KEY] = SETTINGS_VERSION
+    return raw
+
+
+def settings_from_dict(recorded: dict[str, Any], *, node: str = "local") -> SchedulerConfig:
+    """The settings a ``DaemonStarted`` recorded, upcast to this version's shape."""
+    if not recorded:
+        return SchedulerConfig(node=node)
+    raw = dict(recorded)
+    version = raw.pop(VERSION_KEY, 1)
+    if not isinstance(version, int) or version < 1:
+        raise SettingsError(f"the log's scheduler settings have an invalid version {version!r}")
+    if version > SETTINGS_VERSION:
+        raise SettingsError(
+            f"the log was written by a newer eventsched (scheduler settings version {version}; this one reads "
+            f"up to {SETTINGS_VERSION}): upgrade eventsched to use this state directory"
+        )
+    while version < SETTINGS_VERSION:
+        raw = UPCASTERS[version](raw)
+        version += 1
+    try:
+        return msgspec.convert(raw, SchedulerConfig)
+    except msgspec.ValidationError as exc:
+        raise SettingsError(f"the log's scheduler settings (version {SETTINGS_VERSION}) are not valid here: {exc}") from None

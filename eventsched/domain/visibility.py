@@ -1,0 +1,100 @@
+"""Who sees what: the one policy for job specs that cross to another user.
+
+Everyone sees every job's metadata (id, user, name, state, GPUs, times,
+command); only the job's owner, root and the daemon's own user see its
+``env`` and ``env_setup``, which hold tokens and keys. Everything that hands a
+``JobSubmitted`` (or a ``JobSpec``) to a client goes through here: the event
+stream's history and live batches. (``job_json``, behind ``queue``/``status``,
+never carries the environment at all.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import msgspec
+
+from eventsched.domain.events import (
+    Event,
+    JobSpec,
+    JobSubmitted,
+    decode_many,
+    encode_many,
+)
+
+__all__ = ["SECRET_FIELDS", "may_see_secrets", "redact_spec", "redact_events", "BatchView"]
+
+SECRET_FIELDS = ("env", "env_setup")
+# the tag of the one event that carries a spec, as msgpack writes it: a batch
+# without these bytes has nothing to redact and goes out as it is
+_SPEC_TAG = b"JobSubmitted"
+
+
+def _has_secrets(spec: JobSpec) -> bool:
+    return bool(spec.env or spec.env_setup)
+
+
+def may_see_secrets(owner_uid: int, viewer_uid: int, operators: Collection[int]) -> bool:
+    return viewer_uid == owner_uid or viewer_uid in operators
+
+
+def redact_spec(spec: JobSpec, viewer_uid: int, operators: Collection[int]) -> JobSpec:
+    """``spec`` as ``viewer_uid`` may see it (the same object when nothing is hidden)."""
+    if not _has_secrets(spec) or may_see_secrets(spec.uid, viewer_uid, operators):
+        return spec
+    return msgspec.structs.replace(spec, env={}, env_setup="")
+
+
+def redact_events(events: list[Event], viewer_uid: int, operators: Collection[int]) -> list[Event]:
+    """``events`` as ``viewer_uid`` may see them (the same list when nothing is hidden)."""
+    out: list[Event] | None = None
+    for i, event in enumerate(events):
+        if isinstance(event, JobSubmitted):
+            spec = redact_spec(event.spec, viewer_uid, operators)
+            if spec is not event.spec:
+                if out is None:
+                    out = list(events)
+                out[i] = msgspec.structs.replace(event, spec=spec)
+    return events if out is None else out
+
+
+class BatchView:
+    """One committed batch (encoded once by the engine) as each viewer may see it.
+
+    Most batches hold no submission and go out unchanged to everyone. A batch
+    with submissions is decoded once; the redacted payload is encoded once and
+    shared by every other viewer, and an owner of a submission in it gets a
+    variant (encoded once per such owner) with their own secrets left in.
+    """
+
+    __slots__ = ("payload", "operators", "_plain", "_events", "_owners", "_public", "_variants")
+
+    def __init__(self, payload: bytes, operators: Collection[int]) -> None:
+        self.payload = payload
+        self.operators = operators
+        self._events: list[Event] | None = None
+        self._owners: frozenset[int] = frozenset()
+        self._plain = _SPEC_TAG not in payload
+        self._public: bytes | None = None
+        self._variants: dict[int, bytes] = {}
+
+    def for_viewer(self, uid: int) -> bytes:
+        if self._plain or uid in self.operators:
+            return self.payload
+        if self._events is None:
+            self._events = decode_many(self.payload)
+            self._owners = frozenset(
+                e.spec.uid for e in self._events if isinstance(e, JobSubmitted) and _has_secrets(e.spec)
+            )
+            if not self._owners:
+                self._public = self.payload
+            else:
+                # -1: nobody's uid, so every secret is hidden
+                self._public = encode_many(redact_events(self._events, -1, ()))
+        assert self._public is not None
+        if uid not in self._owners:
+            return self._public
+        variant = self._variants.get(uid)
+        if variant is None:
+            variant = self._variants[uid] = encode_many(redact_events(self._events, uid, ()))
+        return variant

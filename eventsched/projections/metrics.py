@@ -1,0 +1,207 @@
+"""`eventsched metrics`: the SPEC I5 figures, from the DuckDB read model.
+
+* wait (submission to first start), run (time in completed attempts) and
+  turnaround (submission to end, finished jobs): count, mean, median, p95.
+  Quantiles are linear interpolation between order statistics (DuckDB's
+  ``quantile_cont``, numpy's default ``percentile``).
+* GPU utilisation mean and peak per GPU, from every ``GpuSampled``.
+* GPU-hours per user and per tenant: share x hours of every placement, open
+  placements counted up to the last event in the log.
+* Job counts by state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Any, TextIO
+
+import duckdb
+
+from eventsched.domain.states import FINAL, JobState
+from eventsched.projections.history import History, HistoryError
+
+__all__ = ["compute_metrics", "format_metrics", "prometheus_text", "run_metrics", "STATES"]
+
+# Every state a job can be in (SPEC §2), so that counts of 0 are reported too.
+STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+
+_DURATIONS = {
+    "wait_s": "wait_s IS NOT NULL",
+    "run_s": "run_s IS NOT NULL",
+    "turnaround_s": "turnaround_s IS NOT NULL",
+}
+
+
+def _summary(con: duckdb.DuckDBPyConnection, column: str, where: str) -> dict[str, float | int | None]:
+    row = con.execute(
+        f"SELECT count({column}), sum({column}), avg({column}), quantile_cont({column}, 0.5), "
+        f"quantile_cont({column}, 0.95) FROM jobs WHERE {where}"
+    ).fetchone()
+    assert row is not None  # an aggregate always returns one row
+    count, total, mean, median, p95 = row
+    return {"count": int(count), "sum": total or 0.0, "mean": mean, "median": median, "p95": p95}
+
+
+def compute_metrics(history: History) -> dict[str, Any]:
+    """The I5 figures on a current, consistent view of the history."""
+    with history.reader() as con:
+        position = con.execute("SELECT seq, ts FROM _position").fetchone()
+        assert position is not None  # ensure_schema always writes the one row
+        seq, ts = position
+        by_state = dict.fromkeys(STATES, 0)
+        for state, n in con.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall():
+            by_state[state or "unknown"] = int(n)
+        durations = {name: _summary(con, name, where) for name, where in _DURATIONS.items()}
+        gpus = [
+            {"node": node, "gpu": int(gpu), "samples": int(n), "utilization_mean": mean, "utilization_peak": peak}
+            for node, gpu, n, mean, peak in con.execute(
+                "SELECT node, gpu, samples, utilization_mean, utilization_peak "
+                "FROM gpu_utilization_summary ORDER BY node, gpu"
+            ).fetchall()
+        ]
+        users = [{"user": u, "gpu_hours": h or 0.0, "jobs": int(j)} for u, h, j in con.execute(
+            'SELECT "user", gpu_hours, jobs FROM gpu_hours_by_user ORDER BY "user"').fetchall()]
+        tenants = [{"tenant": t, "gpu_hours": h or 0.0, "jobs": int(j)} for t, h, j in con.execute(
+            "SELECT tenant, gpu_hours, jobs FROM gpu_hours_by_tenant ORDER BY tenant").fetchall()]
+    return {
+        "log_seq": int(seq),
+        "log_ts": ts,
+        "jobs": {"total": sum(by_state.values()), "by_state": by_state,
+                 "finished": sum(by_state.get(s, 0) for s in FINAL)},
+        **durations,
+        "gpus": gpus,
+        "gpu_hours_by_user": users,
+        "gpu_hours_by_tenant": tenants,
+    }
+
+
+# --- human table ---------------------------------------------------------------
+
+
+def _num(value: float | int | None, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+
+
+def format_metrics(m: dict[str, Any]) -> str:
+    out = [f"history up to event {m['log_seq']}", ""]
+    out.append("jobs")
+    counts = [[s, str(n)] for s, n in m["jobs"]["by_state"].items()]
+    out += ["  " + x for x in _table(["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])]
+    out.append("")
+    out.append("times (seconds)")
+    rows = [[label, _num(m[key]["count"]), _num(m[key]["mean"]), _num(m[key]["median"]), _num(m[key]["p95"])]
+            for label, key in (("wait", "wait_s"), ("run", "run_s"), ("turnaround", "turnaround_s"))]
+    out += ["  " + x for x in _table(["", "jobs", "mean", "median", "p95"], rows)]
+    out.append("")
+    out.append("GPU utilisation (%)")
+    rows = [[f"{g['node']}:{g['gpu']}", str(g["samples"]), _num(g["utilization_mean"]), _num(g["utilization_peak"])]
+            for g in m["gpus"]]
+    out += ["  " + x for x in _table(["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])]
+    for title, key, label in (("GPU-hours per user", "gpu_hours_by_user", "user"),
+                              ("GPU-hours per tenant", "gpu_hours_by_tenant", "tenant")):
+        out.append("")
+        out.append(title)
+        rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
+        out += ["  " + x for x in _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])]
+    return "\n".join(out)
+
+
+# --- Prometheus text exposition format 0.0.4 ---------------------------------------
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, Any]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+
+
+def _value(v: float | int | None) -> str:
+    if v is None:
+        return "NaN"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "+Inf" if v > 0 else "-Inf"
+        return repr(v)
+    return str(v)
+
+
+def prometheus_text(m: dict[str, Any]) -> str:
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str, samples: list[tuple[str, dict[str, Any], Any]]) -> None:
+        lines.append(f"# HELP {name} {help_text.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + 'n')}")
+        lines.append(f"# TYPE {name} {kind}")
+        for suffix, labels, value in samples:
+            lines.append(f"{name}{suffix}{_labels(labels)} {_value(value)}")
+
+    family("eventsched_jobs", "gauge", "Jobs by state.",
+           [("", {"state": s}, n) for s, n in m["jobs"]["by_state"].items()])
+    for key, name, what in (("wait_s", "eventsched_job_wait_seconds", "Submission to first start."),
+                            ("run_s", "eventsched_job_run_seconds", "Time running, completed attempts."),
+                            ("turnaround_s", "eventsched_job_turnaround_seconds", "Submission to end, finished jobs.")):
+        s = m[key]
+        family(name, "summary", what, [
+            ("", {"quantile": "0.5"}, s["median"]),
+            ("", {"quantile": "0.95"}, s["p95"]),
+            ("_sum", {}, float(s["sum"])),
+            ("_count", {}, s["count"]),
+        ])
+    family("eventsched_gpu_utilization_mean_percent", "gauge", "Mean GPU utilisation over all samples.",
+           [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_mean"]) for g in m["gpus"]])
+    family("eventsched_gpu_utilization_peak_percent", "gauge", "Peak GPU utilisation over all samples.",
+           [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_peak"]) for g in m["gpus"]])
+    family("eventsched_user_gpu_hours_total", "counter", "GPU-hours used (share x hours) per user.",
+           [("", {"user": r["user"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_user"]])
+    family("eventsched_tenant_gpu_hours_total", "counter", "GPU-hours used (share x hours) per tenant.",
+           [("", {"tenant": r["tenant"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_tenant"]])
+    family("eventsched_log_last_seq", "gauge", "Last log sequence included in these figures.",
+           [("", {}, m["log_seq"])])
+    return "\n".join(lines) + "\n"
+
+
+def run_metrics(state_dir: str | os.PathLike[str], fmt: str = "table", *, out: TextIO | None = None,
+                err: TextIO | None = None) -> int:
+    """Print the metrics as a table, ``json`` or ``prometheus`` text; exit status."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    if fmt not in ("table", "json", "prometheus"):
+        print(f"eventsched metrics: unknown format {fmt!r} (table, json or prometheus)", file=err)
+        return 2
+    try:
+        with History(state_dir) as history:
+            m = compute_metrics(history)
+    except (HistoryError, OSError, duckdb.Error) as e:
+        print(f"eventsched metrics: {e}", file=err)
+        return 1
+    except Exception as e:  # the log's own errors (corruption) carry a user-facing message
+        if type(e).__module__.startswith("eventsched"):
+            print(f"eventsched metrics: {e}", file=err)
+            return 1
+        raise
+    if fmt == "json":
+        print(json.dumps(m, indent=2), file=out)
+    elif fmt == "prometheus":
+        out.write(prometheus_text(m))
+    else:
+        print(format_metrics(m), file=out)
+    return 0

@@ -1,0 +1,242 @@
+"""`eventsched sql`: read-only SQL over the history (SPEC D3).
+
+Statements are classified by DuckDB's own parser (``duckdb.extract_statements``),
+not by regexes; only reads are let through, and they run on a read-only
+connection to the database file (or on a private in-memory copy), so even a
+statement the parser let through could not change the read model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import math
+import os
+import uuid
+from typing import Any
+
+import duckdb
+
+from eventsched.projections.history import History, HistoryError
+
+__all__ = [
+    "run_sql", "query", "SqlError", "plain_result", "needs_daemon", "check_read_only", "QueryRefused",
+    "format_table", "format_csv", "format_json",
+]
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
+EXIT_BAD_QUERY = 2  # the user's SQL: invalid or refused
+
+# Everything else (SET, RESET, ATTACH, COPY, INSTALL, LOAD, CALL, ...) is refused.
+_READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+# PRAGMAs that only describe things; every other one may change settings or data
+_READ_PRAGMAS = {
+    "table_info", "show", "show_tables", "show_tables_expanded", "database_size",
+    "storage_info", "version", "database_list", "functions", "collations", "platform",
+}
+
+
+class QueryRefused(Exception):
+    """The statement would change the read model (or is not a query)."""
+
+
+def _one_line(message: str) -> str:
+    """DuckDB's message on one line: drop the caret diagram, keep the hints."""
+    keep = []
+    for line in message.splitlines():
+        text = line.strip()
+        if not text or text.startswith("LINE ") or set(text) <= {"^", " "}:
+            continue
+        keep.append(text)
+    return " ".join(keep)
+
+
+def _explained(text: str) -> list[str]:
+    """Where the statement an EXPLAIN explains may start, by DuckDB's grammar:
+    after ``EXPLAIN``, ``EXPLAIN ANALYZE``, ``EXPLAIN [ANALYZE] VERBOSE`` or
+    ``EXPLAIN (options)``."""
+    tokens = [(pos, kind) for pos, kind in duckdb.tokenize(text) if kind != duckdb.token_type.comment]
+
+    def word(i: int) -> str:
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(text)
+        return text[tokens[i][0]:end].strip().lower()
+
+    starts = []
+    i = 1
+    if i < len(tokens) and word(i) in ("analyze", "analyse"):
+        starts.append(i)
+        i += 1
+    if i < len(tokens) and word(i) == "verbose":
+        starts.append(i)
+        i += 1
+    starts.append(i)
+    if len(tokens) > 1 and word(1).startswith("("):
+        depth = 0
+        for j in range(1, len(tokens)):
+            depth += word(j).count("(") - word(j).count(")")
+            if depth <= 0:
+                starts.append(j + 1)
+                break
+    return [text[tokens[k][0]:] for k in sorted(set(starts)) if k < len(tokens)]
+
+
+def _check_explain(text: str) -> None:
+    """EXPLAIN ANALYZE runs its statement: let an EXPLAIN through only when
+    every way of reading what it explains is one SELECT."""
+    selects = 0
+    for inner in _explained(text):
+        try:
+            statements = duckdb.extract_statements(inner)
+        except duckdb.Error:
+            continue
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            kind = statements[0].type.name if len(statements) == 1 else "several statements"
+            raise QueryRefused(f"refused: EXPLAIN of {kind}; only a SELECT may be explained")
+        selects += 1
+    if not selects:
+        raise QueryRefused("refused: EXPLAIN of something other than a SELECT; only a SELECT may be explained")
+
+
+def check_read_only(sql: str) -> list[str]:
+    """The statements of ``sql`` if all of them only read; raises QueryRefused.
+
+    An allow-list by DuckDB's own parser: SELECT (which includes DESCRIBE, SHOW,
+    SUMMARIZE, VALUES, FROM-first), EXPLAIN [ANALYZE] of a SELECT, and the
+    descriptive PRAGMAs. The connection it runs on is hardened besides
+    (``harden``): no file access, no extensions, its settings locked.
+    """
+    statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException
+    if not statements:
+        raise QueryRefused("empty query")
+    out = []
+    for statement in statements:
+        kind = statement.type
+        text = statement.query.strip()
+        if kind == duckdb.StatementType.PRAGMA:
+            name = text.split(None, 1)[1] if " " in text else ""
+            name = name.split("(", 1)[0].split("=", 1)[0].strip().lower()
+            if name not in _READ_PRAGMAS:
+                raise QueryRefused(f"refused: PRAGMA {name or '?'} is not a read-only statement")
+        elif kind not in _READ_TYPES:
+            raise QueryRefused(
+                f"refused: {kind.name} statements are not read-only queries; "
+                "only SELECT, EXPLAIN and descriptive PRAGMAs are allowed"
+            )
+        elif kind == duckdb.StatementType.EXPLAIN:
+            _check_explain(text)
+        out.append(text)
+    return out
+
+
+def harden(con: duckdb.DuckDBPyConnection, *, memory_limit: str | None = None, threads: int | None = None,
+           spill: bool = True) -> None:
+    """Lock ``con`` down before it runs a user's SQL: no files outside the
+    database already open (read_text, glob, COPY, ATTACH), no extensions
+    installed or loaded, then ``lock_configuration`` so no statement can undo
+    any of it. ``memory_limit``/``threads`` bound it; ``spill=False`` keeps it
+    off the disk altogether. One helper for both the local ``sql`` and the
+    daemon's sandbox (``sql_sandbox``).
+    """
+    settings: list[str] = []
+    if not spill:  # temp_directory may only change while external access is on
+        settings += ["SET temp_directory = ''", "SET max_temp_directory_size = '0B'"]
+    if memory_limit is not None:
+        settings.append(f"SET memory_limit = '{memory_limit}'")
+    if threads is not None:
+        settings.append(f"SET threads = {int(threads)}")
+    settings += ["SET autoinstall_known_extensions = false", "SET autoload_known_extensions = false",
+                 "SET enable_progress_bar = false"]
+    for statement in settings:
+        con.execute(statement)
+    for optional in ("SET allow_community_extensions = false",):
+        try:
+            con.execute(optional)
+        except duckdb.CatalogException:
+            pass  # a setting this DuckDB version does not have
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+# --- formatting ----------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready version of a DuckDB value."""
+    if isinstance(value, float):
+        return None if math.isnan(value) or math.isinf(value) else value
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if type(value).__name__ == "MonthDayNano":  # an INTERVAL read through Arrow (the daemon's sandbox)
+        return (value.months * 30 + value.days) * 86400.0 + value.nanoseconds / 1e9
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+# --- the command -----------------------------------------------------------------
+
+
+class SqlError(Exception):
+    """A query that could not be answered: one line, and the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run read-only ``sql`` on a current view of the history; the last result."""
+    try:
+        statements = check_read_only(sql)
+    except QueryRefused as e:
+        raise SqlError(str(e), EXIT_BAD_QUERY) from None
+    except duckdb.Error as e:
+        raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
+    try:
+        history = History(state_dir)
+    except HistoryError as e:
+        raise SqlError(str(e), EXIT_ERROR) from None
+    try:
+        with history.reader() as con:
+            harden(con)
+            columns: list[str] = []
+            rows: list[tuple[Any, ...]] = []
+            for text in statements:
+                cur = con.execute(text)
+                columns = [d[0] for d in cur.description or []]
+                rows = cur.fetchall()
+    except duckdb.Error as e:
+        raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
+    except (HistoryError, OSError) as e:
+        raise SqlError(str(e), EXIT_ERROR) from None
+    except Exception as e:  # the log's own errors (corruption) carry a user-facing message
+        if type(e).__module__.startswith("eventsched"):
+            raise SqlError(str(e), EXIT_ERROR) from None
+        raise
+    finally:
+        history.close()
+    return columns, rows
+
+
+def plain_result(columns: list[str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """A result that crosses the control socket (msgpack-ready values)."""
+    return {"columns": columns, "rows": [[_plain(v) for v in row] for row in rows]}
+
+
+def needs_daemon(state_dir: str | os.PathLike[str]) -> bool:
+    """Whether the daemon must answer: this user cannot read the log here (a
+    root daemon's state, or none in this user's default state dir). The
+    daemon reads the log and owns the read model for them."""
+    log = os.path.join(os.fspath(state_dir), "log")
+    return not os.access(log, os.R_OK | os.X_OK)

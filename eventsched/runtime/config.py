@@ -1,0 +1,94 @@
+"""The TOML config file (SPEC I3): validated at start, with clear errors."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from eventsched.core.admission import SubmitLimits
+from eventsched.domain.messages import SchedulerConfig
+
+
+class ConfigError(Exception):
+    """One line naming the file and what is wrong in it."""
+
+
+class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Fair use of the control socket: how many connections, and how much
+    unread reply data the daemon holds for them before it stops reading or
+    hangs up."""
+
+    # connections of one uid (root and the daemon's user are not counted)
+    max_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
+    # every connection; lowered at start to fit the daemon's open-file limit
+    max_total: Annotated[int, msgspec.Meta(ge=1)] = 4096
+    # replies and events written but not yet read by one uid's connections:
+    # a connection that would push it past this is closed (one reply of any
+    # size is let through when nothing else of that user is waiting)
+    max_unread_bytes_per_user: Annotated[int, msgspec.Meta(ge=1 << 16)] = 32 << 20
+
+
+class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a config file may set; command-line options override it."""
+
+    gpus: str | None = None
+    policy: str | None = None
+    sample_interval_s: float = 2.0
+    scheduler: SchedulerConfig = SchedulerConfig()
+    limits: SubmitLimits = SubmitLimits()
+    connections: ConnectionLimits = ConnectionLimits()
+
+
+SAMPLE = """\
+# eventsched configuration (TOML). Every key is optional.
+# Command-line options of `eventsched serve` override what is set here.
+
+gpus = "fake:4:24576"          # omit to use the real GPUs through NVML
+policy = "best-fit"            # fifo, priority, best-fit, sjf-backfill, fgd
+sample_interval_s = 2.0        # seconds between GPU samples
+
+[scheduler]
+default_time_limit_s = 86400   # global time limit for every job (F9)
+kill_grace_s = 10.0            # SIGTERM, then SIGKILL after this long
+max_queued = 10000             # submissions beyond this are refused
+max_running = 0                # 0 = no limit on concurrent jobs
+max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this (F10)
+max_gpu_utilization_pct = 100.0
+max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
+retry_backoff_s = 2.0          # first retry delay, doubled each time
+max_queued_per_user = 20000    # one user's waiting jobs beyond this are refused
+
+[limits]                       # what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)
+max_user_priority = 100        # --priority within [-100, 100]
+max_retries = 100
+max_time_limit_s = 31622400    # one year
+max_command_bytes = 65536
+max_env_bytes = 262144         # environment plus --env-setup
+
+[connections]                  # fair use of the socket (root and the daemon's user are exempt from the per-user limit)
+max_per_user = 64              # connections held by one user at once
+max_total = 4096               # all connections; lowered to fit the open-file limit
+max_unread_bytes_per_user = 33554432  # replies a user's clients leave unread before one is cut off
+"""
+
+
+def sample_config() -> str:
+    return SAMPLE
+
+
+def load_config(path: str | Path | None) -> ServeConfig:
+    if path is None:
+        return ServeConfig()
+    try:
+        raw: dict[str, Any] = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    try:
+        return msgspec.convert(raw, ServeConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None

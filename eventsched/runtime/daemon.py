@@ -1,0 +1,134 @@
+"""``eventsched serve``: wire the engine, the socket and the signals together."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from eventsched.domain.paths import default_socket, default_state_dir
+from eventsched.domain.units import UnitError, parse_duration
+from eventsched.runtime.config import ConfigError, ServeConfig, load_config
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (SPEC I7), for journald or jq."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _fail(message: str) -> int:
+    print(f"eventsched: error: {message}", file=sys.stderr)
+    return 2
+
+
+def resolve(args: argparse.Namespace) -> tuple[ServeConfig, Path, Path]:
+    config = load_config(args.config)
+    scheduler = config.scheduler
+    if args.policy:
+        scheduler = msgspec.structs.replace(scheduler, policy=args.policy)
+    elif config.policy:
+        scheduler = msgspec.structs.replace(scheduler, policy=config.policy)
+    if getattr(args, "time_limit", None):
+
+        scheduler = msgspec.structs.replace(scheduler, default_time_limit_s=parse_duration(args.time_limit))
+    config = msgspec.structs.replace(
+        config,
+        scheduler=scheduler,
+        gpus=args.gpus or config.gpus,
+        sample_interval_s=args.sample_interval or config.sample_interval_s,
+    )
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    socket_path = Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None)
+    return config, state_dir, socket_path
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's default soft
+    limit of 1,024 is a handful of users' worth of connections); returns
+    (before, after)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+def serve(args: argparse.Namespace) -> int:
+    from eventsched.core.policies import POLICIES
+    from eventsched.runtime.gpus import NvmlUnavailable, parse_gpus_option
+    from eventsched.storage import log as eventlog
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        config, state_dir, socket_path = resolve(args)
+    except (ConfigError, UnitError) as exc:
+        return _fail(str(exc))
+    if config.scheduler.policy not in POLICIES:
+        return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {', '.join(POLICIES)}")
+    try:
+        backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
+    except NvmlUnavailable as exc:
+        return _fail(str(exc))
+    except ValueError as exc:
+        return _fail(f"--gpus: {exc}")
+    try:
+        anyio.run(_serve, config, state_dir, socket_path, backend, args)
+    except eventlog.LogLockedError as exc:
+        return _fail(f"{exc}: another daemon is using {state_dir}")
+    except eventlog.LogError as exc:
+        return _fail(str(exc))
+    return 0
+
+
+async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend, args: argparse.Namespace) -> None:
+    from eventsched.runtime.engine import Engine, Query
+    from eventsched.runtime.server import Server, status
+
+    log = logging.getLogger("eventsched.daemon")
+    before, after = raise_open_file_limit()
+    log.info("open-file limit %d (soft limit was %d)", after, before)
+    engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
+    server = Server(engine, socket_path, limits=config.limits, connections=config.connections)
+    async with anyio.create_task_group() as tg:
+        await tg.start(engine.run)
+        await tg.start(server.serve)
+        if args.metrics_port is not None:
+            from eventsched.runtime.metrics_http import serve_metrics
+
+            await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(status)))
+            log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
+        log.info(
+            "serving on %s, state in %s, policy %s, gpus %s, pid %d",
+            socket_path, state_dir, config.scheduler.policy, backend.name, os.getpid(),
+        )
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("received %s: stopping; running jobs keep running", signal.Signals(signum).name)
+                await engine.stop(reason=signal.Signals(signum).name)
+                tg.cancel_scope.cancel()
+                break

@@ -1,0 +1,442 @@
+"""The single-writer loop: the only place that appends to the log.
+
+One anyio task drains the inbox, runs every message through the sans-I/O core,
+appends everything the batch produced in one group commit (one write, one
+fdatasync), acknowledges the clients only then, tells subscribers, and performs
+the effects (launch, signal, timers). Everything else — the socket, the
+executor's exit watcher, the GPU sampler, the timer — only ever *sends
+messages* to the inbox.
+
+The core folds each event into the projection as it produces it, so the
+projection runs a few microseconds ahead of the disk during a commit. If the
+commit fails (disk full) the projection is rebuilt from the log, which is the
+truth, and every client of the batch is told its request was not accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from eventsched import __version__, core
+from eventsched.domain import events as ev
+from eventsched.domain.messages import (
+    Effect,
+    GpuObserved,
+    Launch,
+    Message,
+    ProcessExited,
+    Refused,
+    SchedulerConfig,
+    Signal,
+    Started,
+    Stopping,
+    Tick,
+    WakeAt,
+)
+from eventsched.domain.paths import log_dir, snapshot_dir
+from eventsched.projections import snapshot
+from eventsched.projections.cluster import ClusterState, apply
+from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.gpus import GpuBackend, significant
+from eventsched.storage import log as eventlog
+from eventsched.storage import snapshots
+
+logger = logging.getLogger("eventsched.engine")
+
+INBOX_SIZE = 65_536
+MAX_BATCH = 8_192
+
+
+@dataclass
+class Query:
+    """A read of the projection, answered after the batch it arrived in commits."""
+
+    read: Callable[[ClusterState], Any]
+
+
+Answer = Callable[[ClusterState, list[ev.Event]], Any]
+Reply = Callable[[Any, str | None], None]
+
+
+@dataclass
+class Pending:
+    item: Message | Query
+    # what the caller gets back, read from the projection after the commit
+    answer: Answer | None = None
+    # called once, inside the loop, after the commit: (result, error)
+    reply: Reply | None = None
+    error: str | None = None
+    produced: list[ev.Event] = field(default_factory=list)
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    """Create the state dir with its mode, or tighten one that is ours.
+
+    A root daemon serves everyone: they may traverse (not list) its state dir
+    to reach their own jobs' output and the socket; the log stays 0700. A
+    user's daemon keeps its state to itself.
+    """
+    mode = 0o711 if os.geteuid() == 0 else 0o700
+    state_dir.mkdir(parents=True, exist_ok=True, mode=mode)
+    st = state_dir.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
+        os.chmod(state_dir, mode)  # e.g. 0755 from an earlier version or a harness
+
+
+class Engine:
+    def __init__(
+        self,
+        state_dir: Path,
+        config: SchedulerConfig,
+        backend: GpuBackend,
+        *,
+        sample_interval_s: float = 2.0,
+        snapshot_every: int = 50_000,
+        segment_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_dir = state_dir
+        self.config = config
+        self.backend = backend
+        self.sample_interval_s = sample_interval_s
+        self.snapshot_every = snapshot_every
+        self.segment_bytes = segment_bytes
+        self.clock = clock
+        # before the executor makes jobs/ (and with it, a 0755 state dir)
+        prepare_state_dir(state_dir)
+        self.executor = Executor(state_dir, node=config.node)
+        self.state: ClusterState | None = None
+        self.log: eventlog.LogWriter | None = None
+        # A plain deque and one wake-up event rather than a memory stream: a
+        # submission storm costs a deque append per item, not a checkpoint.
+        self._inbox: collections.deque[Pending] = collections.deque()
+        # asyncio primitives on the hot path (the daemon runs anyio on its
+        # asyncio backend): anyio's Event and to_thread look the backend up
+        # on every call, which cost a fifth of a submission's CPU
+        self._inbox_ready = asyncio.Event()
+        self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
+        self._subscribers: set[Callable[[bytes], bool]] = set()
+        self._wake_at = math.inf
+        self._wake_changed = anyio.Event()
+        self._last_snapshot_seq = 0
+        self._stopping = False
+        self._last_logged_sample: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
+        self.committed_seq = 0
+
+    # --- the public face (used by the server) ----------------------------
+
+    async def call(self, item: Message | Query, answer: Answer | None = None) -> Any:
+        """Send a command or query and wait until its events are durable."""
+        done = anyio.Event()
+        outcome: list[Any] = []
+
+        def reply(result: Any, error: str | None) -> None:
+            outcome[:] = [result, error]
+            done.set()
+
+        if self._stopping:
+            raise Refused("the daemon is shutting down")
+        if len(self._inbox) >= INBOX_SIZE:
+            raise Refused("the daemon is overloaded; try again")
+        self._enqueue(Pending(item, answer, reply))
+        await done.wait()
+        result, error = outcome
+        if error is not None:
+            raise Refused(error)
+        return result
+
+    def submit_nowait(self, item: Message | Query, answer: Answer | None, reply: Reply) -> None:
+        """For callers inside the event loop that cannot await (the socket
+        protocol): ``reply`` is called from the loop once the item is done."""
+        if self._stopping:
+            reply(None, "the daemon is shutting down")
+            return
+        if len(self._inbox) >= INBOX_SIZE:
+            reply(None, "the daemon is overloaded; try again")
+            return
+        self._enqueue(Pending(item, answer, reply))
+
+    def _enqueue(self, pending: Pending) -> None:
+        self._inbox.append(pending)
+        self._inbox_ready.set()
+
+    async def tell(self, item: Message) -> None:
+        """Send a message nobody waits for (observations). A GPU sample is
+        dropped when the inbox is full (the next one says the same); any other
+        observation (an exit) waits for room: it must not be lost."""
+        while len(self._inbox) >= INBOX_SIZE:
+            if isinstance(item, GpuObserved):
+                return
+            await anyio.sleep(0.01)
+        self._enqueue(Pending(item))
+        await anyio.lowlevel.checkpoint()
+
+    def subscribe(self, deliver: Callable[[bytes], bool]) -> int:
+        """Register for live event batches; returns the last committed seq.
+
+        ``deliver`` gets each committed batch (encoded once for everyone) and
+        returns False to be dropped (a subscriber too slow to keep up).
+        Registration and the returned seq are taken in the same step of the
+        event loop, so history up to that seq plus the stream lose nothing.
+        """
+        self._subscribers.add(deliver)
+        return self.committed_seq
+
+    def unsubscribe(self, deliver: Callable[[bytes], bool]) -> None:
+        self._subscribers.discard(deliver)
+
+    # --- start-up --------------------------------------------------------
+
+    def _load_state(self) -> ClusterState:
+        """Newest valid snapshot plus the log's tail (or the whole log)."""
+        state = snapshot.load_latest(snapshot_dir(self.state_dir)) or ClusterState()
+        for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
+            for event in batch:
+                apply(state, event)
+        return state
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        prepare_state_dir(self.state_dir)
+        self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes)
+        try:
+            if self.log.recovered is not None:
+                logger.warning("log recovery: %s", self.log.recovered)
+            self.state = await anyio.to_thread.run_sync(self._load_state)
+            self.committed_seq = self.log.next_seq - 1
+            self._last_snapshot_seq = self.state.last_seq
+            gpus = self.backend.discover()
+            started = Started(
+                node=self.config.node,
+                pid=os.getpid(),
+                version=__version__,
+                gpu_backend=self.backend.name,
+                gpus=gpus,
+                config=self.config,
+            )
+            running = {
+                job.id: (job.pid or 0, job.start_time or 0)
+                for job in self.state.jobs.values()
+                if job.state == "running"
+            }
+            attempts = {job: self.state.jobs[job].attempts for job in running}
+            recovered = self.executor.recover(running, attempts)
+            for message in [started, *recovered]:
+                self._enqueue(Pending(message))
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._main_loop)
+                tg.start_soon(self.executor.run, self.tell)
+                tg.start_soon(self._timer)
+                tg.start_soon(self._sampler)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._shutdown()
+
+    async def stop(self, reason: str = "signal") -> None:
+        """Record the stop, then cancel every task. Jobs keep running (X9)."""
+        if self._stopping:
+            return
+        if not hasattr(self, "_tg"):  # never ran: nothing to record or cancel
+            self._stopping = True
+            return
+        try:
+            await self.call(Stopping(node=self.config.node, reason=reason))
+        except Refused:
+            pass
+        self._stopping = True
+        self._tg.cancel_scope.cancel()
+
+    async def _shutdown(self) -> None:
+        self._subscribers.clear()
+        # an append may still be running in the committer thread: let it end
+        # before the log is closed under it
+        self._committer.shutdown(wait=True)
+        if self.log is not None:
+            if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
+                try:
+                    snapshot.save(snapshot_dir(self.state_dir), self.state)
+                except OSError as exc:
+                    logger.warning("could not save a snapshot at shutdown: %s", exc)
+            self.log.close()
+            self.log = None
+
+    # --- the loop --------------------------------------------------------
+
+    async def _main_loop(self) -> None:
+        assert self.state is not None and self.log is not None
+        while True:
+            while not self._inbox:
+                await self._inbox_ready.wait()
+                self._inbox_ready.clear()
+            batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
+            now = self.clock()
+            produced: list[ev.Event] = []
+            effects: list[Effect] = []
+            for pending in batch:
+                if isinstance(pending.item, Query):
+                    continue
+                if isinstance(pending.item, GpuObserved) and not self._worth_logging(pending.item, now):
+                    continue
+                try:
+                    events, item_effects = core.handle(self.state, pending.item, now)
+                except Refused as refusal:
+                    pending.error = refusal.reason
+                    continue
+                pending.produced = events
+                produced.extend(events)
+                effects.extend(item_effects)
+            if produced:
+                if not await self._commit(produced, batch):
+                    effects = []
+            for pending in batch:
+                if pending.reply is not None:
+                    self._answer(pending)
+            for effect in effects:
+                self._perform(effect)
+            if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every:
+                await self._snapshot()
+
+    def _answer(self, pending: Pending) -> None:
+        assert self.state is not None and pending.reply is not None
+        result = None
+        if pending.error is None:
+            try:
+                if isinstance(pending.item, Query):
+                    result = pending.item.read(self.state)
+                elif pending.answer is not None:
+                    result = pending.answer(self.state, pending.produced)
+                else:
+                    result = pending.produced
+            except Refused as refusal:
+                pending.error = refusal.reason
+        pending.reply(result, pending.error)
+
+    async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
+        assert self.log is not None and self.state is not None
+        # the core stamped each event with the log's next seq (its causes
+        # name seqs); anything else would be a second writer or a bug
+        if produced[0].seq != self.log.next_seq:
+            raise RuntimeError(f"core stamped seq {produced[0].seq}, the log is at {self.log.next_seq}")
+        stamped = produced
+        try:
+            # fdatasync off the loop, so sockets keep being read meanwhile
+            last = await asyncio.get_running_loop().run_in_executor(self._committer, self.log.append, stamped)
+        except eventlog.LogFullError as exc:
+            # Nothing of this batch is durable: refuse it all and go back to
+            # what the log says.
+            logger.error("append refused: %s", exc)
+            for pending in batch:
+                if pending.produced:
+                    pending.error = str(exc)
+                    pending.produced = []
+            self.state = await anyio.to_thread.run_sync(self._load_state)
+            return False
+        self.state.last_seq = last
+        self.committed_seq = last
+        self._broadcast(ev.encode_many(stamped))
+        return True
+
+    def _broadcast(self, payload: bytes) -> None:
+        for deliver in list(self._subscribers):
+            # a subscriber that cannot keep up is cut off; it resubscribes
+            # from the last seq it saw
+            if not deliver(payload):
+                self._subscribers.discard(deliver)
+
+    def _worth_logging(self, sample: GpuObserved, now: float) -> bool:
+        key = (sample.node, sample.gpu)
+        previous = self._last_logged_sample.get(key)
+        prev_ts, prev = previous if previous else (0.0, None)
+        if not significant(prev, sample, last_ts=prev_ts, now=now):
+            return False
+        self._last_logged_sample[key] = (now, sample)
+        return True
+
+    async def _snapshot(self) -> None:
+        assert self.state is not None
+        self._last_snapshot_seq = self.state.last_seq
+        data = snapshot.snapshot_bytes(self.state)
+        try:
+            await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
+        except OSError as exc:  # a snapshot is an optimisation: out of fds or space costs only the next start-up
+            logger.warning("could not save a snapshot: %s", exc)
+
+    # --- effects ---------------------------------------------------------
+
+    def _perform(self, effect: Effect) -> None:
+        """Carry out one effect of the core; every kind of effect is handled here."""
+        match effect:
+            case Launch():
+                # a requeued or retried job is launched again under a new attempt
+                assert self.state is not None
+                self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
+            case Signal():
+                self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
+            case WakeAt():
+                if effect.at < self._wake_at:
+                    self._wake_at = effect.at
+                    self._wake_changed.set()
+            case _:
+                raise TypeError(f"the engine cannot perform {type(effect).__name__}")
+
+    def _show_load_to_gpus(self) -> None:
+        # fake GPUs report what the scheduler placed on them, as real ones would
+        if self.state is not None:
+            for gpu in self.state.all_gpus():
+                if gpu.node == self.config.node and not gpu.lost:
+                    self.backend.set_load(gpu.id, gpu.used_milli / 1000, gpu.reserved_mib)
+
+    async def _launch(self, effect: Launch, attempt: int) -> None:
+        try:
+            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids, attempt=attempt)
+        except AlreadyLaunched:
+            return  # its supervisor reports how it goes
+        except (LaunchError, OSError) as exc:  # OSError: e.g. out of file descriptors (EMFILE)
+            await self.tell(ProcessExited(job=effect.job, exit_code=None, reason=f"launch-failed: {exc}"))
+            return
+        # no await between launch() returning and this: the exit of a short
+        # job cannot overtake its start in the inbox
+        self._enqueue(Pending(started))
+
+    async def _timer(self) -> None:
+        """Send a Tick when the earliest deadline the core asked for comes."""
+        while True:
+            self._wake_changed = anyio.Event()
+            delay = self._wake_at - self.clock()
+            if delay <= 0:
+                self._wake_at = math.inf
+                await self.tell(Tick())
+                continue
+            with anyio.move_on_after(min(delay, 3600.0)):
+                await self._wake_changed.wait()
+
+    async def _sampler(self) -> None:
+        failures = 0
+        while True:
+            assert self.state is not None
+            try:
+                self._show_load_to_gpus()
+                pids = self.executor.job_process_ids()
+                samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
+            except Exception as exc:  # EMFILE on /proc, a backend bug: skip this sample, never die
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    logger.warning("GPU sample skipped (%d so far): %s", failures, exc)
+                samples = []
+            for sample in samples:
+                await self.tell(sample)
+            await anyio.sleep(self.sample_interval_s)

@@ -1,0 +1,864 @@
+"""Launch, signal and reap job processes (X1-X4, X7, X9).
+
+Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
+process in its own session that outlives the daemon, like conmon or
+containerd-shim. While ``run`` is active, supervisors are forked by one
+long-lived zygote (``supervisor.py --zygote``, started by ``run``), so a launch
+costs a fork rather than an interpreter start-up; without it (before ``run``,
+or if it cannot be started) a supervisor is started cold. A dead zygote is
+replaced at the next launch; the supervisors it forked run on, and so do they
+when the daemon dies (the zygote then reads EOF and exits). The executor and a
+supervisor share nothing but files in the job's attempt directory::
+
+    <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
+    <state_dir>/jobs/<job>/<attempt>/          created with mkdir: "this attempt was launched"
+        spec.json   argv, env, cwd, credentials       (executor -> supervisor)
+        pid         job pid + /proc start time          (supervisor, atomic)
+        exit        exit code or signal, end time       (supervisor, atomic)
+
+Creating the attempt directory is the launch's commit point: a second launch of
+the same (job, attempt) is refused, even by a restarted daemon, so nothing is
+ever launched twice. Exits are noticed with a pidfd on the supervisor (no
+polling); ``recover`` re-adopts supervisors after a restart.
+
+Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
+otherwise the command is exec'd as an argv, never interpreted.
+
+Containment (issue 18): where the daemon can manage cgroup v2 (``cgroups.py``),
+each attempt runs in its own cgroup ``<parent>/job-<id>-<attempt>``, which
+the job joins before exec; signals then reach every process in it, including
+those that left the job's process group (``setsid``, ``setpgid``). Elsewhere
+jobs are contained by their process group only, and the executor says so once,
+at start-up. The job also gets the submitter's umask and resource limits,
+clamped to the daemon's own (``rlimits.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pwd
+import select
+import shlex
+import signal as _signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Coroutine
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+
+from eventsched.domain import rlimits as _rl
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import (
+    Message,
+    NeverLaunched,
+    ProcessExited,
+    ProcessLost,
+    ProcessStarted,
+)
+from eventsched.runtime import cgroups as _cg
+
+__all__ = [
+    "Executor",
+    "LaunchError",
+    "AlreadyLaunched",
+    "rewrite_cuda",
+    "job_argv",
+    "job_env",
+    "DEFAULT_PATH",
+]
+
+SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
+_log = logging.getLogger("eventsched.executor")
+# an async method run in the executor's task group (anyio wants a coroutine function)
+_TaskFn = Callable[..., Coroutine[Any, Any, None]]
+
+
+class LaunchError(Exception):
+    """The job could not be started; ``str(e)`` is a one-line reason."""
+
+
+class AlreadyLaunched(LaunchError):
+    """This (job, attempt) was launched before: it is never launched twice."""
+
+
+# --- pure: what to exec ---------------------------------------------------
+
+
+def rewrite_cuda(argv: list[str], gpu_ids: list[int]) -> list[str]:
+    """X2: replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
+    physical ids (the seed scheduler's contract: scripts that copy it into
+    ``CUDA_VISIBLE_DEVICES`` keep working). CPU-only jobs are left alone."""
+    if not gpu_ids:
+        return list(argv)
+    ids = ",".join(str(g) for g in gpu_ids)
+    out = list(argv)
+    for i in range(1, len(out)):
+        if out[i] == "--cuda" and i + 1 < len(out):
+            out[i + 1] = ids
+        elif out[i].startswith("--cuda="):
+            out[i] = "--cuda=" + ids
+    return out
+
+
+def _visible(gpu_ids: list[int]) -> str:
+    return ",".join(str(g) for g in gpu_ids)
+
+
+def job_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
+    """The argv to exec: the command itself, or ``bash -c`` only for X3."""
+    command = rewrite_cuda(spec.command, gpu_ids)
+    if not (spec.conda or spec.env_setup or spec.shell):
+        return command
+    lines: list[str] = []
+    fail = '|| { rc=$?; echo "eventsched: environment set-up failed (exit $rc)" >&2; exit $rc; }'
+    if spec.conda:
+        lines.append(
+            '{ __base="$("${CONDA_EXE:-conda}" info --base)" && '
+            'source "$__base/etc/profile.d/conda.sh" && '
+            f"conda activate {shlex.quote(spec.conda)}; }} {fail}"
+        )
+    if spec.env_setup:
+        # braces, not a subshell: the set-up must change *this* shell's env
+        lines.append("{\n" + spec.env_setup + "\n} " + fail)
+    # the set-up must not move the job off its GPUs (seed 004 order)
+    lines.append(f"export CUDA_VISIBLE_DEVICES={shlex.quote(_visible(gpu_ids))}")
+    # spec.shell: the user asked for a shell command line; otherwise exec argv
+    lines.append(" ".join(command) if spec.shell else "exec " + shlex.join(command))
+    return ["bash", "-c", "\n".join(lines), f"eventsched-job-{spec.name or 'job'}"]
+
+
+def job_env(
+    job: int, spec: JobSpec, gpu_ids: list[int], *, home: str = "", user: str = ""
+) -> dict[str, str]:
+    """The job's environment: the submitter's, plus what the scheduler owes it."""
+    env = dict(spec.env)
+    env.setdefault("PATH", DEFAULT_PATH)
+    if user:  # running as another user: identity variables must be theirs
+        env["USER"] = env["LOGNAME"] = user
+    if home:
+        env["HOME"] = home
+    env["CUDA_VISIBLE_DEVICES"] = _visible(gpu_ids)  # X1; "" hides every GPU
+    # NVML numbers GPUs by PCI bus; CUDA's default order may differ
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["EVENTSCHED_JOB_ID"] = str(job)
+    return env
+
+
+# --- I/O helpers ------------------------------------------------------------
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError):
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, session id, start time) of a live or zombie process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[3]), int(fields[19])
+
+
+class _Creds(msgspec.Struct, frozen=True):
+    uid: int
+    gid: int
+    groups: list[int]
+    home: str
+    user: str
+
+
+def _credentials(spec: JobSpec) -> _Creds | None:
+    """X7: whom to run as. None = keep the daemon's identity (not root, or
+    a spec without an owner, which only in-process callers can build)."""
+    if os.geteuid() != 0 or spec.uid < 0:
+        return None
+    try:
+        pw = pwd.getpwuid(spec.uid)
+    except KeyError:
+        pw = None
+    if pw is None and spec.gid < 0:
+        raise LaunchError(f"unknown user id {spec.uid} and no group id given")
+    gid = spec.gid if spec.gid >= 0 else pw.pw_gid  # type: ignore[union-attr]
+    if spec.groups:
+        groups = list(spec.groups)
+    elif pw is not None:
+        groups = os.getgrouplist(pw.pw_name, gid)
+    else:
+        groups = [gid]
+    home = spec.home or (pw.pw_dir if pw else "/")
+    return _Creds(spec.uid, gid, groups, home, pw.pw_name if pw else str(spec.uid))
+
+
+class _Watch:
+    """A supervisor the executor waits on (launched here or adopted)."""
+
+    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "_event")
+
+    def __init__(
+        self,
+        job: int,
+        attempt_dir: Path,
+        pgid: int,
+        pidfd: int,
+        popen: subprocess.Popen | None,
+        report: bool = True,
+        cgroup: str = "",
+    ) -> None:
+        self.job = job
+        self.attempt_dir = attempt_dir
+        self.pgid = pgid  # the job's pid == its process group == its session
+        self.pidfd = pidfd  # the supervisor's
+        self.popen = popen  # set when the supervisor is our child: reap it
+        self.report = report
+        self.ended = False
+        self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
+        self._event: anyio.Event | None = None  # made lazily: recover() runs outside a loop
+
+    def event(self) -> anyio.Event:
+        if self._event is None:
+            self._event = anyio.Event()
+            if self.ended:
+                self._event.set()
+        return self._event
+
+    def set_ended(self) -> None:
+        self.ended = True
+        self.event().set()
+
+
+class _Request:
+    """One launch handed to the zygote, filled in by whoever reads replies."""
+
+    __slots__ = ("pidfd", "forked", "result")
+
+    def __init__(self) -> None:
+        self.pidfd = -1  # the supervisor's, sent by the zygote (SCM_RIGHTS)
+        self.forked = False
+        self.result = ""  # "ok PID START" or "error REASON", from the supervisor
+
+
+class _Zygote:
+    """The daemon's end of ``supervisor.py --zygote``: a long-lived process
+    that forks one supervisor per launch (a fork is ~1 ms; an interpreter
+    start-up ~20 ms of CPU). Replies arrive on one socket, tagged with the
+    request's token; whichever launch holds ``lock`` reads them for all
+    (no background task, so a launch finishes even while ``run`` is being
+    cancelled)."""
+
+    def __init__(self, python: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-I", "-S", SUPERVISOR, "--zygote", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # the daemon's session and signals are not its
+                cwd="/",
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.requests: dict[int, _Request] = {}
+        self.next_token = 0
+        self.eof = False  # the zygote and every supervisor it forked closed their end
+        self.retired = False
+        self.users = 0
+        self.lock: anyio.Lock | None = None
+
+    def alive(self) -> bool:
+        return not self.retired and not self.eof and self.popen.poll() is None
+
+    def submit(self, attempt_dir: Path) -> tuple[int, _Request] | None:
+        """Hand over a launch; None if the zygote did not take it (dead)."""
+        self.next_token += 1
+        token = self.next_token
+        try:
+            # absolute: the zygote runs in /
+            path = os.path.abspath(attempt_dir)
+            self.sock.send(f"{token} {path}".encode(errors="surrogateescape"), socket.MSG_NOSIGNAL)
+        except OSError:
+            return None
+        req = self.requests[token] = _Request()
+        return token, req
+
+    async def wait(self, token: int, req: _Request) -> None:
+        """Until the launch is decided: the supervisor answered, died, or the
+        zygote and all its supervisors are gone (EOF)."""
+        if self.lock is None:
+            self.lock = anyio.Lock()
+        self.users += 1
+        try:
+            async with self.lock:
+                while not self.eof and not (req.forked and req.result):
+                    if req.pidfd >= 0:
+                        await _wait_either(self.sock.fileno(), req.pidfd)
+                    else:
+                        await anyio.wait_readable(self.sock)
+                    self._drain()
+                    if req.pidfd >= 0 and not req.result and _readable(req.pidfd):
+                        # exited; anything it said was sent before, and is read
+                        self._drain()
+                        break
+        finally:
+            self.users -= 1
+            self.requests.pop(token, None)
+            self._maybe_close()
+
+    def _drain(self) -> None:
+        while not self.eof:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1, socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:
+                self.eof = True
+                return
+            token, _, rest = data.decode(errors="replace").partition(" ")
+            req = self.requests.get(int(token)) if token.isdigit() else None
+            if req is None:  # an abandoned launch (timed out): drop its pidfd
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if rest.startswith("forked"):
+                req.forked = True
+                if fds:
+                    req.pidfd = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            else:
+                req.result = rest.strip()
+                for fd in fds:
+                    os.close(fd)
+
+    def retire(self) -> None:
+        """No more launches: the zygote reads EOF and exits (its supervisors
+        run on); launches in flight still get their answers."""
+        if self.retired:
+            return
+        self.retired = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        try:
+            self.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if (self.retired or self.eof) and self.users == 0 and self.sock.fileno() >= 0:
+            for req in self.requests.values():
+                if req.pidfd >= 0:
+                    os.close(req.pidfd)
+            self.requests.clear()
+            self.sock.close()
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+async def _wait_either(a: int, b: int) -> None:
+    async def one(fd: int, scope: anyio.CancelScope) -> None:
+        await anyio.wait_readable(fd)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, a, tg.cancel_scope)
+        tg.start_soon(one, b, tg.cancel_scope)
+
+
+def _spec_cgroup(attempt_dir: Path) -> str:
+    """The cgroup an attempt was launched into (from its spec.json), or ""."""
+    plan = _read_json(attempt_dir / "spec.json")
+    cg = plan.get("cgroup") if isinstance(plan, dict) else None
+    # only ever a job's own cgroup, which is killed and removed by path
+    return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
+
+
+class Executor:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        node: str = "local",
+        python: str = sys.executable,
+        zygote: bool = True,
+        cgroups: bool = True,
+    ):
+        self.node = node
+        self.jobs_dir = Path(state_dir) / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        # 0o711: other users may reach their own log by path, never list jobs
+        os.chmod(self.jobs_dir, 0o711 if os.geteuid() == 0 else 0o700)
+        self._python = python
+        self._watched: dict[int, _Watch] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._pending: list[tuple[_TaskFn, tuple[object, ...]]] = []
+        self._send: Callable[[Message], Awaitable[None]] | None = None
+        # forks the supervisors while ``run`` is active; cold starts otherwise
+        self._use_zygote = zygote
+        self._zygote: _Zygote | None = None
+        # issue 18: each job in its own cgroup where we can make one
+        self._cgroups: _cg.Cgroups | None = None
+        if cgroups:
+            self._cgroups, why = _cg.Cgroups.setup(state_dir)
+            if self._cgroups is None:
+                _log.warning("%s: jobs that leave their process group escape cancel", why)
+            else:
+                _log.info("jobs run in their own cgroups under %s", self._cgroups.parent)
+
+    @property
+    def containment(self) -> str:
+        """``cgroup2:<parent dir>`` or ``process-group``."""
+        return self._cgroups.containment if self._cgroups else "process-group"
+
+    # --- paths ----------------------------------------------------------
+
+    def log_path(self, job: int) -> Path:
+        return self.jobs_dir / str(job) / "output.log"
+
+    def _latest_attempt(self, job: int) -> Path | None:
+        try:
+            attempts = [int(p) for p in os.listdir(self.jobs_dir / str(job)) if p.isdigit()]
+        except FileNotFoundError:
+            return None
+        return self.jobs_dir / str(job) / str(max(attempts)) if attempts else None
+
+    # --- launch ---------------------------------------------------------
+
+    async def launch(
+        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0
+    ) -> ProcessStarted:
+        """Start the job; return once it has exec'd. ``attempt`` tells a
+        requeued or retried run (pass e.g. the ``JobPlaced`` seq) from a
+        duplicate of one already launched, which raises ``AlreadyLaunched``."""
+        if not spec.command:
+            raise LaunchError("empty command")
+        try:  # the submitter's limits, never above ours (the server validated them too)
+            _rl.validate(spec.rlimits, spec.umask)
+            limits = _rl.clamp(spec.rlimits)
+        except _rl.RlimitError as e:
+            raise LaunchError(str(e)) from None
+        creds = _credentials(spec)
+        job_dir = self.jobs_dir / str(job)
+        attempt_dir = job_dir / str(attempt)
+        try:
+            job_dir.mkdir(mode=0o711 if creds else 0o700, exist_ok=True)
+            os.mkdir(attempt_dir, 0o700)  # the commit point: launched
+        except FileExistsError:
+            raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
+        except OSError as e:
+            raise LaunchError(f"cannot create {attempt_dir}: {e.strerror}") from None
+
+        cgroup = ""
+        if self._cgroups is not None:
+            try:
+                cgroup = self._cgroups.create(job, attempt)
+            except OSError as e:
+                _log.warning(
+                    "job %d: cannot create its cgroup (%s): contained by its process group only", job, e
+                )
+        log_path = self.log_path(job)
+        env = job_env(
+            job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""
+        )
+        plan = {
+            "job": job,
+            "argv": job_argv(spec, gpu_ids),
+            "env": env,
+            "cwd": spec.cwd or "/",
+            "uid": creds.uid if creds else None,
+            "gid": creds.gid if creds else None,
+            "groups": creds.groups if creds else None,
+            "log": os.path.abspath(log_path),  # supervisors run in /
+            "cgroup": cgroup,
+            "umask": spec.umask,
+            "rlimits": limits,
+        }
+        try:
+            # 0o600: the environment may hold the user's secrets
+            spec_fd = os.open(attempt_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(spec_fd, "wb") as f:
+                f.write(msgspec.json.encode(plan))
+            log_fd = os.open(
+                log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                if creds:  # the job writes its own log as itself
+                    os.fchown(log_fd, creds.uid, creds.gid)
+                handed = self._hand_to_zygote(attempt_dir)
+                if handed is None:
+                    popen, ready_r = self._cold_start(attempt_dir, log_fd)
+            finally:
+                os.close(log_fd)
+        except OSError as e:
+            reason = f"cannot start the supervisor: {e.strerror or e}"
+            if cgroup:
+                _cg.remove(cgroup)
+            # recorded like a supervisor would, so a restart reads "launch-failed"
+            with contextlib.suppress(OSError):
+                (attempt_dir / "exit").write_bytes(
+                    msgspec.json.encode({"exit_code": 127, "signal": None, "error": reason})
+                )
+            raise LaunchError(reason) from None
+        if handed is not None:
+            return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup)
+
+        pidfd = os.pidfd_open(popen.pid)
+        try:
+            # Shielded: once a supervisor runs, we must learn its pid even if
+            # the engine is being cancelled, or the job would go unwatched.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
+                line = await _read_line(ready_r)
+        finally:
+            os.close(ready_r)
+        words = line.split(" ", 1) if line else []
+        if words and words[0] == "ok":
+            pid, start_time = (int(x) for x in words[1].split())
+            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen, cgroup=cgroup))
+            return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
+        # Failed: reap the supervisor in the background, report nothing more.
+        if cgroup:  # the supervisor removes it too; the job never ran in it
+            _cg.remove(cgroup)
+        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False, cgroup=cgroup))
+        if words and words[0] == "error":
+            raise LaunchError(words[1] if len(words) > 1 else "unknown error")
+        raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
+
+    def _cold_start(self, attempt_dir: Path, log_fd: int) -> tuple[subprocess.Popen, int]:
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            os.set_blocking(ready_w, True)
+            popen = subprocess.Popen(
+                [self._python, "-I", "-S", SUPERVISOR, os.path.abspath(attempt_dir), str(ready_w)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                close_fds=True,
+                pass_fds=(ready_w,),
+                start_new_session=True,  # the daemon's session and signals are not its
+                cwd="/",
+            )
+        except BaseException:
+            os.close(ready_r)
+            raise
+        finally:
+            os.close(ready_w)
+        return popen, ready_r
+
+    def _hand_to_zygote(self, attempt_dir: Path) -> tuple[_Zygote, int, _Request] | None:
+        """Give the launch to the zygote (restarted if it died); None = the
+        caller starts the supervisor cold. Only while ``run`` is active: the
+        zygote lives as long as ``run``."""
+        if not self._use_zygote or self._tg is None:
+            return None
+        for _ in range(2):
+            z = self._zygote
+            if z is not None and not z.alive():
+                z.retire()
+                z = self._zygote = None
+            if z is None:
+                try:
+                    z = self._zygote = _Zygote(self._python)
+                except OSError:
+                    return None
+            handed = z.submit(attempt_dir)
+            if handed is not None:
+                return (z, *handed)
+            z.retire()  # it took nothing: safe to hand over again
+            self._zygote = None
+        return None
+
+    async def _zygote_started(
+        self, job: int, attempt_dir: Path, z: _Zygote, token: int, req: _Request, *, cgroup: str = ""
+    ) -> ProcessStarted:
+        # Shielded: once a supervisor runs, we must learn its pid even if
+        # the engine is being cancelled, or the job would go unwatched.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
+            await z.wait(token, req)
+        log_path = self.log_path(job)
+        words = req.result.split(" ", 1) if req.result else []
+        if words and words[0] == "ok":
+            pid, start_time = (int(x) for x in words[1].split())
+            w: _Watch | None = None
+            if req.pidfd >= 0:
+                w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup)
+            else:  # the zygote died before sending it: find the supervisor by its pid file
+                started = _read_json(attempt_dir / "pid")
+                w = self._adopt(job, attempt_dir, started) if started else None
+                w = w or _Watch(job, attempt_dir, pid, -1, None, cgroup=cgroup)  # already gone: read its exit now
+            self._watch(w)
+            return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
+        if req.pidfd >= 0:  # not our child: the zygote reaps it
+            os.close(req.pidfd)
+        if cgroup:  # the job never ran (its child was reaped before the error)
+            _cg.remove(cgroup)
+        if words and words[0] == "error":
+            raise LaunchError(words[1] if len(words) > 1 else "unknown error")
+        raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
+
+    # --- signal ---------------------------------------------------------
+
+    async def signal(self, job: int, grace_s: float) -> None:
+        """SIGTERM every process of the job now (its cgroup, else its process
+        group); SIGKILL them after ``grace_s`` unless the job has ended by
+        then. Returns at once."""
+        w = self._watched.get(job)
+        if w is None or w.pgid <= 0:
+            return  # not running here (ended, or never started): nothing to stop
+        # once each: a second SIGTERM can land inside the job's handler for the first
+        if not (w.cgroup and _cg.signal_all(w.cgroup, _signal.SIGTERM)):
+            _killpg(w.pgid, _signal.SIGTERM)
+        self._spawn(self._kill_after, w, grace_s)
+
+    async def _kill_after(self, w: _Watch, grace_s: float) -> None:
+        with anyio.move_on_after(max(0.0, grace_s)):
+            await w.event().wait()
+        if not w.ended:
+            if w.cgroup:
+                await anyio.to_thread.run_sync(_cg.kill_all, w.cgroup)
+            _killpg(w.pgid, _signal.SIGKILL)
+
+    # --- recovery ---------------------------------------------------------
+
+    def recover(
+        self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
+    ) -> list[Message]:
+        """At start-up, for each job the log believes placed or running
+        (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
+        report how it ended, re-adopt it, or say it was never launched.
+        ``attempts`` names each job's current attempt (its latest otherwise),
+        so an earlier attempt's exit is never taken for the current one's."""
+        out: list[Message] = []
+        for job, (known_pid, _start) in sorted(running.items()):
+            attempt_dir: Path | None
+            if attempts is not None and job in attempts:
+                attempt_dir = self.jobs_dir / str(job) / str(attempts[job])
+                if not attempt_dir.is_dir():
+                    attempt_dir = None
+            else:
+                attempt_dir = self._latest_attempt(job)
+            if attempt_dir is None:
+                out.append(NeverLaunched(job=job, reason="the daemon stopped before launching it"))
+                continue
+            started = _read_json(attempt_dir / "pid")
+            ended = _read_json(attempt_dir / "exit")
+            if ended is None and started is not None:
+                w = self._adopt(job, attempt_dir, started)
+                if w is not None:
+                    if known_pid == 0:
+                        out.append(self._started(job, started))
+                    self._watch(w)
+                    continue
+                ended = _read_json(attempt_dir / "exit")  # it may have just finished
+            if ended is not None:
+                if started is not None and known_pid == 0:
+                    out.append(self._started(job, started))
+                out.append(_exited(job, ended))
+            elif started is not None:
+                self._clear_cgroup(attempt_dir)
+                out.append(
+                    ProcessLost(
+                        job=job,
+                        reason=f"supervisor gone without recording an exit (job pid {started['pid']})",
+                    )
+                )
+            else:
+                out.append(ProcessLost(job=job, reason="supervisor gone before starting the job"))
+        self._sweep_cgroups()
+        return out
+
+    def _sweep_cgroups(self) -> None:
+        """Remove the empty cgroups of attempts whose supervisors were killed
+        while we were down (rmdir fails on a populated one: nothing is killed)."""
+        if self._cgroups is None:
+            return
+        try:
+            names = os.listdir(self._cgroups.parent)
+        except OSError:
+            return
+        ours = {w.cgroup for w in self._watched.values()}
+        for name in names:
+            path = os.path.join(self._cgroups.parent, name)
+            if name.startswith("job-") and path not in ours:
+                _cg.remove(path)
+
+    def _started(self, job: int, started: dict) -> ProcessStarted:
+        return ProcessStarted(
+            job=job, pid=started["pid"], start_time=started["start_time"], log_path=str(self.log_path(job))
+        )
+
+    def _adopt(self, job: int, attempt_dir: Path, started: dict) -> _Watch | None:
+        spid = started["supervisor_pid"]
+        try:
+            pidfd = os.pidfd_open(spid)
+        except OSError:
+            return None
+        # checked after opening the pidfd: if it matches now, the pidfd is it
+        stat = _proc_stat(spid)
+        if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
+            os.close(pidfd)
+            return None
+        return _Watch(job, attempt_dir, started["pid"], pidfd, None, cgroup=_spec_cgroup(attempt_dir))
+
+    def _clear_cgroup(self, attempt_dir: Path) -> None:
+        """The supervisor is gone without recording an exit: whatever is
+        left of the job must not keep its GPUs once it is reported lost."""
+        cg = _spec_cgroup(attempt_dir)
+        if cg and os.path.isdir(cg):
+            _clear(cg, True)
+
+    # --- the long-running task ----------------------------------------------
+
+    async def run(
+        self,
+        send: Callable[[Message], Awaitable[None]],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Report ``ProcessExited`` for every launched or adopted job as it
+        ends. While it runs, launches are forked by the zygote (started
+        here, stopped on return); ``task_status`` is told once it is up."""
+        async with anyio.create_task_group() as tg:
+            self._tg, self._send = tg, send
+            if self._use_zygote and self._zygote is None:
+                with contextlib.suppress(OSError):  # else launches start cold
+                    self._zygote = _Zygote(self._python)
+            try:
+                pending, self._pending = self._pending, []
+                for fn, args in pending:
+                    tg.start_soon(fn, *args)
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                self._tg = None
+                if self._zygote is not None:
+                    # EOF ends it; the supervisors it forked run on
+                    self._zygote.retire()
+                    self._zygote = None
+                if self._cgroups is not None:  # stays while any job's cgroup does
+                    self._cgroups.remove_parent()
+
+    def _spawn(self, fn: _TaskFn, *args: object) -> None:
+        if self._tg is None:
+            self._pending.append((fn, args))
+        else:
+            self._tg.start_soon(fn, *args)
+
+    def _watch(self, w: _Watch) -> None:
+        if w.report:
+            self._watched[w.job] = w
+        self._spawn(self._wait_exit, w)
+
+    async def _wait_exit(self, w: _Watch) -> None:
+        if w.pidfd >= 0:  # -1: it was gone before we could watch it
+            try:
+                await anyio.wait_readable(w.pidfd)  # the supervisor has exited
+            finally:
+                os.close(w.pidfd)
+        if w.popen is not None:
+            w.popen.wait()  # our child, already exited: reap the zombie
+        ended = _read_json(w.attempt_dir / "exit")
+        if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
+            await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
+        w.set_ended()
+        if not w.report:
+            return
+        if self._watched.get(w.job) is w:
+            del self._watched[w.job]
+        msg: Message
+        if ended is None:
+            msg = ProcessLost(
+                job=w.job, reason=f"supervisor killed without recording an exit (job pid {w.pgid})"
+            )
+        else:
+            msg = _exited(w.job, ended)
+        assert self._send is not None
+        await self._send(msg)
+
+    # --- observation ----------------------------------------------------
+
+    def running_jobs(self) -> dict[int, int]:
+        """{job: pid} of the jobs being watched."""
+        return {j: w.pgid for j, w in self._watched.items() if w.pgid > 0}
+
+    def job_process_ids(self) -> set[int]:
+        """Pids of every process in a watched job's session (the job and its
+        descendants), for telling job GPU memory from foreign (F2)."""
+        sessions = {w.pgid for w in self._watched.values() if w.pgid > 0}
+        pids: set[int] = set()
+        for w in self._watched.values():  # also what left the session
+            if w.cgroup:
+                pids.update(_cg.procs(w.cgroup))
+        if not sessions:
+            return pids
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                stat = _proc_stat(int(name))
+                if stat is not None and stat[1] in sessions:
+                    pids.add(int(name))
+        return pids
+
+
+def _exited(job: int, ended: dict) -> ProcessExited:
+    error = ended.get("error") or ""
+    return ProcessExited(
+        job=job,
+        exit_code=ended.get("exit_code"),
+        signal=ended.get("signal"),
+        reason=f"launch-failed: {error}" if error else "",
+    )
+
+
+def _clear(cgroup: str, kill: bool) -> None:
+    """Remove a job's cgroup once its supervisor is gone; ``kill`` what is
+    left in it first (a supervisor killed before it could)."""
+    if kill:
+        _cg.kill_all(cgroup)
+    _cg.remove(cgroup, timeout_s=2.0 if kill else 0.0)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+async def _read_line(fd: int) -> str:
+    buf = b""
+    while b"\n" not in buf:
+        await anyio.wait_readable(fd)
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()

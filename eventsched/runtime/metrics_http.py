@@ -1,0 +1,93 @@
+"""`serve --metrics-port`: Prometheus scrapes the SPEC I5 figures over HTTP.
+
+A deliberately tiny HTTP/1.0 responder: one GET path, no keep-alive. The
+figures come from the DuckDB read model, computed in a worker thread so a
+scrape never stalls the engine; a few live gauges come from the projection.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import anyio.abc
+
+logger = logging.getLogger("eventsched.metrics")
+
+MAX_REQUEST_BYTES = 8192
+
+
+def live_gauges(status: dict[str, Any]) -> str:
+    """Gauges of the scheduler's present state (queue depth, allocation)."""
+    lines = [
+        "# HELP eventsched_jobs_active Jobs queued, running or held now.",
+        "# TYPE eventsched_jobs_active gauge",
+    ]
+    counts: dict[str, int] = {"queued": 0, "running": 0, "held": 0}
+    for job in status["jobs"]:
+        counts[job["state"]] = counts.get(job["state"], 0) + 1
+    lines += [f'eventsched_jobs_active{{state="{s}"}} {n}' for s, n in counts.items()]
+    lines += [
+        "# HELP eventsched_gpu_allocated_share Share of each GPU allocated to jobs (0..1).",
+        "# TYPE eventsched_gpu_allocated_share gauge",
+    ]
+    lines += [f'eventsched_gpu_allocated_share{{gpu="{g["node"]}:{g["id"]}"}} {g["allocated"]:g}' for g in status["gpus"]]
+    lines += [
+        "# HELP eventsched_log_seq Sequence number of the last committed event.",
+        "# TYPE eventsched_log_seq counter",
+        f"eventsched_log_seq {status['seq']}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def history_text(state_dir: Path) -> str:
+    from eventsched.projections.history import History
+    from eventsched.projections.metrics import compute_metrics, prometheus_text
+
+    history = History(state_dir)
+    try:
+        history.catch_up()
+        return prometheus_text(compute_metrics(history))
+    finally:
+        history.close()
+
+
+async def serve_metrics(
+    host: str,
+    port: int,
+    state_dir: Path,
+    read_status: Callable[[], Awaitable[dict[str, Any]]],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    async def respond(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            request = b""
+            with anyio.move_on_after(5):
+                while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST_BYTES:
+                    try:
+                        request += await stream.receive()
+                    except (anyio.EndOfStream, anyio.BrokenResourceError):
+                        break
+            parts = request.split(b"\r\n", 1)[0].split()
+            if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] == b"/metrics":
+                try:
+                    body = live_gauges(await read_status()) + await anyio.to_thread.run_sync(history_text, state_dir)
+                    status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+                except Exception as exc:  # a scrape must never take the daemon down
+                    logger.warning("metrics scrape failed: %s", exc)
+                    body, status, ctype = f"metrics unavailable: {exc}\n", "500 Internal Server Error", "text/plain"
+            else:
+                body, status, ctype = "try GET /metrics\n", "404 Not Found", "text/plain"
+            data = body.encode()
+            head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n"
+            try:
+                await stream.send(head.encode() + data)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    task_status.started()
+    await listener.serve(respond)

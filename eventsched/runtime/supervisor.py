@@ -1,0 +1,564 @@
+"""Per-job supervisor: starts one job, waits for it, records how it ended.
+
+Forked, one per job, by a long-lived zygote (``supervisor.py --zygote
+SOCK_FD``, see ``zygote``) so a launch costs a fork, not an interpreter
+start-up; or, as a fallback, run cold as ``python -I -S supervisor.py JOBDIR
+[READY_FD]``. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
+``subprocess``) because its start-up time is part of every job's dispatch
+latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
+own session and talks to the daemon only through files in JOBDIR (plus one
+line on READY_FD, if given, so a live daemon learns the pid without polling):
+
+- reads  ``JOBDIR/spec.json``: argv, env, cwd, uid/gid/groups (null = keep),
+  cgroup (a cgroup v2 directory the job joins before exec; absent = none),
+  umask and rlimits (already clamped by the daemon; clamped again here)
+- writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename)
+- writes ``JOBDIR/exit`` when the job has ended (atomically, by rename)
+
+Its own stdout/stderr are the job's log (opened by the executor for a cold
+start, by the supervisor itself when forked by the zygote), so a supervisor
+failure ends up where the user looks.
+"""
+
+import _signal as signal  # not `signal`: its enum import costs ~4 ms
+import os
+import sys
+import time
+
+try:  # the C scanner behind json, without json's 7 ms import of ``re``
+    import _json
+
+    class _Ctx:
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float
+        memo: dict = {}
+
+    # typeshed wants a make_scanner as the context; C code reads these attributes off any object
+    _scan = _json.make_scanner(_Ctx())  # type: ignore[arg-type]
+
+    def _loads(text: str, /):  # -> Any, left implicit: no typing import here (start-up time)
+        return _scan(text, 0)[0]
+
+    _quote = _json.encode_basestring_ascii
+except Exception:  # another interpreter: pay for the real thing
+    import json
+
+    _loads = json.loads
+    _quote = json.dumps
+
+
+def _proc_start_time(pid):
+    """Field 22 of /proc/PID/stat: with the pid, names one process forever."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'
+    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+def _write_atomic(jobdir, name, text):
+    tmp = os.path.join(jobdir, "." + name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(jobdir, name))
+
+
+def _record_exit(jobdir, exit_code, sig, error=""):
+    _write_atomic(
+        jobdir,
+        "exit",
+        '{"exit_code": %s, "signal": %s, "ended_at": %r, "error": %s}\n'
+        % (
+            "null" if exit_code is None else int(exit_code),
+            "null" if sig is None else int(sig),
+            time.time(),
+            _quote(error),
+        ),
+    )
+
+
+def _tell(ready_fd, line):
+    if ready_fd < 0:
+        return
+    try:
+        os.write(ready_fd, line.encode())
+    except OSError:  # the daemon is gone: the files say it all
+        pass
+    try:
+        os.close(ready_fd)
+    except OSError:
+        pass
+
+
+def _execvpe(file, argv, env):
+    """os.execvpe without its lazy ``import warnings``, which would fail once
+    we are a user who cannot read root's Python. Searches the job's PATH."""
+    if "/" in file:
+        os.execve(file, argv, env)
+    saved = None
+    for d in (env.get("PATH") or os.defpath).split(":"):
+        try:
+            os.execve(os.path.join(d or ".", file), argv, env)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:  # e.g. EACCES: remember it, keep looking (like execvp)
+            last = e
+            if saved is None:
+                saved = e
+    raise saved if saved is not None else last
+
+
+class _Failed(Exception):
+    """The job could not be started; the message is for the user."""
+
+
+# default in the job, whatever we did with them (ignored ones survive exec)
+_JOB_DEFAULT_SIGNALS = (
+    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD,
+)
+
+
+def _same_identity(spec):
+    """True if the job runs as we do: no uid/gid/groups to switch."""
+    if spec.get("uid") is None:
+        return True
+    return (
+        spec["uid"] == os.getuid() == os.geteuid()
+        and spec["gid"] == os.getgid() == os.getegid()
+        # the primary group in the supplementary list adds no permission
+        and set(spec.get("groups") or []) - {spec["gid"]} == set(os.getgroups()) - {os.getgid()}
+    )
+
+
+def _le(a, b):
+    """a <= b for resource limits, where -1 (RLIM_INFINITY) is above all."""
+    if b == -1:
+        return True
+    return a != -1 and a <= b
+
+
+def _rlimit_changes(spec):
+    """[(resource, soft, hard)] the job's limits differ from ours by. The
+    daemon clamped them already; clamped again (last line of defence, as root
+    could raise a hard limit): never above our own hard limit, soft <= hard."""
+    wanted = spec.get("rlimits") or {}
+    if not wanted:
+        return []
+    import resource
+
+    changes = []
+    for name, pair in sorted(wanted.items()):
+        res = getattr(resource, "RLIMIT_" + name.upper(), None)
+        if res is None or len(pair) != 2:
+            continue  # the daemon validated them: nothing unknown gets here
+        soft, hard = int(pair[0]), int(pair[1])
+        cur_soft, cur_hard = resource.getrlimit(res)
+        if not _le(hard, cur_hard):
+            hard = cur_hard
+        if not _le(soft, hard):
+            soft = hard
+        if (soft, hard) != (cur_soft, cur_hard):
+            changes.append((res, soft, hard))
+    return changes
+
+
+def _join_cgroup(path):
+    """Move the calling process into the cgroup at ``path`` ("0" = ourselves)."""
+    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
+
+
+def _cgroup_procs(path):
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _cgroup_signal(path, signum):
+    for pid in _cgroup_procs(path):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def _cgroup_populated(path):
+    try:
+        with open(os.path.join(path, "cgroup.events"), "rb") as f:
+            for line in f.read().splitlines():
+                if line.startswith(b"populated "):
+                    return line.split()[1] != b"0"
+    except OSError:
+        return False
+    return bool(_cgroup_procs(path))
+
+
+def _cgroup_empty(path, timeout_s=10.0):
+    """Kill everything left in the job's cgroup and wait (bounded) until it
+    is empty, so the GPUs are free when the exit is recorded."""
+    try:
+        fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1")
+            kill = False
+        finally:
+            os.close(fd)
+    except OSError:  # before Linux 5.14: one pid at a time
+        kill = True
+    deadline = time.monotonic() + timeout_s
+    pause = 0.001
+    while _cgroup_populated(path) and time.monotonic() < deadline:
+        if kill:
+            _cgroup_signal(path, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _cgroup_remove(path, timeout_s=2.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return  # the daemon tries again when it sees us gone
+        time.sleep(0.01)
+
+
+def _spawn(spec):
+    """Start the job with posix_spawn (glibc: vfork + exec, so nothing of
+    our memory is copied: a fork of a Python process costs milliseconds of
+    page faults). Only for jobs that run as we do, with no cgroup to join
+    and no resource limit to change. Returns its pid."""
+    cwd = spec.get("cwd") or "/"
+    try:
+        os.chdir(cwd)  # ours, then inherited; same identity, same permissions
+    except OSError as e:
+        raise _Failed("cannot change to directory %s: %s" % (cwd, e.strerror))
+    if spec.get("umask", -1) >= 0:
+        os.umask(spec["umask"])  # ours too: it only narrows our own files' modes
+    argv, env = spec["argv"], spec["env"]
+    argv0 = argv[0]
+    if "/" in argv0:
+        paths = [argv0]
+    else:  # the job's PATH, as execvpe would search it
+        paths = [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
+    saved = last = None
+    for path in paths:
+        try:
+            return os.posix_spawn(path, argv, env, setsid=True, setsigdef=_JOB_DEFAULT_SIGNALS)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:  # e.g. EACCES: remember it, keep looking (like execvp)
+            last = e
+            if saved is None:
+                saved = e
+        except Exception as e:  # noqa: BLE001 - e.g. a NUL byte in an argument
+            raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
+    err = saved if saved is not None else last
+    if isinstance(err, FileNotFoundError) and "/" not in argv0:
+        raise _Failed("command not found: %s" % argv0)
+    raise _Failed("cannot execute %s: %s" % (argv0, err.strerror or err))
+
+
+def _child(spec, errw, switch, limits):
+    """In the forked child: join the job's cgroup, take the submitter's umask
+    and limits, switch identity (if ``switch``), become the job. Never returns.
+
+    Everything here runs as the supervisor, before the job's first
+    instruction: the cgroup is joined before anything else can happen, so
+    every process the job ever starts is born inside it."""
+    doing = "start the job"
+    argv0 = spec["argv"][0]
+    try:
+        for s in _JOB_DEFAULT_SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        os.setsid()  # its own session and process group: pgid == pid
+        if spec.get("cgroup"):
+            doing = "join cgroup %s" % spec["cgroup"]
+            _join_cgroup(spec["cgroup"])
+        # keep 0-2 (/dev/null, log, log) and the exec-error pipe (CLOEXEC)
+        os.closerange(3, errw)
+        os.closerange(errw + 1, 1 << 20)
+        if spec.get("umask", -1) >= 0:
+            os.umask(spec["umask"])
+        if limits:
+            import resource
+
+            doing = "set resource limits"
+            for res, soft, hard in limits:  # before setuid: lowers, never raises
+                resource.setrlimit(res, (soft, hard))
+        if switch and spec.get("uid") is not None:
+            doing = "switch to uid %s gid %s" % (spec["uid"], spec["gid"])
+            # groups first, uid last: once uid changes we may not change groups
+            os.setgroups(spec.get("groups") or [])
+            os.setgid(spec["gid"])
+            os.setuid(spec["uid"])
+        cwd = spec.get("cwd") or "/"
+        doing = "change to directory %s" % cwd
+        os.chdir(cwd)  # as the user, so permissions apply
+        doing = "execute %s" % argv0
+        _execvpe(argv0, spec["argv"], spec["env"])
+    except BaseException as e:  # noqa: BLE001 - report anything, then die
+        if doing.startswith("execute") and isinstance(e, FileNotFoundError) and "/" not in argv0:
+            msg = "command not found: %s" % argv0
+        elif isinstance(e, OSError) and e.strerror:
+            msg = "cannot %s: %s" % (doing, e.strerror)
+        else:
+            msg = "cannot %s: %s: %s" % (doing, type(e).__name__, e)
+        try:
+            os.write(errw, msg.encode(errors="replace")[:1000])
+        finally:
+            os._exit(127)
+
+
+def _fork_exec(spec, switch, limits):
+    """Start the job in a forked child that joins its cgroup, sets its
+    limits and switches identity (if ``switch``: root daemon, job of another
+    user) first. Returns its pid once it has exec'd."""
+    errr, errw = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.close(errr)
+        os.close(errw)
+        raise _Failed("cannot fork: %s" % e.strerror)
+    if pid == 0:
+        _child(spec, errw, switch, limits)
+    os.close(errw)
+    chunks = []
+    while True:  # EOF when exec succeeded (CLOEXEC), else the child's reason
+        chunk = os.read(errr, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(errr)
+    if chunks:
+        os.waitpid(pid, 0)
+        raise _Failed(b"".join(chunks).decode(errors="replace"))
+    return pid
+
+
+def _supervise(jobdir, ready_fd, prefix, open_log):
+    """Be the supervisor of the job in ``jobdir``: start it, say so on
+    ``ready_fd`` (lines start with ``prefix``), wait, record its end."""
+    # The daemon's terminal and its death must not reach us (we are its shim).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    job_pid = [0]
+    cgroup = [""]
+
+    def forward(signum, frame):  # stopping the supervisor stops its job
+        if cgroup[0] and _cgroup_procs(cgroup[0]):  # all of it, even what left its group
+            _cgroup_signal(cgroup[0], signum)
+        elif job_pid[0]:
+            try:
+                os.killpg(job_pid[0], signum)
+            except OSError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+
+    if ready_fd >= 0:  # the job must not inherit it
+        os.set_inheritable(ready_fd, False)
+    jobdir = os.path.abspath(jobdir)  # _spawn changes our directory
+    with open(os.path.join(jobdir, "spec.json"), "rb") as f:
+        spec = _loads(f.read().decode())
+    if open_log:  # our stdout/stderr become the job's log, as in a cold start
+        log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+
+    try:
+        same = _same_identity(spec)
+        limits = _rlimit_changes(spec)
+        if same and not spec.get("cgroup") and not limits:
+            pid = _spawn(spec)
+        else:
+            pid = _fork_exec(spec, not same, limits)
+    except _Failed as e:
+        if spec.get("cgroup"):  # the child that joined it is reaped: it is empty
+            _cgroup_remove(spec["cgroup"], 0.5)
+        error = str(e).replace("\n", " ")
+        _record_exit(jobdir, 127, None, error)
+        _tell(ready_fd, "%serror %s\n" % (prefix, error))
+        return 0
+    job_pid[0] = pid
+    cgroup[0] = spec.get("cgroup") or ""
+
+    start_time = _proc_start_time(pid)
+    _write_atomic(
+        jobdir,
+        "pid",
+        '{"pid": %d, "start_time": %d, "supervisor_pid": %d, "supervisor_start_time": %d,'
+        ' "started_at": %r}\n'
+        % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time()),
+    )
+    _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time))
+
+    # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
+    # while we kill what the job left behind in its process group, and in
+    # its cgroup (which holds even what left the group: setsid, setpgid).
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if cgroup[0]:
+        _cgroup_empty(cgroup[0])
+    _, status = os.waitpid(pid, 0)
+    if cgroup[0]:
+        _cgroup_remove(cgroup[0])
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        _record_exit(jobdir, None, -code)
+    else:
+        _record_exit(jobdir, code, None)
+    return 0
+
+
+def _noop(signum, frame):
+    pass
+
+
+def zygote(sock_fd):
+    """Fork one supervisor per request, so a launch costs a fork, not a
+    Python start-up. ``sock_fd`` is a SOCK_SEQPACKET socket to the daemon;
+    one message each way per event:
+
+    - daemon -> us:    ``TOKEN JOBDIR``
+    - us -> daemon:    ``TOKEN forked SUPERVISOR_PID`` with a pidfd of it
+      (SCM_RIGHTS: we reap our children, so the daemon cannot race us to
+      the pid; the pidfd still turns readable when the supervisor exits)
+    - supervisor -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``,
+      on its inherited copy of the socket, which it then closes.
+
+    EOF from the daemon (it stopped or died) ends us; the supervisors run on.
+    """
+    import gc
+    import select
+    import socket
+
+    try:
+        os.setsid()
+    except OSError:
+        pass
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=sock_fd)
+    # SIGCHLD only wakes the loop: reaping happens there, never between a
+    # fork and the pidfd_open of its child (which must not be reaped first)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, _noop)
+    poller = select.poll()
+    poller.register(sock_fd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    # what exists now is never collected: forked children do not copy the
+    # pages a collection would write to
+    gc.freeze()
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                _reap()
+                continue
+            try:
+                request = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return 0
+            if not request:
+                return 0  # the daemon is gone: the supervisors run on
+            token, _, jobdir = request.decode(errors="surrogateescape").partition(" ")
+            try:
+                pid = os.fork()
+            except OSError as e:
+                _send(sock, "%s error cannot fork: %s" % (token, e.strerror))
+                continue
+            if pid == 0:
+                code = 127
+                try:
+                    gc.disable()  # short-lived: no collection, no copied pages
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    os.setsid()  # its own session: the zygote's end is not its
+                    code = _supervise(jobdir, sock_fd, token + " ", True)
+                except BaseException as e:  # noqa: BLE001 - tell, then die
+                    try:
+                        _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)
+                    except BaseException:  # noqa: BLE001
+                        pass
+                    _tell(sock_fd, "%s error supervisor failed: %s\n" % (token, e))
+                finally:
+                    os._exit(code)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1
+            _send(sock, "%s forked %d" % (token, pid), pidfd)
+            if pidfd >= 0:
+                os.close(pidfd)
+
+
+def _send(sock, text, fd=-1):
+    import socket
+
+    try:
+        if fd >= 0:
+            socket.send_fds(sock, [text.encode()], [fd])
+        else:
+            sock.send(text.encode())
+    except OSError:  # the daemon is gone: the next recv says so
+        pass
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main(argv):
+    if argv[1] == "--zygote":
+        return zygote(int(argv[2]))
+    try:
+        os.setsid()  # detach from the daemon's session (if Popen did not)
+    except OSError:
+        pass
+    return _supervise(argv[1], int(argv[2]) if len(argv) > 2 else -1, "", False)
+
+
+if __name__ == "__main__":
+    # _exit: nothing to flush, and interpreter teardown would delay the
+    # moment the daemon's pidfd sees us go (~1-4 ms)
+    os._exit(main(sys.argv))

@@ -1,0 +1,408 @@
+"""The replay simulator: a recorded log or a trace, through the same core, on a virtual clock.
+
+The daemon and the simulator drive the *same* sans-I/O ``core.handle``. The
+simulator supplies what the engine gets from the world:
+
+- *exogenous stimuli* at their recorded times: the daemon's start (its GPUs),
+  submissions, GPU samples, operators' commands (cancel, hold / release, pause /
+  resume GPU, policy changes), stops;
+- *process lifetimes*: a ``Launch`` effect starts a simulated process whose
+  ``ProcessStarted`` and ``ProcessExited`` come after the recorded delays of
+  that job's run (attempt by attempt: retries and requeues run again), shifted
+  by how much earlier or later the replay placed it;
+- the clock: a ``WakeAt`` effect becomes a ``Tick`` at that virtual time.
+
+Decisions (``JobPlaced``, ``JobRequeued``, time-limit stops...) are *outputs*:
+they are never read from the source, only produced by the core.
+
+Fidelity. Replaying a log under the policy that recorded it reproduces its
+placements exactly. Each input carries an ordering key ``(time, class, seq)``:
+recorded inputs use their recorded time and sequence number, so inputs that the
+daemon handled in one batch (one ``now``) keep their recorded order, and a
+process event comes back exactly at its recorded time because its time is
+computed as ``recorded_time + shift`` with ``shift`` exactly 0.0 when the
+placement happened when it was recorded. The daemon records each timer tick
+that decided anything as a ``TimerFired`` fact; the replay ticks at exactly
+those moments (a log from before facts and causes were recorded ticks when the
+core asks instead, so it is replayed faithfully only up to timer latency).
+Stimuli are the events whose ``cause`` is not ``seq:N``: nothing is inferred
+from how events happened to be batched into frames. Recorded
+clocks that stepped backwards are flattened (running maximum) first.
+
+Sources (``load_source``): a state dir or log dir of ours, a plain CSV
+(``traces.load_csv``; needs a machine: ``fake:N[:MIB]``), the Alibaba openb pod
+list (with its node list next to it; see ``alibaba_workload`` for the arrival
+and duration model, since the trace's own times are not a schedule).
+
+Every replay writes its own log (``<out>/log``), so ``open_history(out)`` and
+``eventsched sql`` work on it as on a real state dir.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from eventsched import core
+from eventsched.domain import events as ev
+from eventsched.domain.messages import (
+    Cancel,
+    Hold,
+    Launch,
+    Message,
+    NeverLaunched,
+    ProcessExited,
+    ProcessLost,
+    ProcessStarted,
+    Refused,
+    Release,
+    SchedulerConfig,
+    Signal,
+    Started,
+    Submit,
+    Tick,
+    WakeAt,
+)
+from eventsched.projections.cluster import ClusterState, runtime_key
+from eventsched.sim.sources import (
+    _END,
+    _REC,
+    _TICK,
+    Attempt,
+    ReplayError,
+    Workload,
+    _started_message,
+)
+from eventsched.storage import log as eventlog
+
+__all__ = ["RECORDED", "ReplayResult", "simulate"]
+
+RECORDED = "recorded"  # policy name meaning "as the log says, policy changes included"
+SIGTERM = 15
+FLUSH_EVENTS = 65_536  # events per frame of a replay's log (one fdatasync each)
+
+
+class ReplayResult(msgspec.Struct, kw_only=True):
+    policy: str
+    source: str
+    state_dir: str  # holds log/; open_history(state_dir) queries it
+    jobs: int
+    events: int
+    placements: int
+    refused: int
+    estimated_runtimes: int  # jobs that ran here but never in the recording
+    unfinished: int  # jobs neither finished nor cancelled when the replay ended
+    sim_start: float
+    sim_end: float
+    wall_s: float
+    notes: list[str] = []
+
+
+# --- the simulator ----------------------------------------------------------------------
+
+
+# job states in which each command still applies
+_CAN: dict[type, frozenset[str]] = {
+    Cancel: frozenset({"queued", "held", "preempted", "running"}),
+    Hold: frozenset({"queued"}),
+    Release: frozenset({"held"}),
+}
+
+
+class _Sim:
+    """One replay: a state, a heap of pending inputs, a log being written."""
+
+    def __init__(self, workload: Workload, policy: str, state_dir: Path, validate: bool) -> None:
+        self.w = workload
+        self.policy = policy
+        # RECORDED follows the log's policy switches; a named policy holds throughout
+        self.follow_recorded = policy == RECORDED
+        # the recording's own policy throughout: tick exactly when the daemon did
+        self.exact = workload.kind == "log" and not workload.legacy and (
+            policy == RECORDED or (policy == workload.recorded_policy and not workload.policy_changes)
+        )
+        self.state = ClusterState()
+        self.validate = validate
+        self.writer = eventlog.LogWriter.open(state_dir / "log")
+        if self.writer.next_seq != 1:
+            self.writer.close()
+            raise ReplayError(f"{state_dir / 'log'} already holds a log; replays need a fresh directory")
+        self.buffer: list[ev.Event] = []
+        self.next_seq = 1
+        self.heap: list[tuple[float, int, float, int, Any]] = []
+        self.counter = 0
+        self.ticks: set[float] = set()
+        self.live: dict[int, int] = {}  # job -> token of its current simulated process
+        self.stopping: set[int] = set()  # jobs whose stop-exit is already scheduled
+        self.launches: dict[int, int] = {}
+        self.ordinal_of: dict[int, int] = {}  # replay job id -> submission ordinal
+        self.id_of: dict[int, int] = {}  # submission ordinal -> replay job id
+        self.refused = 0
+        self.placements = 0
+        self.estimated = 0
+        self.now = 0.0
+        self.started_at: float | None = None
+        self.notes: list[str] = list(workload.notes)
+
+    # -- feeding the core --
+
+    def handle(self, msg: Message) -> list[ev.Event]:
+        try:
+            events, effects = core.handle(self.state, msg, self.now)
+        except Refused:
+            self.refused += 1
+            return []
+        if events:  # stamped by the core with the next seqs of this replay's log
+            self.next_seq = events[-1].seq + 1
+            self.buffer.extend(events)
+            for e in events:
+                if type(e) is ev.JobPlaced:
+                    self.placements += 1
+        if self.validate:
+            from eventsched.projections.cluster import validate_state
+
+            validate_state(self.state)
+        for eff in effects:
+            if isinstance(eff, Launch):
+                self.launch(eff)
+            elif isinstance(eff, Signal):
+                self.signal(eff)
+            elif isinstance(eff, WakeAt):
+                self.wake(eff.at)
+        return events
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.writer.append(self.buffer)
+            self.buffer = []
+
+    def tick(self) -> None:
+        self.handle(Tick())  # records a TimerFired when it decides anything
+
+    def maybe_flush(self) -> None:
+        if len(self.buffer) >= FLUSH_EVENTS:
+            self.flush()
+
+    def push(self, t: float, cls: int, seq: float, item: Any) -> None:
+        self.counter += 1
+        heapq.heappush(self.heap, (t, cls, seq, self.counter, item))
+
+    # -- effects --
+
+    def attempt_for(self, job: int) -> tuple[Attempt, bool]:
+        n = self.launches.get(job, 0)
+        self.launches[job] = n + 1
+        runs = self.w.attempts.get(self.ordinal_of.get(job, -1))
+        if runs:
+            return runs[min(n, len(runs) - 1)], False
+        # never ran in the recording: the median recorded runtime of its kind
+        spec = self.state.jobs[job].spec
+        d = self.w.runtime_by_key.get("\0".join(runtime_key(spec)), self.w.default_runtime)
+        return Attempt(placed=0.0, started=0.0, ended=d, exit_code=0), True
+
+    def launch(self, eff: Launch) -> None:
+        job = eff.job
+        a, estimated = self.attempt_for(job)
+        if estimated and self.launches[job] == 1:
+            self.estimated += 1
+        self.counter += 1
+        token = self.live[job] = self.counter
+        self.stopping.discard(job)
+        shift = self.now - a.placed  # exactly 0.0 when placed when recorded
+        start_now = self.w.instant_start or estimated
+        if a.started is not None:
+            if start_now:
+                self.push(self.now, _REC, -1.0, ("start", job, token, ProcessStarted(job=job, pid=0)))
+            else:
+                self.push(a.started + shift, _REC, float(a.start_seq),
+                          ("start", job, token, ProcessStarted(job=job, pid=0)))
+        if a.ended is not None:
+            cls, key = (_REC, float(a.end_seq)) if a.end_seq else (_END, float(token))
+            if a.lost:
+                msg: Message = ProcessLost(job=job, reason=a.reason)
+            elif a.started is None and a.reason.startswith(core.NOT_LAUNCHED):
+                # the recording's daemon stopped before launching it
+                msg = NeverLaunched(job=job, reason=a.reason.removeprefix(f"{core.NOT_LAUNCHED}: "))
+            else:
+                msg = ProcessExited(job=job, exit_code=a.exit_code, signal=a.signal, reason=a.reason)
+            self.push(a.ended + shift, cls, key, ("end", job, token, msg))
+
+    def signal(self, eff: Signal) -> None:
+        job = eff.job
+        if job not in self.live or job in self.stopping:
+            return
+        self.stopping.add(job)
+        runs = self.w.attempts.get(self.ordinal_of.get(job, -1)) or []
+        n = self.launches.get(job, 1) - 1
+        a = runs[min(n, len(runs) - 1)] if runs else None
+        token = self.live[job]  # whichever end comes first wins
+        if a is not None and a.stop_requested is not None and a.stopped is not None:
+            t = a.stopped + (self.now - a.stop_requested)
+            msg = ProcessExited(job=job, exit_code=a.exit_code, signal=a.signal, reason=a.reason)
+            self.push(t, _REC, float(a.end_seq), ("end", job, token, msg))
+        else:
+            msg = ProcessExited(job=job, exit_code=None, signal=SIGTERM)
+            self.push(self.now, _END, float(token), ("end", job, token, msg))
+
+    def wake(self, at: float) -> None:
+        if self.exact:
+            return  # the recorded ticks are inputs (see run)
+        at = max(at, self.now)
+        if at not in self.ticks:
+            self.ticks.add(at)
+            self.push(at, _TICK, 0.0, ("tick", at))
+
+    # -- inputs --
+
+    def feed(self, item: Any) -> None:
+        self.maybe_flush()
+        if isinstance(item, tuple):
+            kind = item[0]
+            if kind == "submit":
+                _, ordinal, msg = item
+                if msg.spec.after:
+                    after = [self.id_of.get(a, 0) for a in msg.spec.after]
+                    msg = Submit(spec=msgspec.structs.replace(msg.spec, after=after), by=msg.by)
+                # the id the core will give it, known before its Launch effects run
+                job = self.state.next_job_id
+                self.ordinal_of[job] = ordinal
+                if any(type(e) is ev.JobSubmitted and e.job == job for e in self.handle(msg)):
+                    self.id_of[ordinal] = job
+                else:
+                    del self.ordinal_of[job]
+            elif kind == "jobs":
+                _, ordinals, cls, cause = item
+                ok = _CAN[cls]
+                jobs = self.state.jobs
+                # in another policy's world some of them may be past this already
+                ids = [self.id_of[o] for o in ordinals if o in self.id_of and jobs[self.id_of[o]].state in ok]
+                if ids:
+                    self.handle(cls(jobs=ids, uid=0, by=cause))
+            elif kind == "policy":
+                if self.follow_recorded:
+                    self.handle(item[1])
+            elif kind == "start":  # a trace's machine: one Started per node
+                _, node, infos, backend = item
+                # no queue limit: a trace's burst is a workload, not abuse
+                cfg = SchedulerConfig(node=node, policy=self.policy, max_queued=1 << 40, max_queued_per_user=1 << 40)
+                self.handle(_started_message(node, infos, cfg, backend))
+            elif kind == "tick":
+                self.tick()
+                return
+        elif isinstance(item, Started):
+            if not self.follow_recorded:
+                item = msgspec.structs.replace(item, config=msgspec.structs.replace(item.config, policy=self.policy))
+            self.handle(item)
+        else:
+            self.handle(item)
+
+    def process(self, item: Any) -> None:
+        kind = item[0]
+        if kind == "tick":
+            self.ticks.discard(item[1])
+            self.tick()
+            return
+        self.maybe_flush()
+        _, job, token, msg = item
+        if self.live.get(job) != token:
+            return  # a process that was stopped (or never started) before this
+        if kind == "end":
+            del self.live[job]
+            self.stopping.discard(job)
+        self.handle(msg)
+
+    def run(self) -> None:
+        stimuli = list(self.w.stimuli)
+        if self.exact:
+            # the daemon ticked a little after the deadline it was asked for;
+            # ticking when it did keeps every input in its recorded order
+            stimuli.extend((t, _REC, float(seq), ("tick", None)) for t, seq in self.w.timer_times)
+        stimuli.sort(key=lambda s: (s[0], s[1], s[2]))
+        i, n = 0, len(stimuli)
+        heap = self.heap
+        idle_ticks = 0
+        while i < n or heap:
+            if heap and (i >= n or heap[0][:3] < stimuli[i][:3]):
+                t, _, _, _, item = heapq.heappop(heap)
+                if item[0] == "tick" and i >= n and not self._tick_useful(heap):
+                    idle_ticks += 1
+                    if idle_ticks > 10_000:
+                        break
+                    continue
+                self.now = max(self.now, t)
+                self.process(item)
+            else:
+                t = stimuli[i][0]
+                item = stimuli[i][3]
+                i += 1
+                if t > -math.inf:
+                    self.now = max(self.now, t)
+                    if self.started_at is None:
+                        self.started_at = t
+                self.feed(item)
+        self.flush()
+
+    def _tick_useful(self, heap: list[Any]) -> bool:
+        """With no inputs left, a tick matters only while something could still happen."""
+        if any(item[0] != "tick" for *_, item in heap):
+            return True
+        st = self.state
+        return bool(st.running) or any(st.jobs[j].not_before > self.now for j in st.backoff)
+
+
+def simulate(
+    workload: Workload,
+    policy: str,
+    state_dir: str | os.PathLike[str],
+    *,
+    validate: bool = False,
+) -> ReplayResult:
+    """Replay ``workload`` under ``policy`` (``RECORDED`` = as the log says),
+    writing its log to ``<state_dir>/log``. ``validate`` checks the state's
+    invariants after every step (tests)."""
+    from eventsched.core.policies import POLICIES
+
+    if policy != RECORDED and policy not in POLICIES:
+        raise ReplayError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
+    if policy == RECORDED and workload.kind != "log":
+        raise ReplayError(f"policy {RECORDED!r} needs a recorded log as the source")
+    t0 = time.perf_counter()
+    out = Path(state_dir)
+    # the Started of a log replay, under another policy, gets that policy
+    sim = _Sim(workload, policy, out, validate)
+    try:
+        sim.run()
+    finally:
+        sim.writer.close()
+    st = sim.state
+    unfinished = sum(1 for j in st.jobs.values() if j.state not in ("succeeded", "failed", "cancelled", "lost"))
+    notes = list(sim.notes)
+    if sim.estimated:
+        notes.append(
+            f"{sim.estimated} jobs never ran in the recording; their runtime is the median recorded runtime "
+            "of the same user's same job (else of all jobs)"
+        )
+    if unfinished:
+        notes.append(f"{unfinished} jobs had not finished when the inputs ran out")
+    return ReplayResult(
+        policy=policy if policy != RECORDED else f"{RECORDED} ({workload.recorded_policy})",
+        source=workload.name,
+        state_dir=str(out),
+        jobs=len(st.jobs),
+        events=sim.next_seq - 1,
+        placements=sim.placements,
+        refused=sim.refused,
+        estimated_runtimes=sim.estimated,
+        unfinished=unfinished,
+        sim_start=sim.started_at if sim.started_at is not None else 0.0,
+        sim_end=sim.now,
+        wall_s=time.perf_counter() - t0,
+        notes=notes,
+    )
+

@@ -1,0 +1,442 @@
+"""Replay sources: a recorded log, a plain CSV or the Alibaba trace, read into
+a ``Workload`` — the stimuli to feed the core, in order, and each job's
+recorded runs. Nothing here simulates (``simulator``) or compares (``compare``).
+
+A log's stimuli are its events whose ``cause`` is not ``seq:N``
+(``events.is_stimulus``): what a user, a process, a GPU or the clock did.
+Decisions name the stimulus that caused them and are never read back as
+inputs. Recorded clocks that stepped backwards are flattened (running
+maximum). A trace's times are its own (see ``alibaba_workload`` for the model
+of the Alibaba pod list, whose times are not a schedule).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from eventsched import __version__
+from eventsched.domain import events as ev
+from eventsched.domain import units
+from eventsched.domain.messages import (
+    Cancel,
+    GpuFailed,
+    GpuInfo,
+    GpuObserved,
+    Hold,
+    PauseGpu,
+    Release,
+    ResumeGpu,
+    SchedulerConfig,
+    SetPolicy,
+    Started,
+    Stopping,
+    Submit,
+)
+from eventsched.domain.settings import settings_from_dict
+from eventsched.projections.cluster import runtime_key
+from eventsched.storage import log as eventlog
+
+__all__ = [
+    "ReplayError", "Attempt", "Workload", "load_source", "log_workload", "trace_workload", "csv_workload",
+    "alibaba_workload", "parse_fake_gpus",
+]
+
+# ordering classes at equal times: recorded inputs (by seq) first, then
+# simulated process ends, then arrivals of a trace, then the clock
+_REC, _END, _ARRIVE, _TICK = 0, 1, 2, 3
+
+
+class ReplayError(Exception):
+    """A source that cannot be replayed; str() is one line for the user."""
+
+
+class Attempt(msgspec.Struct, frozen=True, kw_only=True):
+    """One recorded run of a job: times are absolute recorded times (or, for a
+    trace, relative to a placement at 0). ``None`` = it did not happen."""
+
+    placed: float
+    started: float | None = None
+    start_seq: int = 0
+    ended: float | None = None  # a natural end: exit or loss, not after a stop request
+    end_seq: int = 0
+    stop_requested: float | None = None  # when a stop (cancel, time limit...) was asked
+    stopped: float | None = None  # when the process exited after that request
+    exit_code: int | None = 0
+    signal: int | None = None
+    reason: str = ""
+    lost: bool = False
+
+
+class Workload(msgspec.Struct, kw_only=True):
+    """Everything a replay needs from a source, policy-independent."""
+
+    name: str
+    kind: str  # "log", "csv", "alibaba"
+    # (time, class, seq, message): exogenous inputs in the order to feed them
+    stimuli: list[tuple[float, int, float, Any]]
+    attempts: dict[int, list[Attempt]]  # by the submission's ordinal (1-based)
+    recorded_policy: str = ""
+    instant_start: bool = False  # a trace: ProcessStarted right with the Launch
+    timer_times: list[tuple[float, int]] = []  # (time, seq) of each recorded TimerFired
+    legacy: bool = False  # a log without causes: its timers are not known, ticks come from the core
+    policy_changes: int = 0  # operators' policy switches in the recording
+    default_runtime: float = 3600.0  # for jobs that never ran in the recording
+    runtime_by_key: dict[str, float] = {}
+    notes: list[str] = []
+
+
+# --- sources ----------------------------------------------------------------------------
+
+
+def parse_fake_gpus(text: str) -> tuple[int, int]:
+    """``fake:N[:MIB]`` -> (N, MIB), as a replay error."""
+    try:
+        return units.parse_fake_gpus(text)
+    except units.UnitError as exc:
+        raise ReplayError(str(exc)) from None
+
+
+def _log_dir_of(path: Path) -> Path | None:
+    for cand in (path / "log", path):
+        if cand.is_dir() and eventlog.segments(cand):
+            return cand
+    return None
+
+
+def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0) -> Workload:
+    """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
+    path = Path(source)
+    if path.is_dir():
+        log_dir = _log_dir_of(path)
+        if log_dir is None:
+            raise ReplayError(f"{path}: no event log here (expected a state dir with log/, or a log dir)")
+        return log_workload(log_dir)
+    if not path.is_file():
+        raise ReplayError(f"{path}: no such file or directory")
+    try:
+        with open(path, encoding="utf-8") as f:
+            head = ""
+            for line in f:
+                if line.strip() and not line.lstrip().startswith("#"):
+                    head = line
+                    break
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReplayError(f"{path}: cannot read: {e}") from None
+    columns = {c.strip() for c in head.split(",")}
+    from eventsched.sim.traces import TraceError
+
+    try:
+        if {"submit_time", "duration", "gpus"} <= columns:
+            n, mib = parse_fake_gpus(gpus) if gpus else (8, 81_920)
+            return csv_workload(path, n, mib)
+        if {"name", "num_gpu", "gpu_milli"} <= columns:
+            node_csv = path.parent / "openb_node_list_gpu_node.csv"
+            if not node_csv.is_file():
+                raise ReplayError(f"{path}: an Alibaba pod list needs {node_csv.name} next to it")
+            return alibaba_workload(path, node_csv, seed=seed)
+    except TraceError as e:
+        raise ReplayError(str(e)) from None
+    raise ReplayError(
+        f"{path}: not a trace I know (a plain CSV needs the header submit_time,duration,gpus; "
+        "an Alibaba pod list name,...,num_gpu,gpu_milli,...)"
+    )
+
+
+def _started_message(
+    node: str, gpus: list[GpuInfo], config: SchedulerConfig, backend: str, pid: int = 0, version: str = __version__
+) -> Started:
+    return Started(node=node, pid=pid, version=version, gpu_backend=backend, gpus=gpus, config=config)
+
+
+def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
+    config = settings_from_dict(dict(e.config), node=e.node)
+    return msgspec.structs.replace(config, policy=e.policy or config.policy)
+
+
+# Events an operator's command leaves, one per job named (cancel, hold, release).
+
+
+_COMMANDS = {"cancel": Cancel, "hold": Hold, "release": Release}
+
+
+def _legacy_command(e: ev.Event) -> bool:
+    """In a log written before commands and causes were recorded, a user's
+    cancel, hold or release is the per-job event itself (one per job)."""
+    if isinstance(e, ev.JobCancelRequested):
+        return e.reason == "cancelled" and not e.cause.startswith("dependency:")
+    return not e.cause.startswith(("dependency:", "seq:"))
+
+
+def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
+    """Read a recorded log into stimuli and per-job attempts.
+
+    A stimulus is an event whose ``cause`` is not ``seq:N`` (``events.is_stimulus``):
+    what a user, a process, a GPU or the clock did. Decisions name the stimulus
+    that caused them and are never read back as inputs, only compared.
+    """
+    try:
+        events = [e for batch in eventlog.read_batches(log_dir) for e in batch]
+    except eventlog.LogError as err:
+        raise ReplayError(f"{log_dir}: cannot read the log: {err}") from None
+    # a log from before causes were recorded: its user commands are per-job
+    # events, and when its timers fired is not known (see Workload.timer_times)
+    legacy = not any(e.cause.startswith("seq:") for e in events)
+    stimuli: list[tuple[float, int, float, Any]] = []
+    attempts: dict[int, list[dict[str, Any]]] = {}
+    ordinal: dict[int, int] = {}  # recorded job id -> submission ordinal
+    timer_times: list[tuple[float, int]] = []
+    recorded_policy = ""
+    policy_changes = 0
+    clock = -math.inf
+    start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
+
+    def flush_start() -> None:
+        nonlocal start
+        if start is not None:
+            t, seq, d, infos = start
+            msg = _started_message(d.node, infos, _config_of(d), d.gpu_backend, d.pid, d.version)
+            stimuli.append((t, _REC, float(seq), msg))
+            start = None
+
+    for e in events:
+        t = clock = max(clock, e.ts)  # a clock stepped back is flattened
+        seq = e.seq
+        stimulus = ev.is_stimulus(e)
+        if isinstance(e, ev.GpuDiscovered):  # part of the DaemonStarted before it
+            if start is not None:
+                start[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
+            continue
+        if isinstance(e, ev.PolicyChanged) and e.by == "config":
+            continue  # recorded by the core itself when a restart brings another policy
+        if stimulus:
+            flush_start()  # the DaemonStarted's own decisions are over
+        if isinstance(e, ev.DaemonStarted):
+            recorded_policy = recorded_policy or e.policy
+            start = (t, seq, e, [])
+        elif isinstance(e, ev.JobSubmitted):
+            ordinal[e.job] = len(ordinal) + 1
+            stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause))))
+        elif isinstance(e, ev.GpuSampled):
+            stimuli.append((t, _REC, float(seq), GpuObserved(
+                node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
+                memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
+                foreign_memory_mib=e.foreign_memory_mib)))
+        elif isinstance(e, ev.GpuErrored):
+            if stimulus and e.cause != "daemon":  # not the core's own finding at start-up
+                stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
+        elif isinstance(e, ev.GpuPaused):
+            stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
+        elif isinstance(e, ev.GpuResumed):
+            stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
+        elif isinstance(e, ev.PolicyChanged):
+            if stimulus:
+                policy_changes += 1
+                stimuli.append((t, _REC, float(seq), ("policy", SetPolicy(policy=e.policy, by=e.by))))
+        elif isinstance(e, ev.DaemonStopped):
+            stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
+        elif isinstance(e, ev.TimerFired):
+            timer_times.append((t, seq))
+        elif isinstance(e, ev.JobsCommanded):
+            stimuli.append((t, _REC, float(seq), ("jobs", list(e.jobs), _COMMANDS[e.command], e.by)))
+        elif isinstance(e, (ev.JobCancelled, ev.JobHeld, ev.JobReleased)):
+            if legacy and _legacy_command(e):
+                cls = Cancel if isinstance(e, ev.JobCancelled) else Hold if isinstance(e, ev.JobHeld) else Release
+                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], cls, e.cause)))
+        elif isinstance(e, ev.JobCancelRequested):
+            _attempt(attempts, e.job)["stop_requested"] = t
+            if legacy and _legacy_command(e):
+                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], Cancel, e.cause)))
+        elif isinstance(e, ev.JobPlaced):
+            attempts.setdefault(e.job, []).append({"placed": t})
+        elif isinstance(e, ev.JobStarted):
+            a = _attempt(attempts, e.job)
+            a["started"], a["start_seq"] = t, seq
+        elif isinstance(e, ev.JobExited):
+            a = _attempt(attempts, e.job)
+            a.update(exit_code=e.exit_code, signal=e.signal, reason=e.reason, end_seq=seq)
+            if "stop_requested" in a:
+                a["stopped"] = t
+            else:
+                a["ended"] = t
+        elif isinstance(e, ev.JobLost):
+            a = _attempt(attempts, e.job)
+            a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
+    flush_start()
+    if not recorded_policy:
+        raise ReplayError(f"{log_dir}: the log has no DaemonStarted event; nothing to replay on")
+
+    by_ordinal: dict[int, list[Attempt]] = {}
+    runtimes: dict[str, list[float]] = {}
+    specs: dict[int, ev.JobSpec] = {}  # recorded job id -> its spec
+    for _, _, _, item in stimuli:
+        if isinstance(item, tuple) and item[0] == "submit":
+            specs[item[1]] = item[2].spec
+    for rid, runs in attempts.items():
+        if rid not in ordinal:
+            continue
+        out = []
+        for a in runs:
+            if "placed" not in a:
+                continue
+            out.append(msgspec.convert(a, Attempt))
+            if a.get("started") is not None and a.get("ended") is not None and not a.get("lost"):
+                spec = specs.get(rid)
+                key = "\0".join(runtime_key(spec)) if spec is not None else ""
+                runtimes.setdefault(key, []).append(a["ended"] - a["started"])
+        by_ordinal[ordinal[rid]] = out
+    # Re-key job references by submission ordinal: the replay's ids may differ.
+    fixed: list[tuple[float, int, float, Any]] = []
+    for t, c, s, item in stimuli:
+        if isinstance(item, tuple) and item[0] == "submit":
+            msg = item[2]
+            if msg.spec.after:  # dependencies by submission ordinal too
+                spec = msgspec.structs.replace(msg.spec, after=[ordinal.get(a, -1) for a in msg.spec.after])
+                msg = Submit(spec=spec, by=msg.by)
+            item = ("submit", ordinal[item[1]], msg)
+        elif isinstance(item, tuple) and item[0] == "jobs":
+            item = ("jobs", [ordinal.get(j, -j) for j in item[1]], item[2], item[3])
+        fixed.append((t, c, s, item))
+    every = sorted(x for xs in runtimes.values() for x in xs)
+    median = every[len(every) // 2] if every else 3600.0
+    return Workload(
+        name=str(log_dir), kind="log", stimuli=fixed, attempts=by_ordinal, recorded_policy=recorded_policy,
+        timer_times=sorted(timer_times), default_runtime=median, policy_changes=policy_changes, legacy=legacy,
+        runtime_by_key={k: sorted(v)[len(v) // 2] for k, v in runtimes.items()},
+    )
+
+
+def _attempt(attempts: dict[int, list[dict[str, Any]]], job: int) -> dict[str, Any]:
+    runs = attempts.setdefault(job, [])
+    if not runs:
+        runs.append({})
+    return runs[-1]
+
+
+def trace_workload(
+    name: str,
+    kind: str,
+    jobs: Sequence[Any],
+    machine: list[tuple[str, list[GpuInfo]]],
+    backend: str,
+    notes: Iterable[str] = (),
+) -> Workload:
+    """Stimuli for a list of ``traces.TraceJob`` on a machine of (node, GPUs)."""
+    stimuli: list[tuple[float, int, float, Any]] = []
+    for k, (node, infos) in enumerate(machine):
+        stimuli.append((-math.inf, _REC, float(k), ("start", node, infos, backend)))
+    attempts: dict[int, list[Attempt]] = {}
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time, i))
+    for n, i in enumerate(order, start=1):
+        j = jobs[i]
+        # one command for all: runtime predictions (sjf-backfill) learn per user,
+        # from runs that ended, as they would on a real machine
+        spec = ev.JobSpec(
+            command=[kind], user=j.user, gpus=j.gpus, gpu_mem_mib=j.gpu_mem_mib, priority=j.priority,
+            env={"TRACE_ROW": str(i + 1)},
+        )
+        stimuli.append((float(j.submit_time), _ARRIVE, float(n), ("submit", n, Submit(spec=spec, by="trace"))))
+        attempts[n] = [Attempt(placed=0.0, started=0.0, ended=float(j.duration), exit_code=0)]
+    return Workload(name=name, kind=kind, stimuli=stimuli, attempts=attempts, instant_start=True, notes=list(notes))
+
+
+def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int) -> Workload:
+    from eventsched.sim.traces import load_csv
+
+    jobs = load_csv(path)
+    infos = [GpuInfo(gpu=i, uuid=f"fake-{i}", model="fake", memory_total_mib=mib) for i in range(n_gpus)]
+    notes = []
+    too_big = sum(1 for j in jobs if j.gpus > n_gpus or j.gpu_mem_mib > mib)
+    if too_big:
+        notes.append(f"{too_big} jobs ask for more than fake:{n_gpus}:{mib} has; they never run")
+    return trace_workload(str(path), "csv", jobs, [("local", infos)], f"fake:{n_gpus}:{mib}", notes)
+
+
+# Memory of the Alibaba GPU models (the trace's requests never use it: no gpu_mem)
+_MODEL_MIB = {"T4": 15_360, "P100": 16_384, "V100M16": 16_384, "V100M32": 32_768, "A10": 24_576}
+ALIBABA_LOAD = 0.95  # offered GPU load of the synthetic arrival process
+ALIBABA_MAX_DURATION = 3600.0
+# The pod list asks for 98 % of the 6,212 GPUs in all: on the whole cluster
+# nothing would ever wait. A seeded sample of the nodes makes the stream contend.
+ALIBABA_NODE_SHARE = 1 / 16
+
+
+def alibaba_workload(
+    pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str], *, seed: int = 0,
+    load: float = ALIBABA_LOAD, node_share: float = ALIBABA_NODE_SHARE,
+) -> Workload:
+    """The openb pods as a dynamic workload on the openb GPU nodes.
+
+    The trace's time columns are not a schedule (censored, a snapshot of pods
+    alive at the end; see traces/README.md), so this model is synthetic:
+
+    - the cluster is a seeded sample of ``node_share`` (1/16) of the nodes,
+      the same share of every node shape: the whole pod list fits the whole
+      cluster at once (98 % of its GPUs), so on all of it nothing would wait;
+    - every GPU pod arrives once, in the trace's order (= creation order);
+      CPU-only pods (num_gpu = 0) are left out: they use no GPU; pods larger
+      than any sampled node are left out too;
+    - durations are drawn (seeded) from the observed lifetimes
+      deletion - creation of the pods that *finished* (Succeeded / Failed),
+      the only uncensored durations in the trace, capped at 1 hour (so that
+      the stream reaches a steady state well within its span);
+    - arrivals are a Poisson process whose rate makes the offered GPU load
+      (sum of gpus x duration over capacity x span) equal to ``load`` (0.95);
+    - a pod asks num_gpu whole GPUs, or gpu_milli/1000 of one GPU; CPU and
+      host memory are not modelled (our scheduler has none), nor GPU models.
+    """
+    from eventsched.sim.traces import AlibabaNode, TraceJob, load_alibaba
+
+    pods, nodes = load_alibaba(pod_csv, node_csv)
+    finished = sorted(
+        float(p.deletion_time - p.creation_time)
+        for p in pods
+        if p.pod_phase in ("Succeeded", "Failed") and p.creation_time is not None and p.deletion_time is not None
+        and p.deletion_time > p.creation_time
+    )
+    if not finished:
+        finished = [3600.0]
+    rng = random.Random(seed)
+    if node_share < 1.0:
+        shapes: dict[tuple[str, int], list[AlibabaNode]] = {}
+        for node in nodes:
+            shapes.setdefault((node.model, node.gpus), []).append(node)
+        keep: set[str] = set()
+        for group in shapes.values():
+            k = max(1, round(len(group) * node_share))
+            keep.update(n.name for n in rng.sample(group, k))
+        nodes = [n for n in nodes if n.name in keep]
+    biggest = max((n.gpus for n in nodes), default=0)
+    gpu_pods = [p for p in pods if 0 < p.num_gpu <= biggest]
+    capacity = sum(n.gpus for n in nodes)
+    durations = [min(ALIBABA_MAX_DURATION, max(1.0, rng.choice(finished))) for _ in gpu_pods]
+    demand = [p.num_gpu if p.gpu_milli >= 1000 else p.gpu_milli / 1000 for p in gpu_pods]
+    work = sum(d * g for d, g in zip(durations, demand))
+    span = work / (load * capacity) if capacity else 1.0
+    mean_gap = span / max(1, len(gpu_pods))
+    t = 0.0
+    jobs = []
+    for p, d, g in zip(gpu_pods, durations, demand):
+        jobs.append(TraceJob(submit_time=round(t, 3), duration=round(d, 3), gpus=g, user=p.qos))
+        t += rng.expovariate(1.0 / mean_gap) if mean_gap > 0 else 0.0
+    machine = []
+    for node in nodes:
+        mib = _MODEL_MIB.get(node.model, 32_768)
+        machine.append((node.name, [
+            GpuInfo(gpu=i, uuid=f"{node.name}-{i}", model=node.model, memory_total_mib=mib) for i in range(node.gpus)
+        ]))
+    notes = [
+        f"Alibaba openb: {len(gpu_pods)} GPU pods of {len(pods)} (CPU-only ones left out) "
+        f"on a seeded {node_share:.3g} sample of the nodes: {len(nodes)} nodes / {capacity} GPUs",
+        f"synthetic schedule (seed {seed}): Poisson arrivals at {load:.0%} offered GPU load over "
+        f"{span / 3600:.1f} h; durations drawn from the {len(finished)} finished pods' lifetimes, capped at 1 h",
+        "users = the pods' QoS class (LS, BE, Burstable, Guaranteed)",
+    ]
+    return trace_workload(str(pod_csv), "alibaba", jobs, machine, "alibaba-openb", notes)
+

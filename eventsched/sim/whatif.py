@@ -1,0 +1,364 @@
+"""What-if: the metrics of replays (or of a real log), side by side.
+
+``metrics_from_log(log_dir)`` is a pure fold over one log's events; the DuckDB
+read model (``projections/history.py``) computes the same waits and
+turnarounds by SQL, and a test checks that they agree. Definitions:
+
+- ``jobs``: submissions; ``finished``: jobs in a final state at the end.
+- ``makespan_s``: first submission to the last job event (start, exit...).
+- ``wait``: first ``JobStarted`` minus ``JobSubmitted``, over the jobs that
+  started (same as the read model's ``wait_s``); mean, median and p95 (linear
+  interpolation between order statistics).
+- ``mean_turnaround_s``: final event minus submission, over finished jobs.
+- ``gpu_utilization``: allocated GPU-time (share x GPUs x time from
+  ``JobPlaced`` to the end of that attempt) over GPUs x makespan.
+- ``fragmentation``: the share of idle GPU capacity-time (free share on GPUs
+  not paused or lost, integrated over the makespan) that was idle *although
+  jobs waited*, because no waiting job could use it. Free share f on a GPU is
+  usable by a waiting fractional job asking m <= f, and a whole free GPU by a
+  waiting k-GPU job when its node has k whole GPUs free; while nothing waits,
+  idle capacity is lack of demand, not fragmentation. (Capacity that a waiting
+  job *could* use but a policy held back, e.g. FIFO's head-of-line blocking or
+  a backfill reservation, is not counted either.) Memory requests and pinned
+  GPU ids are not considered here.
+- ``fairness``: Jain's index over users of x_u = GPU-time received / GPU-time
+  demanded, in the arrival window [first submission, W] where
+  W = max(last submission, first submission + makespan / 2) (after all jobs
+  finish everyone got all they asked, so the window is where policies differ).
+  Demand = the GPU-time of the runs of jobs submitted by W.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from eventsched.domain import events as ev
+from eventsched.domain.units import FULL
+from eventsched.storage import log as eventlog
+
+__all__ = ["Metrics", "metrics_from_log", "metrics_from_events", "compare", "format_comparison", "ROWS"]
+
+NUMPY_FROM = 256  # GPUs from which the fragmentation scan uses numpy
+
+
+class Metrics(msgspec.Struct, kw_only=True):
+    jobs: int = 0
+    finished: int = 0
+    started: int = 0
+    gpus: int = 0
+    makespan_s: float = 0.0
+    mean_wait_s: float = 0.0
+    median_wait_s: float = 0.0
+    p95_wait_s: float = 0.0
+    mean_turnaround_s: float = 0.0
+    gpu_utilization: float = 0.0
+    fragmentation: float = 0.0
+    fairness: float = 1.0
+    users: int = 0
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+class _Frag:
+    """Free capacity and the shapes that wait, integrated over time."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[str, int], int] = {}  # usable GPUs only
+        self.off: set[tuple[str, int]] = set()  # paused or lost
+        self.used: dict[tuple[str, int], int] = {}
+        self.waiting: dict[tuple[int, int], int] = {}  # (count, milli) -> jobs
+        self.dirty = True
+        self.cached = (0, 0)
+        self.free_int = 0.0  # free GPU-seconds while someone waited (milli)
+        self.unusable_int = 0.0
+
+    def gpu(self, key: tuple[str, int]) -> None:
+        self.used.setdefault(key, 0)
+        self._sync(key)
+
+    def _sync(self, key: tuple[str, int]) -> None:
+        if key in self.off:
+            self.free.pop(key, None)
+        else:
+            self.free[key] = FULL - self.used.get(key, 0)
+        self.dirty = True
+
+    def take(self, node: str, ids: list[int], milli: int, sign: int) -> None:
+        for g in ids:
+            key = (node, g)
+            self.used[key] = self.used.get(key, 0) + sign * milli
+            self._sync(key)
+
+    def set_off(self, key: tuple[str, int], off: bool) -> None:
+        (self.off.add if off else self.off.discard)(key)
+        self._sync(key)
+
+    def wait(self, shape: tuple[int, int], sign: int) -> None:
+        if shape[0] == 0:
+            return
+        n = self.waiting.get(shape, 0) + sign
+        if n:
+            self.waiting[shape] = n
+        else:
+            del self.waiting[shape]
+        self.dirty = True
+
+    def advance(self, dt: float) -> None:
+        if dt <= 0:
+            return
+        if self.dirty:
+            self.cached = self._measure()
+            self.dirty = False
+        free, unusable = self.cached
+        self.free_int += free * dt
+        self.unusable_int += unusable * dt
+
+    def _measure(self) -> tuple[int, int]:
+        if not self.waiting:
+            return sum(f for f in self.free.values() if f > 0), 0
+        frac_min = min((m for (k, m) in self.waiting if k == 1 and m < FULL), default=FULL + 1)
+        whole_min = min((k for (k, m) in self.waiting if m >= FULL), default=1 << 30)
+        if len(self.free) >= NUMPY_FROM:
+            return self._measure_np(frac_min, whole_min)
+        full_on: dict[str, int] = {}
+        for (node, _), f in self.free.items():
+            if f == FULL:
+                full_on[node] = full_on.get(node, 0) + 1
+        total = unusable = 0
+        for (node, _), f in self.free.items():
+            if f <= 0:
+                continue
+            total += f
+            if f >= frac_min or (f == FULL and full_on[node] >= whole_min):
+                continue
+            unusable += f
+        return total, unusable
+
+    def _measure_np(self, frac_min: int, whole_min: int) -> tuple[int, int]:
+        import numpy as np
+
+        keys = list(self.free)
+        nodes: dict[str, int] = {}
+        node_idx = np.fromiter((nodes.setdefault(n, len(nodes)) for n, _ in keys), dtype=np.int64, count=len(keys))
+        free = np.fromiter(self.free.values(), dtype=np.int64, count=len(keys))
+        full = free == FULL
+        full_on = np.bincount(node_idx, weights=full, minlength=len(nodes))
+        ok = (free >= frac_min) | (full & (full_on[node_idx] >= whole_min))
+        pos = free > 0
+        return int(free[pos].sum()), int(free[pos & ~ok].sum())
+
+
+def metrics_from_log(log_dir: str | os.PathLike[str]) -> Metrics:
+    """The what-if metrics of one log (a replay's or a real daemon's)."""
+    return metrics_from_events(eventlog.read(log_dir))
+
+
+def metrics_from_events(events: Any) -> Metrics:
+    submitted: dict[int, float] = {}
+    user: dict[int, str] = {}
+    shape: dict[int, tuple[int, int]] = {}
+    first_start: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    queued: set[int] = set()
+    open_place: dict[int, tuple[float, str, list[int], int]] = {}  # job -> (from, node, ids, milli)
+    spans: list[tuple[int, float, float, float]] = []  # (job, from, to, gpus) of each placement
+    frag = _Frag()
+    gpus: set[tuple[str, int]] = set()
+    first_ts: float | None = None
+    last_job_ts = 0.0
+    clock: float | None = None
+
+    def leave_queue(job: int) -> None:
+        if job in queued:
+            queued.discard(job)
+            frag.wait(shape[job], -1)
+
+    def end_place(job: int, ts: float) -> None:
+        p = open_place.pop(job, None)
+        if p is not None:
+            t0, node, ids, milli = p
+            spans.append((job, t0, ts, milli * len(ids) / FULL))
+            frag.take(node, ids, milli, -1)
+
+    for e in events:
+        ts = e.ts
+        if clock is not None and ts > clock:
+            frag.advance(ts - clock)
+        clock = ts if clock is None else max(clock, ts)
+        tp = type(e)
+        if tp is ev.GpuSampled:
+            continue
+        if tp is ev.GpuDiscovered:
+            key = (e.node, e.gpu)
+            gpus.add(key)
+            frag.set_off(key, False) if key in frag.off else frag.gpu(key)
+        elif tp is ev.GpuPaused:
+            frag.set_off((e.node, e.gpu), True)
+        elif tp is ev.GpuResumed:
+            frag.set_off((e.node, e.gpu), False)
+        elif tp is ev.GpuErrored:
+            if e.lost:
+                frag.set_off((e.node, e.gpu), True)
+        elif tp is ev.JobSubmitted:
+            job = e.job
+            submitted[job] = ts
+            if first_ts is None:
+                first_ts = ts
+            user[job] = e.spec.user
+            g = e.spec.gpus
+            shape[job] = (0, 0) if g <= 0 else (1, max(1, round(g * FULL))) if g < 1 else (int(g), FULL)
+            queued.add(job)
+            frag.wait(shape[job], 1)
+            last_job_ts = ts
+        elif tp is ev.JobPlaced:
+            job = e.job
+            leave_queue(job)
+            milli = round(e.share * FULL) if e.gpu_ids else 0
+            open_place[job] = (ts, e.node, list(e.gpu_ids), milli)
+            frag.take(e.node, e.gpu_ids, milli, 1)
+            last_job_ts = ts
+        elif tp is ev.JobStarted:
+            first_start.setdefault(e.job, ts)
+            last_job_ts = ts
+        elif tp is ev.JobExited or tp is ev.JobLost:
+            end_place(e.job, ts)
+            ended[e.job] = ts
+            last_job_ts = ts
+        elif tp is ev.JobCancelled:
+            leave_queue(e.job)
+            end_place(e.job, ts)
+            ended[e.job] = ts
+            last_job_ts = ts
+        elif tp is ev.JobRequeued:
+            end_place(e.job, ts)
+            ended.pop(e.job, None)
+            queued.add(e.job)
+            frag.wait(shape[e.job], 1)
+            last_job_ts = ts
+        elif tp is ev.JobHeld:
+            leave_queue(e.job)
+        elif tp is ev.JobReleased:
+            queued.add(e.job)
+            frag.wait(shape[e.job], 1)
+
+    m = Metrics(jobs=len(submitted), gpus=len(gpus), finished=len(ended), started=len(first_start))
+    if first_ts is None:
+        return m
+    horizon = last_job_ts
+    for job in list(open_place):
+        end_place(job, horizon)
+    m.makespan_s = max(0.0, horizon - first_ts)
+    waits = sorted(first_start[j] - submitted[j] for j in first_start if j in submitted)
+    if waits:
+        m.mean_wait_s = sum(waits) / len(waits)
+        m.median_wait_s = _quantile(waits, 0.5)
+        m.p95_wait_s = _quantile(waits, 0.95)
+    turn = [ended[j] - submitted[j] for j in ended if j in submitted]
+    if turn:
+        m.mean_turnaround_s = sum(turn) / len(turn)
+    allocated = sum(gpus_ * (t1 - t0) for _, t0, t1, gpus_ in spans)
+    if gpus and m.makespan_s > 0:
+        m.gpu_utilization = allocated / (len(gpus) * m.makespan_s)
+    m.fragmentation = frag.unusable_int / frag.free_int if frag.free_int > 0 else 0.0
+    # fairness in the arrival window
+    last_submit = max(submitted.values())
+    window = max(last_submit, first_ts + m.makespan_s / 2)
+    demand: dict[str, float] = {}
+    got: dict[str, float] = {}
+    for job, t0, t1, g in spans:
+        if g <= 0 or submitted.get(job, math.inf) > window:
+            continue
+        u = user[job]
+        demand[u] = demand.get(u, 0.0) + g * (t1 - t0)
+        got[u] = got.get(u, 0.0) + g * max(0.0, min(t1, window) - t0)
+    xs = [min(1.0, got.get(u, 0.0) / d) for u, d in demand.items() if d > 0]
+    m.users = len(xs)
+    sq = sum(x * x for x in xs)
+    m.fairness = (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else (1.0 if len(xs) <= 1 else 0.0)
+    return m
+
+
+# --- the comparison ----------------------------------------------------------------------
+
+# (key, label, format) of each row of the table
+ROWS: list[tuple[str, str, str]] = [
+    ("jobs", "jobs", "{:d}"),
+    ("finished", "finished", "{:d}"),
+    ("makespan_s", "makespan", "dur"),
+    ("mean_wait_s", "mean wait", "dur"),
+    ("median_wait_s", "median wait", "dur"),
+    ("p95_wait_s", "p95 wait", "dur"),
+    ("mean_turnaround_s", "mean turnaround", "dur"),
+    ("gpu_utilization", "GPU utilisation", "pct"),
+    ("fragmentation", "fragmentation", "pct"),
+    ("fairness", "fairness (Jain)", "{:.3f}"),
+]
+
+
+def compare(results: Sequence[Any], *, baseline: tuple[str, str | os.PathLike[str]] | None = None) -> dict[str, Any]:
+    """A JSON-ready comparison of replays (``replay.ReplayResult``s), each
+    measured from its own log; ``baseline`` = (label, log dir) adds a column
+    for a recording itself."""
+    rows = []
+    if baseline is not None:
+        label, log_dir = baseline
+        m = metrics_from_log(log_dir)
+        rows.append({"policy": label, "log": str(log_dir), **msgspec.to_builtins(m)})
+    notes: list[str] = []
+    for r in results:
+        log_dir = os.path.join(r.state_dir, "log")
+        m = metrics_from_log(log_dir)
+        rows.append({
+            "policy": r.policy, "log": log_dir, **msgspec.to_builtins(m),
+            "events": r.events, "refused": r.refused, "unfinished": r.unfinished, "wall_s": round(r.wall_s, 3),
+        })
+        for n in r.notes:
+            if n not in notes:
+                notes.append(n)
+    source = results[0].source if results else (str(baseline[1]) if baseline else "")
+    return {"source": source, "replays": rows, "notes": notes}
+
+
+def _fmt(value: Any, how: str) -> str:
+    if value is None:
+        return "-"
+    if how == "dur":
+        v = float(value)
+        if v >= 86_400:
+            return f"{v / 86_400:.2f} d"
+        if v >= 3600:
+            return f"{v / 3600:.2f} h"
+        if v >= 60:
+            return f"{v / 60:.1f} min"
+        return f"{v:.1f} s"
+    if how == "pct":
+        return f"{100 * float(value):.1f} %"
+    return how.format(value)
+
+
+def format_comparison(table: dict[str, Any]) -> str:
+    """The comparison as a text table: one column per replay."""
+    cols = table["replays"]
+    labels = [str(c["policy"]) for c in cols]
+    cells = [[_fmt(c.get(key), how) for c in cols] for key, _, how in ROWS]
+    width0 = max(len(label) for _, label, _ in ROWS)
+    widths = [max(len(labels[i]), *(len(row[i]) for row in cells)) for i in range(len(cols))]
+    lines = [f"replay of {table['source']}" if table.get("source") else "replay", ""]
+    lines.append(" " * width0 + "  " + "  ".join(f"{labels[i]:>{widths[i]}}" for i in range(len(cols))))
+    for (_, label, _), row in zip(ROWS, cells):
+        lines.append(f"{label:<{width0}}  " + "  ".join(f"{row[i]:>{widths[i]}}" for i in range(len(cols))))
+    for n in table.get("notes", []):
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

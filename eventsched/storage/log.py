@@ -1,0 +1,814 @@
+"""The event log: segments of checksummed frames, group commit, recovery, tailing.
+
+Layout of ``<state-dir>/log/``::
+
+    LOCK                              flock'ed by the one writer; holds its pid
+    00000000000000000001.seg          segments, named by their first sequence
+    00000000000000004097.seg
+    00000000000000004097.seg.torn-812 bytes cut from a torn tail, kept aside
+
+A segment starts with a 32-byte header::
+
+    magic "EVSCHLOG" | version u16 | header size u16 | salt u32 | first seq u64
+    | crc32 of the previous 24 bytes u32 | 4 zero bytes
+
+then frames, each a 24-byte header and a msgpack payload (``events.encode_many``)::
+
+    checksum u32 | payload length u32 | first seq u64 | count u32 | type u8 | 3 zero bytes
+
+The checksum is ``zlib.crc32`` of header bytes 4..24 and the payload, seeded with
+the segment's random salt. crc32c is not in the standard library; zlib's crc32
+runs in C at memory speed and catches every burst error up to 32 bits. The salt
+means a stale frame (left from an older file, or copied between segments) never
+validates where it does not belong. A frame's checksum is its commit: a reader
+sees a frame only once all of it is on disk and its checksum matches.
+
+Integers are little-endian. Sequence numbers start at 1 and have no gaps: the
+first frame of a segment carries the segment's first sequence, and each frame
+starts where the previous one ended.
+
+Recovery (``LogWriter.open``) distinguishes a *torn tail* -- a bad or short frame
+at the end of the last segment with no valid frame after it, which is what a
+crash during a write leaves -- from *damage*: a bad frame anything valid follows,
+or anything wrong in a sealed segment. The first is cut (the bytes are kept in
+``<segment>.torn-<offset>``); the second refuses to open, naming the segment,
+the byte offset and ``eventsched log repair``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import re
+import secrets
+import select
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+
+import msgspec
+
+from eventsched.domain import events as ev
+from eventsched.domain.events import Event
+from eventsched.storage.fsutil import fsync_dir
+
+__all__ = [
+    "LogError",
+    "LogLockedError",
+    "LogCorruptError",
+    "LogFullError",
+    "LogFatalError",
+    "RecoveryReport",
+    "Segment",
+    "LogWriter",
+    "read",
+    "read_batches",
+    "last_seq",
+    "follow",
+    "segments",
+    "SegmentScan",
+]
+
+MAGIC = b"EVSCHLOG"
+VERSION = 1
+SEGMENT_HEADER = struct.Struct("<8sHHIQ")  # + crc u32 + 4 pad bytes
+SEGMENT_HEADER_SIZE = 32
+FRAME_HEADER = struct.Struct("<IIQIB3x")
+FRAME_HEADER_SIZE = FRAME_HEADER.size  # 24
+FRAME_EVENTS = 1  # the only frame type so far: a msgpack array of events
+MAX_FRAME = 256 << 20  # a longer length field is damage, not a frame
+# Bytes 20..24 of every valid frame header: type 1 and three zero bytes. Used to
+# find candidate frames quickly when looking past a bad one.
+_FRAME_MARK = bytes([FRAME_EVENTS, 0, 0, 0])
+_CHUNK = 1 << 20  # bytes per read while scanning
+SEGMENT_SUFFIX = ".seg"
+_SEGMENT_RE = re.compile(r"^(\d{20})\.seg$")
+LOCK_NAME = "LOCK"
+
+
+# --- errors ---------------------------------------------------------------
+
+
+class LogError(Exception):
+    """Base of log errors; ``str()`` is a one-line message for a user."""
+
+
+class LogLockedError(LogError):
+    """Another writer holds the log's lock."""
+
+
+class LogCorruptError(LogError):
+    """A bad frame where a torn tail cannot explain it: refuse, never guess."""
+
+    def __init__(self, segment: str | os.PathLike[str], offset: int, detail: str) -> None:
+        self.segment = str(segment)
+        self.offset = offset
+        self.detail = detail
+        directory = os.path.dirname(self.segment) or "."
+        super().__init__(
+            f"log segment {self.segment} is damaged at byte {offset}: {detail}; "
+            f"run `eventsched log repair {directory}` to cut the log there "
+            f"(the damaged part is kept aside)"
+        )
+
+
+class LogFullError(LogError):
+    """The disk is full: this append failed, nothing is damaged, retry later."""
+
+
+class LogFatalError(LogError):
+    """An fsync or I/O error: the writer is dead and must be reopened."""
+
+
+class RecoveryReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``LogWriter.open`` cut from a torn tail, for the daemon to log."""
+
+    segment: str
+    offset: int  # where the cut starts (end of the last good frame)
+    bytes_cut: int
+    kept_at: str  # the file holding the cut bytes
+    reason: str
+    next_seq: int  # the sequence the next append gets
+
+
+# --- segment files ----------------------------------------------------------
+
+
+class Segment(msgspec.Struct, frozen=True):
+    path: str
+    first_seq: int
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
+
+
+def segments(directory: str | os.PathLike[str]) -> list[Segment]:
+    """The segment files of a log, oldest first ([] when there is no log)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        m = _SEGMENT_RE.match(name)
+        if m:
+            found.append(Segment(os.path.join(os.fspath(directory), name), int(m.group(1))))
+    found.sort(key=lambda s: s.first_seq)
+    return found
+
+
+def _segment_header(salt: int, first_seq: int) -> bytes:
+    head = SEGMENT_HEADER.pack(MAGIC, VERSION, SEGMENT_HEADER_SIZE, salt, first_seq)
+    return head + struct.pack("<I4x", zlib.crc32(head))
+
+
+def _parse_segment_header(data: bytes, path: str) -> tuple[int, int] | str:
+    """(salt, first_seq), or a description of what is wrong."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return f"segment header is short ({len(data)} of {SEGMENT_HEADER_SIZE} bytes)"
+    magic, version, size, salt, first_seq = SEGMENT_HEADER.unpack_from(data)
+    if magic != MAGIC:
+        return "not an eventsched log segment (bad magic)"
+    (crc,) = struct.unpack_from("<I", data, SEGMENT_HEADER.size)
+    if crc != zlib.crc32(data[: SEGMENT_HEADER.size]):
+        return "segment header checksum mismatch"
+    if version != VERSION or size != SEGMENT_HEADER_SIZE:
+        return f"segment version {version} is not supported by this eventsched"
+    m = _SEGMENT_RE.match(os.path.basename(path))
+    if m and int(m.group(1)) != first_seq:
+        return f"segment header says first sequence {first_seq}, its name says {int(m.group(1))}"
+    return salt, first_seq
+
+
+def _frame_bytes(salt: int, first_seq: int, count: int, payload: bytes) -> bytes:
+    rest = FRAME_HEADER.pack(0, len(payload), first_seq, count, FRAME_EVENTS)[4:]
+    crc = zlib.crc32(payload, zlib.crc32(rest, salt))
+    return struct.pack("<I", crc) + rest + payload
+
+
+# --- scanning -------------------------------------------------------------
+
+
+class SegmentScan:
+    """Walk the frames of one segment file, stopping at the first bad one.
+
+    ``frames()`` yields ``(offset, first_seq, count, payload)`` for each valid
+    frame from ``offset`` on. After it is exhausted, ``end`` is the offset just
+    past the last valid frame, ``next_seq`` the sequence after it, and
+    ``problem`` None (clean end of file) or what is wrong at ``end``.
+    Reading uses big ``pread`` chunks and memoryviews: nothing is copied per frame
+    and memory stays bounded by the chunk (or the largest frame).
+    """
+
+    def __init__(self, path: str, *, offset: int | None = None, next_seq: int | None = None) -> None:
+        self.path = path
+        self.salt = 0
+        self.first_seq = 0
+        self.end = offset if offset is not None else SEGMENT_HEADER_SIZE
+        self.next_seq = next_seq or 0
+        self.problem: str | None = None
+        self.header_ok = False
+        self.size = 0
+        self._fd = -1
+
+    def __enter__(self) -> "SegmentScan":
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self._fd).st_size
+        parsed = _parse_segment_header(os.pread(self._fd, SEGMENT_HEADER_SIZE, 0), self.path)
+        if isinstance(parsed, str):
+            self.problem = parsed
+            self.end = 0
+        else:
+            self.header_ok = True
+            self.salt, self.first_seq = parsed
+            if not self.next_seq:
+                self.next_seq = self.first_seq
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def frames(self) -> Iterator[tuple[int, int, int, memoryview]]:
+        if not self.header_ok:
+            return
+        fd, salt, size = self._fd, self.salt, self.size
+        unpack = FRAME_HEADER.unpack_from
+        crc32 = zlib.crc32
+        offset, seq = self.end, self.next_seq
+        buf = memoryview(b"")
+        base = offset  # file offset of buf[0]
+        while True:
+            pos = offset - base
+            if pos + FRAME_HEADER_SIZE > len(buf):
+                if offset >= size:
+                    break  # clean end
+                buf, base, pos = memoryview(os.pread(fd, _CHUNK, offset)), offset, 0
+                if len(buf) < FRAME_HEADER_SIZE:
+                    self.problem = f"short frame header ({len(buf)} bytes before end of file)"
+                    break
+            crc, length, first, count, ftype = unpack(buf, pos)
+            if length > MAX_FRAME:
+                self.problem = f"bad frame length {length}"
+                break
+            stop = pos + FRAME_HEADER_SIZE + length
+            if stop > len(buf):
+                buf, base, pos = memoryview(os.pread(fd, max(_CHUNK, FRAME_HEADER_SIZE + length), offset)), offset, 0
+                stop = FRAME_HEADER_SIZE + length
+                if stop > len(buf):
+                    self.problem = (
+                        f"frame of {length} bytes runs past end of file "
+                        f"({len(buf) - FRAME_HEADER_SIZE} bytes there)"
+                    )
+                    break
+            if crc != crc32(buf[pos + FRAME_HEADER_SIZE : stop], crc32(buf[pos + 4 : pos + FRAME_HEADER_SIZE], salt)):
+                self.problem = "frame checksum mismatch"
+                break
+            if ftype != FRAME_EVENTS or buf[pos + 21 : pos + 24] != b"\0\0\0":
+                self.problem = f"unknown frame type {ftype}"
+                break
+            if first != seq or count == 0:
+                self.problem = f"frame has sequence {first} (count {count}), expected {seq}"
+                break
+            yield offset, first, count, buf[pos + FRAME_HEADER_SIZE : stop]
+            offset += FRAME_HEADER_SIZE + length
+            seq += count
+            self.end, self.next_seq = offset, seq
+
+    def run(self) -> "SegmentScan":
+        for _ in self.frames():
+            pass
+        return self
+
+    def valid_frame_after(self, offset: int) -> int | None:
+        """Offset of a valid frame of this segment somewhere after ``offset``.
+
+        A torn tail has nothing valid after it; damage in the middle of a log
+        does. Candidates are found with ``bytes.find`` on the frame type marker,
+        so a tail of zeros or random bytes is skipped at C speed.
+        """
+        if not self.header_ok:
+            return None
+        fd, size, start = self._fd, self.size, offset + 1
+        while start + FRAME_HEADER_SIZE <= size:
+            chunk = os.pread(fd, _CHUNK + FRAME_HEADER_SIZE, start)
+            i = chunk.find(_FRAME_MARK, 20)
+            while i != -1:
+                cand = start + i - 20
+                if self._valid_at(cand):
+                    return cand
+                i = chunk.find(_FRAME_MARK, i + 1)
+            start += _CHUNK
+        return None
+
+    def _valid_at(self, offset: int) -> bool:
+        head = os.pread(self._fd, FRAME_HEADER_SIZE, offset)
+        if len(head) < FRAME_HEADER_SIZE:
+            return False
+        crc, length, first, count, _ = FRAME_HEADER.unpack(head)
+        if count == 0 or first < self.next_seq or length > MAX_FRAME:
+            return False
+        if offset + FRAME_HEADER_SIZE + length > self.size:
+            return False
+        payload = os.pread(self._fd, length, offset + FRAME_HEADER_SIZE)
+        return crc == zlib.crc32(payload, zlib.crc32(head[4:], self.salt))
+
+
+def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
+    try:
+        return ev.decode_many(payload)
+    except msgspec.DecodeError as e:
+        raise LogCorruptError(
+            path, offset, f"frame has a valid checksum but does not decode ({e}); written by a newer eventsched?"
+        ) from None
+
+
+# --- the writer -------------------------------------------------------------
+
+
+def keep_aside(path: str, offset: int, data: bytes) -> str:
+    """Write ``data`` (bytes cut from ``path`` at ``offset``) to a file next to it."""
+    target = f"{path}.torn-{offset}"
+    n = 1
+    while os.path.exists(target):
+        target = f"{path}.torn-{offset}.{n}"
+        n += 1
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return target
+
+
+def lock_holder(lock_path: str) -> str:
+    try:
+        with open(lock_path) as f:
+            pid = f.read().strip()
+    except OSError:
+        pid = ""
+    return pid if pid.isdigit() else "unknown"
+
+
+class LogWriter:
+    """The one appender of a log directory.
+
+    Not thread-safe: one task (the engine) appends. ``append`` writes a batch
+    as one frame with one ``write`` and one
+    ``fdatasync`` (group commit) and returns once it is durable. ``_pwrite`` and
+    ``_fdatasync`` are the only system calls on the write path, kept as
+    attributes so that tests can inject ENOSPC and EIO; ``_fault`` is called
+    at each step of rotation so that tests can crash there.
+    """
+
+    _pwrite: Callable[[int, bytes | memoryview, int], int] = staticmethod(os.pwrite)  # type: ignore[assignment]
+    _fdatasync: Callable[[int], None] = staticmethod(os.fdatasync)  # type: ignore[assignment]
+    _fault: Callable[[str], None] | None = None
+
+    def __init__(self) -> None:  # use LogWriter.open
+        self.directory = ""
+        self.segment_bytes = 64 << 20
+        self.recovered: RecoveryReport | None = None
+        self._lock_fd = -1
+        self._fd = -1
+        self._path = ""
+        self._salt = 0
+        self._first_seq = 1
+        self._end = 0
+        self._next_seq = 1
+        self._dead: str | None = None
+
+    # -- opening --
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20) -> "LogWriter":
+        self = cls()
+        self.directory = os.fspath(directory)
+        self.segment_bytes = segment_bytes
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        except OSError as e:
+            raise LogError(f"cannot create log directory {self.directory}: {e.strerror}") from None
+        self._lock()
+        try:
+            self._recover()
+        except OSError as e:
+            self.close()
+            raise LogError(f"cannot open log {self.directory}: {e}") from None
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _lock(self) -> None:
+        lock_path = os.path.join(self.directory, LOCK_NAME)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise LogError(f"cannot open {lock_path}: {e.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LogLockedError(
+                f"log {self.directory} is locked by pid {lock_holder(lock_path)} (another writer is running)"
+            ) from None
+        try:  # the pid is only for the message a second writer prints
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass
+        self._lock_fd = fd
+
+    def _recover(self) -> None:
+        d = self.directory
+        # A crash during rotation can leave a temp file; it never held events.
+        for name in os.listdir(d):
+            if name.endswith(".seg.tmp"):
+                os.unlink(os.path.join(d, name))
+        segs = segments(d)
+        if not segs:
+            self._create_segment(1)
+            return
+        expected = segs[0].first_seq
+        for seg in segs[:-1]:
+            with SegmentScan(seg.path) as scan:
+                if scan.header_ok and scan.first_seq != expected:
+                    raise LogCorruptError(seg.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
+                scan.run()
+                if scan.problem is not None:
+                    raise LogCorruptError(seg.path, scan.end, scan.problem + " (in a sealed segment)")
+                expected = scan.next_seq
+        last = segs[-1]
+        with SegmentScan(last.path) as scan:
+            if not scan.header_ok:
+                raise LogCorruptError(last.path, 0, scan.problem or "bad header")
+            if len(segs) > 1 and scan.first_seq != expected:
+                raise LogCorruptError(last.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
+            scan.run()
+            if scan.problem is not None:
+                good = scan.valid_frame_after(scan.end)
+                if good is not None:
+                    raise LogCorruptError(
+                        last.path, scan.end, f"{scan.problem}, and a valid frame follows at byte {good}"
+                    )
+                cut = os.pread(scan._fd, scan.size - scan.end, scan.end)
+                self._cut_tail(last.path, scan.end, cut, scan.problem, scan.next_seq)
+            salt, first_seq, end, next_seq = scan.salt, scan.first_seq, scan.end, scan.next_seq
+        self._fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
+        self._path, self._salt, self._first_seq = last.path, salt, first_seq
+        self._end, self._next_seq = end, next_seq
+
+    def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
+        kept = keep_aside(path, offset, cut)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, offset)
+            os.fsync(fd)  # the cut must be durable before anything is appended
+        finally:
+            os.close(fd)
+        fsync_dir(self.directory)
+        self.recovered = RecoveryReport(
+            segment=path, offset=offset, bytes_cut=len(cut), kept_at=kept, reason=reason, next_seq=next_seq
+        )
+
+    def _step(self, stage: str) -> None:
+        if self._fault is not None:
+            self._fault(stage)
+
+    def _create_segment(self, first_seq: int) -> None:
+        """Temp file, header, fdatasync, rename, fsync dir; then append to it."""
+        path = os.path.join(self.directory, segment_name(first_seq))
+        tmp = path + ".tmp"
+        salt = secrets.randbits(32)
+        header = _segment_header(salt, first_seq)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            self._step("rotate:created")
+            try:
+                self._write_all(fd, header, 0)
+            except OSError as e:
+                raise self._write_error(e, "starting a new segment") from None
+            self._step("rotate:written")
+            try:
+                self._fdatasync(fd)
+            except OSError as e:
+                raise self._die(f"fdatasync of {tmp} failed: {e.strerror}") from None
+            self._step("rotate:synced")
+            os.rename(tmp, path)
+            self._step("rotate:renamed")
+            try:
+                fsync_dir(self.directory)
+            except OSError as e:
+                raise self._die(f"fsync of {self.directory} failed: {e.strerror}") from None
+            self._step("rotate:dir-synced")
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd, self._path, self._salt = fd, path, salt
+        self._first_seq, self._end, self._next_seq = first_seq, SEGMENT_HEADER_SIZE, first_seq
+
+    # -- appending --
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next appended event gets."""
+        return self._next_seq
+
+    @property
+    def path(self) -> str:
+        """The segment being appended to."""
+        return self._path
+
+    def append(self, events: Sequence[Event]) -> int:
+        """Append a batch durably (one write, one fdatasync); return its last seq."""
+        self.append_stamped(events)
+        return self._next_seq - 1
+
+    def append_stamped(self, events: Sequence[Event]) -> list[Event]:
+        """Like ``append``, returning the events as stored, with their ``seq``."""
+        self._check_alive()
+        if not events:
+            return []
+        if self._end >= self.segment_bytes and self._end > SEGMENT_HEADER_SIZE:
+            self.rotate()
+        first = self._next_seq
+        stamped = ev.stamp(list(events), first)
+        frame = _frame_bytes(self._salt, first, len(stamped), ev.encode_many(stamped))
+        self._commit(frame, len(stamped))
+        return stamped
+
+    def _commit(self, frame: bytes, count: int) -> None:
+        fd, end = self._fd, self._end
+        try:
+            self._write_all(fd, frame, end)
+        except OSError as e:
+            raise self._write_error(e, "appending", truncate_to=end) from None
+        try:
+            self._fdatasync(fd)
+        except OSError as e:
+            # PostgreSQL's lesson: after a failed fsync the page cache may lie.
+            raise self._die(f"fdatasync of {self._path} failed: {e.strerror}") from None
+        self._end = end + len(frame)
+        self._next_seq += count
+
+    def _write_all(self, fd: int, data: bytes, offset: int) -> None:
+        n = self._pwrite(fd, data, offset)
+        if n == len(data):
+            return
+        view, offset = memoryview(data)[n:], offset + n  # a short write: go on
+        while view:
+            n = self._pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def _write_error(self, e: OSError, doing: str, truncate_to: int | None = None) -> LogError:
+        if truncate_to is not None:
+            try:
+                os.ftruncate(self._fd, truncate_to)
+            except OSError as e2:
+                return self._die(f"cannot undo a failed write to {self._path}: {e2.strerror}")
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return LogFullError(
+                f"log {self.directory} is out of disk space ({e.strerror}) while {doing}; "
+                "nothing was written, free some space and retry"
+            )
+        return self._die(f"write to {self._path} failed: {e.strerror}")
+
+    def _die(self, why: str) -> LogFatalError:
+        self._dead = why
+        return LogFatalError(f"{why}; the log writer has stopped, restart to recover")
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise LogFatalError(f"{self._dead}; the log writer has stopped, restart to recover")
+        if self._fd < 0:
+            raise LogError(f"log {self.directory} is closed")
+
+    def rotate(self) -> None:
+        """Seal the current segment and start a new one at ``next_seq``."""
+        self._check_alive()
+        if self._end == SEGMENT_HEADER_SIZE:
+            return  # an empty segment: nothing to seal
+        self._create_segment(self._next_seq)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> "LogWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- reading ----------------------------------------------------------------
+
+
+class _Cursor:
+    """A reader's position: which segment, which byte, which sequence next.
+
+    Shared by ``read_batches`` (stops at the end) and ``follow`` (waits there).
+    A bad frame at the end of the newest segment is taken for a write in
+    progress; it is damage only when a valid frame follows it even after
+    re-reading it (the writer is sequential: once a later frame is there, this
+    one is finished). Segments are listed *before* reading the current one: if
+    a newer segment existed then, the current one was complete before it.
+    """
+
+    def __init__(self, directory: str, from_seq: int) -> None:
+        self.directory = directory
+        self.from_seq = max(1, from_seq)
+        self.seg: Segment | None = None
+        self.offset = SEGMENT_HEADER_SIZE
+        self.next_seq = 0
+
+    def _start(self, segs: list[Segment]) -> bool:
+        chosen = None
+        for seg in segs:
+            if seg.first_seq <= self.from_seq or chosen is None:
+                chosen = seg
+        if chosen is None:
+            return False
+        self.seg, self.next_seq, self.offset = chosen, chosen.first_seq, SEGMENT_HEADER_SIZE
+        return True
+
+    def batches(self) -> Iterator[list[Event]]:
+        """Every complete frame available now; returns at the current end."""
+        while True:
+            segs = segments(self.directory)
+            if self.seg is None and not self._start(segs):
+                return
+            seg = self.seg
+            assert seg is not None
+            newer = [s for s in segs if s.first_seq > seg.first_seq]
+            try:
+                scan = SegmentScan(seg.path, offset=self.offset, next_seq=self.next_seq).__enter__()
+            except FileNotFoundError:
+                raise LogError(f"log segment {seg.path} disappeared while reading") from None
+            try:
+                if not scan.header_ok:
+                    raise LogCorruptError(seg.path, 0, scan.problem or "bad segment header")
+                if scan.first_seq != seg.first_seq:
+                    raise LogCorruptError(seg.path, 0, f"segment header says {scan.first_seq}")
+                from_seq = self.from_seq
+                for off, first, count, payload in scan.frames():
+                    self.offset, self.next_seq = off + FRAME_HEADER_SIZE + len(payload), first + count
+                    if first + count > from_seq:
+                        batch = _decode(payload, seg.path, off)
+                        if first < from_seq:
+                            batch = batch[from_seq - first :]
+                        yield batch
+                if scan.problem is not None:
+                    if newer:
+                        raise LogCorruptError(seg.path, scan.end, scan.problem + " (in a sealed segment)")
+                    good = scan.valid_frame_after(scan.end)
+                    if good is None:
+                        return  # a write in progress, or a torn tail the writer will cut
+                    with SegmentScan(seg.path, offset=scan.end, next_seq=scan.next_seq) as again:
+                        for _ in again.frames():
+                            break
+                        if again.end == scan.end:
+                            raise LogCorruptError(
+                                seg.path, scan.end, f"{scan.problem}, and a valid frame follows at byte {good}"
+                            )
+                    continue  # it was a write in progress; read on
+            finally:
+                scan.__exit__()
+            if not newer:
+                return
+            if newer[0].first_seq != self.next_seq:
+                raise LogCorruptError(
+                    newer[0].path, 0, f"segment starts at sequence {newer[0].first_seq}, expected {self.next_seq}"
+                )
+            self.seg, self.offset = newer[0], SEGMENT_HEADER_SIZE
+
+
+def read_batches(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[list[Event]]:
+    """The events from ``from_seq`` on, one list per frame, streaming."""
+    return _Cursor(os.fspath(directory), from_seq).batches()
+
+
+def read(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Event]:
+    """The events from ``from_seq`` on, in order, streaming."""
+    for batch in read_batches(directory, from_seq):
+        yield from batch
+
+
+def last_seq(directory: str | os.PathLike[str]) -> int:
+    """The sequence of the last complete event (0 for an empty or missing log)."""
+    segs = segments(directory)
+    if not segs:
+        return 0
+    with SegmentScan(segs[-1].path) as scan:
+        if not scan.header_ok:
+            raise LogCorruptError(segs[-1].path, 0, scan.problem or "bad segment header")
+        return scan.run().next_seq - 1
+
+
+# --- tailing ----------------------------------------------------------------
+
+_IN_MODIFY = 0x002
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_IN_NONBLOCK = 0o4000
+_IN_CLOEXEC = 0o2000000
+
+
+class _Waiter:
+    """Wait for a change in a directory: inotify through ctypes, else backoff sleeps."""
+
+    def __init__(self, directory: str, poll_max_s: float) -> None:
+        self.poll_max_s = poll_max_s
+        self.fd = -1
+        self._sleep = 0.001
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            if fd >= 0:
+                mask = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+                if libc.inotify_add_watch(fd, os.fsencode(directory), mask) >= 0:
+                    self.fd = fd
+                else:
+                    os.close(fd)
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def wait(self) -> None:
+        if self.fd >= 0:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLIN)
+            if poller.poll(self.poll_max_s * 1000):
+                try:
+                    while os.read(self.fd, 65536):
+                        pass
+                except BlockingIOError:
+                    pass
+            return
+        time.sleep(self._sleep)
+        self._sleep = min(self._sleep * 2, self.poll_max_s)
+
+    def progressed(self) -> None:
+        self._sleep = 0.001
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def follow(
+    directory: str | os.PathLike[str],
+    from_seq: int = 1,
+    *,
+    stop: threading.Event | None = None,
+    poll_max_s: float = 1.0,
+) -> Iterator[list[Event]]:
+    """Tail a log another process writes: yield each new frame's events.
+
+    Blocks between frames on inotify (or short backoff sleeps where inotify is
+    missing), follows rotations, and returns once ``stop`` is set (checked at
+    least every ``poll_max_s`` seconds).
+    """
+    d = os.fspath(directory)
+    while not os.path.isdir(d):
+        if stop is not None and stop.is_set():
+            return
+        time.sleep(min(0.05, poll_max_s))
+    cursor = _Cursor(d, from_seq)
+    waiter = _Waiter(d, poll_max_s)  # watching before the first read: no lost wake-ups
+    try:
+        while stop is None or not stop.is_set():
+            got = False
+            for batch in cursor.batches():
+                got = True
+                yield batch
+                if stop is not None and stop.is_set():
+                    return
+            if got:
+                waiter.progressed()
+            else:
+                waiter.wait()
+    finally:
+        waiter.close()

@@ -1,0 +1,219 @@
+"""A small synchronous client of the control socket (CLI, notebooks, scripts).
+
+Kept free of anyio and of the scheduler's modules so that a CLI call imports
+little and starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Iterator
+
+from eventsched.domain.events import Event, JobSpec, decode_many
+from eventsched.domain.paths import socket_location
+from eventsched.wire import protocol
+
+__all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
+
+
+def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
+    """What a job's output file holds past ``position`` (b"" before it exists).
+
+    Shared by ``eventsched logs -f`` and the notebook's ``JobHandle.follow``.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(position)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    """Send a request; if the daemon already hung up, its reason (e.g. too
+    many connections) is still there to read, so let the caller read it."""
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+class ClientError(Exception):
+    """The daemon refused a request; str() is its one-line reason."""
+
+
+class DaemonNotRunning(ClientError):
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"no eventsched daemon is listening on {path}; start one with "
+            f"`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)"
+        )
+        self.path = path
+
+
+class Client:
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, timeout: float | None = 30.0) -> None:
+        # a string, not a Path: the CLI's import path stays free of pathlib
+        self.socket_path: str = os.fspath(socket_path) if socket_path else socket_location()
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+
+    # --- connection ------------------------------------------------------
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
+                try:
+                    sock.connect(self.socket_path)
+                    break
+                except BlockingIOError:  # the daemon's listen backlog is full for a moment
+                    if not delay:
+                        raise
+                    time.sleep(delay)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise DaemonNotRunning(self.socket_path) from exc
+        except PermissionError as exc:
+            sock.close()
+            raise ClientError(f"permission denied on the socket {self.socket_path}") from exc
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _recv_exact(sock: socket.socket, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = sock.recv(min(n, 1 << 20))
+            if not chunk:
+                raise ClientError("the daemon closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _receive(self, sock: socket.socket) -> protocol.Reply | protocol.EventBatch:
+        length = protocol.HEADER.unpack(self._recv_exact(sock, protocol.HEADER.size))[0]
+        return protocol.server_message_decoder.decode(self._recv_exact(sock, length))
+
+    def request(self, req: protocol.Request) -> Any:
+        """Send one request on the shared connection; return the reply's data."""
+        if self._sock is None:
+            self._sock = self._connect()
+        try:
+            _send(self._sock, protocol.frame(req))
+            reply = self._receive(self._sock)
+        except (OSError, ClientError):
+            self.close()
+            raise
+        if not isinstance(reply, protocol.Reply):
+            raise ClientError("unexpected message from the daemon")
+        if not reply.ok:
+            raise ClientError(reply.error)
+        return reply.data
+
+    # --- commands --------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> int:
+        return int(self.request(protocol.SubmitJob(spec=spec))["id"])
+
+    def submit_many(self, specs: list[JobSpec]) -> list[int]:
+        """Submit several jobs over one connection, pipelined: every request
+        is sent before the replies are read, so the daemon can commit them
+        together. Returns the ids in order; stops at the first refusal."""
+        if self._sock is None:
+            self._sock = self._connect()
+        sock = self._sock
+        # a window at a time, the next one sent before the last one's replies
+        # are read: the daemon stops reading a client that leaves many replies
+        # unread, so sending everything first could leave both sides waiting
+        window = 512
+        chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
+        replies: list[protocol.Reply | protocol.EventBatch] = []
+        try:
+            if chunks:
+                sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[0]))
+            for k, chunk in enumerate(chunks):
+                if k + 1 < len(chunks):
+                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
+                replies.extend(self._receive(sock) for _ in chunk)
+        except (OSError, ClientError):
+            self.close()
+            raise
+        ids = []
+        for reply in replies:
+            if not isinstance(reply, protocol.Reply):
+                raise ClientError("unexpected message from the daemon")
+            if not reply.ok:
+                raise ClientError(reply.error)
+            ids.append(int(reply.data["id"]))
+        return ids
+
+    def jobs(self, all: bool = False) -> list[dict]:
+        return self.request(protocol.ListJobs(all=all))
+
+    def status(self) -> dict:
+        return self.request(protocol.GetStatus())
+
+    def cancel(self, jobs: list[int]) -> list[dict]:
+        return self.request(protocol.CancelJobs(jobs=jobs))
+
+    def hold(self, jobs: list[int]) -> list[dict]:
+        return self.request(protocol.HoldJobs(jobs=jobs))
+
+    def release(self, jobs: list[int]) -> list[dict]:
+        return self.request(protocol.ReleaseJobs(jobs=jobs))
+
+    def pause_gpu(self, gpu: int, node: str = "") -> dict:
+        return self.request(protocol.PauseGpu(gpu=gpu, node=node))
+
+    def resume_gpu(self, gpu: int, node: str = "") -> dict:
+        return self.request(protocol.ResumeGpu(gpu=gpu, node=node))
+
+    def set_policy(self, policy: str) -> dict:
+        return self.request(protocol.SetPolicy(policy=policy))
+
+    def explain(self, job: int) -> dict:
+        """Why ``job`` waits now (``reason``, null unless it waits) and its ``story``."""
+        return self.request(protocol.ExplainJob(job=job))
+
+    def log_path(self, job: int) -> str:
+        return self.request(protocol.JobLogPath(job=job))["path"]
+
+    def ping(self) -> dict:
+        return self.request(protocol.Ping())
+
+    def subscribe(self, from_seq: int = 0) -> Iterator[list[Event]]:
+        """Events from ``from_seq`` (0: from now on), then live, on a connection of its own.
+
+        The iterator ends when the daemon closes the stream; closing the
+        generator closes the connection.
+        """
+        sock = self._connect()
+        sock.settimeout(None)
+        try:
+            _send(sock, protocol.frame(protocol.Subscribe(from_seq=from_seq)))
+            reply = self._receive(sock)
+            if isinstance(reply, protocol.Reply) and not reply.ok:
+                raise ClientError(reply.error)
+            while True:
+                try:
+                    message = self._receive(sock)
+                except ClientError:
+                    return
+                if isinstance(message, protocol.EventBatch):
+                    yield decode_many(message.payload)
+        finally:
+            sock.close()

@@ -1,0 +1,144 @@
+"""The control socket's wire format: length-prefixed msgpack messages.
+
+Each message is a 4-byte big-endian length followed by that many bytes of
+msgpack. Requests are a tagged union; every request gets exactly one ``Reply``,
+except ``Subscribe``, which gets a ``Reply`` and then a stream of ``EventBatch``
+messages until either side closes.
+
+The requesting user is never part of a request: the server takes it from the
+socket's peer credentials (SO_PEERCRED).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Union
+
+import msgspec
+
+from eventsched.domain.events import JobSpec
+
+MAX_MESSAGE_BYTES = 1 << 20  # a request larger than this is hostile or a bug
+HEADER = struct.Struct(">I")
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    pass
+
+
+class SubmitJob(Request, frozen=True):
+    # user, uid, gid, groups and home are filled in by the server from the
+    # peer credentials; whatever the client puts there is overwritten.
+    spec: JobSpec
+
+
+class ListJobs(Request, frozen=True):
+    all: bool = False
+
+
+class GetStatus(Request, frozen=True):
+    pass
+
+
+class CancelJobs(Request, frozen=True):
+    jobs: list[int]
+
+
+class HoldJobs(Request, frozen=True):
+    jobs: list[int]
+
+
+class ReleaseJobs(Request, frozen=True):
+    jobs: list[int]
+
+
+class PauseGpu(Request, frozen=True):
+    gpu: int
+    node: str = ""
+
+
+class ResumeGpu(Request, frozen=True):
+    gpu: int
+    node: str = ""
+
+
+class SetPolicy(Request, frozen=True):
+    policy: str
+
+
+class JobLogPath(Request, frozen=True):
+    job: int
+
+
+class ExplainJob(Request, frozen=True):
+    """Why a job waits now, and its story from the log (``eventsched explain``)."""
+
+    job: int
+
+
+class RunSql(Request, frozen=True):
+    """Read-only SQL over the history, answered by the daemon (for users who
+    cannot read a root daemon's log themselves)."""
+
+    query: str
+
+
+class Ping(Request, frozen=True):
+    pass
+
+
+class Subscribe(Request, frozen=True):
+    from_seq: int = 0  # 0 = only events after now
+
+
+AnyRequest = Union[
+    SubmitJob,
+    ListJobs,
+    GetStatus,
+    CancelJobs,
+    HoldJobs,
+    ReleaseJobs,
+    PauseGpu,
+    ResumeGpu,
+    SetPolicy,
+    JobLogPath,
+    ExplainJob,
+    RunSql,
+    Ping,
+    Subscribe,
+]
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    ok: bool
+    error: str = ""
+    data: Any = None
+
+
+class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    # events already encoded with events.encode_many: the server encodes each
+    # batch once, however many subscribers it has
+    payload: bytes
+
+
+AnyServerMessage = Union[Reply, EventBatch]
+
+_encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(AnyRequest)
+server_message_decoder = msgspec.msgpack.Decoder(AnyServerMessage)
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid message."""
+
+
+def frame(message: msgspec.Struct) -> bytes:
+    body = _encoder.encode(message)
+    return HEADER.pack(len(body)) + body
+
+
+def check_length(header: bytes) -> int:
+    (length,) = HEADER.unpack(header)
+    if length > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {length} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+    return length
