@@ -27,7 +27,7 @@ import duckdb
 import msgspec
 
 from eventsched.domain import events as ev
-from eventsched.projections import history
+from eventsched.projections import history, history_fold
 from eventsched.storage import log
 
 USERS = [f"user{i}" for i in range(20)]
@@ -140,7 +140,7 @@ def main() -> None:
         # 10x model: fold shifted copies of the same frames into a second file
         big = os.path.join(root, "big.duckdb")
         con = duckdb.connect(big)
-        history.ensure_schema(con)
+        history_fold.ensure_schema(con)
         jobs = duckdb.connect(os.path.join(state, history.DB_NAME), read_only=True)
         max_job, first_ts, last_ts = jobs.execute("SELECT max(id), min(submitted_at), max(ts) FROM jobs, _position").fetchone()
         jobs.close()
@@ -148,7 +148,7 @@ def main() -> None:
         t0 = time.perf_counter()
         total = 0
         for k in range(args.copies):
-            total += history.fold(con, shifted(log.read_batches(os.path.join(state, "log")), k, n, max_job, span),
+            total += history_fold.fold(con, shifted(log.read_batches(os.path.join(state, "log")), k, n, max_job, span),
                                   k * n)
         print(f"built a {total:,}-event model in {time.perf_counter() - t0:.1f} s "
               f"({args.copies} shifted copies of the log's frames, folded directly)")

@@ -14,12 +14,11 @@ from eventsched.projections.cluster import (
     ClusterState,
     IllegalTransition,
     apply,
-    gpu_json,
-    job_json,
     snapshot_bytes,
     state_from_snapshot,
     validate_state,
 )
+from eventsched.projections.views import gpu_json, job_json
 from eventsched.storage import snapshots
 
 OWNER = 1000

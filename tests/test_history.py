@@ -531,7 +531,7 @@ def test_model_ahead_of_a_shortened_log_is_rebuilt(tmp_path: Path) -> None:
 def test_a_catch_up_cut_short_keeps_an_exact_prefix_and_resumes(tmp_path: Path, state: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Several chunks share a transaction: an error mid-way rolls back to the last commit, never between."""
-    from eventsched.projections import history as hist
+    from eventsched.projections import history_fold as hist
 
     monkeypatch.setattr(hist, "CHUNK_EVENTS", 2)  # many chunks, several per transaction
     monkeypatch.setattr(hist, "COMMIT_EVENTS", 6)

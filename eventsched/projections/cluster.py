@@ -26,6 +26,18 @@ from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.settings import settings_from_dict
 from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_state
 from eventsched.domain.units import FULL
+from eventsched.projections.model import (
+    RECENT_SHAPES,
+    Capacity,
+    Gpu,
+    Job,
+    QueueIndex,
+    RuntimeStats,
+    fit_summary,
+    request_of,
+    runtime_key,
+    usable,
+)
 
 __all__ = [
     "IllegalTransition",
@@ -38,276 +50,13 @@ __all__ = [
     "apply",
     "request_of",
     "fit_summary",
-    "job_json",
-    "gpu_json",
+    "FULL",
+    "runtime_key",
     "snapshot_bytes",
     "state_from_snapshot",
     "validate_state",
 ]
 
-
-RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
-
-
-class Gpu(msgspec.Struct, kw_only=True):
-    node: str
-    id: int
-    uuid: str = ""
-    model: str = ""
-    memory_total_mib: int = 0
-    paused: bool = False
-    lost: bool = False
-    error: str = ""
-    # last sample (None until the first one)
-    sampled_at: float | None = None
-    utilization: float | None = None
-    memory_used_mib: int | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
-    foreign_memory_mib: int = -1
-    # what the scheduler placed here
-    used_milli: int = 0
-    reserved_mib: int = 0
-    jobs: list[int] = []
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.node, self.id)
-
-    @property
-    def allocated(self) -> float:
-        return self.used_milli / FULL
-
-    def free_memory_mib(self) -> int:
-        """Memory a new job may reserve: what neither our reservations, the
-        observed use of our jobs, nor processes outside the scheduler hold."""
-        used = self.memory_used_mib or 0
-        if self.foreign_memory_mib >= 0:
-            foreign = self.foreign_memory_mib
-            ours = max(0, used - foreign)
-        else:
-            foreign = 0
-            ours = used
-        return self.memory_total_mib - foreign - max(self.reserved_mib, ours)
-
-
-class Job(msgspec.Struct, kw_only=True):
-    id: int
-    spec: ev.JobSpec
-    state: JobState = JobState.QUEUED
-    count: int = 1  # GPUs asked for (0 = CPU only)
-    milli: int = FULL  # share of each of them
-    order: int = 0  # queue position (FIFO key); a requeue moves it to the back
-    submitted_at: float = 0.0
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    node: str = ""
-    gpu_ids: list[int] = []
-    mem_mib: int = 0  # reserved on each GPU
-    policy: str = ""
-    pid: int | None = None
-    start_time: int = 0
-    log_path: str = ""
-    attempts: int = 0  # times placed
-    retries_used: int = 0
-    not_before: float = 0.0
-    cancel_reason: str = ""  # set while a stop was requested for a running job
-    submitted_seq: int = 0  # where its story starts in the log (explain)
-
-    @property
-    def shape(self) -> tuple[Any, ...]:
-        """What placement depends on: equal shapes fit or fail together."""
-        s = self.spec
-        ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
-        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node)
-
-    def time_limit(self, default: float | None) -> float | None:
-        """The tighter of the job's own limit and ``default`` (None: no limit)."""
-        own = self.spec.time_limit_s
-        own = own if own is not None and own > 0 else None
-        default = default if default is not None and default > 0 else None
-        if own is None or default is None:
-            return own if default is None else default
-        return min(own, default)
-
-
-def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
-    """May this GPU receive a new job? (F7 pause, lost GPUs, F10 thresholds)"""
-    if gpu.paused or gpu.lost:
-        return False
-    if gpu.sampled_at is None:
-        return True
-    if gpu.memory_used_mib is not None and gpu.memory_total_mib > 0:
-        if 100.0 * gpu.memory_used_mib / gpu.memory_total_mib > cfg.max_gpu_memory_used_pct:
-            return False
-    if gpu.utilization is not None and gpu.utilization > cfg.max_gpu_utilization_pct:
-        return False
-    if gpu.temperature_c is not None and gpu.temperature_c > cfg.max_gpu_temperature_c:
-        return False
-    return True
-
-
-class Capacity:
-    """Free share and free memory of the usable GPUs, in (node, id) order:
-    what every policy decision starts from.
-
-    Kept in step by ``apply`` GPU by GPU (a placement, an exit, a sample), so a
-    decision copies two lists instead of walking every GPU. Built from scratch
-    only when the set of usable GPUs changes (discovery, pause, loss, a
-    threshold crossed, new settings), which is rare.
-    """
-
-    def __init__(self, gpus: list[Gpu], cfg: SchedulerConfig) -> None:
-        ok = [g for g in gpus if usable(g, cfg)]
-        self.node = [g.node for g in ok]
-        self.id = [g.id for g in ok]
-        self.free = [FULL - g.used_milli for g in ok]
-        self.mem = [g.free_memory_mib() for g in ok]
-        self.index = {(g.node, g.id): i for i, g in enumerate(ok)}
-        self.nodes: list[str] = []  # in order
-        self.node_idx: dict[str, list[int]] = {}  # node -> its indices, in order
-        for i, node in enumerate(self.node):
-            if node not in self.node_idx:
-                self.nodes.append(node)
-                self.node_idx[node] = []
-            self.node_idx[node].append(i)
-
-    def same(self, other: Capacity) -> bool:
-        return vars(self) == vars(other)
-
-
-def fit_summary(gpus: list[Gpu], mem_mib: int) -> tuple[int, int, int]:
-    """Of ``gpus``, leaving out lost ones: (most GPUs with at least ``mem_mib``
-    on one node, how many, the largest memory). What a submission is checked against."""
-    pool = [g for g in gpus if not g.lost]
-    per_node: dict[str, int] = {}
-    for g in pool:
-        if g.memory_total_mib >= mem_mib:
-            per_node[g.node] = per_node.get(g.node, 0) + 1
-    largest = max((g.memory_total_mib for g in pool), default=0)
-    return max(per_node.values(), default=0), len(pool), largest
-
-
-def request_of(spec: ev.JobSpec) -> tuple[int, int]:
-    """(number of GPUs, milli-share of each) for a spec's ``gpus``."""
-    g = spec.gpus
-    if g <= 0:
-        return (0, 0)
-    if g < 1:
-        return (1, max(1, round(g * FULL)))
-    return (int(g), FULL)
-
-
-def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
-    """Jobs predicted alike: same user and same name (or command)."""
-    return (spec.user, spec.name or " ".join(spec.command))
-
-
-class QueueIndex:
-    """Queued jobs in the orders policies scan them, kept sorted incrementally.
-
-    ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
-    Insertions are bisect.insort (a memmove in C), so a decision never re-sorts.
-    ``by_shape`` groups jobs that fit or fail together, so a decision can tell
-    up front that nothing in a long queue fits.
-    """
-
-    def __init__(self) -> None:
-        self.by_priority: list[tuple[int, int, int]] = []
-        self.by_order: list[tuple[int, int]] = []
-        self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
-        self.shape_of: dict[int, tuple[Any, ...]] = {}
-        self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
-        # runtime-prediction key -> (-priority, order, id), for shortest-job-first
-        self.rkey_of: dict[int, tuple[str, str]] = {}
-        self.by_rkey: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-
-    def __len__(self) -> int:
-        return len(self.by_order)
-
-    def add(self, job: Job) -> None:
-        bisect.insort(self.by_priority, (-job.spec.priority, job.order, job.id))
-        bisect.insort(self.by_order, (job.order, job.id))
-        self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
-        shape = job.shape
-        self.shape_of[job.id] = shape
-        self.by_shape.setdefault(shape, {})[job.id] = None
-        rkey = runtime_key(job.spec)
-        self.rkey_of[job.id] = rkey
-        bisect.insort(self.by_rkey.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
-
-    def remove(self, job: Job) -> None:
-        key = (-job.spec.priority, job.order, job.id)
-        i = bisect.bisect_left(self.by_priority, key)
-        if i == len(self.by_priority) or self.by_priority[i] != key:
-            raise IllegalTransition(f"job {job.id} is not in the queue")
-        del self.by_priority[i]
-        okey = (job.order, job.id)
-        del self.by_order[bisect.bisect_left(self.by_order, okey)]
-        n = self.milli_counts[job.milli] - 1
-        if n:
-            self.milli_counts[job.milli] = n
-        else:
-            del self.milli_counts[job.milli]
-        shape = self.shape_of.pop(job.id)
-        members = self.by_shape[shape]
-        del members[job.id]
-        if not members:
-            del self.by_shape[shape]
-        rkey = self.rkey_of.pop(job.id)
-        group = self.by_rkey[rkey]
-        del group[bisect.bisect_left(group, key)]
-        if not group:
-            del self.by_rkey[rkey]
-
-    def min_milli(self) -> int:
-        """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
-        return min(self.milli_counts, default=FULL + 1)
-
-
-class RuntimeStats:
-    """Run times of finished runs, for prediction (F14) without the future.
-
-    Kept in integer milliseconds so that sums do not depend on the order the
-    runs ended in; part of the snapshot (retried runs leave no other trace)."""
-
-    def __init__(self) -> None:
-        self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
-        self.sorted: list[int] = []
-        # predictions asked since the last run ended (sjf-backfill asks for
-        # every running job at every reservation)
-        self._memo: dict[tuple[tuple[str, str], float], float] = {}
-
-    def add(self, key: tuple[str, str], runtime_s: float) -> None:
-        ms = max(0, round(runtime_s * 1000))
-        n, total = self.by_key.get(key, (0, 0))
-        self.by_key[key] = (n + 1, total + ms)
-        bisect.insort(self.sorted, ms)
-        self._memo.clear()
-
-    def median(self) -> float | None:
-        s = self.sorted
-        if not s:
-            return None
-        m = len(s) // 2
-        return (s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2) / 1000
-
-    def predict(self, key: tuple[str, str], default: float = 3600.0) -> float:
-        """Mean of the same user's runs of the same job, else the median of all."""
-        memo = self._memo.get((key, default))
-        if memo is None:
-            memo = self._memo[(key, default)] = self._predict(key, default)
-        return memo
-
-    def _predict(self, key: tuple[str, str], default: float) -> float:
-        hit = self.by_key.get(key)
-        if hit is not None:
-            return hit[1] / hit[0] / 1000
-        med = self.median()
-        return default if med is None else med
 
 
 class ClusterState:
@@ -703,60 +452,6 @@ _HANDLERS: dict[type, Any] = {
     ev.JobReleased: _job_released,
     ev.JobLost: _job_lost,
 }
-
-
-# --- JSON views (CLI `queue --json`, `status --json`) ---------------------------
-
-
-def job_json(job: Job, waiting: Any = None) -> dict[str, Any]:
-    """A job as ``queue --json`` shows it; ``waiting`` is its ``explain.Reason``
-    (None unless it is queued or held)."""
-    s = job.spec
-    return {
-        "id": job.id,
-        "name": s.name or (s.command[0] if s.command else ""),
-        "user": s.user,
-        "state": job.state,
-        "priority": s.priority,
-        "gpus": s.gpus,
-        "gpu_ids": list(job.gpu_ids),  # kept after the job ends: where it ran
-        "submitted_at": job.submitted_at,
-        "started_at": job.started_at,
-        "ended_at": job.ended_at,
-        "exit_code": job.exit_code,
-        "signal": job.signal,
-        "reason": waiting.text if waiting is not None else None,  # why it waits (explain)
-        "reason_kind": waiting.kind if waiting is not None else None,
-        "exit_reason": job.reason or job.cancel_reason,  # why its last run ended
-        "tenant": s.tenant,
-        "command": list(s.command),
-        "gpu_mem_mib": s.gpu_mem_mib,
-        "node": job.node,
-        "pid": job.pid,
-        "attempts": job.attempts,
-        "after": list(s.after),
-        "not_before": job.not_before or None,
-        "time_limit_s": s.time_limit_s,
-    }
-
-
-def gpu_json(gpu: Gpu) -> dict[str, Any]:
-    return {
-        "id": gpu.id,
-        "node": gpu.node,
-        "allocated": gpu.used_milli / FULL,
-        "paused": gpu.paused,
-        "lost": gpu.lost,
-        "utilization": gpu.utilization,
-        "memory_used_mib": gpu.memory_used_mib,
-        "memory_total_mib": gpu.memory_total_mib,
-        "temperature_c": gpu.temperature_c,
-        "reserved_mib": gpu.reserved_mib,
-        "foreign_memory_mib": gpu.foreign_memory_mib,
-        "jobs": list(gpu.jobs),
-        "model": gpu.model,
-        "error": gpu.error,
-    }
 
 
 # --- snapshots --------------------------------------------------------------------

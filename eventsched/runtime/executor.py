@@ -39,10 +39,8 @@ import contextlib
 import logging
 import os
 import pwd
-import select
 import shlex
 import signal as _signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +61,7 @@ from eventsched.domain.messages import (
     ProcessStarted,
 )
 from eventsched.runtime import cgroups as _cg
+from eventsched.runtime.zygote import SUPERVISOR, Zygote, ZygoteRequest
 
 __all__ = [
     "Executor",
@@ -74,7 +73,6 @@ __all__ = [
     "DEFAULT_PATH",
 ]
 
-SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
 _log = logging.getLogger("eventsched.executor")
@@ -241,157 +239,6 @@ class _Watch:
         self.event().set()
 
 
-class _Request:
-    """One launch handed to the zygote, filled in by whoever reads replies."""
-
-    __slots__ = ("pidfd", "forked", "result")
-
-    def __init__(self) -> None:
-        self.pidfd = -1  # the supervisor's, sent by the zygote (SCM_RIGHTS)
-        self.forked = False
-        self.result = ""  # "ok PID START" or "error REASON", from the supervisor
-
-
-class _Zygote:
-    """The daemon's end of ``supervisor.py --zygote``: a long-lived process
-    that forks one supervisor per launch (a fork is ~1 ms; an interpreter
-    start-up ~20 ms of CPU). Replies arrive on one socket, tagged with the
-    request's token; whichever launch holds ``lock`` reads them for all
-    (no background task, so a launch finishes even while ``run`` is being
-    cancelled)."""
-
-    def __init__(self, python: str) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.popen = subprocess.Popen(
-                [python, "-I", "-S", SUPERVISOR, "--zygote", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,  # the daemon's session and signals are not its
-                cwd="/",
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
-        self.requests: dict[int, _Request] = {}
-        self.next_token = 0
-        self.eof = False  # the zygote and every supervisor it forked closed their end
-        self.retired = False
-        self.users = 0
-        self.lock: anyio.Lock | None = None
-
-    def alive(self) -> bool:
-        return not self.retired and not self.eof and self.popen.poll() is None
-
-    def submit(self, attempt_dir: Path) -> tuple[int, _Request] | None:
-        """Hand over a launch; None if the zygote did not take it (dead)."""
-        self.next_token += 1
-        token = self.next_token
-        try:
-            # absolute: the zygote runs in /
-            path = os.path.abspath(attempt_dir)
-            self.sock.send(f"{token} {path}".encode(errors="surrogateescape"), socket.MSG_NOSIGNAL)
-        except OSError:
-            return None
-        req = self.requests[token] = _Request()
-        return token, req
-
-    async def wait(self, token: int, req: _Request) -> None:
-        """Until the launch is decided: the supervisor answered, died, or the
-        zygote and all its supervisors are gone (EOF)."""
-        if self.lock is None:
-            self.lock = anyio.Lock()
-        self.users += 1
-        try:
-            async with self.lock:
-                while not self.eof and not (req.forked and req.result):
-                    if req.pidfd >= 0:
-                        await _wait_either(self.sock.fileno(), req.pidfd)
-                    else:
-                        await anyio.wait_readable(self.sock)
-                    self._drain()
-                    if req.pidfd >= 0 and not req.result and _readable(req.pidfd):
-                        # exited; anything it said was sent before, and is read
-                        self._drain()
-                        break
-        finally:
-            self.users -= 1
-            self.requests.pop(token, None)
-            self._maybe_close()
-
-    def _drain(self) -> None:
-        while not self.eof:
-            try:
-                data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1, socket.MSG_CMSG_CLOEXEC)
-            except BlockingIOError:
-                return
-            except OSError:
-                data, fds = b"", []
-            if not data and not fds:
-                self.eof = True
-                return
-            token, _, rest = data.decode(errors="replace").partition(" ")
-            req = self.requests.get(int(token)) if token.isdigit() else None
-            if req is None:  # an abandoned launch (timed out): drop its pidfd
-                for fd in fds:
-                    os.close(fd)
-                continue
-            if rest.startswith("forked"):
-                req.forked = True
-                if fds:
-                    req.pidfd = fds[0]
-                for fd in fds[1:]:
-                    os.close(fd)
-            else:
-                req.result = rest.strip()
-                for fd in fds:
-                    os.close(fd)
-
-    def retire(self) -> None:
-        """No more launches: the zygote reads EOF and exits (its supervisors
-        run on); launches in flight still get their answers."""
-        if self.retired:
-            return
-        self.retired = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_WR)
-        try:
-            self.popen.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self._maybe_close()
-
-    def _maybe_close(self) -> None:
-        if (self.retired or self.eof) and self.users == 0 and self.sock.fileno() >= 0:
-            for req in self.requests.values():
-                if req.pidfd >= 0:
-                    os.close(req.pidfd)
-            self.requests.clear()
-            self.sock.close()
-
-
-def _readable(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
-
-
-async def _wait_either(a: int, b: int) -> None:
-    async def one(fd: int, scope: anyio.CancelScope) -> None:
-        await anyio.wait_readable(fd)
-        scope.cancel()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(one, a, tg.cancel_scope)
-        tg.start_soon(one, b, tg.cancel_scope)
-
-
 def _spec_cgroup(attempt_dir: Path) -> str:
     """The cgroup an attempt was launched into (from its spec.json), or ""."""
     plan = _read_json(attempt_dir / "spec.json")
@@ -422,7 +269,7 @@ class Executor:
         self._send: Callable[[Message], Awaitable[None]] | None = None
         # forks the supervisors while ``run`` is active; cold starts otherwise
         self._use_zygote = zygote
-        self._zygote: _Zygote | None = None
+        self._zygote: Zygote | None = None
         # issue 18: each job in its own cgroup where we can make one
         self._cgroups: _cg.Cgroups | None = None
         if cgroups:
@@ -571,7 +418,7 @@ class Executor:
             os.close(ready_w)
         return popen, ready_r
 
-    def _hand_to_zygote(self, attempt_dir: Path) -> tuple[_Zygote, int, _Request] | None:
+    def _hand_to_zygote(self, attempt_dir: Path) -> tuple[Zygote, int, ZygoteRequest] | None:
         """Give the launch to the zygote (restarted if it died); None = the
         caller starts the supervisor cold. Only while ``run`` is active: the
         zygote lives as long as ``run``."""
@@ -584,7 +431,7 @@ class Executor:
                 z = self._zygote = None
             if z is None:
                 try:
-                    z = self._zygote = _Zygote(self._python)
+                    z = self._zygote = Zygote(self._python)
                 except OSError:
                     return None
             handed = z.submit(attempt_dir)
@@ -595,7 +442,7 @@ class Executor:
         return None
 
     async def _zygote_started(
-        self, job: int, attempt_dir: Path, z: _Zygote, token: int, req: _Request, *, cgroup: str = ""
+        self, job: int, attempt_dir: Path, z: Zygote, token: int, req: ZygoteRequest, *, cgroup: str = ""
     ) -> ProcessStarted:
         # Shielded: once a supervisor runs, we must learn its pid even if
         # the engine is being cancelled, or the job would go unwatched.
@@ -748,7 +595,7 @@ class Executor:
             self._tg, self._send = tg, send
             if self._use_zygote and self._zygote is None:
                 with contextlib.suppress(OSError):  # else launches start cold
-                    self._zygote = _Zygote(self._python)
+                    self._zygote = Zygote(self._python)
             try:
                 pending, self._pending = self._pending, []
                 for fn, args in pending:

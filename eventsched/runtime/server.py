@@ -4,11 +4,8 @@ The user is always the socket's peer (SO_PEERCRED), never a claim in the
 request. A malformed, oversized or hostile message gets an error reply and
 changes nothing; a client that goes away mid-request harms nothing.
 
-Connections are asyncio protocols rather than anyio streams: a request is
-decoded in ``data_received`` and handed to the engine's inbox with a callback
-that writes the reply, so a submission costs no task switch of its own. (The
-daemon runs anyio on its asyncio backend.) Replies go out in request order
-even when a client pipelines requests.
+Each client is a ``connection.Connection``; this module decides what a
+request means and who may make it.
 
 Fair use: connections are counted per uid and in all (a refused one gets one
 error reply and is closed); a connection is not read while it has many
@@ -28,9 +25,6 @@ import logging
 import os
 import pwd
 import resource
-import socket
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -44,29 +38,21 @@ from eventsched.domain.events import Event, encode_many
 from eventsched.domain.paths import log_dir
 from eventsched.domain.states import ACTIVE
 from eventsched.domain.visibility import BatchView, redact_events
-from eventsched.projections.cluster import ClusterState, gpu_json, job_json
+from eventsched.projections.cluster import ClusterState
+from eventsched.projections.views import gpu_json, job_json
 from eventsched.runtime.config import ConnectionLimits
+from eventsched.runtime.connection import (
+    HISTORY_CHUNK_BYTES,
+    HISTORY_PER_USER,
+    Connection,
+    Peer,
+)
 from eventsched.runtime.engine import Answer, Engine, Query
 from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
 
 logger = logging.getLogger("eventsched.server")
 
-SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-# a subscriber further behind than this is cut off (it resubscribes from the
-# last seq it saw) rather than growing the daemon's memory without bound
-SUBSCRIBER_BACKLOG_BYTES = 16 << 20
-# stop reading a connection while this much of its replies is unread (resume
-# at the low mark), or while it has this many requests unanswered
-WRITE_HIGH_WATER = 256 << 10
-WRITE_LOW_WATER = 64 << 10
-MAX_OUTSTANDING_REPLIES = 256
-# history is read and sent in chunks of about this size, each once the last drained
-HISTORY_CHUNK_BYTES = 256 << 10
-# a subscriber whose history has not drained for this long is dropped
-SUBSCRIBER_STALL_S = 60.0
-# subscriptions of one user being sent history at once (the others wait)
-HISTORY_PER_USER = 2
 # open files kept free of connections: the log, snapshots, jobs' logs and
 # supervisors, the GPU sampler's /proc, SQL, and a burst of accepted
 # connections about to be refused (asyncio accepts up to the backlog in one
@@ -77,29 +63,6 @@ ACCEPT_BACKLOG = 128
 # root and the daemon's user may connect this far beyond max_total, so an
 # operator can still look when users hold every slot
 OPERATOR_RESERVE = 32
-
-
-@dataclass(frozen=True)
-class Peer:
-    pid: int
-    uid: int
-    gid: int
-    groups: tuple[int, ...]
-
-    @property
-    def by(self) -> str:
-        return f"uid:{self.uid}"
-
-
-def peer_credentials(sock: socket.socket) -> Peer:
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    try:
-        data = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, 4 * 1024)
-        groups = tuple(struct.unpack(f"{len(data) // 4}I", data))
-    except OSError:
-        groups = ()
-    return Peer(pid=pid, uid=uid, gid=gid, groups=groups)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -410,314 +373,6 @@ class Server:
 
 def _submitted(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": events[0].job, "seq": events[-1].seq}  # type: ignore[attr-defined]
-
-
-class Connection(asyncio.Protocol):
-    """One client connection: framing, ordering of replies, flow control, subscriptions."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.peer: Peer | None = None
-        self.buffer = bytearray()
-        # replies in request order: a slot per request, written when at the head
-        self.slots: collections.deque[list[bytes | None]] = collections.deque()
-        self.closed = False
-        self.admitted = False
-        self.eof = False
-        self.subscribed = False
-        self._processing = False
-        self._reading_paused = False
-        self._write_paused = False  # asyncio says the write buffer is above the high-water mark
-        self._drained = asyncio.Event()
-        self._drained.set()
-        # live batches that arrive while a subscriber is sent its history
-        self._backlog: list[bytes] | None = None
-        self._backlog_bytes = 0
-        self._slot_bytes = 0  # replies ready but waiting behind an earlier one
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        try:
-            self.peer = peer_credentials(transport.get_extra_info("socket"))
-        except OSError:
-            self.closed = True
-            transport.abort()
-            return
-        refusal = self.server.admit(self)
-        if refusal is not None:
-            # one clear reply, then the slot is free again at once
-            self.closed = True
-            transport.write(protocol.frame(protocol.Reply(ok=False, error=refusal)))
-            transport.close()
-            return
-        self.admitted = True
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._drained.set()  # wakes a history sender, which sees closed
-        self.slots.clear()
-        self._slot_bytes = 0
-        self._backlog = None
-        if self.admitted:
-            self.admitted = False
-            self.server.release(self)
-
-    def eof_received(self) -> bool:
-        # The client may half-close after its last request: answer what is
-        # pending first, then close (see _process). A subscriber that hangs
-        # up is gone: close now, so its slot is free at once.
-        self.eof = True
-        return not self.subscribed and (bool(self.slots) or self._complete_request_waits())
-
-    # --- flow control ------------------------------------------------------
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self._drained.clear()
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self._drained.set()
-        self._process()
-
-    def unread(self) -> int:
-        """Bytes written to this connection that its client has not read yet."""
-        if self.closed or self.transport is None:
-            return 0
-        return self.transport.get_write_buffer_size() + self._slot_bytes
-
-    def guard(self, read: Callable[[ClusterState], Any]) -> Callable[[ClusterState], Any]:
-        """``read``, skipped when nobody will read its answer: the connection
-        is gone, or its user already leaves half their share unread (a
-        listing can be tens of MB; computing it costs the engine's time)."""
-
-        def guarded(state: ClusterState) -> Any:
-            if self.closed:
-                return None
-            limit = self.server.connection_limits.max_unread_bytes_per_user
-            assert self.peer is not None
-            waiting = self.server.unread_by(self.peer.uid)
-            if waiting >= limit // 2:
-                raise msg.Refused(
-                    f"uid {self.peer.uid} leaves {waiting} bytes of replies unread (limit {limit}); read them first"
-                )
-            return read(state)
-
-        return guarded
-
-    def _update_reading(self) -> None:
-        if self.closed or self.transport is None:
-            return
-        pause = not self.subscribed and (self._write_paused or len(self.slots) >= MAX_OUTSTANDING_REPLIES)
-        if pause != self._reading_paused:
-            self._reading_paused = pause
-            if pause:
-                self.transport.pause_reading()
-            else:
-                self.transport.resume_reading()
-
-    def _write(self, data: bytes) -> bool:
-        """Write, unless this user leaves too much unread: then cut off."""
-        if self.closed or self.transport is None:
-            return False
-        if not self.server.may_buffer(self, len(data)):
-            self.cut_off(f"leaves more than {self.server.connection_limits.max_unread_bytes_per_user} bytes unread")
-            return False
-        self.transport.write(data)
-        return True
-
-    def cut_off(self, why: str) -> None:
-        """Drop a client that does not read: its unread data goes at once."""
-        if self.closed or self.transport is None:
-            return
-        assert self.peer is not None
-        logger.warning("cut off a connection of uid %d (pid %d): it %s", self.peer.uid, self.peer.pid, why)
-        self.closed = True
-        self.transport.abort()
-
-    # --- requests ----------------------------------------------------------
-
-    def data_received(self, data: bytes) -> None:
-        if self.subscribed or self.closed:
-            return  # a subscriber has nothing more to say
-        self.buffer += data
-        self._process()
-
-    def _process(self) -> None:
-        """Handle the complete requests in the buffer, as far as flow control allows."""
-        if self._processing:
-            return
-        self._processing = True
-        try:
-            header_size = protocol.HEADER.size
-            while (
-                len(self.buffer) >= header_size
-                and not self.closed
-                and not self.subscribed
-                and not self._write_paused
-                and len(self.slots) < MAX_OUTSTANDING_REPLIES
-            ):
-                try:
-                    length = protocol.check_length(bytes(self.buffer[:header_size]))
-                except protocol.ProtocolError as exc:
-                    # the stream cannot be re-synchronised after this
-                    self._reply_now(protocol.Reply(ok=False, error=str(exc)))
-                    self._hang_up()
-                    return
-                if len(self.buffer) < header_size + length:
-                    break
-                body = bytes(self.buffer[header_size : header_size + length])
-                del self.buffer[: header_size + length]
-                self._request(body)
-        finally:
-            self._processing = False
-        self._update_reading()
-        if self.eof and not self.slots and not self.subscribed and not self.closed and self.transport is not None:
-            if not self._complete_request_waits():
-                self.transport.close()
-
-    def _complete_request_waits(self) -> bool:
-        header_size = protocol.HEADER.size
-        if len(self.buffer) < header_size:
-            return False
-        (length,) = protocol.HEADER.unpack(bytes(self.buffer[:header_size]))
-        return len(self.buffer) >= header_size + length
-
-    def _request(self, body: bytes) -> None:
-        try:
-            request = protocol.request_decoder.decode(body)
-        except msgspec.DecodeError as exc:
-            self._reply_now(protocol.Reply(ok=False, error=f"bad request: {exc}"))
-            return
-        if isinstance(request, protocol.Subscribe):
-            self._subscribe(request.from_seq)
-            return
-        slot: list[bytes | None] = [None]
-        self.slots.append(slot)
-
-        def reply(result: Any, error: str | None) -> None:
-            if self.closed:
-                return
-            message = protocol.Reply(ok=False, error=error) if error is not None else protocol.Reply(ok=True, data=result)
-            data = protocol.frame(message)
-            if not self.server.may_buffer(self, len(data)):
-                self.cut_off(f"leaves more than {self.server.connection_limits.max_unread_bytes_per_user} bytes unread")
-                return
-            slot[0] = data
-            self._slot_bytes += len(data)
-            self._flush()
-
-        assert self.peer is not None
-        try:
-            self.server.dispatch(request, self.peer, reply, self)
-        except Exception as exc:  # a bug must cost one reply, not the daemon
-            logger.exception("request %s failed", type(request).__name__)
-            reply(None, f"internal error: {exc}")
-
-    def _reply_now(self, message: protocol.Reply) -> None:
-        data = protocol.frame(message)
-        self.slots.append([data])
-        self._slot_bytes += len(data)
-        self._flush()
-
-    def _flush(self) -> None:
-        while self.slots and self.slots[0][0] is not None:
-            data = self.slots.popleft()[0]
-            assert data is not None
-            self._slot_bytes -= len(data)
-            if self.closed or self.transport is None:
-                return
-            self.transport.write(data)  # its size was checked when it was framed
-        # answered requests make room for the next ones in the buffer
-        self._process()
-
-    def _hang_up(self) -> None:
-        """Close after an error reply without a reset that would destroy it:
-        half-close now, ignore whatever else the peer sends, close soon."""
-        assert self.transport is not None
-        self.subscribed = True  # ignore further input
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        asyncio.get_running_loop().call_later(1.0, self.transport.close)
-
-    # --- subscriptions ------------------------------------------------------
-
-    def _subscribe(self, from_seq: int) -> None:
-        """History from ``from_seq`` (read in chunks in a thread, each sent
-        once the previous one drained), then every live batch."""
-        assert self.transport is not None and self.peer is not None
-        self.subscribed = True
-        self._update_reading()  # input is ignored from now on
-        self._backlog = []
-        # registration and upto in one step of the loop: history up to upto
-        # plus the live batches after it lose nothing
-        self.server.subscribers.add(self)
-        upto = self.server.engine.committed_seq
-        self._write(protocol.frame(protocol.Reply(ok=True, data={"seq": upto})))
-        self.server._tg.start_soon(self._send_history, from_seq, upto)
-
-    def deliver(self, view: BatchView) -> None:
-        """A live batch (called by the server's fan-out)."""
-        if self.closed:
-            return
-        assert self.peer is not None
-        payload = view.for_viewer(self.peer.uid)
-        if self._backlog is not None:
-            self._backlog.append(payload)
-            self._backlog_bytes += len(payload)
-            if self._backlog_bytes > SUBSCRIBER_BACKLOG_BYTES:
-                self.cut_off("fell too far behind during its history")
-            return
-        if self.unread() > SUBSCRIBER_BACKLOG_BYTES:
-            # it resubscribes from the last seq it saw
-            self.cut_off(f"left {SUBSCRIBER_BACKLOG_BYTES} bytes of events unread")
-            return
-        self._write(protocol.frame(protocol.EventBatch(payload=payload)))
-
-    async def _paced_write(self, data: bytes) -> bool:
-        """Write once the client has read what it was sent before (False:
-        it is gone, or cut off after reading nothing for SUBSCRIBER_STALL_S)."""
-        if not self._drained.is_set():
-            with anyio.move_on_after(SUBSCRIBER_STALL_S):
-                await self._drained.wait()
-            if not self._drained.is_set():
-                self.cut_off(f"read none of its history for {SUBSCRIBER_STALL_S:g} s")
-                return False
-        return self._write(data)
-
-    async def _send_history(self, from_seq: int, upto: int) -> None:
-        assert self.peer is not None
-        server = self.server
-        cursor = None
-        try:
-            if 0 < from_seq <= upto:
-                async with server.history_slot(self.peer.uid):
-                    cursor = eventlog.read_batches(log_dir(server.engine.state_dir), from_seq=from_seq)
-                    done = False
-                    while not done and not self.closed:
-                        payloads, done = await anyio.to_thread.run_sync(
-                            server.history_chunk, cursor, from_seq, upto, self.peer.uid,
-                            limiter=server._history_limiter,
-                        )
-                        for payload in payloads:
-                            if not await self._paced_write(protocol.frame(protocol.EventBatch(payload=payload))):
-                                return
-        except Exception as exc:  # EMFILE, a log problem: cost this subscriber, not the daemon
-            logger.warning("history for uid %d failed: %s", self.peer.uid, exc)
-            self.cut_off("could not be sent its history")
-        finally:
-            close = getattr(cursor, "close", None)  # a generator: its segment file closes now
-            if close is not None:
-                close()
-            pending, self._backlog = self._backlog or [], None
-            self._backlog_bytes = 0
-            for payload in pending:
-                if not self._write(protocol.frame(protocol.EventBatch(payload=payload))):
-                    break
 
 
 def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[dict]:

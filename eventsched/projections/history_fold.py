@@ -1,0 +1,479 @@
+"""Folding the log into the read model: each chunk of events becomes Arrow
+columns per table (one bulk conversion per event type), inserted in large
+transactions together with the position they reach, so the file is always a
+fold of an exact prefix of the log. A writer thread inserts one chunk while
+the next is converted (DuckDB scans Arrow without the GIL)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import itertools
+import re
+import shlex
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import duckdb
+import msgspec
+import msgspec.inspect
+import numpy as np
+import pyarrow as pa
+
+from eventsched.domain import events as ev
+from eventsched.projections.history_schema import (
+    _GPUS_SQL,
+    _JOBS_SQL,
+    _PLACEMENTS_SQL,
+    _RAW_DDL,
+    _VIEWS_DDL,
+    SCHEMA_VERSION,
+    TABLES,
+    VIEWS,
+)
+
+__all__ = ["fold", "ensure_schema", "position"]
+
+# Events turned into columns at a time during catch-up: big enough for
+# columnar inserts to pay, small enough to bound memory on a huge log.
+CHUNK_EVENTS = 100_000
+# Events per transaction: the position is committed with the rows as always,
+# only less often during a long catch-up (see _Writer).
+COMMIT_EVENTS = 1_000_000
+# Overlap column building with DuckDB inserts (see fold).
+PIPELINE = True
+
+# --- turning frames into columns -------------------------------------------
+#
+# Per event, Python touches each object once: ``msgspec.structs.astuple`` (C)
+# turns a struct into a tuple and numpy converts a whole bucket of tuples into
+# a record array in one call. Every column is then a numpy array DuckDB scans
+# directly (numbers without the GIL); constant columns (an event's type name,
+# NULLs) are SQL literals rather than arrays of the same Python object.
+
+
+_UNSAFE = re.compile(r"[^\w@%+=:,./ -]", re.ASCII).search
+
+
+def _command(argv: list[str]) -> str:
+    """shlex.join, without quoting each word when no word needs it (the common case)."""
+    plain = " ".join(argv)
+    if _UNSAFE(plain) is None and plain.count(" ") == len(argv) - 1 and all(argv):
+        return plain
+    return shlex.join(argv)
+
+
+def _ids(ids: list[int] | None) -> str | None:
+    return None if ids is None else ",".join(map(str, ids))
+
+
+def _obj(values: list[Any]) -> np.ndarray:
+    # object arrays keep None as NULL for integers and strings alike
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
+# A column is a numpy array, or a SQL expression (a str) for a constant one.
+Columns = dict[str, "np.ndarray | str"]
+
+_NUMPY_TYPE = {msgspec.inspect.IntType: "i8", msgspec.inspect.FloatType: "f8", msgspec.inspect.BoolType: "?"}
+
+
+@functools.cache
+def _record_type(cls: type) -> np.dtype:
+    """One numpy field per struct field; strings, lists and optionals stay objects."""
+    fields = msgspec.inspect.type_info(cls).fields  # type: ignore[attr-defined]
+    return np.dtype([(f.name, _NUMPY_TYPE.get(type(f.type), "O")) for f in fields])
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _clamped(row: tuple[Any, ...], dtype: np.dtype) -> tuple[Any, ...]:
+    """``row`` with integers outside int64 clamped into it (int64 fields only)."""
+    return tuple(
+        min(max(v, _INT64_MIN), _INT64_MAX) if dtype[i].kind == "i" and isinstance(v, int) else v
+        for i, v in enumerate(row)
+    )
+
+
+def _records(structs: list[Any]) -> np.ndarray:
+    """A record array of same-typed structs, in the structs' field order.
+
+    The log may hold integers beyond int64 (msgspec decodes up to 2**64 - 1,
+    and old logs predate the submission bounds): those are clamped, so one
+    absurd number costs its own precision, never the whole read model.
+    """
+    struct_type: type = type(structs[0])  # classes are hashable: the lru_cache key
+    dtype = _record_type(struct_type)
+    rows = list(map(msgspec.structs.astuple, structs))
+    try:
+        return np.array(rows, dtype=dtype)
+    except OverflowError:
+        return np.array([_clamped(row, dtype) for row in rows], dtype=dtype)
+
+
+class _Chunk:
+    """Events of several frames, bucketed by type, turned into column sets."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[type, list[ev.Event]] = {}
+        self.count = 0
+        self.last_seq = 0
+        self.last_ts: float | None = None
+
+    def add(self, batch: list[ev.Event]) -> None:
+        buckets = self.buckets
+        for e in batch:
+            t = type(e)
+            b = buckets.get(t)
+            if b is None:
+                buckets[t] = b = []
+            b.append(e)
+        self.count += len(batch)
+        self.last_seq = batch[-1].seq
+        self.last_ts = batch[-1].ts if self.last_ts is None else max(self.last_ts, batch[-1].ts)
+
+    def inserts(self) -> tuple[list[tuple[str, Columns]], np.ndarray]:
+        """(table, columns) to append, and the ids of the jobs they touch."""
+        out: list[tuple[str, Columns]] = []
+        jobs: list[np.ndarray] = []
+        for t, events in self.buckets.items():
+            builder = _BUILDERS.get(t)
+            if builder is None:
+                continue  # an event kind this model does not fold
+            if t in _JOB_DETAIL:
+                rec = _records(events)
+                jobs.append(rec["job"])
+                out.extend(builder(events, rec))
+            else:
+                out.extend(builder(events, None))
+        touched = np.unique(np.concatenate(jobs)) if jobs else np.empty(0, dtype=np.int64)
+        return out, touched
+
+    def touches_gpus(self) -> bool:
+        return any(t in _GPU_EVENTS for t in self.buckets)
+
+
+def _exit_detail(e: ev.JobExited) -> str:
+    what = f"signal={e.signal}" if e.exit_code is None else f"exit_code={e.exit_code}"
+    return f"{what} reason={e.reason}" if e.reason else what
+
+
+_JOB_DETAIL: dict[type, Callable[[Any], str]] = {
+    ev.JobSubmitted: lambda e: f"user={e.spec.user} gpus={e.spec.gpus:g} priority={e.spec.priority}",
+    ev.JobPlaced: lambda e: f"node={e.node} gpu_ids={_ids(e.gpu_ids)} share={e.share:g}",
+    ev.JobStarted: lambda e: f"pid={e.pid}",
+    ev.JobExited: _exit_detail,
+    ev.JobCancelRequested: lambda e: f"by={e.by} reason={e.reason}",
+    ev.JobCancelled: lambda e: f"by={e.by}",
+    ev.JobRequeued: lambda e: f"reason={e.reason} not_before={e.not_before:g}",
+    ev.JobHeld: lambda e: f"by={e.by}",
+    ev.JobReleased: lambda e: f"by={e.by}",
+    ev.JobLost: lambda e: f"reason={e.reason}",
+}
+
+
+def _job_event_cols(events: list[Any], rec: np.ndarray) -> Columns:
+    t = type(events[0])
+    names = rec.dtype.names or ()  # a record dtype always has names
+    return {
+        "seq": rec["seq"], "ts": rec["ts"], "job": rec["job"],
+        "type": f"'{t.__name__}'",
+        "cause": rec["cause"],
+        "detail": _obj(list(map(_JOB_DETAIL[t], events))),
+        "exit_code": rec["exit_code"] if "exit_code" in names else "NULL",
+        "signal": rec["signal"] if "signal" in names else "NULL",
+        "reason": rec["reason"] if "reason" in names else "NULL",
+        # the state an exit ended in, as the core decided it (states.exit_outcome)
+        "outcome": rec["outcome"] if "outcome" in names else "NULL",
+    }
+
+
+def _build_job(events: list[Any], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+
+
+def _build_submitted(events: list[ev.JobSubmitted], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+    specs = rec["spec"].tolist()
+    s = _records(specs)
+    yield "submissions", {
+        "seq": rec["seq"], "ts": rec["ts"], "job": rec["job"],
+        "name": s["name"], "user": s["user"], "uid": s["uid"], "tenant": s["tenant"],
+        "command": _obj([_command(argv) for argv in s["command"].tolist()]),
+        "gpus": s["gpus"], "gpu_mem_mib": s["gpu_mem_mib"],
+        "allowed_gpu_ids": _obj([_ids(ids) for ids in s["gpu_ids"].tolist()]),
+        "priority": s["priority"], "time_limit_s": s["time_limit_s"], "on_time_limit": s["on_time_limit"],
+        "retries": s["retries"],
+        "after": _obj([_ids(after) or None for after in s["after"].tolist()]),
+        "cwd": s["cwd"], "content_hash": s["content_hash"], "node": s["node"],
+    }
+
+
+def _build_placed(events: list[ev.JobPlaced], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+    # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
+    gpu_ids = rec["gpu_ids"].tolist()
+    counts = np.fromiter(map(len, gpu_ids), dtype=np.int64, count=len(gpu_ids))
+    rows = np.repeat(np.arange(len(gpu_ids)), counts)  # event of each row
+    first_row = np.cumsum(counts) - counts
+    yield "placement_events", {
+        "seq": rec["seq"][rows], "ts": rec["ts"][rows], "job": rec["job"][rows], "node": rec["node"][rows],
+        "gpu": np.fromiter(itertools.chain.from_iterable(gpu_ids), dtype=np.int64, count=len(rows)),
+        "idx": np.arange(len(rows)) - first_row[rows],
+        "share": rec["share"][rows], "gpu_mem_mib": rec["gpu_mem_mib"][rows], "policy": rec["policy"][rows],
+    }
+
+
+def _build_sampled(events: list[ev.GpuSampled], rec: None) -> Iterable[tuple[str, Columns]]:
+    r = _records(events)
+    yield "gpu_samples", {name: r[name] for name in (
+        "seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c",
+        "power_w", "foreign_memory_mib")}
+
+
+_GPU_EVENTS = (ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored)
+
+
+def _common(events: list[ev.Event]) -> Columns:
+    return {
+        "seq": np.fromiter((e.seq for e in events), dtype=np.int64, count=len(events)),
+        "ts": np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)),
+    }
+
+
+# GPU and daemon events are few: plain attribute access is fast enough.
+def _build_gpu_event(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
+    n = len(events)
+    cols = _common(events)
+    cols["node"] = _obj([e.node for e in events])
+    cols["gpu"] = np.fromiter((e.gpu for e in events), dtype=np.int64, count=n)
+    cols["type"] = _obj([type(e).__name__ for e in events])
+    cols["cause"] = _obj([e.cause for e in events])
+    cols["uuid"] = _obj([getattr(e, "uuid", None) for e in events])
+    cols["model"] = _obj([getattr(e, "model", None) for e in events])
+    cols["memory_total_mib"] = _obj([getattr(e, "memory_total_mib", None) for e in events])
+    cols["by"] = _obj([getattr(e, "by", None) for e in events])
+    cols["error"] = _obj([getattr(e, "error", None) for e in events])
+    cols["lost"] = _obj([getattr(e, "lost", None) for e in events])
+    yield "gpu_events", cols
+
+
+def _daemon_detail(e: Any) -> str:
+    if isinstance(e, ev.DaemonStarted):
+        return f"pid={e.pid} version={e.version} policy={e.policy} gpus={e.gpu_backend}"
+    if isinstance(e, ev.DaemonStopped):
+        return f"reason={e.reason}"
+    return f"policy={e.policy} by={e.by}"
+
+
+def _build_daemon(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
+    cols = _common(events)
+    cols["type"] = _obj([type(e).__name__ for e in events])
+    cols["cause"] = _obj([e.cause for e in events])
+    cols["node"] = _obj([getattr(e, "node", None) for e in events])
+    cols["detail"] = _obj([_daemon_detail(e) for e in events])
+    yield "daemon_events", cols
+
+
+# type -> builder(events, record array of them for job events, else None)
+_BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
+    ev.JobSubmitted: _build_submitted,
+    ev.JobPlaced: _build_placed,
+    ev.GpuSampled: _build_sampled,
+    **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced)},
+    **{t: _build_gpu_event for t in _GPU_EVENTS},
+    ev.DaemonStarted: _build_daemon,
+    ev.DaemonStopped: _build_daemon,
+    ev.PolicyChanged: _build_daemon,
+}
+
+
+# --- folding into a connection ---------------------------------------------
+
+
+def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
+    try:
+        row = con.execute("SELECT schema_version FROM _position").fetchone()
+    except duckdb.CatalogException:
+        return None
+    return None if row is None else int(row[0])
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create (or, after a schema change, recreate) tables and views."""
+    version = _schema_version(con)
+    if version == SCHEMA_VERSION:
+        return  # DDL commits to the catalog: skip it on every routine catch-up
+    if version is not None:
+        for view in VIEWS:
+            con.execute(f"DROP VIEW IF EXISTS {view}")
+        for table in TABLES:
+            con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute(_RAW_DDL)
+    con.execute("DELETE FROM _position")
+    con.execute("INSERT INTO _position VALUES (0, NULL, ?)", [SCHEMA_VERSION])
+    con.execute(_VIEWS_DDL)
+
+
+def position(con: duckdb.DuckDBPyConnection) -> int:
+    row = con.execute("SELECT seq FROM _position").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+class _Prepared(msgspec.Struct, frozen=True):
+    """A chunk turned into Arrow tables: the writer runs no Python per event and,
+    scanning Arrow rather than Python objects, mostly runs without the GIL."""
+
+    inserts: list[tuple[str, pa.Table]]  # (INSERT ... SELECT ... FROM _chunk, its rows)
+    touched: np.ndarray
+    touches_gpus: bool
+    last_seq: int
+    last_ts: float | None
+    count: int
+
+
+def _insert(table: str, cols: Columns) -> tuple[str, pa.Table]:
+    names = ", ".join(f'"{k}"' for k in cols)
+    exprs = ", ".join(v if isinstance(v, str) else f'"{k}"' for k, v in cols.items())
+    # from_pandas: None (and NaN) are NULL, as they were in the pandas frames this replaced
+    # (a column of a record array is strided: numpy copies it faster than Arrow does)
+    rows = pa.table({k: pa.array(np.ascontiguousarray(v), from_pandas=True)
+                     for k, v in cols.items() if not isinstance(v, str)})
+    return f"INSERT INTO {table} ({names}) SELECT {exprs} FROM _chunk", rows
+
+
+def _prepare(chunk: _Chunk) -> _Prepared:
+    inserts, touched = chunk.inserts()
+    return _Prepared([_insert(table, cols) for table, cols in inserts], touched, chunk.touches_gpus(),
+                     chunk.last_seq, chunk.last_ts, chunk.count)
+
+
+class _Writer:
+    """Appends prepared chunks to the raw tables, COMMIT_EVENTS events per transaction.
+
+    The derived tables are refreshed once per transaction, for every job its
+    chunks touched, just before the commit that also records the position: a
+    job spanning several chunks is recomputed once, and big transactions let
+    DuckDB write whole row groups to the file instead of through its WAL.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.in_transaction = False
+        self.uncommitted = 0
+        self.committed = 0  # events, over all transactions
+        self.touched: list[np.ndarray] = []
+        self.touches_gpus = False
+        self.last_seq = 0
+        self.last_ts: float | None = None
+
+    def append(self, chunk: _Prepared) -> None:
+        con = self.con
+        if not self.in_transaction:
+            con.begin()
+            self.in_transaction = True
+        for sql, rows in chunk.inserts:
+            con.register("_chunk", rows)
+            con.execute(sql)
+            con.unregister("_chunk")
+        if len(chunk.touched):
+            self.touched.append(chunk.touched)
+        self.touches_gpus |= chunk.touches_gpus
+        self.last_seq = chunk.last_seq
+        if chunk.last_ts is not None:
+            self.last_ts = chunk.last_ts if self.last_ts is None else max(self.last_ts, chunk.last_ts)
+        self.uncommitted += chunk.count
+        if self.uncommitted >= COMMIT_EVENTS:
+            self.commit()
+
+    def commit(self) -> None:
+        """Refresh what the open transaction touched, record the position, commit."""
+        if not self.in_transaction:
+            return
+        con = self.con
+        if self.touched:
+            touched = np.unique(np.concatenate(self.touched))
+            con.register("_touched", {"job": touched})
+            con.execute("DELETE FROM jobs WHERE id IN (SELECT job FROM _touched)")
+            con.execute("INSERT INTO jobs " + _JOBS_SQL)
+            con.execute("DELETE FROM placements WHERE job IN (SELECT job FROM _touched)")
+            con.execute("INSERT INTO placements " + _PLACEMENTS_SQL)
+            con.unregister("_touched")
+        if self.touches_gpus:
+            con.execute("DELETE FROM gpus")
+            con.execute("INSERT INTO gpus " + _GPUS_SQL)
+        con.execute(
+            "UPDATE _position SET seq = ?, ts = greatest(coalesce(ts, ?), ?)",
+            [self.last_seq, self.last_ts, self.last_ts],
+        )
+        con.commit()
+        self.committed += self.uncommitted
+        self.in_transaction = False
+        self.uncommitted = 0
+        self.touched = []
+        self.touches_gpus = False
+        self.last_ts = None
+
+    def rollback(self) -> None:
+        if self.in_transaction:
+            self.in_transaction = False
+            self.con.rollback()
+
+
+def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], after_seq: int) -> int:
+    """Fold frames (events with seq > after_seq) into the model; returns events added.
+
+    Decoding and column building (Python, holds the GIL) overlap with the
+    previous chunk's inserts (DuckDB on Arrow tables, releases it) in one
+    writer thread. On an error the open transaction is rolled back: the model
+    stays the fold of the prefix committed before it.
+    """
+    chunk = _Chunk()
+    writer = _Writer(con)
+    pending: Future[None] | None = None
+    # The decoded events are acyclic and short-lived: the cyclic GC only
+    # burns time rescanning them (halves decoding time, see bench/).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
+            try:
+                for batch in batches:
+                    if batch and batch[0].seq <= after_seq:
+                        batch = [e for e in batch if e.seq > after_seq]
+                    if not batch:
+                        continue
+                    chunk.add(batch)
+                    if chunk.count >= CHUNK_EVENTS:
+                        prepared = _prepare(chunk)
+                        chunk = _Chunk()
+                        if pending is not None:
+                            pending.result()
+                        pending = pool.submit(writer.append, prepared)
+                        if not PIPELINE:
+                            pending.result()
+                            pending = None
+                if chunk.count:
+                    prepared = _prepare(chunk)
+                    if pending is not None:
+                        pending.result()
+                    pending = pool.submit(writer.append, prepared)
+                if pending is not None:
+                    pending.result()
+                    pending = None
+                pool.submit(writer.commit).result()
+            except BaseException:
+                if pending is not None:
+                    with contextlib.suppress(BaseException):
+                        pending.result()
+                pool.submit(writer.rollback).result()
+                raise
+    finally:
+        if was_enabled:
+            gc.enable()
+    return writer.committed

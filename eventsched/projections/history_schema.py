@@ -1,0 +1,238 @@
+"""The read model's tables and views, as DuckDB SQL (``docs/history-schema.md``).
+
+*Raw tables* take the log's events column-wise and never change once written;
+*derived tables* (``jobs``, ``placements``, ``gpus``) are recomputed by the SQL
+here for the jobs and GPUs the newest events touched. Bump ``SCHEMA_VERSION``
+whenever any of it changes: the read model is then rebuilt from the log.
+"""
+
+from __future__ import annotations
+
+from eventsched.domain.states import FINAL
+
+# 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
+SCHEMA_VERSION = 3
+
+FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
+
+
+# --- schema ---------------------------------------------------------------
+
+_RAW_DDL = """
+CREATE TABLE IF NOT EXISTS _position (seq BIGINT NOT NULL, ts DOUBLE, schema_version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS job_events (
+    seq BIGINT, ts DOUBLE, job BIGINT, type VARCHAR, cause VARCHAR, detail VARCHAR,
+    exit_code INTEGER, signal INTEGER, reason VARCHAR, outcome VARCHAR);
+CREATE TABLE IF NOT EXISTS submissions (
+    seq BIGINT, ts DOUBLE, job BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR,
+    command VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, allowed_gpu_ids VARCHAR, priority BIGINT,
+    time_limit_s DOUBLE, on_time_limit VARCHAR, retries BIGINT, after VARCHAR, cwd VARCHAR,
+    content_hash VARCHAR, node VARCHAR);
+CREATE TABLE IF NOT EXISTS placement_events (
+    seq BIGINT, ts DOUBLE, job BIGINT, node VARCHAR, gpu INTEGER, idx INTEGER, share DOUBLE,
+    gpu_mem_mib BIGINT, policy VARCHAR);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    seq BIGINT, ts DOUBLE, node VARCHAR, gpu INTEGER, utilization DOUBLE, memory_used_mib BIGINT,
+    memory_total_mib BIGINT, temperature_c DOUBLE, power_w DOUBLE, foreign_memory_mib BIGINT);
+CREATE TABLE IF NOT EXISTS gpu_events (
+    seq BIGINT, ts DOUBLE, node VARCHAR, gpu INTEGER, type VARCHAR, cause VARCHAR, uuid VARCHAR,
+    model VARCHAR, memory_total_mib BIGINT, "by" VARCHAR, error VARCHAR, lost BOOLEAN);
+CREATE TABLE IF NOT EXISTS daemon_events (
+    seq BIGINT, ts DOUBLE, type VARCHAR, cause VARCHAR, node VARCHAR, detail VARCHAR);
+CREATE TABLE IF NOT EXISTS jobs (
+    id BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR, command VARCHAR,
+    gpus DOUBLE, gpu_mem_mib BIGINT, priority BIGINT, state VARCHAR,
+    submitted_at DOUBLE, first_started_at DOUBLE, started_at DOUBLE, ended_at DOUBLE,
+    wait_s DOUBLE, run_s DOUBLE, turnaround_s DOUBLE, exit_code INTEGER, signal INTEGER,
+    reason VARCHAR, node VARCHAR, gpu_ids INTEGER[], attempts INTEGER, last_seq BIGINT);
+CREATE TABLE IF NOT EXISTS placements (
+    job BIGINT, seq BIGINT, node VARCHAR, gpu INTEGER, share DOUBLE, gpu_mem_mib BIGINT,
+    from_ts DOUBLE, to_ts DOUBLE);
+CREATE TABLE IF NOT EXISTS gpus (
+    node VARCHAR, gpu INTEGER, uuid VARCHAR, model VARCHAR, memory_total_mib BIGINT,
+    discovered_at DOUBLE, paused BOOLEAN, lost BOOLEAN, last_error VARCHAR);
+"""
+
+_VIEWS_DDL = """
+CREATE OR REPLACE VIEW job_times AS
+SELECT id, name, "user", tenant, gpus, state, submitted_at, started_at, ended_at,
+       wait_s, run_s, turnaround_s, attempts
+FROM jobs;
+
+-- every placement with an end: open placements count up to the last event
+CREATE OR REPLACE VIEW placement_spans AS
+SELECT p.job, j."user", j.tenant, p.node, p.gpu, p.share, p.gpu_mem_mib, p.from_ts,
+       coalesce(p.to_ts, greatest(p.from_ts, (SELECT max(ts) FROM _position))) AS to_ts,
+       p.to_ts IS NULL AS open,
+       p.share * (coalesce(p.to_ts, greatest(p.from_ts, (SELECT max(ts) FROM _position))) - p.from_ts)
+           / 3600.0 AS gpu_hours
+FROM placements p LEFT JOIN jobs j ON j.id = p.job;
+
+CREATE OR REPLACE VIEW gpu_hours_by_user AS
+SELECT "user", sum(gpu_hours) AS gpu_hours, count(DISTINCT job) AS jobs
+FROM placement_spans GROUP BY "user";
+
+CREATE OR REPLACE VIEW gpu_hours_by_tenant AS
+SELECT tenant, sum(gpu_hours) AS gpu_hours, count(DISTINCT job) AS jobs
+FROM placement_spans GROUP BY tenant;
+
+-- GPU-hours per UTC day, a placement spanning midnight split between days
+CREATE OR REPLACE VIEW gpu_hours_daily AS
+WITH d AS (
+    SELECT "user", tenant, share, from_ts, to_ts,
+           unnest(range(floor(from_ts / 86400)::BIGINT, floor(to_ts / 86400)::BIGINT + 1)) AS day_no
+    FROM placement_spans)
+SELECT (DATE '1970-01-01' + day_no::INTEGER) AS day, "user", tenant,
+       sum(share * greatest(0, least(to_ts, (day_no + 1) * 86400.0) - greatest(from_ts, day_no * 86400.0)))
+           / 3600.0 AS gpu_hours
+FROM d GROUP BY ALL;
+
+CREATE OR REPLACE VIEW gpu_utilization AS
+SELECT node, gpu, make_timestamp((floor(ts / 60) * 60 * 1e6)::BIGINT) AS minute,
+       count(*) AS samples, avg(utilization) AS utilization_mean, max(utilization) AS utilization_peak,
+       avg(memory_used_mib) AS memory_used_mib_mean, max(memory_used_mib) AS memory_used_mib_peak,
+       max(temperature_c) AS temperature_c_peak, avg(power_w) AS power_w_mean
+FROM gpu_samples GROUP BY ALL;
+
+CREATE OR REPLACE VIEW gpu_utilization_summary AS
+SELECT node, gpu, count(*) AS samples, avg(utilization) AS utilization_mean,
+       max(utilization) AS utilization_peak, avg(memory_used_mib) AS memory_used_mib_mean,
+       max(memory_used_mib) AS memory_used_mib_peak, max(temperature_c) AS temperature_c_peak,
+       min(ts) AS first_ts, max(ts) AS last_ts
+FROM gpu_samples GROUP BY ALL;
+
+CREATE OR REPLACE VIEW job_state_counts AS
+SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
+"""
+
+TABLES = (
+    "jobs", "job_events", "submissions", "placements", "placement_events",
+    "gpu_samples", "gpus", "gpu_events", "daemon_events", "_position",
+)
+VIEWS = (
+    "job_times", "placement_spans", "gpu_hours_by_user", "gpu_hours_by_tenant",
+    "gpu_hours_daily", "gpu_utilization", "gpu_utilization_summary", "job_state_counts",
+)
+
+# Jobs recomputed from the raw tables, for the ids in the registered `_touched`.
+_JOBS_SQL = """
+WITH ev AS (
+    SELECT * FROM job_events WHERE job IN (SELECT job FROM _touched)
+),
+marks AS (
+    SELECT *,
+        max(CASE WHEN type = 'JobStarted' THEN seq END) OVER w AS last_start_seq,
+        max(CASE WHEN type = 'JobCancelRequested' THEN seq END) OVER w AS last_cr_seq,
+        last_value(CASE WHEN type = 'JobCancelRequested' THEN reason END IGNORE NULLS) OVER w AS last_cr_reason
+    FROM ev
+    WINDOW w AS (PARTITION BY job ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+st AS (
+    SELECT *,
+        CASE type
+            WHEN 'JobSubmitted' THEN 'queued'
+            WHEN 'JobPlaced' THEN 'running'
+            WHEN 'JobStarted' THEN 'running'
+            -- the core records the state an exit ends in (JobExited.outcome);
+            -- only logs written before it was recorded fall back to the rule
+            WHEN 'JobExited' THEN coalesce(nullif(outcome, ''), CASE
+                WHEN reason = 'cancelled'
+                     OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'cancelled')
+                    THEN 'cancelled'
+                WHEN reason = 'preempted'
+                     OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'preempted')
+                    THEN 'preempted'
+                WHEN exit_code = 0 THEN 'succeeded'
+                ELSE 'failed' END)
+            WHEN 'JobCancelled' THEN 'cancelled'
+            WHEN 'JobRequeued' THEN 'queued'
+            WHEN 'JobHeld' THEN 'held'
+            WHEN 'JobReleased' THEN 'queued'
+            WHEN 'JobLost' THEN 'lost'
+        END AS state_after
+    FROM marks
+),
+runs AS (
+    -- one row per attempt: a JobStarted and the JobExited / JobLost that ended it
+    SELECT job, sum(next_ts - ts) AS run_s
+    FROM (
+        SELECT job, type, ts,
+               lead(ts) OVER (PARTITION BY job ORDER BY seq) AS next_ts,
+               lead(type) OVER (PARTITION BY job ORDER BY seq) AS next_type
+        FROM ev WHERE type IN ('JobStarted', 'JobExited', 'JobLost'))
+    WHERE type = 'JobStarted' AND next_type IN ('JobExited', 'JobLost')
+    GROUP BY job
+),
+agg AS (
+    SELECT job,
+        arg_max(state_after, seq) FILTER (WHERE state_after IS NOT NULL) AS state,
+        max(ts) FILTER (WHERE state_after IS NOT NULL) AS state_ts,
+        min(ts) FILTER (WHERE type = 'JobSubmitted') AS submitted_at,
+        min(ts) FILTER (WHERE type = 'JobStarted') AS first_started_at,
+        max(ts) FILTER (WHERE type = 'JobStarted') AS started_at,
+        arg_max({'code': exit_code, 'sig': signal, 'reason': reason}, seq)
+            FILTER (WHERE type = 'JobExited') AS last_exit,
+        arg_max(reason, seq) FILTER (WHERE state_after IS NOT NULL) AS last_reason,
+        count(*) FILTER (WHERE type = 'JobStarted') AS attempts,
+        max(seq) AS last_seq
+    FROM st GROUP BY job
+),
+last_place AS (
+    SELECT job, arg_max(node, seq) AS node, max(seq) AS seq
+    FROM placement_events WHERE job IN (SELECT job FROM _touched) GROUP BY job
+),
+place_ids AS (
+    SELECT p.job, list(p.gpu ORDER BY p.idx) AS gpu_ids
+    FROM placement_events p JOIN last_place l ON p.job = l.job AND p.seq = l.seq
+    GROUP BY p.job
+)
+SELECT a.job AS id, s.name, s."user", s.uid, s.tenant, s.command, s.gpus, s.gpu_mem_mib, s.priority,
+    a.state, a.submitted_at, a.first_started_at, a.started_at,
+    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'lost') THEN a.state_ts END AS ended_at,
+    a.first_started_at - a.submitted_at AS wait_s,
+    r.run_s,
+    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'lost') THEN a.state_ts - a.submitted_at END
+        AS turnaround_s,
+    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled') THEN a.last_exit.code END AS exit_code,
+    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled') THEN a.last_exit.sig END AS signal,
+    nullif(CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'preempted')
+         THEN coalesce(nullif(a.last_exit.reason, ''), a.last_reason)
+         ELSE a.last_reason END, '') AS reason,
+    CASE WHEN a.state IN ('queued', 'held') THEN NULL ELSE l.node END AS node,
+    CASE WHEN a.state IN ('queued', 'held') OR pi.gpu_ids IS NULL THEN []::INTEGER[] ELSE pi.gpu_ids END
+        AS gpu_ids,
+    a.attempts::INTEGER AS attempts, a.last_seq
+FROM agg a
+LEFT JOIN submissions s ON s.job = a.job
+LEFT JOIN runs r ON r.job = a.job
+LEFT JOIN last_place l ON l.job = a.job
+LEFT JOIN place_ids pi ON pi.job = a.job
+"""
+
+# A placement holds its GPU share from JobPlaced to the first event that ends
+# the attempt (exit, cancel of a not-yet-started job, requeue, loss).
+_PLACEMENTS_SQL = """
+WITH ends AS (
+    SELECT job, seq, ts FROM job_events
+    WHERE job IN (SELECT job FROM _touched)
+      AND type IN ('JobExited', 'JobCancelled', 'JobRequeued', 'JobLost')
+),
+p AS (SELECT * FROM placement_events WHERE job IN (SELECT job FROM _touched))
+SELECT p.job, p.seq, p.node, p.gpu, p.share, p.gpu_mem_mib, p.ts AS from_ts, e.ts AS to_ts
+FROM p ASOF LEFT JOIN ends e ON p.job = e.job AND p.seq < e.seq
+"""
+
+_GPUS_SQL = """
+WITH g AS (SELECT * FROM gpu_events)
+SELECT node, gpu,
+    arg_max(uuid, seq) FILTER (WHERE type = 'GpuDiscovered') AS uuid,
+    arg_max(model, seq) FILTER (WHERE type = 'GpuDiscovered') AS model,
+    arg_max(memory_total_mib, seq) FILTER (WHERE type = 'GpuDiscovered') AS memory_total_mib,
+    min(ts) FILTER (WHERE type = 'GpuDiscovered') AS discovered_at,
+    coalesce(arg_max(type = 'GpuPaused', seq) FILTER (WHERE type IN ('GpuPaused', 'GpuResumed')), false)
+        AS paused,
+    coalesce(arg_max(lost AND type = 'GpuErrored', seq)
+        FILTER (WHERE type = 'GpuDiscovered' OR (type = 'GpuErrored' AND lost)), false) AS lost,
+    arg_max(error, seq) FILTER (WHERE type = 'GpuErrored') AS last_error
+FROM g WHERE gpu >= 0 GROUP BY node, gpu
+"""

@@ -1,0 +1,63 @@
+"""JSON views of jobs and GPUs: what ``queue --json``, ``status --json`` and
+``explain`` print, and the notebook panel shows. No environment is in them
+(``visibility``): they are shown to every user."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventsched.domain.units import FULL
+from eventsched.projections.model import Gpu, Job
+
+__all__ = ["job_json", "gpu_json"]
+
+
+def job_json(job: Job, waiting: Any = None) -> dict[str, Any]:
+    """A job as ``queue --json`` shows it; ``waiting`` is its ``explain.Reason``
+    (None unless it is queued or held)."""
+    s = job.spec
+    return {
+        "id": job.id,
+        "name": s.name or (s.command[0] if s.command else ""),
+        "user": s.user,
+        "state": job.state,
+        "priority": s.priority,
+        "gpus": s.gpus,
+        "gpu_ids": list(job.gpu_ids),  # kept after the job ends: where it ran
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "exit_code": job.exit_code,
+        "signal": job.signal,
+        "reason": waiting.text if waiting is not None else None,  # why it waits (explain)
+        "reason_kind": waiting.kind if waiting is not None else None,
+        "exit_reason": job.reason or job.cancel_reason,  # why its last run ended
+        "tenant": s.tenant,
+        "command": list(s.command),
+        "gpu_mem_mib": s.gpu_mem_mib,
+        "node": job.node,
+        "pid": job.pid,
+        "attempts": job.attempts,
+        "after": list(s.after),
+        "not_before": job.not_before or None,
+        "time_limit_s": s.time_limit_s,
+    }
+
+
+def gpu_json(gpu: Gpu) -> dict[str, Any]:
+    return {
+        "id": gpu.id,
+        "node": gpu.node,
+        "allocated": gpu.used_milli / FULL,
+        "paused": gpu.paused,
+        "lost": gpu.lost,
+        "utilization": gpu.utilization,
+        "memory_used_mib": gpu.memory_used_mib,
+        "memory_total_mib": gpu.memory_total_mib,
+        "temperature_c": gpu.temperature_c,
+        "reserved_mib": gpu.reserved_mib,
+        "foreign_memory_mib": gpu.foreign_memory_mib,
+        "jobs": list(gpu.jobs),
+        "model": gpu.model,
+        "error": gpu.error,
+    }

@@ -1,0 +1,181 @@
+"""The daemon's end of the launch zygote (``supervisor.py --zygote``): one
+long-lived process that forks a supervisor per launch, so a launch costs a
+fork (~1 ms), not an interpreter start-up (~20 ms of CPU). The supervisor's
+pidfd comes back over the socket (SCM_RIGHTS)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import subprocess
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+__all__ = [
+    "Executor",
+    "LaunchError",
+    "AlreadyLaunched",
+    "rewrite_cuda",
+    "job_argv",
+    "job_env",
+    "DEFAULT_PATH",
+]
+
+
+SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))  # stdlib only: started with python -I -S
+
+
+class ZygoteRequest:
+    """One launch handed to the zygote, filled in by whoever reads replies."""
+
+    __slots__ = ("pidfd", "forked", "result")
+
+    def __init__(self) -> None:
+        self.pidfd = -1  # the supervisor's, sent by the zygote (SCM_RIGHTS)
+        self.forked = False
+        self.result = ""  # "ok PID START" or "error REASON", from the supervisor
+
+
+class Zygote:
+    """The daemon's end of ``supervisor.py --zygote``: a long-lived process
+    that forks one supervisor per launch (a fork is ~1 ms; an interpreter
+    start-up ~20 ms of CPU). Replies arrive on one socket, tagged with the
+    request's token; whichever launch holds ``lock`` reads them for all
+    (no background task, so a launch finishes even while ``run`` is being
+    cancelled)."""
+
+    def __init__(self, python: str) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-I", "-S", SUPERVISOR, "--zygote", str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # the daemon's session and signals are not its
+                cwd="/",
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.requests: dict[int, ZygoteRequest] = {}
+        self.next_token = 0
+        self.eof = False  # the zygote and every supervisor it forked closed their end
+        self.retired = False
+        self.users = 0
+        self.lock: anyio.Lock | None = None
+
+    def alive(self) -> bool:
+        return not self.retired and not self.eof and self.popen.poll() is None
+
+    def submit(self, attempt_dir: Path) -> tuple[int, ZygoteRequest] | None:
+        """Hand over a launch; None if the zygote did not take it (dead)."""
+        self.next_token += 1
+        token = self.next_token
+        try:
+            # absolute: the zygote runs in /
+            path = os.path.abspath(attempt_dir)
+            self.sock.send(f"{token} {path}".encode(errors="surrogateescape"), socket.MSG_NOSIGNAL)
+        except OSError:
+            return None
+        req = self.requests[token] = ZygoteRequest()
+        return token, req
+
+    async def wait(self, token: int, req: ZygoteRequest) -> None:
+        """Until the launch is decided: the supervisor answered, died, or the
+        zygote and all its supervisors are gone (EOF)."""
+        if self.lock is None:
+            self.lock = anyio.Lock()
+        self.users += 1
+        try:
+            async with self.lock:
+                while not self.eof and not (req.forked and req.result):
+                    if req.pidfd >= 0:
+                        await _wait_either(self.sock.fileno(), req.pidfd)
+                    else:
+                        await anyio.wait_readable(self.sock)
+                    self._drain()
+                    if req.pidfd >= 0 and not req.result and _readable(req.pidfd):
+                        # exited; anything it said was sent before, and is read
+                        self._drain()
+                        break
+        finally:
+            self.users -= 1
+            self.requests.pop(token, None)
+            self._maybe_close()
+
+    def _drain(self) -> None:
+        while not self.eof:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 65536, 1, socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data and not fds:
+                self.eof = True
+                return
+            token, _, rest = data.decode(errors="replace").partition(" ")
+            req = self.requests.get(int(token)) if token.isdigit() else None
+            if req is None:  # an abandoned launch (timed out): drop its pidfd
+                for fd in fds:
+                    os.close(fd)
+                continue
+            if rest.startswith("forked"):
+                req.forked = True
+                if fds:
+                    req.pidfd = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            else:
+                req.result = rest.strip()
+                for fd in fds:
+                    os.close(fd)
+
+    def retire(self) -> None:
+        """No more launches: the zygote reads EOF and exits (its supervisors
+        run on); launches in flight still get their answers."""
+        if self.retired:
+            return
+        self.retired = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
+        try:
+            self.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._maybe_close()
+
+    def _maybe_close(self) -> None:
+        if (self.retired or self.eof) and self.users == 0 and self.sock.fileno() >= 0:
+            for req in self.requests.values():
+                if req.pidfd >= 0:
+                    os.close(req.pidfd)
+            self.requests.clear()
+            self.sock.close()
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+async def _wait_either(a: int, b: int) -> None:
+    async def one(fd: int, scope: anyio.CancelScope) -> None:
+        await anyio.wait_readable(fd)
+        scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, a, tg.cancel_scope)
+        tg.start_soon(one, b, tg.cancel_scope)
