@@ -322,10 +322,17 @@ async def test_signal_kills_a_job_that_ignores_sigterm_after_the_grace(tmp_path:
 async def test_signal_for_an_unknown_or_finished_job_is_harmless(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     async with running(ex) as inbox:
-        await ex.signal(99, grace_s=0)
-        await ex.launch(1, JobSpec(command=["true"]), [0])
-        await inbox.next()
-        await ex.signal(1, grace_s=0)
+        await ex.signal(99, grace_s=0)  # never launched: nothing to do, nothing reported
+        await anyio.sleep(0.2)
+        assert inbox.pending() == []
+        started = await ex.launch(1, JobSpec(command=["true"]), [0])
+        exited = await inbox.next()
+        assert isinstance(exited, ProcessExited) and exited.job == 1 and exited.exit_code == 0
+        assert 1 not in ex.running_jobs()
+        await ex.signal(1, grace_s=0)  # already gone: no second exit, no error
+        await anyio.sleep(0.2)
+        assert inbox.pending() == []
+        assert started.pid > 0
 
 
 async def test_leftover_background_processes_are_killed_when_the_job_ends(tmp_path: Path) -> None:

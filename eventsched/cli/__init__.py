@@ -23,6 +23,9 @@ from eventsched.domain.units import (
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from eventsched.domain.events import JobSpec
+    from eventsched.wire.client import Client
+
 EXIT_USAGE = 2
 
 
@@ -84,13 +87,13 @@ def print_json(data: Any) -> None:
 # --- client-side commands -------------------------------------------------
 
 
-def client(args: argparse.Namespace):  # -> Client, lazily imported
+def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
     from eventsched.wire.client import Client
 
     return Client(args.socket or socket_location(args.state_dir))
 
 
-def build_spec(args: argparse.Namespace, command: list[str]):
+def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     from eventsched.domain import rlimits
     from eventsched.domain.events import JobSpec
 
@@ -244,7 +247,7 @@ def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
-def follow_output(c, job: int, *, follow: bool = True, detach_message: bool = False) -> int:
+def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: bool = False) -> int:
     """Print a job's output file; with ``follow``, until the job ends."""
     import time
 

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -93,7 +94,7 @@ def own_cgroup(proc_cgroup: str) -> str | None:
     return None
 
 
-def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir=os.path.isdir) -> str | None:
+def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bool] = os.path.isdir) -> str | None:
     """The directory of our own cgroup under a cgroup2 mount, or None."""
     path = own_cgroup(proc_cgroup)
     if path is None:

@@ -9,13 +9,20 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
 from eventsched.domain.paths import default_socket, default_state_dir
+from eventsched.domain.settings import SettingsError
+from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import UnitError, parse_duration
 from eventsched.runtime.config import ConfigError, ServeConfig, load_config
+from eventsched.storage import log as eventlog
+
+if TYPE_CHECKING:
+    from eventsched.runtime.gpus import GpuBackend
 
 
 class JsonFormatter(logging.Formatter):
@@ -79,7 +86,6 @@ def raise_open_file_limit() -> tuple[int, int]:
 def serve(args: argparse.Namespace) -> int:
     from eventsched.core.policies import POLICIES
     from eventsched.runtime.gpus import NvmlUnavailable, parse_gpus_option
-    from eventsched.storage import log as eventlog
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
@@ -98,14 +104,51 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(f"--gpus: {exc}")
     try:
         anyio.run(_serve, config, state_dir, socket_path, backend, args)
-    except eventlog.LogLockedError as exc:
-        return _fail(f"{exc}: another daemon is using {state_dir}")
-    except eventlog.LogError as exc:
-        return _fail(str(exc))
+    except BaseException as exc:  # task groups wrap what their tasks raised
+        message = why_it_stopped(exc, state_dir)
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
     return 0
 
 
-async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend, args: argparse.Namespace) -> None:
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def why_it_stopped(exc: BaseException, state_dir: Path) -> str | None:
+    """One paragraph for an error a user can act on (None: a bug, let it show).
+
+    Whatever a task of the daemon raised reaches here wrapped in an
+    ExceptionGroup; the user sees what is wrong, where, and what to do."""
+    for leaf in _leaves(exc):
+        if isinstance(leaf, eventlog.LogLockedError):
+            return f"eventsched: error: {leaf}: another daemon is using {state_dir}"
+        if isinstance(leaf, eventlog.LogCorruptError):
+            return (
+                f"eventsched: error: the event log is damaged, so the daemon did not start.\n  {leaf}.\n"
+                f"  Nothing has been dropped or changed: the log stays as it is until you run the repair,\n"
+                f"  which keeps the damaged bytes aside; then start the daemon again."
+            )
+        if isinstance(leaf, eventlog.LogError):
+            return f"eventsched: error: {leaf}"
+        if isinstance(leaf, SettingsError):
+            return f"eventsched: error: {state_dir / 'log'}: {leaf}"
+        if isinstance(leaf, IllegalTransition):
+            return (f"eventsched: error: the log in {state_dir / 'log'} contradicts itself ({leaf}); "
+                    f"check it with `eventsched log verify {state_dir / 'log'}`")
+        if isinstance(leaf, PermissionError):
+            return f"eventsched: error: {leaf.filename or state_dir}: permission denied (run the daemon as the owner of {state_dir})"
+        if isinstance(leaf, OSError) and leaf.errno is not None:
+            return f"eventsched: error: {leaf.filename or state_dir}: {leaf.strerror}"
+    return None
+
+
+async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend: GpuBackend, args: argparse.Namespace) -> None:
     from eventsched.runtime.engine import Engine, Query
     from eventsched.runtime.server import Server, status
 

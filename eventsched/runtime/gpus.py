@@ -12,7 +12,7 @@ only when it changed meaningfully, or when the last one logged is a minute old.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Protocol, runtime_checkable
 
 from eventsched.domain.messages import GpuFailed, GpuInfo, GpuObserved
@@ -138,14 +138,14 @@ class NvmlBackend:
             foreign_memory_mib=foreign,
         )
 
-    def _optional(self, read, default: float) -> float:
+    def _optional(self, read: Callable[[], float], default: float) -> float:
         """A reading the card does not support is absent, not an error."""
         try:
             return read()
         except self._nvml.NVMLError_NotSupported:
             return default
 
-    def _foreign_mib(self, h, job_pids: Collection[int]) -> int:
+    def _foreign_mib(self, h: object, job_pids: Collection[int]) -> int:
         nv = self._nvml
         used: dict[int, int] = {}  # pid -> bytes; a pid may be in both lists
         try:

@@ -20,10 +20,18 @@ start, by the supervisor itself when forked by the zygote), so a supervisor
 failure ends up where the user looks.
 """
 
+from __future__ import (
+    annotations,  # annotations stay strings: typing is never imported (start-up time)
+)
+
 import _signal as signal  # not `signal`: its enum import costs ~4 ms
 import os
 import sys
 import time
+
+TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing is never imported here
+if TYPE_CHECKING:
+    import socket
 
 try:  # the C scanner behind json, without json's 7 ms import of ``re``
     import _json
@@ -40,7 +48,7 @@ try:  # the C scanner behind json, without json's 7 ms import of ``re``
     # typeshed wants a make_scanner as the context; C code reads these attributes off any object
     _scan = _json.make_scanner(_Ctx())  # type: ignore[arg-type]
 
-    def _loads(text: str, /):  # -> Any, left implicit: no typing import here (start-up time)
+    def _loads(text: str, /) -> dict:  # spec.json is always an object
         return _scan(text, 0)[0]
 
     _quote = _json.encode_basestring_ascii
@@ -51,7 +59,7 @@ except Exception:  # another interpreter: pay for the real thing
     _quote = json.dumps
 
 
-def _proc_start_time(pid):
+def _proc_start_time(pid: int) -> int:
     """Field 22 of /proc/PID/stat: with the pid, names one process forever."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
@@ -62,7 +70,7 @@ def _proc_start_time(pid):
     return int(data[data.rindex(b")") + 2 :].split()[19])
 
 
-def _write_atomic(jobdir, name, text):
+def _write_atomic(jobdir: str, name: str, text: str) -> None:
     tmp = os.path.join(jobdir, "." + name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
@@ -72,7 +80,7 @@ def _write_atomic(jobdir, name, text):
     os.rename(tmp, os.path.join(jobdir, name))
 
 
-def _record_exit(jobdir, exit_code, sig, error=""):
+def _record_exit(jobdir: str, exit_code: int | None, sig: int | None, error: str = "") -> None:
     _write_atomic(
         jobdir,
         "exit",
@@ -86,7 +94,7 @@ def _record_exit(jobdir, exit_code, sig, error=""):
     )
 
 
-def _tell(ready_fd, line):
+def _tell(ready_fd: int, line: str) -> None:
     if ready_fd < 0:
         return
     try:
@@ -99,12 +107,13 @@ def _tell(ready_fd, line):
         pass
 
 
-def _execvpe(file, argv, env):
+def _execvpe(file: str, argv: list[str], env: dict[str, str]) -> None:
     """os.execvpe without its lazy ``import warnings``, which would fail once
     we are a user who cannot read root's Python. Searches the job's PATH."""
     if "/" in file:
         os.execve(file, argv, env)
-    saved = None
+    saved: OSError | None = None
+    last: OSError = FileNotFoundError(file)
     for d in (env.get("PATH") or os.defpath).split(":"):
         try:
             os.execve(os.path.join(d or ".", file), argv, env)
@@ -127,7 +136,7 @@ _JOB_DEFAULT_SIGNALS = (
 )
 
 
-def _same_identity(spec):
+def _same_identity(spec: dict) -> bool:
     """True if the job runs as we do: no uid/gid/groups to switch."""
     if spec.get("uid") is None:
         return True
@@ -139,14 +148,14 @@ def _same_identity(spec):
     )
 
 
-def _le(a, b):
+def _le(a: int, b: int) -> bool:
     """a <= b for resource limits, where -1 (RLIM_INFINITY) is above all."""
     if b == -1:
         return True
     return a != -1 and a <= b
 
 
-def _rlimit_changes(spec):
+def _rlimit_changes(spec: dict) -> list[tuple[int, int, int]]:
     """[(resource, soft, hard)] the job's limits differ from ours by. The
     daemon clamped them already; clamped again (last line of defence, as root
     could raise a hard limit): never above our own hard limit, soft <= hard."""
@@ -171,7 +180,7 @@ def _rlimit_changes(spec):
     return changes
 
 
-def _join_cgroup(path):
+def _join_cgroup(path: str) -> None:
     """Move the calling process into the cgroup at ``path`` ("0" = ourselves)."""
     fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -180,7 +189,7 @@ def _join_cgroup(path):
         os.close(fd)
 
 
-def _cgroup_procs(path):
+def _cgroup_procs(path: str) -> list[int]:
     try:
         with open(os.path.join(path, "cgroup.procs"), "rb") as f:
             return [int(x) for x in f.read().split()]
@@ -188,7 +197,7 @@ def _cgroup_procs(path):
         return []
 
 
-def _cgroup_signal(path, signum):
+def _cgroup_signal(path: str, signum: int) -> None:
     for pid in _cgroup_procs(path):
         try:
             os.kill(pid, signum)
@@ -196,7 +205,7 @@ def _cgroup_signal(path, signum):
             pass
 
 
-def _cgroup_populated(path):
+def _cgroup_populated(path: str) -> bool:
     try:
         with open(os.path.join(path, "cgroup.events"), "rb") as f:
             for line in f.read().splitlines():
@@ -207,7 +216,7 @@ def _cgroup_populated(path):
     return bool(_cgroup_procs(path))
 
 
-def _cgroup_empty(path, timeout_s=10.0):
+def _cgroup_empty(path: str, timeout_s: float = 10.0) -> None:
     """Kill everything left in the job's cgroup and wait (bounded) until it
     is empty, so the GPUs are free when the exit is recorded."""
     try:
@@ -228,7 +237,7 @@ def _cgroup_empty(path, timeout_s=10.0):
         pause = min(pause * 2, 0.05)
 
 
-def _cgroup_remove(path, timeout_s=2.0):
+def _cgroup_remove(path: str, timeout_s: float = 2.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -242,7 +251,7 @@ def _cgroup_remove(path, timeout_s=2.0):
         time.sleep(0.01)
 
 
-def _spawn(spec):
+def _spawn(spec: dict) -> int:
     """Start the job with posix_spawn (glibc: vfork + exec, so nothing of
     our memory is copied: a fork of a Python process costs milliseconds of
     page faults). Only for jobs that run as we do, with no cgroup to join
@@ -260,7 +269,8 @@ def _spawn(spec):
         paths = [argv0]
     else:  # the job's PATH, as execvpe would search it
         paths = [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
-    saved = last = None
+    saved: OSError | None = None
+    last: OSError = FileNotFoundError(argv0)
     for path in paths:
         try:
             return os.posix_spawn(path, argv, env, setsid=True, setsigdef=_JOB_DEFAULT_SIGNALS)
@@ -278,7 +288,7 @@ def _spawn(spec):
     raise _Failed("cannot execute %s: %s" % (argv0, err.strerror or err))
 
 
-def _child(spec, errw, switch, limits):
+def _child(spec: dict, errw: int, switch: bool, limits: list[tuple[int, int, int]]) -> None:
     """In the forked child: join the job's cgroup, take the submitter's umask
     and limits, switch identity (if ``switch``), become the job. Never returns.
 
@@ -329,7 +339,7 @@ def _child(spec, errw, switch, limits):
             os._exit(127)
 
 
-def _fork_exec(spec, switch, limits):
+def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int:
     """Start the job in a forked child that joins its cgroup, sets its
     limits and switches identity (if ``switch``: root daemon, job of another
     user) first. Returns its pid once it has exec'd."""
@@ -356,7 +366,7 @@ def _fork_exec(spec, switch, limits):
     return pid
 
 
-def _supervise(jobdir, ready_fd, prefix, open_log):
+def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
     """Be the supervisor of the job in ``jobdir``: start it, say so on
     ``ready_fd`` (lines start with ``prefix``), wait, record its end."""
     # The daemon's terminal and its death must not reach us (we are its shim).
@@ -365,7 +375,7 @@ def _supervise(jobdir, ready_fd, prefix, open_log):
     job_pid = [0]
     cgroup = [""]
 
-    def forward(signum, frame):  # stopping the supervisor stops its job
+    def forward(signum: int, frame: object) -> None:  # stopping the supervisor stops its job
         if cgroup[0] and _cgroup_procs(cgroup[0]):  # all of it, even what left its group
             _cgroup_signal(cgroup[0], signum)
         elif job_pid[0]:
@@ -435,11 +445,11 @@ def _supervise(jobdir, ready_fd, prefix, open_log):
     return 0
 
 
-def _noop(signum, frame):
+def _noop(signum: int, frame: object) -> None:
     pass
 
 
-def zygote(sock_fd):
+def zygote(sock_fd: int) -> int:
     """Fork one supervisor per request, so a launch costs a fork, not a
     Python start-up. ``sock_fd`` is a SOCK_SEQPACKET socket to the daemon;
     one message each way per event:
@@ -526,7 +536,7 @@ def zygote(sock_fd):
                 os.close(pidfd)
 
 
-def _send(sock, text, fd=-1):
+def _send(sock: socket.socket, text: str, fd: int = -1) -> None:
     import socket
 
     try:
@@ -538,7 +548,7 @@ def _send(sock, text, fd=-1):
         pass
 
 
-def _reap():
+def _reap() -> None:
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -548,7 +558,7 @@ def _reap():
             return
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     if argv[1] == "--zygote":
         return zygote(int(argv[2]))
     try:
