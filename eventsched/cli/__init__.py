@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from eventsched.domain.paths import socket_location
+from eventsched.domain.states import FINAL, JobState
 from eventsched.domain.units import (
     UnitError,
     parse_duration,
@@ -162,7 +163,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
     now = __import__("time").time()
     rows = []
     for j in jobs:
-        if j["state"] == "queued":
+        if j["state"] == JobState.QUEUED:
             elapsed = now - j["submitted_at"]
         elif j["started_at"] is not None:
             elapsed = (j["ended_at"] or now) - j["started_at"]
@@ -204,8 +205,8 @@ def render_status(status: dict) -> str:
         rows.append([g["id"], f"[{bar:<10}] {g['allocated']:.2f}", util, mem, temp, state, ",".join(map(str, g.get("jobs", [])))])
     text = table(["GPU", "ALLOCATED", "UTIL", "MEMORY", "TEMP", "STATE", "JOBS"], rows)
     jobs = status["jobs"]
-    running = sum(1 for j in jobs if j["state"] == "running")
-    queued = sum(1 for j in jobs if j["state"] == "queued")
+    running = sum(1 for j in jobs if j["state"] == JobState.RUNNING)
+    queued = sum(1 for j in jobs if j["state"] == JobState.QUEUED)
     return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}"
 
 
@@ -254,7 +255,7 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
     from eventsched.wire import protocol
     from eventsched.wire.client import read_new_output
 
-    final = {"succeeded", "failed", "cancelled", "lost", "preempted"}
+    final = FINAL
     info = c.request(protocol.JobLogPath(job=job))
     path = info["path"]
     position = 0

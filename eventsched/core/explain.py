@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from eventsched.core.policies import View, best_fit
+from eventsched.domain.states import WAITING, JobState
 from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
 __all__ = ["Reason", "waiting_reason", "waiting_reasons", "unusable_reason", "REASON_KINDS"]
@@ -75,7 +76,7 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
 
 def _eligible(state: ClusterState, job: Job, now: float) -> bool:
     return job.not_before <= now and all(
-        (d := state.jobs.get(dep)) is not None and d.state == "succeeded" for dep in job.spec.after
+        (d := state.jobs.get(dep)) is not None and d.state == JobState.SUCCEEDED for dep in job.spec.after
     )
 
 
@@ -127,11 +128,11 @@ def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None =
     """``waiting_reason`` of many jobs at once (default: every waiting job),
     in one walk of the queue: what ``queue``'s REASON column needs."""
     if job_ids is None:
-        job_ids = [j.id for j in state.jobs.values() if j.state in ("queued", "held")]
-    waiting = [state.jobs[j] for j in job_ids if j in state.jobs and state.jobs[j].state in ("queued", "held")]
+        job_ids = [j.id for j in state.jobs.values() if j.state in WAITING]
+    waiting = [state.jobs[j] for j in job_ids if j in state.jobs and state.jobs[j].state in WAITING]
     if not waiting:
         return {}
-    ahead = _ahead_of(state, now, {j.id for j in waiting if j.state == "queued"})
+    ahead = _ahead_of(state, now, {j.id for j in waiting if j.state == JobState.QUEUED})
     blocked = {f"{g.node}:{g.id}": why for g in state.gpu_list if (why := unusable_reason(g, state)) is not None}
     view = View(state)
     fits: dict[Any, bool] = {}  # by shape: equal shapes fit or fail together
@@ -146,9 +147,9 @@ def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None =
 
 def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | None], fits: bool,
             blocked: dict[str, str], view: View) -> Reason:
-    if job.state == "held":
+    if job.state == JobState.HELD:
         return Reason(kind="held", text=f"held: `eventsched release {job.id}` lets it run")
-    waits = [dep for dep in job.spec.after if (d := state.jobs.get(dep)) is None or d.state != "succeeded"]
+    waits = [dep for dep in job.spec.after if (d := state.jobs.get(dep)) is None or d.state != JobState.SUCCEEDED]
     if waits:
         states = ", ".join(f"job {dep} ({state.jobs[dep].state if dep in state.jobs else 'unknown'})" for dep in waits)
         return Reason(kind="dependency", text=f"dependency: waits for {states} to succeed", waits_for=waits)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import msgspec
 
 from eventsched.core.fgd import fragmentation
+from eventsched.domain.states import JobState
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
 
 __all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable"]
@@ -180,7 +181,7 @@ def _eligible(state: ClusterState, job: Job, now: float) -> bool:
         return False
     for dep in job.spec.after:
         d = state.jobs.get(dep)
-        if d is None or d.state != "succeeded":
+        if d is None or d.state != JobState.SUCCEEDED:
             return False
     return True
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eventsched.domain import events as ev
-from eventsched.domain.states import FINAL, exit_outcome
+from eventsched.domain.states import FINAL, WAITING, JobState, exit_outcome
 
 __all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text"]
 
-ACTIVE_STATES = ("running", "queued", "held")
+ACTIVE_STATES = (JobState.RUNNING, JobState.QUEUED, JobState.HELD)
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
 TAIL_LINES = 20
 THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
@@ -75,11 +75,11 @@ class PanelModel:
 
     # views used by renderers
     def running(self) -> list[dict[str, Any]]:
-        return sorted((j for j in self.jobs.values() if j["state"] == "running"), key=lambda j: j["id"])
+        return sorted((j for j in self.jobs.values() if j["state"] == JobState.RUNNING), key=lambda j: j["id"])
 
     def queued(self) -> list[dict[str, Any]]:
-        waiting = [j for j in self.jobs.values() if j["state"] in ("queued", "held")]
-        return sorted(waiting, key=lambda j: (j["state"] != "queued", -j.get("priority", 0), j["id"]))
+        waiting = [j for j in self.jobs.values() if j["state"] in WAITING]
+        return sorted(waiting, key=lambda j: (j["state"] != JobState.QUEUED, -j.get("priority", 0), j["id"]))
 
     def finished(self) -> list[dict[str, Any]]:
         done = [j for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
@@ -258,7 +258,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
 def _elapsed(job: dict[str, Any], now: float) -> str:
     from eventsched.cli import human_duration
 
-    if job["state"] in ("queued", "held"):
+    if job["state"] in WAITING:
         start, end = job.get("submitted_at"), now
     else:
         start, end = job.get("started_at"), job.get("ended_at") or now

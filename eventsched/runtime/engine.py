@@ -47,6 +47,7 @@ from eventsched.domain.messages import (
     WakeAt,
 )
 from eventsched.domain.paths import log_dir, snapshot_dir
+from eventsched.domain.states import JobState
 from eventsched.projections import snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
@@ -229,7 +230,7 @@ class Engine:
             running = {
                 job.id: (job.pid or 0, job.start_time or 0)
                 for job in self.state.jobs.values()
-                if job.state == "running"
+                if job.state == JobState.RUNNING
             }
             attempts = {job: self.state.jobs[job].attempts for job in running}
             recovered = self.executor.recover(running, attempts)

@@ -14,6 +14,8 @@ from typing import Any, Awaitable, Callable
 import anyio
 import anyio.abc
 
+from eventsched.domain.states import ACTIVE
+
 logger = logging.getLogger("eventsched.metrics")
 
 MAX_REQUEST_BYTES = 8192
@@ -25,7 +27,7 @@ def live_gauges(status: dict[str, Any]) -> str:
         "# HELP eventsched_jobs_active Jobs queued, running or held now.",
         "# TYPE eventsched_jobs_active gauge",
     ]
-    counts: dict[str, int] = {"queued": 0, "running": 0, "held": 0}
+    counts: dict[str, int] = dict.fromkeys(sorted(ACTIVE), 0)
     for job in status["jobs"]:
         counts[job["state"]] = counts.get(job["state"], 0) + 1
     lines += [f'eventsched_jobs_active{{state="{s}"}} {n}' for s, n in counts.items()]

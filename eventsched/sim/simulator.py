@@ -69,6 +69,7 @@ from eventsched.domain.messages import (
     Tick,
     WakeAt,
 )
+from eventsched.domain.states import FINAL, JobState
 from eventsched.projections.cluster import ClusterState, runtime_key
 from eventsched.sim.sources import (
     _END,
@@ -109,9 +110,9 @@ class ReplayResult(msgspec.Struct, kw_only=True):
 
 # job states in which each command still applies
 _CAN: dict[type, frozenset[str]] = {
-    Cancel: frozenset({"queued", "held", "preempted", "running"}),
-    Hold: frozenset({"queued"}),
-    Release: frozenset({"held"}),
+    Cancel: frozenset({JobState.QUEUED, JobState.HELD, JobState.PREEMPTED, JobState.RUNNING}),
+    Hold: frozenset({JobState.QUEUED}),
+    Release: frozenset({JobState.HELD}),
 }
 
 
@@ -381,7 +382,7 @@ def simulate(
     finally:
         sim.writer.close()
     st = sim.state
-    unfinished = sum(1 for j in st.jobs.values() if j.state not in ("succeeded", "failed", "cancelled", "lost"))
+    unfinished = sum(1 for j in st.jobs.values() if j.state not in FINAL)
     notes = list(sim.notes)
     if sim.estimated:
         notes.append(
