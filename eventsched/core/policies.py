@@ -26,6 +26,9 @@ from eventsched.core.fgd import fragmentation
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
 
+# plain module names: an Enum class attribute costs a lookup on every use (hot paths)
+SUCCEEDED = JobState.SUCCEEDED
+
 __all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable"]
 
 DEFAULT_POLICY = "best-fit"
@@ -181,7 +184,7 @@ def _eligible(state: ClusterState, job: Job, now: float) -> bool:
         return False
     for dep in job.spec.after:
         d = state.jobs.get(dep)
-        if d is None or d.state != JobState.SUCCEEDED:
+        if d is None or d.state != SUCCEEDED:
             return False
     return True
 

@@ -31,9 +31,17 @@ from eventsched.projections.cluster import (
     request_of,
 )
 
+# plain module names: an Enum class attribute costs a lookup on every use (hot paths)
+FAILED = JobState.FAILED
+HELD = JobState.HELD
+PREEMPTED = JobState.PREEMPTED
+QUEUED = JobState.QUEUED
+RUNNING = JobState.RUNNING
+SUCCEEDED = JobState.SUCCEEDED
+
 __all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
 
-LIVE_FOR_DEDUP = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.SUCCEEDED, JobState.HELD, JobState.PREEMPTED})
+LIVE_FOR_DEDUP = frozenset({QUEUED, RUNNING, SUCCEEDED, HELD, PREEMPTED})
 
 
 class _Out:
@@ -55,8 +63,12 @@ class _Out:
         self.cause = ""  # "seq:N" of this message's fact, once recorded
         self._deferred: ev.Event | None = None
 
-    def _emit(self, event: ev.Event) -> ev.Event:
-        event = msgspec.structs.replace(event, seq=self.state.last_seq + 1, ts=self.now)
+    def _emit(self, event: ev.Event, cause: str | None = None) -> ev.Event:
+        # one replace per event (C): its seq, and for a decision its time and cause
+        if cause is None:
+            event = msgspec.structs.replace(event, seq=self.state.last_seq + 1)
+        else:
+            event = msgspec.structs.replace(event, seq=self.state.last_seq + 1, ts=self.now, cause=cause)
         apply(self.state, event)
         self.events.append(event)
         return event
@@ -78,7 +90,7 @@ class _Out:
             self._deferred = None
         if not self.cause:  # a handler that decides before recording its fact: a bug
             raise AssertionError(f"decision {type(event).__name__} without a recorded cause")
-        return self._emit(msgspec.structs.replace(event, cause=self.cause))
+        return self._emit(event, self.cause)
 
 
 def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Event], list[Effect]]:
@@ -247,7 +259,7 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         d = state.jobs.get(dep)
         if d is None:
             raise Refused(f"--after: no job {dep}")
-        if d.state in FINAL and d.state != JobState.SUCCEEDED:
+        if d.state in FINAL and d.state != SUCCEEDED:
             raise Refused(f"--after: job {dep} already {d.state}, so this job could never run")
     if spec.content_hash and (spec.uid, spec.content_hash) in state.by_hash:  # per user: no squatting
         dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
@@ -280,7 +292,7 @@ def _cancel(out: _Out, msg: m.Cancel) -> None:
     by = msg.by or f"uid:{msg.uid}"
     grace = state.config.kill_grace_s
     for job in jobs:
-        if job.state == JobState.RUNNING:
+        if job.state == RUNNING:
             if job.cancel_reason != "cancelled":
                 out.decide(ev.JobCancelRequested(job=job.id, by=by, reason="cancelled"))
                 out.effects.append(Signal(job=job.id, grace_s=grace, reason="cancelled"))
@@ -298,7 +310,7 @@ def _hold(out: _Out, msg: m.Hold) -> None:
     _command(out, "hold", jobs, msg)
     by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
-        if job.state == JobState.QUEUED:
+        if job.state == QUEUED:
             out.decide(ev.JobHeld(job=job.id, by=by))
     _schedule(out)  # a held head no longer blocks a FIFO queue
 
@@ -311,7 +323,7 @@ def _release(out: _Out, msg: m.Release) -> None:
     _command(out, "release", jobs, msg)
     by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
-        if job.state == JobState.HELD:
+        if job.state == HELD:
             out.decide(ev.JobReleased(job=job.id, by=by))
     _schedule(out)
 
@@ -380,7 +392,7 @@ def _tick(out: _Out, msg: m.Tick) -> None:
 
 def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != JobState.RUNNING or job.pid == msg.pid:
+    if job is None or job.state != RUNNING or job.pid == msg.pid:
         return  # late, duplicate or re-adopted: nothing new to record
     out.fact(
         ev.JobStarted(
@@ -404,27 +416,27 @@ def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int 
 def _process_exited(out: _Out, msg: m.ProcessExited) -> None:
     state = out.state
     job = state.jobs.get(msg.job)
-    if job is None or job.state != JobState.RUNNING:
+    if job is None or job.state != RUNNING:
         return  # an exit reported twice
     stop_reason = job.cancel_reason
     _exited(out, job, f"exit:job {job.id}", msg.exit_code, msg.signal, msg.reason)
-    if job.state == JobState.FAILED:
+    if job.state == FAILED:
         if stop_reason == "time-limit":
             if job.spec.on_time_limit == "requeue":
                 out.decide(ev.JobRequeued(job=job.id, reason="time-limit"))
         elif job.retries_used < job.spec.retries:
             delay = state.config.retry_backoff_s * (2**job.retries_used)
             out.decide(ev.JobRequeued(job=job.id, reason="retry", not_before=out.now + delay))
-    elif job.state == JobState.PREEMPTED:
+    elif job.state == PREEMPTED:
         out.decide(ev.JobRequeued(job=job.id, reason="preempted"))
-    if job.state in FINAL and job.state != JobState.SUCCEEDED:
+    if job.state in FINAL and job.state != SUCCEEDED:
         _cascade(out, job.id)
     _schedule(out)
 
 
 def _process_lost(out: _Out, msg: m.ProcessLost) -> None:
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != JobState.RUNNING:
+    if job is None or job.state != RUNNING:
         return
     out.fact(ev.JobLost(ts=out.now, cause="restart", job=job.id, reason=msg.reason or "lost"))
     _cascade(out, job.id)
@@ -438,10 +450,10 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     """Placed, but the launch never began: record a failed attempt that did
     not run, and queue the job again (it cannot have run, so this is safe)."""
     job = out.state.jobs.get(msg.job)
-    if job is None or job.state != JobState.RUNNING or job.pid:
+    if job is None or job.state != RUNNING or job.pid:
         return
     _exited(out, job, "restart", None, None, f"{NOT_LAUNCHED}: {msg.reason}")
-    if out.state.jobs[job.id].state == JobState.FAILED:
+    if out.state.jobs[job.id].state == FAILED:
         out.decide(ev.JobRequeued(job=job.id, reason="not-launched"))
     _schedule(out)
 

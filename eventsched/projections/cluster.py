@@ -39,6 +39,10 @@ from eventsched.projections.model import (
     usable,
 )
 
+# plain module names: an Enum class attribute costs a lookup on every use (hot paths)
+QUEUED = JobState.QUEUED
+RUNNING = JobState.RUNNING
+
 __all__ = [
     "IllegalTransition",
     "Gpu",
@@ -99,9 +103,9 @@ class ClusterState:
             self.shape_counts[shape] = self.shape_counts.get(shape, 0) + 1
         for job in sorted(self.jobs.values(), key=lambda j: j.id):
             self._index_submitted(job)
-            if job.state == JobState.QUEUED:
+            if job.state == QUEUED:
                 self._enter_queue(job)
-            elif job.state == JobState.RUNNING:
+            elif job.state == RUNNING:
                 self.running[job.id] = None
                 self._track_deadline(job)
 
@@ -131,7 +135,7 @@ class ClusterState:
     def _track_deadline(self, job: Job) -> None:
         """Record when ``job``'s time limit falls due (or that none does)."""
         limit = job.time_limit(self.config.default_time_limit_s)
-        if job.state != JobState.RUNNING or job.cancel_reason or limit is None or job.started_at is None:
+        if job.state != RUNNING or job.cancel_reason or limit is None or job.started_at is None:
             self.deadlines.pop(job.id, None)
             return
         due = job.started_at + limit
@@ -389,7 +393,7 @@ def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None
 def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
-    if job.state == JobState.QUEUED:
+    if job.state == QUEUED:
         state._leave_queue(job)
     job.state = to
     job.reason = "cancelled"
@@ -524,7 +528,7 @@ def validate_state(state: ClusterState) -> None:
     on: dict[tuple[str, int], list[int]] = {key: [] for key in state.gpus}
     for job in state.jobs.values():
         assert isinstance(job.state, JobState), f"job {job.id} in unknown state {job.state}"
-        if job.state == JobState.RUNNING:
+        if job.state == RUNNING:
             assert len(job.gpu_ids) == job.count, f"job {job.id}: gang not all-or-nothing {job.gpu_ids}"
             assert len(set(job.gpu_ids)) == len(job.gpu_ids), f"job {job.id}: a GPU twice"
             for gid in job.gpu_ids:
@@ -540,16 +544,16 @@ def validate_state(state: ClusterState) -> None:
         assert gpu.used_milli == used[key], f"GPU {key}: {gpu.used_milli} != {used[key]}"
         assert gpu.reserved_mib == mem[key], f"GPU {key}: reserved {gpu.reserved_mib} != {mem[key]}"
         assert sorted(gpu.jobs) == sorted(on[key]), f"GPU {key}: jobs {gpu.jobs} != {on[key]}"
-    queued = sorted(j.id for j in state.jobs.values() if j.state == JobState.QUEUED)
+    queued = sorted(j.id for j in state.jobs.values() if j.state == QUEUED)
     assert sorted(i for _, i in state.queue.by_order) == queued, "queue index out of step"
     assert state.queue.by_priority == sorted(state.queue.by_priority)
     assert state.queue.by_order == sorted(state.queue.by_order)
     per_uid: dict[int, int] = {}
     for j in state.jobs.values():
-        if j.state == JobState.QUEUED:
+        if j.state == QUEUED:
             per_uid[j.spec.uid] = per_uid.get(j.spec.uid, 0) + 1
     assert state.queued_by_uid == per_uid, "per-user queue counts out of step"
-    running = sorted(j.id for j in state.jobs.values() if j.state == JobState.RUNNING)
+    running = sorted(j.id for j in state.jobs.values() if j.state == RUNNING)
     assert sorted(state.running) == running, "running index out of step"
     assert all(math.isfinite(g.used_milli) for g in state.gpus.values())
     # the incremental indices equal a recomputation from the facts
