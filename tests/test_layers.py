@@ -32,3 +32,18 @@ def test_a_planted_wrong_way_import_breaks_the_contract(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "eventsched layers BROKEN" in result.stdout
     assert "eventsched.domain.planted -> eventsched.runtime.engine" in result.stdout
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycles (type-only imports aside): each module can be read
+    knowing only the ones it imports."""
+    import grimp
+
+    graph = grimp.build_graph("eventsched", exclude_type_checking_imports=True)
+    cycles = sorted(
+        (module, dep)
+        for module in graph.modules
+        for dep in graph.find_modules_directly_imported_by(module)
+        if module < dep and graph.chain_exists(importer=dep, imported=module)
+    )
+    assert cycles == []

@@ -115,9 +115,3 @@ def run_replay(args: argparse.Namespace) -> int:
         print(format_comparison(table))
         print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)")
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - handy for development
-    from eventsched.cli import main
-
-    raise SystemExit(main(["replay", *sys.argv[1:]]))
