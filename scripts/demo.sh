@@ -28,6 +28,8 @@ echo "== status"
 $ES status
 echo "== queue"
 $ES queue
+echo "== why is job $URGENT waiting?"
+$ES explain "$URGENT" || true
 echo "== waiting for every job to finish"
 for _ in $(seq 200); do
   [ -z "$($ES queue --json | .venv/bin/python -c 'import json,sys; print("x" if json.load(sys.stdin) else "")')" ] && break
