@@ -59,7 +59,7 @@ def bare(cmd: list[str], n: int) -> list[float]:
 async def via_executor(
     cmd: list[str], n: int, state: Path, base: int, gap_s: float, zygote: bool
 ) -> tuple[list[float], list[float]]:
-    ex = Executor(state, zygote=zygote)
+    ex = Executor(state, zygote=zygote, cgroups=os.environ.get("BENCH_CGROUPS", "1") == "1")
     tx, rx = anyio.create_memory_object_stream(10)
     first_instr, returned = [], []
     async with anyio.create_task_group() as tg:
