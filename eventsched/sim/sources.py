@@ -72,6 +72,9 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     signal: int | None = None
     reason: str = ""
     lost: bool = False
+    # the daemon's own share of placement-to-start: started minus the later of
+    # placed and the start before it (its launcher starts one process at a time)
+    launch_s: float | None = None
 
 
 class Workload(msgspec.Struct, kw_only=True):
@@ -195,6 +198,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     recorded_policy = ""
     policy_changes = 0
     clock = -math.inf
+    last_start = -math.inf  # the previous JobStarted: its launch was ahead of the next one's
     start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
 
     def flush_start() -> None:
@@ -258,6 +262,9 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         elif isinstance(e, ev.JobStarted):
             a = _attempt(attempts, e.job)
             a["started"], a["start_seq"] = t, seq
+            if "placed" in a:
+                a["launch_s"] = t - max(a["placed"], last_start)
+            last_start = t
         elif isinstance(e, ev.JobExited):
             a = _attempt(attempts, e.job)
             a.update(exit_code=e.exit_code, signal=e.signal, reason=e.reason, end_seq=seq)

@@ -2,7 +2,11 @@
 
 ``metrics_from_log(log_dir)`` is a pure fold over one log's events; the DuckDB
 read model (``projections/history.py``) computes the same waits and
-turnarounds by SQL, and a test checks that they agree. Definitions:
+turnarounds by SQL, and a test checks that they agree. Every metric is a
+function of the schedule alone (submissions, placements, starts, exits,
+cancels, requeues, holds, GPU pauses; see ``_SCHEDULE``), so a daemon's log and
+its exact replay give identical figures; docs/whatif-metrics.md gives the
+formulas and why. Definitions:
 
 - ``jobs``: submissions; ``finished``: jobs in a final state at the end.
 - ``makespan_s``: first submission to the last job event (start, exit...).
@@ -13,7 +17,8 @@ turnarounds by SQL, and a test checks that they agree. Definitions:
 - ``gpu_utilization``: allocated GPU-time (share x GPUs x time from
   ``JobPlaced`` to the end of that attempt) over GPUs x makespan.
 - ``fragmentation``: the share of idle GPU capacity-time (free share on GPUs
-  not paused or lost, integrated over the makespan) that was idle *although
+  not paused or lost, integrated over the makespan window [first submission,
+  last job event], the same window as utilisation) that was idle *although
   jobs waited*, because no waiting job could use it. Free share f on a GPU is
   usable by a waiting fractional job asking m <= f, and a whole free GPU by a
   waiting k-GPU job when its node has k whole GPUs free; while nothing waits,
@@ -44,6 +49,17 @@ from eventsched.storage import log as eventlog
 __all__ = ["Metrics", "metrics_from_log", "metrics_from_events", "compare", "format_comparison", "ROWS"]
 
 NUMPY_FROM = 256  # GPUs from which the fragmentation scan uses numpy
+
+# the events that make a job's schedule; the horizon is the last of them
+_JOB_EVENTS: frozenset[type] = frozenset({
+    ev.JobSubmitted, ev.JobPlaced, ev.JobStarted, ev.JobExited, ev.JobLost, ev.JobCancelled, ev.JobRequeued,
+})
+# everything the metrics read: the schedule and the GPUs it ran on. Samples,
+# timer facts, daemon starts and stops are left out: a daemon logs them at
+# other times than a simulator, and no metric may depend on how a log was made.
+_SCHEDULE: frozenset[type] = _JOB_EVENTS | frozenset({
+    ev.JobHeld, ev.JobReleased, ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored,
+})
 
 
 class Metrics(msgspec.Struct, kw_only=True):
@@ -192,14 +208,17 @@ def metrics_from_events(events: Any) -> Metrics:
             spans.append((job, t0, ts, milli * len(ids) / FULL))
             frag.take(node, ids, milli, -1)
 
+    at_horizon = (0.0, 0.0)  # the fragmentation integrals up to the last job event
     for e in events:
+        tp = type(e)
+        if tp not in _SCHEDULE:
+            continue  # samples, timers, daemon starts: when they were logged is not the schedule
         ts = e.ts
-        if clock is not None and ts > clock:
+        # integrate only inside [first submission, ...]; idle time before
+        # the first submission or after the last job event is not the schedule's
+        if first_ts is not None and clock is not None and ts > clock:
             frag.advance(ts - clock)
         clock = ts if clock is None else max(clock, ts)
-        tp = type(e)
-        if tp is ev.GpuSampled:
-            continue
         if tp is ev.GpuDiscovered:
             key = (e.node, e.gpu)
             gpus.add(key)
@@ -252,6 +271,8 @@ def metrics_from_events(events: Any) -> Metrics:
         elif tp is ev.JobReleased:
             queued.add(e.job)
             frag.wait(shape[e.job], 1)
+        if tp in _JOB_EVENTS:
+            at_horizon = (frag.free_int, frag.unusable_int)
 
     m = Metrics(jobs=len(submitted), gpus=len(gpus), finished=len(ended), started=len(first_start))
     if first_ts is None:
@@ -271,7 +292,8 @@ def metrics_from_events(events: Any) -> Metrics:
     allocated = sum(gpus_ * (t1 - t0) for _, t0, t1, gpus_ in spans)
     if gpus and m.makespan_s > 0:
         m.gpu_utilization = allocated / (len(gpus) * m.makespan_s)
-    m.fragmentation = frag.unusable_int / frag.free_int if frag.free_int > 0 else 0.0
+    free_int, unusable_int = at_horizon
+    m.fragmentation = unusable_int / free_int if free_int > 0 else 0.0
     # fairness in the arrival window
     last_submit = max(submitted.values())
     window = max(last_submit, first_ts + m.makespan_s / 2)
