@@ -15,6 +15,7 @@ random. The replay simulator relies on that.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
@@ -194,10 +195,33 @@ def _slots(state: ClusterState) -> int:
     return limit - len(state.running) if limit > 0 else 1 << 62
 
 
-def _fitting_shapes(state: ClusterState, view: View, choose: Chooser) -> set[tuple[Any, ...]]:
-    """Shapes of queued jobs that would fit now (one trial per shape, not per job)."""
-    jobs, q = state.jobs, state.queue
-    return {shape for shape, members in q.by_shape.items() if choose(view, jobs[next(iter(members))], frozenset()) is not None}
+def _fits(view: View, job: Job) -> bool:
+    """Would a chooser place ``job`` on ``view``? Every chooser (first-fit,
+    best-fit, fgd) fails exactly when no node has ``count`` candidate GPUs."""
+    if job.count == 0:
+        return True
+    cands = view.candidates(job)
+    if job.count == 1:
+        return bool(cands)
+    return any(len(on) >= job.count for on in view.by_node(cands).values())
+
+
+def _fitting_shapes(state: ClusterState, view: View) -> set[tuple[Any, ...]]:
+    """Shapes of queued jobs that would fit now (one trial per shape, not per job).
+
+    ``view`` must be the untouched capacity: a shape that fails is remembered
+    on it (``Capacity.no_fit``) and not tried again until capacity grows.
+    """
+    jobs, no_fit = state.jobs, state.capacity.no_fit
+    live = set()
+    for shape, members in state.queue.by_shape.items():
+        if shape in no_fit:
+            continue
+        if _fits(view, jobs[next(iter(members))]):
+            live.add(shape)
+        else:
+            no_fit.add(shape)
+    return live
 
 
 def _room(state: ClusterState) -> tuple[View, int, int] | None:
@@ -213,44 +237,76 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     return view, slots, smallest
 
 
-def _scan(
-    state: ClusterState,
-    now: float,
-    order: Iterable[int],
-    choose: Chooser,
-    blocking: bool = False,
-) -> list[Placement]:
-    """Place jobs in ``order`` while capacity lasts.
+def _scan(state: ClusterState, now: float, choose: Chooser) -> list[Placement]:
+    """Place jobs in priority order while capacity lasts; a job that does not
+    fit is skipped.
 
-    Only shapes that fit at the start are tried, a shape that fails is dropped
-    for the rest of the decision (capacity only shrinks within it), and the
-    scan stops when no shape is left, so a long queue costs little.
+    Only shapes that fit at the start are tried, and a shape that fails is
+    dropped for the rest of the decision (capacity only shrinks within it).
+    The jobs of the live shapes come from their own queues, merged by their
+    heads, so the cost grows with the shapes and the jobs placed, not with
+    the jobs waiting behind shapes that do not fit.
     """
     room = _room(state)
     if room is None:
         return []
     view, slots, smallest = room
-    live = _fitting_shapes(state, view, choose)
+    queues = state.queue.shape_queue
+    # (head's (-priority, order, id), its position, shape): keys are unique,
+    # so neither position nor shape is ever compared
+    heap = [(queues[s][0], 0, s) for s in _fitting_shapes(state, view)]
+    heapq.heapify(heap)
+    jobs = state.jobs
+    out: list[Placement] = []
+    while heap:
+        key, pos, shape = heap[0]
+        job = jobs[key[2]]
+        if _eligible(state, job, now):
+            idxs = choose(view, job, frozenset())
+            if idxs is None:  # nothing more of this shape fits in this decision
+                heapq.heappop(heap)
+                continue
+            view.take(idxs, job.milli, job.spec.gpu_mem_mib)
+            out.append(view.placement(job, idxs))
+            slots -= 1
+            if slots == 0 or (smallest > 0 and view.max_free() < smallest):
+                break
+        _advance(heap, queues[shape], pos, shape)
+    return out
+
+
+def _advance(heap: list[tuple[tuple[int, int, int], int, Any]], queue: list[tuple[int, int, int]],
+             pos: int, shape: Any) -> None:
+    """Replace the heap's top (``queue[pos]``) by the next job of its shape."""
+    if pos + 1 < len(queue):
+        heapq.heapreplace(heap, (queue[pos + 1], pos + 1, shape))
+    else:
+        heapq.heappop(heap)
+
+
+def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose: Chooser) -> list[Placement]:
+    """Place jobs in ``order`` until the first eligible one that does not fit.
+
+    Its cost is bounded by the jobs placed and the ineligible ones before the
+    blocker, so it needs no per-shape merge.
+    """
+    room = _room(state)
+    if room is None:
+        return []
+    view, slots, smallest = room
+    live = _fitting_shapes(state, view)
     if not live:
         return []
     jobs = state.jobs
     shape_of = state.queue.shape_of
     out: list[Placement] = []
     for jid in order:
-        shape = shape_of[jid]
-        if shape not in live and not blocking:
-            continue
         job = jobs[jid]
         if not _eligible(state, job, now):
             continue
-        idxs = choose(view, job, frozenset()) if shape in live else None
+        idxs = choose(view, job, frozenset()) if shape_of[jid] in live else None
         if idxs is None:
-            if blocking:
-                break
-            live.discard(shape)
-            if not live:
-                break
-            continue
+            break
         view.take(idxs, job.milli, job.spec.gpu_mem_mib)
         out.append(view.placement(job, idxs))
         slots -= 1
@@ -259,31 +315,26 @@ def _scan(
     return out
 
 
-def _by_priority(state: ClusterState) -> Iterator[int]:
+def _by_order(state: ClusterState) -> Iterator[int]:
     # Lazy and uncopied: a decision only reads the queue (the core applies
     # the placements after it), and most decisions stop after a few jobs.
-    for _, _, jid in state.queue.by_priority:
-        yield jid
-
-
-def _by_order(state: ClusterState) -> Iterator[int]:
     for _, jid in state.queue.by_order:
         yield jid
 
 
 def fifo(state: ClusterState, now: float) -> list[Placement]:
     """Submission order; the first job that does not fit blocks the rest."""
-    return _scan(state, now, _by_order(state), first_fit, blocking=True)
+    return _scan_blocking(state, now, _by_order(state), first_fit)
 
 
 def priority(state: ClusterState, now: float) -> list[Placement]:
     """Higher priority first, FIFO within; jobs that do not fit are skipped."""
-    return _scan(state, now, _by_priority(state), first_fit)
+    return _scan(state, now, first_fit)
 
 
 def best_fit_policy(state: ClusterState, now: float) -> list[Placement]:
     """Priority order with best-fit packing of fractional jobs (the default)."""
-    return _scan(state, now, _by_priority(state), best_fit)
+    return _scan(state, now, best_fit)
 
 
 # --- shortest (predicted) job first, with EASY backfill -------------------------
@@ -312,7 +363,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         limit = job.time_limit(state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
 
-    live = _fitting_shapes(state, view, best_fit)
+    live = _fitting_shapes(state, view)
     if not live:
         return []
     shape_of = state.queue.shape_of
@@ -342,7 +393,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     # later job fits and might delay the head (often none does).
     head: tuple[View, Job, list[tuple[float, int, list[int], int, int]]] | None = None
     reservation: tuple[float, frozenset[int]] | None = None
-    for jid in _sjf_order(state):
+    for jid in _sjf_order(state, live, lambda: head is not None):
         shape = shape_of[jid]
         if shape not in live and head is not None:
             continue
@@ -378,32 +429,74 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     return out
 
 
-def _sjf_order(state: ClusterState) -> Iterator[int]:
+# (-priority, prediction, order, id): the order shortest-job-first scans in
+SjfKey = tuple[int, float, int, int]
+# a sorted group of queued jobs with one prediction: (shape, prediction, entries, start)
+Group = tuple[Any, float, list[tuple[int, int, int]], int]
+
+
+def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callable[[], bool]) -> Iterator[int]:
     """Queued job ids by (-priority, predicted runtime, order), merged lazily.
 
-    Jobs without history all share the global median, so they stream straight
-    from the priority index; each key with history is one more sorted stream.
-    Nothing is re-sorted, and the merge stops when the scan does.
+    Until the scan has its head it wants every job: merge the per-runtime-key
+    lists (one prediction each). From then on it wants only the shapes in
+    ``live``: keep walking the whole order while the jobs it skips cost less
+    than merging the live shapes' own (shape, runtime key) lists would, then
+    merge those from after the last job seen, so a long run of jobs whose
+    shape cannot fit is never walked.
     """
-    q, stats = state.queue, state.stats
-    med = stats.median()
-    median = DEFAULT_RUNTIME_S if med is None else med
-    history = stats.by_key
-    keys = [k for k in q.by_rkey if k in history] if len(q.by_rkey) <= len(history) else [
-        k for k in history if k in q.by_rkey
-    ]
-    rkey_of = q.rkey_of
-    streams: list[Iterator[tuple[int, float, int, int]]] = [
-        ((np_, median, o, j) for np_, o, j in q.by_priority if rkey_of[j] not in history)
-    ]
-    for k in sorted(keys):
-        streams.append(_stream(q.by_rkey[k], stats.predict(k)))
-    return (j for _, _, _, j in heapq.merge(*streams))
+    q, predict = state.queue, state.stats.predict
+    whole = _merge([(None, predict(r, DEFAULT_RUNTIME_S), e, 0) for r, e in q.by_rkey.items()], lambda shape: True)
+    last: SjfKey | None = None
+    for last in whole:
+        yield last[3]
+        if has_head():
+            break
+    else:
+        return
+    budget, shape_of = sum(len(q.shape_rkey[s]) for s in live), q.shape_of
+    for last in whole:
+        if shape_of[last[3]] in live:
+            yield last[3]
+        else:
+            budget -= 1
+            if budget < 0:
+                break
+    else:
+        return
+    part = [(shape, p, e, _after(e, p, last)) for shape in live
+            for r, e in q.shape_rkey[shape].items() for p in (predict(r, DEFAULT_RUNTIME_S),)]
+    for key in _merge(part, live.__contains__):
+        yield key[3]
 
 
-def _stream(entries: list[tuple[int, int, int]], pred: float) -> Iterator[tuple[int, float, int, int]]:
-    # a function, not an inline generator, so each stream keeps its own pred
-    return ((np_, pred, o, j) for np_, o, j in entries)
+def _after(entries: list[tuple[int, int, int]], pred: float, last: SjfKey) -> int:
+    """Position of the first of ``entries`` (all predicted ``pred``) after ``last``."""
+    return bisect.bisect_right(entries, last, key=lambda e: (e[0], pred, e[1], e[2]))
+
+
+def _merge(groups: list[Group], wanted: Callable[[Any], bool]) -> Iterator[SjfKey]:
+    """The keys of ``groups`` in order; a group whose shape is not ``wanted``
+    when it comes up is dropped whole (shapes are never wanted again)."""
+    # (key..., group, position): ids are unique, so group and position are never compared
+    heap = [(*_key(e, p, pos), g, pos) for g, (_, p, e, pos) in enumerate(groups) if pos < len(e)]
+    heapq.heapify(heap)
+    while heap:
+        np_, pred, o, j, g, pos = heap[0]
+        shape, _, entries, _ = groups[g]
+        if not wanted(shape):
+            heapq.heappop(heap)
+            continue
+        yield (np_, pred, o, j)
+        if pos + 1 < len(entries):
+            heapq.heapreplace(heap, (*_key(entries, pred, pos + 1), g, pos + 1))
+        else:
+            heapq.heappop(heap)
+
+
+def _key(entries: list[tuple[int, int, int]], pred: float, pos: int) -> SjfKey:
+    np_, o, j = entries[pos]
+    return (np_, pred, o, j)
 
 
 def _reservation(
@@ -481,7 +574,7 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
                     best, pick = key, idxs
         return pick
 
-    return _scan(state, now, _by_priority(state), choose)
+    return _scan(state, now, choose)
 
 
 POLICIES: dict[str, Policy] = {

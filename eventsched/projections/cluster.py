@@ -152,8 +152,11 @@ class ClusterState:
         if (i is not None) != usable(gpu, self.config):
             self._capacity = None  # the usable set changed: rebuild when next asked
         elif i is not None:
-            cap.free[i] = FULL - gpu.used_milli
-            cap.mem[i] = gpu.free_memory_mib()
+            free, mem = FULL - gpu.used_milli, gpu.free_memory_mib()
+            if free > cap.free[i] or mem > cap.mem[i]:
+                cap.grew()  # a shape that found no room may find it now
+            cap.free[i] = free
+            cap.mem[i] = mem
 
     # --- lookups used by the core, the server and the CLI -------------------
 
@@ -563,6 +566,8 @@ def validate_state(state: ClusterState) -> None:
     assert state.gpu_list == fresh.gpu_list, "GPU list out of order"
     assert state.node_gpus == fresh.node_gpus, "per-node GPU lists out of step"
     assert state.capacity.same(fresh.capacity), "capacity index out of step"
+    assert state.queue.shape_queue == fresh.queue.shape_queue, "per-shape queues out of step"
+    assert state.queue.shape_rkey == fresh.queue.shape_rkey, "per-shape runtime groups out of step"
     assert state.deadlines == fresh.deadlines, f"deadlines {state.deadlines} != {fresh.deadlines}"
     assert set(state.deadlines.items()) <= set((j, d) for d, j in state._due), "a deadline missing from the heap"
     assert state.next_time_limit() == min(fresh.deadlines.values(), default=None)

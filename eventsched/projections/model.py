@@ -148,9 +148,18 @@ class Capacity:
                 self.nodes.append(node)
                 self.node_idx[node] = []
             self.node_idx[node].append(i)
+        # shapes that found no room here: a memo valid until some GPU's free
+        # share or memory grows (``grew``), as shrinking cannot make them fit
+        self.no_fit: set[tuple[Any, ...]] = set()
+
+    def grew(self) -> None:
+        self.no_fit.clear()
 
     def same(self, other: Capacity) -> bool:
-        return vars(self) == vars(other)
+        """Equal capacity (the no-fit memo is a cache, not part of it)."""
+        mine, theirs = dict(vars(self)), dict(vars(other))
+        del mine["no_fit"], theirs["no_fit"]
+        return mine == theirs
 
 
 def fit_summary(gpus: list[Gpu], mem_mib: int) -> tuple[int, int, int]:
@@ -186,7 +195,9 @@ class QueueIndex:
     ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
     Insertions are bisect.insort (a memmove in C), so a decision never re-sorts.
     ``by_shape`` groups jobs that fit or fail together, so a decision can tell
-    up front that nothing in a long queue fits.
+    up front that nothing in a long queue fits; ``shape_queue`` holds each
+    shape's jobs as (-priority, order, id), so a decision merges the heads of
+    the shapes that fit instead of walking past the jobs of those that do not.
     """
 
     def __init__(self) -> None:
@@ -195,9 +206,12 @@ class QueueIndex:
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
-        # runtime-prediction key -> (-priority, order, id), for shortest-job-first
+        self.shape_queue: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+        # runtime-prediction key (and shape -> key) -> (-priority, order, id):
+        # shortest-job-first merges these groups, each with one prediction
         self.rkey_of: dict[int, tuple[str, str]] = {}
         self.by_rkey: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[int, int, int]]]] = {}
 
     def __len__(self) -> int:
         return len(self.by_order)
@@ -209,9 +223,12 @@ class QueueIndex:
         shape = job.shape
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
+        bisect.insort(self.shape_queue.setdefault(shape, []), (-job.spec.priority, job.order, job.id))
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
         bisect.insort(self.by_rkey.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
+        groups = self.shape_rkey.setdefault(shape, {})
+        bisect.insort(groups.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
 
     def remove(self, job: Job) -> None:
         key = (-job.spec.priority, job.order, job.id)
@@ -231,15 +248,25 @@ class QueueIndex:
         del members[job.id]
         if not members:
             del self.by_shape[shape]
+        _drop(self.shape_queue, shape, key)
         rkey = self.rkey_of.pop(job.id)
-        group = self.by_rkey[rkey]
-        del group[bisect.bisect_left(group, key)]
-        if not group:
-            del self.by_rkey[rkey]
+        _drop(self.by_rkey, rkey, key)
+        groups = self.shape_rkey[shape]
+        _drop(groups, rkey, key)
+        if not groups:
+            del self.shape_rkey[shape]
 
     def min_milli(self) -> int:
         """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
         return min(self.milli_counts, default=FULL + 1)
+
+
+def _drop(groups: dict[Any, list[tuple[int, int, int]]], name: Any, key: tuple[int, int, int]) -> None:
+    """Remove ``key`` from the sorted list ``groups[name]`` (and the list once empty)."""
+    group = groups[name]
+    del group[bisect.bisect_left(group, key)]
+    if not group:
+        del groups[name]
 
 
 class RuntimeStats:
