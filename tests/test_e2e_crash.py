@@ -85,8 +85,9 @@ def test_every_acknowledged_submission_survives_kill9(tmp_path: Path) -> None:
             if result.returncode == 0:
                 with lock:
                     acknowledged.append(int(result.stdout))
-            elif "no eventsched daemon" in result.stderr or "closed the connection" in result.stderr:
-                time.sleep(0.05)
+            elif "Traceback" not in result.stderr and any(
+                    said in result.stderr for said in ("no eventsched daemon", "closed the connection", "went away")):
+                time.sleep(0.05)  # killed mid-request: one clear line, and the test goes on
             else:
                 raise AssertionError(result.stderr)
 

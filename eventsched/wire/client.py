@@ -115,7 +115,16 @@ class Client:
         try:
             _send(self._sock, protocol.frame(req))
             reply = self._receive(self._sock)
-        except (OSError, ClientError):
+        except ClientError:
+            self.close()
+            raise
+        except (ConnectionResetError, BrokenPipeError) as exc:  # the daemon died mid-request
+            self.close()
+            raise ClientError(
+                f"the daemon went away before answering ({exc.strerror}); whether it took the request is "
+                "in its log: check with `eventsched queue` once it is back"
+            ) from None
+        except OSError:
             self.close()
             raise
         if not isinstance(reply, protocol.Reply):
