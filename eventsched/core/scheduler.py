@@ -22,6 +22,7 @@ from eventsched.domain import messages as m
 from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
 from eventsched.domain.settings import settings_dict
 from eventsched.domain.states import FINAL, WAITING, JobState, can, exit_outcome
+from eventsched.domain.units import MAX_ARRAY_TASKS
 from eventsched.projections.cluster import (
     FULL,
     ClusterState,
@@ -265,16 +266,45 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
         if dup.state in LIVE_FOR_DEDUP:
             raise Refused(f"duplicate of job {dup.id} ({dup.state})")
-    if len(state.queue) >= state.config.max_queued:
+    if spec.source and (spec.uid, spec.source) in state.by_source:  # a jobs-file line, once ever
+        raise Refused(f"already submitted as job {state.by_source[(spec.uid, spec.source)]}")
+    specs = _array_tasks(state, spec, msg.array) if msg.array else [spec]
+    n = len(specs)
+    if len(state.queue) + n > state.config.max_queued:
         raise Refused(f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
     mine = state.queued_by_uid.get(spec.uid, 0)
-    if mine >= state.config.max_queued_per_user:
+    if mine + n > state.config.max_queued_per_user:
         raise Refused(
             f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
             "wait for some to start or cancel some"
         )
-    out.fact(ev.JobSubmitted(ts=out.now, cause=msg.by or "submit", job=state.next_job_id, spec=spec))
+    cause = msg.by or "submit"
+    for task in specs:  # an array is one fact per task, all in this one batch
+        out.fact(ev.JobSubmitted(ts=out.now, cause=cause, job=state.next_job_id, spec=task))
     _schedule(out)
+
+
+def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> list[ev.JobSpec]:
+    """One spec per index: ``{index}`` in the command replaced, the array's id
+    (its first task's) and the index recorded (the executor exports both)."""
+    if len(indices) > MAX_ARRAY_TASKS:
+        raise Refused(f"an array has at most {MAX_ARRAY_TASKS} tasks, not {len(indices)}")
+    if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+        raise Refused("array indices must be distinct and >= 0")
+    if spec.array_cap < 0:
+        raise Refused(f"--array %K must be at least 1, not {spec.array_cap}")
+    first = state.next_job_id
+    tasks = []
+    for i in indices:
+        index = str(i)
+        tasks.append(msgspec.structs.replace(
+            spec,
+            command=[a.replace("{index}", index) for a in spec.command],
+            array_id=first, array_index=i,
+            content_hash=f"{spec.content_hash}[{index}]" if spec.content_hash else "",
+            source=f"{spec.source}[{index}]" if spec.source else "",
+        ))
+    return tasks
 
 
 def _command(out: _Out, command: str, jobs: list[Job], msg: m.Cancel | m.Hold | m.Release) -> None:

@@ -105,6 +105,21 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # rlimits.py; clamped to the daemon's own hard limits at launch
     umask: int = -1
     rlimits: dict[str, list[int]] = {}
+    # --- second round -----------------------------------------------------
+    # an array task: the first task's id and this task's index (0/-1: none);
+    # array_cap (%K) = at most that many of its tasks running at once (0: any)
+    array_id: int = 0
+    array_index: int = -1
+    array_cap: int = 0
+    preemptible: bool = False  # may be stopped to start a more urgent job
+    # `--signal SIG@SECONDS`: on preemption, signal number ``warn_signal`` (0:
+    # SIGTERM), then SIGKILL ``warn_s`` seconds later (-1: preempt_grace_s)
+    warn_signal: int = 0
+    warn_s: float = -1.0
+    session: str = ""  # "tmux" or "screen": run inside a detached terminal session
+    host_mem_mib: int = 0  # host memory limit (0: the daemon's max_host_mem_mib, if any)
+    # a jobs-file line, "PATH:LINE:SHA256-of-the-line": submitted once, ever
+    source: str = ""
 
 
 # --- the daemon ---------------------------------------------------------

@@ -87,6 +87,9 @@ class Stopping(Message, frozen=True):
 class Submit(Message, frozen=True):
     spec: JobSpec
     by: str = ""  # "uid:1000"
+    # an array (--array): one task per index, all accepted together or none;
+    # "{index}" in the command becomes the index
+    array: list[int] = []
 
 
 class Cancel(Message, frozen=True):
@@ -192,6 +195,7 @@ class Signal(Effect, frozen=True):
     job: int
     grace_s: float
     reason: str = "cancelled"
+    signum: int = 0  # the first signal (0: SIGTERM)
 
 
 class WakeAt(Effect, frozen=True):

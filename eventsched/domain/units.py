@@ -9,11 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus", "DEFAULT_FAKE_MEM_MIB"]
+__all__ = [
+    "FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus", "DEFAULT_FAKE_MEM_MIB",
+    "MAX_ARRAY_TASKS", "parse_array", "parse_signal",
+]
 
 FULL = 1000  # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding
 DEFAULT_FAKE_MEM_MIB = 81_920  # an 80 GiB card
 MAX_FAKE_GPUS = 1024
+# one submission's tasks: an array is one log frame and one acknowledgement;
+# larger sweeps are several arrays (or a jobs file)
+MAX_ARRAY_TASKS = 10_000
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -104,3 +110,71 @@ def parse_fake_gpus(text: str) -> tuple[int, int]:
     if n > MAX_FAKE_GPUS:
         raise UnitError(f"--gpus {text!r}: at most {MAX_FAKE_GPUS} fake GPUs")
     return n, mib
+
+
+def parse_array(text: str) -> tuple[list[int], int]:
+    """``0-99``, ``1,3,5``, ``0-99:2``, each with an optional ``%K`` ->
+    (sorted unique indices, K or 0): Slurm's ``--array`` spelling."""
+    spec, pct, cap_text = text.strip().partition("%")
+    cap = 0
+    if pct:
+        try:
+            cap = int(cap_text)
+        except ValueError:
+            raise UnitError(f"--array {text!r}: %K must be a whole number of tasks, not {cap_text!r}") from None
+        if cap < 1:
+            raise UnitError(f"--array {text!r}: %K must be at least 1")
+    indices: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        rng, colon, step_text = part.partition(":")
+        try:
+            step = int(step_text) if colon else 1
+            if "-" in rng.lstrip("-"):
+                low_text, high_text = rng.split("-", 1)
+                low, high = int(low_text), int(high_text)
+            else:
+                low = high = int(rng)
+        except ValueError:
+            raise UnitError(f"--array {text!r}: {part!r} is not an index, a range like 0-99 or a stepped range like 0-99:2") from None
+        if step < 1:
+            raise UnitError(f"--array {text!r}: the step in {part!r} must be at least 1")
+        if low < 0:
+            raise UnitError(f"--array {text!r}: indices start at 0, not {low}")
+        if low > high:
+            raise UnitError(f"--array {text!r}: the range {part!r} runs backwards")
+        if (high - low) // step + 1 + len(indices) > MAX_ARRAY_TASKS:
+            raise UnitError(f"--array {text!r}: at most {MAX_ARRAY_TASKS} tasks in one array; submit several")
+        indices.update(range(low, high + 1, step))
+    if not indices:
+        raise UnitError(f"--array {text!r}: no index given (e.g. 0-99, 1,3,5 or 0-99:2)")
+    return sorted(indices), cap
+
+
+def parse_signal(text: str) -> tuple[int, float]:
+    """``SIG@SECONDS`` (Slurm's ``--signal``): ``USR1@60``, ``SIGTERM@30``,
+    ``10@5``, or ``SIG`` alone -> (signal number, seconds; -1 = the default)."""
+    import signal as _signal
+
+    name, at, sec_text = text.strip().partition("@")
+    seconds = -1.0
+    if at:
+        try:
+            seconds = float(sec_text)
+        except ValueError:
+            raise UnitError(f"--signal {text!r}: SECONDS must be a number, as in USR1@60") from None
+        if not 0 <= seconds <= 86400:
+            raise UnitError(f"--signal {text!r}: SECONDS must be between 0 and 86400")
+    if name.isdigit():
+        num = int(name)
+    else:
+        upper = name.upper()
+        sig = getattr(_signal, upper if upper.startswith("SIG") else "SIG" + upper, None)
+        if not isinstance(sig, _signal.Signals) or upper in ("SIG_DFL", "SIG_IGN"):
+            raise UnitError(f"--signal {text!r}: unknown signal {name!r}; use a name like USR1 or TERM, as in USR1@60")
+        num = int(sig)
+    if num not in {int(s) for s in _signal.valid_signals()} or num in (0, _signal.SIGKILL, _signal.SIGSTOP):
+        raise UnitError(f"--signal {text!r}: {name} cannot be a warning signal")
+    return num, seconds

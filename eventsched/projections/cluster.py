@@ -97,6 +97,7 @@ class ClusterState:
         self._due: list[tuple[float, int]] = []
         self.dependents: dict[int, list[int]] = {}
         self.by_hash: dict[tuple[int, str], int] = {}  # (uid, --dedupe hash) -> job
+        self.by_source: dict[tuple[int, str], int] = {}  # (uid, jobs-file line) -> job
         self.queued_by_uid: dict[int, int] = {}
         self.shape_counts: dict[tuple[int, int], int] = {}
         for shape in self.recent_shapes:
@@ -114,6 +115,8 @@ class ClusterState:
             self.dependents.setdefault(dep, []).append(job.id)
         if job.spec.content_hash:
             self.by_hash[(job.spec.uid, job.spec.content_hash)] = job.id
+        if job.spec.source:
+            self.by_source[(job.spec.uid, job.spec.source)] = job.id
 
     def _enter_queue(self, job: Job) -> None:
         self.queue.add(job)

@@ -34,7 +34,7 @@ import msgspec
 
 from eventsched.core.admission import SubmitLimits, check_submission
 from eventsched.domain import messages as msg
-from eventsched.domain.events import Event, encode_many
+from eventsched.domain.events import Event, JobSubmitted, encode_many
 from eventsched.domain.paths import log_dir
 from eventsched.domain.states import ACTIVE
 from eventsched.domain.visibility import BatchView, redact_events
@@ -164,7 +164,10 @@ class Server:
     def _translate(self, request: protocol.Request, peer: Peer) -> tuple[msg.Message | Query, Answer | None]:
         config = self.engine.config
         if isinstance(request, protocol.SubmitJob):
-            return msg.Submit(spec=self._as_peer(request.spec, peer), by=peer.by), _submitted
+            spec = self._as_peer(request.spec, peer)
+            if request.array:
+                return msg.Submit(spec=spec, by=peer.by, array=list(request.array)), _submitted_array
+            return msg.Submit(spec=spec, by=peer.by), _submitted
         if isinstance(request, protocol.ListJobs):
             include_finished = request.all
             return Query(lambda state: list_jobs(state, include_finished, self.engine.clock())), None
@@ -373,6 +376,11 @@ class Server:
 
 def _submitted(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": events[0].job, "seq": events[-1].seq}  # type: ignore[attr-defined]
+
+
+def _submitted_array(_state: ClusterState, events: list[Event]) -> dict:
+    ids = [e.job for e in events if isinstance(e, JobSubmitted)]
+    return {"id": ids[0], "ids": ids, "seq": events[-1].seq}
 
 
 def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[dict]:

@@ -138,6 +138,10 @@ class Client:
     def submit(self, spec: JobSpec) -> int:
         return int(self.request(protocol.SubmitJob(spec=spec))["id"])
 
+    def submit_array(self, spec: JobSpec, indices: list[int]) -> list[int]:
+        """One task per index, acknowledged together (or refused together)."""
+        return [int(i) for i in self.request(protocol.SubmitJob(spec=spec, array=list(indices)))["ids"]]
+
     def submit_many(self, specs: list[JobSpec]) -> list[int]:
         """Submit several jobs over one connection, pipelined: every request
         is sent before the replies are read, so the daemon can commit them

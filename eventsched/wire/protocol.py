@@ -30,6 +30,7 @@ class SubmitJob(Request, frozen=True):
     # user, uid, gid, groups and home are filled in by the server from the
     # peer credentials; whatever the client puts there is overwritten.
     spec: JobSpec
+    array: list[int] = []  # --array: the indices (one task each), accepted all or none
 
 
 class ListJobs(Request, frozen=True):
