@@ -10,6 +10,7 @@ import msgspec
 
 from eventsched.core.admission import SubmitLimits
 from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.tenants import Tenant, TenantError, check_tenants
 
 
 class ConfigError(Exception):
@@ -31,6 +32,21 @@ class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     max_unread_bytes_per_user: Annotated[int, msgspec.Meta(ge=1 << 16)] = 32 << 20
 
 
+class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """Limits the daemon enforces on the host, not the scheduler: written
+    under ``[scheduler]`` in the file (SPEC §2), kept out of the recorded
+    scheduler settings because no decision depends on them."""
+
+    # a job's program or script, resolved, must lie under one of these ([]: anywhere)
+    allowed_script_paths: list[str] = []
+    # host memory per job, enforced by the kernel (0: no limit)
+    max_host_mem_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+# keys of [scheduler] that belong to JobLimits
+JOB_LIMIT_KEYS = ("allowed_script_paths", "max_host_mem_mib")
+
+
 class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What a config file may set; command-line options override it."""
 
@@ -40,6 +56,9 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scheduler: SchedulerConfig = SchedulerConfig()
     limits: SubmitLimits = SubmitLimits()
     connections: ConnectionLimits = ConnectionLimits()
+    job_limits: JobLimits = JobLimits()
+    tenants: dict[str, Tenant] = {}
+    jobs_file: str | None = None  # a jobs file the daemon follows itself
 
 
 SAMPLE = """\
@@ -88,7 +107,20 @@ def load_config(path: str | Path | None) -> ServeConfig:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    return config_from_dict(raw, str(path))
+
+
+def config_from_dict(raw: dict[str, Any], where: str) -> ServeConfig:
+    """Validate a parsed config (TOML, or a seed's JSON translated to it)."""
+    raw = dict(raw)
+    scheduler = dict(raw.get("scheduler") or {})
+    moved = {k: scheduler.pop(k) for k in JOB_LIMIT_KEYS if k in scheduler}
+    if moved:
+        raw["scheduler"] = scheduler
+        raw["job_limits"] = {**(raw.get("job_limits") or {}), **moved}
     try:
-        return msgspec.convert(raw, ServeConfig)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
+        config = msgspec.convert(raw, ServeConfig)
+        check_tenants(config.tenants)
+    except (msgspec.ValidationError, TenantError) as exc:
+        raise ConfigError(f"config file {where}: {exc}") from None
+    return config
