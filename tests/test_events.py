@@ -16,6 +16,8 @@ from pathlib import Path
 
 import msgspec
 
+from eventsched.domain.tenants import Tenant
+
 from eventsched.domain import events as ev
 from eventsched.storage import log
 
@@ -208,6 +210,7 @@ def today_samples() -> list[ev.Event]:
         ev.JobHeld(**common, job=9, by="bob"),
         ev.JobReleased(**common, job=9, by="bob"),
         ev.JobLost(**common, job=10, reason="not found after restart"),
+        ev.TenantsConfigured(**common, tenants={"vision": Tenant(users=["alice"], gpus=2.0, weight=2.0)}, by="config"),
     ]
 
 

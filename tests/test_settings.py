@@ -25,6 +25,7 @@ from eventsched.domain.settings import (
     settings_dict,
     settings_from_dict,
     upcast_v1_v2,
+    upcast_v2_v3,
 )
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.storage import log
@@ -67,7 +68,10 @@ def test_a_v1_settings_dict_is_upcast_before_it_becomes_settings() -> None:
     upcast = upcast_v1_v2(V1_CONFIG)
     assert upcast["max_queued_per_user"] == 50  # as large as its global limit: same decisions as then
     config = settings_from_dict(V1_CONFIG)
-    assert config == SchedulerConfig(**{**V1_CONFIG, "max_queued_per_user": 50})  # type: ignore[arg-type]
+    # v2 -> v3: an old log decided by priority alone, with no aging, fair share, reservations or preemption
+    old_ways = {"aging_per_hour": 0.0, "fair_share_weight": 0.0, "reserve_for_gang": False, "preemption": False}
+    assert config == SchedulerConfig(**{**V1_CONFIG, "max_queued_per_user": 50, **old_ways})  # type: ignore[arg-type]
+    assert upcast_v2_v3({"settings_version": 2}) == {"settings_version": 2, **old_ways}
     # today's record round-trips and carries its version
     today = settings_dict(SchedulerConfig(policy="fgd"))
     assert today["settings_version"] == SETTINGS_VERSION

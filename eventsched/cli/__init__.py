@@ -16,9 +16,11 @@ from eventsched.domain.paths import socket_location
 from eventsched.domain.states import FINAL, JobState
 from eventsched.domain.units import (
     UnitError,
+    parse_array,
     parse_duration,
     parse_gpu_ids,
     parse_job_ids,
+    parse_signal,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +96,14 @@ def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up tim
     return Client(args.socket or socket_location(args.state_dir))
 
 
+def _warning(text: str | None) -> dict[str, Any]:
+    """``--signal SIG@SECONDS`` as JobSpec fields."""
+    if not text:
+        return {}
+    signum, seconds = parse_signal(text)
+    return {"warn_signal": signum, "warn_s": seconds}
+
+
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     from eventsched.domain import rlimits
     from eventsched.domain.events import JobSpec
@@ -103,14 +113,18 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     if args.gpus is not None and not (args.gpus >= 0):
         raise UserError(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {args.gpus}")
     env = dict(os.environ)
+    shell = is_shell_string(command)
+    gpu_ids = parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None
     spec = JobSpec(
         command=command,
+        shell=shell,  # N2: -- "python x.py --lr 3" runs through the shell
         cwd=os.getcwd(),
         env=env,
-        name=args.name or os.path.basename(command[0]),
-        gpus=1.0 if args.gpus is None else args.gpus,
+        name=args.name or default_name(command, shell),
+        # N2: --gpu-ids alone means exactly those GPUs; with --gpus K, K of them
+        gpus=args.gpus if args.gpus is not None else float(len(gpu_ids)) if gpu_ids else 1.0,
         gpu_mem_mib=args.gpu_mem or 0,
-        gpu_ids=parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None,
+        gpu_ids=gpu_ids,
         priority=args.priority,
         time_limit_s=parse_duration(args.time_limit) if args.time_limit else None,
         on_time_limit="requeue" if args.requeue_on_time_limit else "kill",
@@ -120,22 +134,61 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         conda=args.conda or "",
         env_setup=args.env_setup or "",
         interactive=args.interactive,
-        content_hash=content_hash(command, os.getcwd(), args) if args.dedupe else "",
+        content_hash=content_hash(command, os.getcwd(), args, env) if args.dedupe else "",
         # the job gets our umask and limits (the daemon clamps them to its own)
         umask=rlimits.current_umask(),
         rlimits=rlimits.current(),
+        array_cap=parse_array(args.array)[1] if getattr(args, "array", None) is not None else 0,  # %K
+        # issue 11: a terminal session to run in, a host memory limit
+        session=getattr(args, "session", None) or "",
+        host_mem_mib=_host_mem(getattr(args, "host_mem", None)),
+        preemptible=bool(getattr(args, "preemptible", False)),  # F13
+        **_warning(getattr(args, "signal", None)),
     )
+    if any("--llm" in word for word in command):  # F19: "--llm NAME" sizes the job
+        from eventsched.cli.submit_file import llm_sized
+
+        spec = llm_sized(args, command, spec)
     return spec
 
 
-def content_hash(command: list[str], cwd: str, args: argparse.Namespace) -> str:
+def _host_mem(mib: int | None) -> int:
+    if mib is not None and mib <= 0:
+        raise UserError(f"--host-mem must be a positive number of MiB, not {mib}")
+    return mib or 0
+
+
+# what only describes the terminal a job was submitted from, not what it computes
+SESSION_ENV = frozenset({
+    "_", "OLDPWD", "PWD", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "STY", "TMUX_PANE",
+    "WINDOWID", "TERM_SESSION_ID", "XDG_SESSION_ID",
+})
+
+
+def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
+    """--dedupe's key (F18): command and arguments, working directory, set-up,
+    and the environment given to the job (sorted), less SESSION_ENV."""
     import hashlib
 
-    material = json.dumps([command, cwd, args.conda or "", args.env_setup or ""])
+    variables = sorted((k, v) for k, v in (env or {}).items() if k not in SESSION_ENV)
+    material = json.dumps([command, cwd, args.conda or "", args.env_setup or "", variables])
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
+def is_shell_string(command: list[str]) -> bool:
+    """One argument with blanks after ``--`` (``-- "python x.py --lr 3"``, the
+    seeds' spelling) is a shell command line, unless it names a file."""
+    return len(command) == 1 and any(c in command[0] for c in " \t\n;|&") and not os.path.exists(command[0])
+
+
+def default_name(command: list[str], shell: bool) -> str:
+    first = command[0].split()[0] if shell and command[0].split() else command[0]
+    return os.path.basename(first)
+
+
 def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
+    if getattr(args, "array", None) is not None:
+        return cmd_submit_array(args, command)
     spec = build_spec(args, command)
     with client(args) as c:
         job = c.submit(spec)
@@ -145,7 +198,23 @@ def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
             print(job)
         sys.stdout.flush()
         if args.interactive:
-            return follow_output(c, job, detach_message=True)
+            return follow_output(c, job, detach_message=True, exit_status=True)
+    return 0
+
+
+def cmd_submit_array(args: argparse.Namespace, command: list[str]) -> int:
+    """``--array 0-99[%K]``: one task per index, acknowledged together; every
+    task's id on a line of its own (``--json``: {"ids": [...]})."""
+    indices, _cap = parse_array(args.array)
+    if args.interactive:
+        raise UserError("--interactive follows one job; it cannot be combined with --array")
+    spec = build_spec(args, command)
+    with client(args) as c:
+        ids = c.submit_array(spec, indices)
+    if args.json:
+        print_json({"ids": ids})
+    else:
+        sys.stdout.write("".join(f"{i}\n" for i in ids))
     return 0
 
 
@@ -162,7 +231,14 @@ def cmd_queue(args: argparse.Namespace) -> int:
         return 0
     now = __import__("time").time()
     rows = []
+    folded: set[int] = set()
     for j in jobs:
+        array = j.get("array_id")
+        if array is not None and not args.expand:  # an array: one line, where its first listed task is
+            if array not in folded:
+                folded.add(array)
+                rows.append(array_row([t for t in jobs if t.get("array_id") == array], now))
+            continue
         if j["state"] == JobState.QUEUED:
             elapsed = now - j["submitted_at"]
         elif j["started_at"] is not None:
@@ -185,6 +261,56 @@ def cmd_queue(args: argparse.Namespace) -> int:
         )
     print(table(["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"], rows))
     return 0
+
+
+ARRAY_STATES = ("running", "queued", "held", "preempted", "succeeded", "failed", "cancelled", "lost")
+
+
+def array_row(tasks: list[dict], now: float) -> list[Any]:
+    """An array folded into one ``queue`` line: ``12[0-99]  name ... 3 running, 4 queued, 93 done``."""
+    from collections import Counter
+
+    first = tasks[0]
+    counts = Counter(t["state"] for t in tasks)
+    parts = [f"{counts[s]} {s}" for s in ARRAY_STATES if counts[s]]
+    parts += [f"{n} {s}" for s, n in counts.items() if s not in ARRAY_STATES]
+    if first.get("array_done"):  # without --all: the tasks that ended are not listed, only counted
+        listed_done = sum(counts[s] for s in FINAL)
+        if first["array_done"] > listed_done:
+            parts.append(f"{first['array_done'] - listed_done} done")
+    on = sorted({g for t in tasks if t["state"] == JobState.RUNNING for g in t["gpu_ids"]})
+    waiting = next((t for t in tasks if t.get("reason")), None)
+    return [
+        f"{first['array_id']}[{compact_indices([t['array_index'] for t in tasks])}]",
+        first["name"][:24],
+        first["user"],
+        ", ".join(parts),
+        first["priority"],
+        format_gpus(first["gpus"]),
+        ",".join(map(str, on)) or "-",
+        human_duration(now - min(t["submitted_at"] for t in tasks)),
+        "",
+        _short_reason(waiting) if waiting is not None else "",
+    ]
+
+
+def compact_indices(indices: list[int]) -> str:
+    """``0-99``, ``0-98:2``, ``1,3,7-9`` (cut short past a few pieces)."""
+    xs = sorted(set(indices))
+    if len(xs) > 2:
+        step = xs[1] - xs[0]
+        if step > 1 and all(b - a == step for a, b in zip(xs, xs[1:])):
+            return f"{xs[0]}-{xs[-1]}:{step}"
+    runs: list[str] = []
+    start = prev = xs[0]
+    for x in xs[1:] + [None]:  # type: ignore[list-item]
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ",".join(runs) if len(runs) <= 4 else ",".join(runs[:3]) + f",...,{xs[-1]}"
 
 
 def _short_reason(job: dict) -> str:
@@ -232,6 +358,42 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_cancel_ids(values: list[str]) -> tuple[list[int], list[tuple[int, int]]]:
+    """``12 13,14 20_3``: job (or array) ids, and (array, index) for ``ARRAY_INDEX``."""
+    ids: list[int] = []
+    tasks: list[tuple[int, int]] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            array, underscore, index = part.partition("_")
+            try:
+                if underscore:
+                    tasks.append((int(array), int(index)))
+                else:
+                    ids.append(int(part))
+            except ValueError:
+                raise UserError(f"{part!r} is not a job id (a number, or ARRAY_INDEX like 12_3 for one task of array 12)") from None
+    if not ids and not tasks:
+        raise UserError("no job id given")
+    return ids, tasks
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """Cancel every job it can (an array's id: all its tasks; ``12_3``: task 3
+    of array 12); one line on stderr for each it could not; exit 1 if any."""
+    ids, tasks = parse_cancel_ids(args.jobs)
+    with client(args) as c:
+        result = c.cancel_each(ids, arrays=True, array_tasks=tasks)
+    for job in result["jobs"]:
+        print(f"{job['id']}\t{job['state']}")
+    sys.stdout.flush()
+    for refused in result["refused"]:
+        print(f"job {refused['job']}: {refused['reason']}", file=sys.stderr)
+    return 1 if result["refused"] else 0
+
+
 def cmd_jobs_action(args: argparse.Namespace, action: str) -> int:
     ids = parse_job_ids(args.jobs)
     with client(args) as c:
@@ -248,8 +410,11 @@ def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
-def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: bool = False) -> int:
-    """Print a job's output file; with ``follow``, until the job ends."""
+def follow_output(
+    c: Client, job: int, *, follow: bool = True, detach_message: bool = False, exit_status: bool = False
+) -> int:
+    """Print a job's output file; with ``follow``, until the job ends. With
+    ``exit_status``, return the job's exit code (128+N if signal N killed it)."""
     import time
 
     from eventsched.wire import protocol
@@ -274,7 +439,8 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
             if not follow or state in final:
                 break
             if time.monotonic() >= next_check:
-                state = c.request(protocol.JobLogPath(job=job))["state"]
+                info = c.request(protocol.JobLogPath(job=job))
+                state = info["state"]
                 next_check = time.monotonic() + 0.5
                 if state in final:
                     continue  # one more read catches the last output
@@ -283,7 +449,17 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
         if detach_message:
             print(f"\ndetached; job {job} keeps running (eventsched logs {job} -f)", file=sys.stderr)
         return 0
-    return 0
+    return job_exit_status(info) if exit_status else 0
+
+
+def job_exit_status(info: dict) -> int:
+    """A finished job as a shell exit status: its code, 128+N for signal N,
+    1 if it never ran (cancelled while queued, lost)."""
+    if info.get("signal"):
+        return 128 + int(info["signal"])
+    if info.get("exit_code") is not None:
+        return int(info["exit_code"]) & 0xFF
+    return 0 if info["state"] == JobState.SUCCEEDED else 1
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -369,6 +545,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run_replay(args)
 
 
+def cmd_submit_file(args: argparse.Namespace) -> int:
+    from eventsched.cli.submit_file import cmd_submit_file as run
+
+    with client(args) as c:
+        return run(args, c)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    from eventsched.cli.attach import run
+
+    return run(args, client(args))
+
+
 def cmd_config_sample(args: argparse.Namespace) -> int:
     from eventsched.runtime.config import sample_config
 
@@ -391,7 +580,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 COMMANDS = (
     "serve", "submit", "queue", "status", "cancel", "hold", "release", "pause-gpu", "resume-gpu",
-    "logs", "explain", "health", "sql", "metrics", "replay", "log", "config-sample",
+    "logs", "explain", "health", "sql", "metrics", "replay", "log", "config-sample", "submit-file", "attach",
+    "tenants", "tenant",
 )
 
 
@@ -413,7 +603,7 @@ def build_parser(only: str | None = None) -> Parser:
         p = sub.add_parser("serve", parents=[common], help="run the scheduler daemon")
         p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
         p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, sjf-backfill, fgd)")
-        p.add_argument("--config", help="TOML config file (see `eventsched config-sample`)")
+        p.add_argument("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json")
         p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
         p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -423,8 +613,8 @@ def build_parser(only: str | None = None) -> Parser:
     if want("submit"):
         p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
         p.add_argument("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)")
-        p.add_argument("--gpu-mem", type=int, metavar="MIB", help="GPU memory needed on each GPU, MiB")
-        p.add_argument("--gpu-ids", metavar="LIST", help="allowed GPU ids, e.g. 1,3 or 0-3")
+        p.add_argument("--gpu-mem", "--mem", dest="gpu_mem", type=int, metavar="MIB", help="GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)")
+        p.add_argument("--gpu-ids", metavar="LIST", help="GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; with --gpus K, K of them")
         p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
         p.add_argument("--name")
         p.add_argument("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)")
@@ -433,14 +623,21 @@ def build_parser(only: str | None = None) -> Parser:
         p.add_argument("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)")
         p.add_argument("--retries", type=int, default=0, help="retry a failed job up to N times")
         p.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
-        p.add_argument("--env-setup", metavar="CMD", help='shell set-up run first, e.g. "source venv/bin/activate"')
+        p.add_argument("--env-setup", "--env-setup-cmd", dest="env_setup", metavar="CMD", help='shell set-up run first, e.g. "source venv/bin/activate"')
+        p.add_argument("--array", metavar="SPEC", help="one task per index: 0-99, 1,3,5 or 0-99:2, with %%K for at most K at once; {index} in the command is the index")
         p.add_argument("--dedupe", action="store_true", help="refuse if an identical job is queued, running or succeeded")
         p.add_argument("--interactive", action="store_true", help="stream the job's output here; Ctrl+C detaches")
+        p.add_argument("--session", choices=["tmux", "screen"], help="run in a detached terminal session (eventsched attach JOB)")
+        p.add_argument("--host-mem", type=int, metavar="MIB", help="host memory limit, MiB (enforced by the kernel)")
+        p.add_argument("--llm-config", metavar="FILE", help="llm_config.json for --llm NAME in the command (default ./llm_config.json)")
+        p.add_argument("--preemptible", action="store_true", help="may be stopped (and requeued) for a more urgent job")
+        p.add_argument("--signal", metavar="SIG@SECONDS", help="when preempted: this signal first, SIGKILL SECONDS later (default TERM@preempt_grace_s)")
         p.add_argument("--json", action="store_true")
 
     if want("queue"):
         p = sub.add_parser("queue", parents=[common], help="list queued and running jobs")
         p.add_argument("--all", action="store_true", help="include finished jobs")
+        p.add_argument("--expand", action="store_true", help="one line per array task (arrays are folded into one line otherwise)")
         p.add_argument("--json", action="store_true")
 
     if want("status"):
@@ -506,10 +703,33 @@ def build_parser(only: str | None = None) -> Parser:
         q = log_sub.add_parser("repair", help="move damaged frames aside so the log opens again")
         q.add_argument("dir")
 
+    if want("submit-file"):
+        p = sub.add_parser("submit-file", parents=[common], help="submit the lines of a jobs file (priority,script,conda_env,arguments,allowed_gpus)")
+        p.add_argument("file", metavar="FILE")
+        p.add_argument("--watch", action="store_true", help="keep following the file for new or edited lines (Ctrl-C stops)")
+        p.add_argument("--llm-config", metavar="FILE", help="llm_config.json for --llm NAME (default ./llm_config.json, else the state dir's)")
+        p.add_argument("--json", action="store_true")
+
+    if want("attach"):
+        from eventsched.cli.attach import add_parser as add_attach
+
+        add_attach(sub, common)
+
+    if want("tenants") or want("tenant"):
+        from eventsched.cli.tenants import add_parsers as add_tenants
+
+        add_tenants(sub, common)
+
     if want("config-sample"):
         sub.add_parser("config-sample", help="print a commented sample config file")
 
     return parser
+
+
+def _tenants_cmd(name: str, args: argparse.Namespace) -> int:
+    from eventsched.cli import tenants
+
+    return int(getattr(tenants, name)(args))
 
 
 def _import_msgspec_lean() -> None:
@@ -545,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
         "submit": lambda: cmd_submit(args, command),
         "queue": lambda: cmd_queue(args),
         "status": lambda: cmd_status(args),
-        "cancel": lambda: cmd_jobs_action(args, "cancel"),
+        "cancel": lambda: cmd_cancel(args),
         "hold": lambda: cmd_jobs_action(args, "hold"),
         "release": lambda: cmd_jobs_action(args, "release"),
         "pause-gpu": lambda: cmd_gpu_action(args, "pause_gpu"),
@@ -558,6 +778,10 @@ def main(argv: list[str] | None = None) -> int:
         "replay": lambda: cmd_replay(args),
         "log": lambda: cmd_log(args),
         "config-sample": lambda: cmd_config_sample(args),
+        "submit-file": lambda: cmd_submit_file(args),
+        "attach": lambda: cmd_attach(args),
+        "tenants": lambda: _tenants_cmd("cmd_tenants", args),
+        "tenant": lambda: _tenants_cmd("cmd_tenant", args),
     }
     from eventsched.wire.client import ClientError
 

@@ -15,13 +15,21 @@ from typing import Any
 
 import msgspec
 
-from eventsched.core.policies import View, best_fit
+from eventsched.core.policies import (
+    Limits,
+    View,
+    _fitting_shapes,
+    _Reservation,
+    best_fit,
+    fair_shares,
+)
 from eventsched.domain.states import WAITING, JobState
 from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
 __all__ = ["Reason", "waiting_reason", "waiting_reasons", "unusable_reason", "REASON_KINDS"]
 
-REASON_KINDS = ("held", "dependency", "backoff", "queue limit", "resources", "priority", "scheduling")
+REASON_KINDS = ("held", "dependency", "backoff", "queue limit", "quota", "array limit", "resources", "reserved",
+                "priority", "scheduling")
 
 
 class Reason(msgspec.Struct, frozen=True, kw_only=True):
@@ -31,6 +39,8 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True):
     first_ahead: int | None = None
     waits_for: list[int] = []  # dependency: the jobs not yet succeeded
     blocked_gpus: dict[str, str] = {}  # "node:gpu" -> why it takes nothing new
+    # the multifactor score and its parts: priority, age, fair_share, total
+    score: dict[str, float] = {}
 
 
 def _gpu_label(gpu: Gpu, single_node: bool) -> str:
@@ -136,17 +146,70 @@ def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None =
     blocked = {f"{g.node}:{g.id}": why for g in state.gpu_list if (why := unusable_reason(g, state)) is not None}
     view = View(state)
     fits: dict[Any, bool] = {}  # by shape: equal shapes fit or fail together
+    ctx = _Context(state, now, view)
     out: dict[int, Reason] = {}
     for job in waiting:
         shape = job.shape
         if shape not in fits:
             fits[shape] = job.count == 0 or best_fit(view, job) is not None
-        out[job.id] = _reason(state, job, now, ahead.get(job.id, (0, None)), fits[shape], blocked, view)
+        out[job.id] = _reason(state, job, now, ahead.get(job.id, (0, None)), fits[shape], blocked, view, ctx)
     return out
 
 
+class _Context:
+    """What every waiting job's reason may need, worked out once: quotas,
+    fair shares, the gang reservation."""
+
+    def __init__(self, state: ClusterState, now: float, view: View) -> None:
+        self.state, self.now = state, now
+        self.limits = Limits(state)
+        self.shares = fair_shares(state, now)
+        self.reservation: _Reservation | None = None
+        if state.config.reserve_for_gang and state.policy in ("priority", "best-fit", "fair-share", "fgd"):
+            live = _fitting_shapes(state, view.copy())
+            self.reservation = _Reservation.for_head(state, now, view.copy(), live, {}, self.limits)
+
+    def score(self, job: Job) -> dict[str, float]:
+        """The multifactor score's parts (docs/fair-share.md)."""
+        cfg = self.state.config
+        age = cfg.aging_per_hour * max(0.0, self.now - job.queued_at) / 3600.0
+        fair = 0.0
+        if self.state.policy == "fair-share":
+            fair = cfg.fair_share_weight * self.shares.get(job.tenant, (0.0, 0.0, 1.0))[2]
+        return {"priority": float(job.spec.priority), "age": round(age, 4), "fair_share": round(fair, 4),
+                "total": round(job.spec.priority + age + fair, 4)}
+
+    def score_text(self, job: Job) -> str:
+        """"; score ..." when aging or fair share has a say in the order, else ""."""
+        s = self.score(job)
+        if self.state.policy == "fifo" or (s["age"] < 0.01 and self.state.policy != "fair-share"):
+            return ""
+        text = f"; score {s['total']:g} = priority {s['priority']:g} + age {s['age']:g}"
+        if self.state.policy == "fair-share":
+            share, used, factor = self.shares.get(job.tenant, (0.0, 0.0, 1.0))
+            text += (f" + fair share {s['fair_share']:g} (tenant {job.tenant}: share {share:.0%}, "
+                     f"recent use {used:.0%}, factor {factor:.2f})")
+        return text
+
+    def quota_text(self, job: Job) -> str:
+        state = self.state
+        if job.spec.array_cap and self.limits.blocked(job) == "array-cap":
+            n = state.array_running.get(job.spec.array_id, 0)
+            return f"array limit: {n} of array {job.spec.array_id}'s tasks running, at most {job.spec.array_cap} (%{job.spec.array_cap})"
+        tenant = state.tenants[job.tenant]
+        usage = state.usage.get(job.tenant)
+        milli, mem, jobs = usage.held() if usage is not None else (0, 0, 0)
+        if tenant.jobs is not None and jobs >= tenant.jobs:
+            what = f"{jobs} of its {tenant.jobs} jobs running (quota jobs = {tenant.jobs})"
+        elif tenant.gpus is not None and milli + job.count * job.milli > round(tenant.gpus * FULL):
+            what = f"{milli / FULL:g} of its {tenant.gpus:g} GPUs in use (quota gpus = {tenant.gpus:g})"
+        else:
+            what = f"{mem} of its {tenant.gpu_mem_mib} MiB of GPU memory in use (quota gpu_mem_mib = {tenant.gpu_mem_mib})"
+        return f"quota: tenant {job.tenant} has {what}; this job needs {_request_text(job)}"
+
+
 def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | None], fits: bool,
-            blocked: dict[str, str], view: View) -> Reason:
+            blocked: dict[str, str], view: View, ctx: _Context) -> Reason:
     if job.state == JobState.HELD:
         return Reason(kind="held", text=f"held: `eventsched release {job.id}` lets it run")
     waits = [dep for dep in job.spec.after if (d := state.jobs.get(dep)) is None or d.state != JobState.SUCCEEDED]
@@ -160,8 +223,21 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
     if limit > 0 and len(state.running) >= limit:
         return Reason(kind="queue limit", text=f"queue limit: {len(state.running)} job{'s' if len(state.running) != 1 else ''} running, "
                       f"max_running = {limit}")
+    held_back = ctx.limits.blocked(job)
+    if held_back is not None:
+        kind = "quota" if held_back == "quota" else "array limit"
+        return Reason(kind=kind, text=ctx.quota_text(job), score=ctx.score(job))
     n, first = ahead
     jobs_ahead = f"{n} job{'s' if n != 1 else ''} ahead of it"
+    res = ctx.reservation
+    if fits and res is not None and res.head.id != job.id:
+        idxs = best_fit(view, job)
+        if idxs is not None and res.collides(idxs, job) and best_fit(view, job, res.gpus) is None:
+            gpus = ",".join(str(view.id[i]) for i in sorted(res.gpus))
+            when = "when the jobs there end" if res.shadow == float("inf") else f"in about {max(0, res.shadow - now):.0f}s (predicted)"
+            return Reason(kind="reserved", score=ctx.score(job), first_ahead=res.head.id, text=(
+                f"reserved: GPUs {gpus} are held for job {res.head.id} ({res.head.count} GPUs, first in line), "
+                f"free {when}; this job fits only there and is not predicted to end before that"))
     if not fits:
         single = len(state.node_gpus) <= 1
         parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]
@@ -171,14 +247,15 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
                 parts.append(f"{_gpu_label(g, single)} {why}")
         if n:
             parts.append(jobs_ahead)
-        return Reason(kind="resources", text="; ".join(parts), ahead=n, first_ahead=first, blocked_gpus=blocked)
+        return Reason(kind="resources", text="; ".join(parts), ahead=n, first_ahead=first, blocked_gpus=blocked,
+                      score=ctx.score(job))
     if first is not None:
         head = state.jobs[first]
         return Reason(
             kind="priority",
             text=(f"priority: {jobs_ahead} under {state.policy} (first: job {head.id}, priority "
-                  f"{head.spec.priority}, {head.spec.user or 'uid ' + str(head.spec.uid)})"),
-            ahead=n, first_ahead=first, blocked_gpus=blocked,
+                  f"{head.spec.priority}, {head.spec.user or 'uid ' + str(head.spec.uid)}){ctx.score_text(job)}"),
+            ahead=n, first_ahead=first, blocked_gpus=blocked, score=ctx.score(job),
         )
     return Reason(kind="scheduling", text="scheduling: it fits now and is placed at the next decision",
                   blocked_gpus=blocked)

@@ -25,12 +25,13 @@ import msgspec
 
 from eventsched.core.fgd import fragmentation
 from eventsched.domain.states import JobState
+from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 SUCCEEDED = JobState.SUCCEEDED
 
-__all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable"]
+__all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable", "Limits", "fair_shares"]
 
 DEFAULT_POLICY = "best-fit"
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
@@ -195,6 +196,94 @@ def _slots(state: ClusterState) -> int:
     return limit - len(state.running) if limit > 0 else 1 << 62
 
 
+class Limits:
+    """Tenants' quotas and arrays' caps (%K) during one decision: what each
+    tenant may still start, less what this decision has placed (F12).
+
+    Quotas are ceilings on what runs at once; a tenant with no quota set
+    for a resource has none on it.
+    """
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.left: dict[str, list[int] | None] = {}  # tenant -> [milli, mem, jobs] left; None: no quota
+        self.arrays: dict[int, int] = {}  # array id -> tasks it may still start
+
+    def _tenant_left(self, tenant: str) -> list[int] | None:
+        if tenant in self.left:
+            return self.left[tenant]
+        quota = self.state.tenants.get(tenant)
+        if quota is None:
+            left = None
+        else:
+            usage = self.state.usage.get(tenant)
+            milli, mem, jobs = usage.held() if usage is not None else (0, 0, 0)
+            big = 1 << 62
+            left = [
+                big if quota.gpus is None else round(quota.gpus * FULL) - milli,
+                big if quota.gpu_mem_mib is None else quota.gpu_mem_mib - mem,
+                big if quota.jobs is None else quota.jobs - jobs,
+            ]
+        self.left[tenant] = left
+        return left
+
+    def blocked(self, job: Job) -> str | None:
+        """Why ``job`` may not start now because of a quota or cap (None: it may)."""
+        spec = job.spec
+        if spec.array_cap:
+            left = self.arrays.get(spec.array_id)
+            if left is None:
+                left = self.arrays[spec.array_id] = spec.array_cap - self.state.array_running.get(spec.array_id, 0)
+            if left <= 0:
+                return "array-cap"
+        q = self._tenant_left(job.tenant)
+        if q is not None and (q[0] < job.count * job.milli or q[1] < job.count * spec.gpu_mem_mib or q[2] < 1):
+            return "quota"
+        return None
+
+    def take(self, job: Job) -> None:
+        if job.spec.array_cap:
+            self.arrays[job.spec.array_id] -= 1
+        q = self._tenant_left(job.tenant)
+        if q is not None:
+            q[0] -= job.count * job.milli
+            q[1] -= job.count * job.spec.gpu_mem_mib
+            q[2] -= 1
+
+
+def fair_shares(state: ClusterState, now: float) -> dict[str, tuple[float, float, float]]:
+    """tenant -> (share, recent usage share, fair-share factor) for the
+    tenants configured, running or waiting.
+
+    Slurm's classic factor ``F = 2^(-U/S)``: ``S`` the tenant's weight over
+    the sum of the weights, ``U`` its recent GPU-seconds (decayed with
+    ``usage_half_life_s``) over everyone's. F is 1 for a tenant that used
+    nothing, 0.5 for one that used exactly its share, and falls towards 0
+    the more it used beyond.
+    """
+    names = set(state.tenants) | set(state.usage)
+    for shape in state.queue.shape_queue:
+        names.add(shape[5] or DEFAULT_TENANT)
+    half_life = state.config.usage_half_life_s
+    usage = {t: (state.usage[t].at(now, half_life) if t in state.usage else 0.0) for t in names}
+    weights = {t: (state.tenants[t].weight if t in state.tenants else 1.0) for t in names}
+    total_u, total_w = sum(usage.values()), sum(weights.values())
+    out = {}
+    for t in sorted(names):
+        share = weights[t] / total_w if total_w else 0.0
+        used = usage[t] / total_u if total_u > 0 else 0.0
+        out[t] = (share, used, 2.0 ** (-used / share) if share > 0 else 0.0)
+    return out
+
+
+def _offsets(state: ClusterState, now: float, weight: float) -> dict[str, float]:
+    """What each tenant's fair share takes off its jobs' sort keys (a key is
+    minus a score, so more fair share means earlier)."""
+    if weight <= 0:
+        return {}
+    return {t: weight * f for t, (_, _, f) in fair_shares(state, now).items()}
+
+
 def _fits(view: View, job: Job) -> bool:
     """Would a chooser place ``job`` on ``view``? Every chooser (first-fit,
     best-fit, fgd) fails exactly when no node has ``count`` candidate GPUs."""
@@ -237,49 +326,141 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     return view, slots, smallest
 
 
-def _scan(state: ClusterState, now: float, choose: Chooser) -> list[Placement]:
+def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
     """Place jobs in priority order while capacity lasts; a job that does not
-    fit is skipped.
+    fit is skipped, a job over its tenant's quota or its array's cap too.
 
     Only shapes that fit at the start are tried, and a shape that fails is
     dropped for the rest of the decision (capacity only shrinks within it).
     The jobs of the live shapes come from their own queues, merged by their
     heads, so the cost grows with the shapes and the jobs placed, not with
-    the jobs waiting behind shapes that do not fit.
+    the jobs waiting behind shapes that do not fit. With ``fair_share`` each
+    tenant's fair-share factor is added to its jobs' scores.
+
+    A gang job at the head that cannot start gets its GPUs reserved (when
+    ``reserve_for_gang``): a later job may use them only if it is predicted
+    to end before the head could start (``_Reservation``).
     """
     room = _room(state)
     if room is None:
         return []
     view, slots, smallest = room
+    limits = Limits(state)
+    offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
-    # (head's (-priority, order, id), its position, shape): keys are unique,
-    # so neither position nor shape is ever compared
-    heap = [(queues[s][0], 0, s) for s in _fitting_shapes(state, view)]
+    live = _fitting_shapes(state, view)
+    # (head's (aged -priority - fair share, order, id), its position, shape):
+    # keys are unique, so neither position nor shape is ever compared
+    heap = [(_lane_key(queues[s][0], s, offsets), 0, s) for s in live]
     heapq.heapify(heap)
+    reserve = _Reservation.for_head(state, now, view, live, offsets, limits) if state.config.reserve_for_gang else None
     jobs = state.jobs
     out: list[Placement] = []
     while heap:
         key, pos, shape = heap[0]
         job = jobs[key[2]]
+        if limits.blocked(job):  # the whole shape shares the tenant (and the capped array)
+            heapq.heappop(heap)
+            continue
         if _eligible(state, job, now):
             idxs = choose(view, job, frozenset())
             if idxs is None:  # nothing more of this shape fits in this decision
                 heapq.heappop(heap)
                 continue
+            if reserve is not None and job.id != reserve.head.id and reserve.collides(idxs, job):
+                idxs = choose(view, job, reserve.gpus)
+                if idxs is None:
+                    _advance(heap, queues[shape], pos, shape, offsets)
+                    continue
             view.take(idxs, job.milli, job.spec.gpu_mem_mib)
+            limits.take(job)
             out.append(view.placement(job, idxs))
             slots -= 1
             if slots == 0 or (smallest > 0 and view.max_free() < smallest):
                 break
-        _advance(heap, queues[shape], pos, shape)
+        _advance(heap, queues[shape], pos, shape, offsets)
     return out
 
 
-def _advance(heap: list[tuple[tuple[int, int, int], int, Any]], queue: list[tuple[int, int, int]],
-             pos: int, shape: Any) -> None:
+def _lane_key(entry: tuple[float, int, int], shape: Any, offsets: dict[str, float]) -> tuple[float, int, int]:
+    if not offsets:
+        return entry
+    return (entry[0] - offsets.get(shape[5] or DEFAULT_TENANT, 0.0), entry[1], entry[2])
+
+
+class _Reservation:
+    """GPUs held for a blocked gang job at the head of the queue (F11's
+    companion: aging brings a big job to the head, this lets it start).
+
+    The head is the job with the best score among the first jobs of every
+    shape, when it cannot start now. Its GPUs are those it would get as the
+    running jobs end, by prediction, at ``shadow``; a later job may take one
+    of them only if it has a prediction (its own runs, or a time limit) and
+    is predicted to end by then.
+    """
+
+    def __init__(self, state: ClusterState, now: float, head: Job, shadow: float, gpus: frozenset[int]) -> None:
+        self.state, self.now, self.head, self.shadow, self.gpus = state, now, head, shadow, gpus
+
+    @classmethod
+    def for_head(cls, state: ClusterState, now: float, view: View, live: set[Any],
+                 offsets: dict[str, float], limits: Limits) -> _Reservation | None:
+        queues, jobs = state.queue.shape_queue, state.jobs
+        best: tuple[tuple[float, int, int], Any] | None = None
+        for shape, entries in queues.items():
+            key = _lane_key(entries[0], shape, offsets)
+            if best is None or key < best[0]:
+                best = (key, shape)
+        if best is None or best[1] in live:
+            return None  # the head can start now (or nothing waits)
+        head = jobs[best[0][2]]
+        if head.count < 2 or not _eligible(state, head, now) or limits.blocked(head):
+            return None
+        shadow, gpus = _reservation(view.copy(), head, _running_ends(state, view, now))
+        if not gpus:
+            return None
+        return cls(state, now, head, shadow, gpus)
+
+    def collides(self, idxs: list[int], job: Job) -> bool:
+        """Would placing ``job`` on ``idxs`` delay the head?"""
+        if not self.gpus.intersection(idxs):
+            return False
+        spec = self.state.stats
+        limit = job.time_limit(self.state.config.default_time_limit_s)
+        key = runtime_key(job.spec)
+        if key in spec.by_key:
+            pred = spec.predict(key, DEFAULT_RUNTIME_S)
+            pred = min(pred, limit) if limit is not None else pred
+        elif limit is not None:
+            pred = limit
+        else:
+            return True  # no prediction: stay off the reserved GPUs
+        return self.now + pred > self.shadow
+
+
+def _running_ends(state: ClusterState, view: View, now: float) -> list[tuple[float, int, list[int], int, int]]:
+    """(predicted end, job, GPU indices, share, memory) of each running job."""
+    out = []
+    jobs = state.jobs
+    index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
+    for jid in state.running:
+        r = jobs[jid]
+        p = predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
+        limit = r.time_limit(default)
+        if limit is not None:
+            p = min(p, limit)
+        node = r.node
+        idxs = [index[(node, g)] for g in r.gpu_ids if (node, g) in index]
+        start = r.started_at if r.started_at is not None else now
+        out.append((max(now, start + p), jid, idxs, r.milli, r.mem_mib))
+    return out
+
+
+def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], queue: list[tuple[float, int, int]],
+             pos: int, shape: Any, offsets: dict[str, float]) -> None:
     """Replace the heap's top (``queue[pos]``) by the next job of its shape."""
     if pos + 1 < len(queue):
-        heapq.heapreplace(heap, (queue[pos + 1], pos + 1, shape))
+        heapq.heapreplace(heap, (_lane_key(queue[pos + 1], shape, offsets), pos + 1, shape))
     else:
         heapq.heappop(heap)
 
@@ -299,15 +480,17 @@ def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose
         return []
     jobs = state.jobs
     shape_of = state.queue.shape_of
+    limits = Limits(state)
     out: list[Placement] = []
     for jid in order:
         job = jobs[jid]
-        if not _eligible(state, job, now):
+        if not _eligible(state, job, now) or limits.blocked(job):  # a quota holds back its tenant only
             continue
         idxs = choose(view, job, frozenset()) if shape_of[jid] in live else None
         if idxs is None:
             break
         view.take(idxs, job.milli, job.spec.gpu_mem_mib)
+        limits.take(job)
         out.append(view.placement(job, idxs))
         slots -= 1
         if slots == 0 or (smallest > 0 and view.max_free() < smallest):
@@ -335,6 +518,13 @@ def priority(state: ClusterState, now: float) -> list[Placement]:
 def best_fit_policy(state: ClusterState, now: float) -> list[Placement]:
     """Priority order with best-fit packing of fractional jobs (the default)."""
     return _scan(state, now, best_fit)
+
+
+def fair_share_policy(state: ClusterState, now: float) -> list[Placement]:
+    """Best-fit packing, in order of the multifactor score: priority, plus
+    aging, plus ``fair_share_weight`` x the tenant's fair-share factor
+    (docs/fair-share.md)."""
+    return _scan(state, now, best_fit, fair_share=True)
 
 
 # --- shortest (predicted) job first, with EASY backfill -------------------------
@@ -371,21 +561,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     # running jobs added only if a reservation is needed
     ends: list[tuple[float, int, list[int], int, int]] = []
 
-    def running_ends() -> list[tuple[float, int, list[int], int, int]]:
-        # the hot loop of a reservation: pred() inlined
-        out_ = []
-        index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
-        for jid in state.running:
-            r = jobs[jid]
-            p = predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
-            limit = r.time_limit(default)
-            if limit is not None:
-                p = min(p, limit)
-            node = r.node
-            idxs = [index[(node, g)] for g in r.gpu_ids if (node, g) in index]
-            start = r.started_at if r.started_at is not None else now
-            out_.append((max(now, start + p), jid, idxs, r.milli, r.mem_mib))
-        return out_
+    limits = Limits(state)
 
     out: list[Placement] = []
     # The head (the first job that cannot start now) gets a reservation; it is
@@ -398,7 +574,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         if shape not in live and head is not None:
             continue
         job = jobs[jid]
-        if not _eligible(state, job, now):
+        if not _eligible(state, job, now) or limits.blocked(job):
             continue
         if shape not in live:  # the head: it cannot start now
             head = (view.copy(), job, list(ends))
@@ -414,13 +590,14 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         if head is not None:
             if reservation is None:
                 at_view, head_job, head_ends = head
-                reservation = _reservation(at_view, head_job, running_ends() + head_ends)
+                reservation = _reservation(at_view, head_job, _running_ends(state, view, now) + head_ends)
             shadow, reserved = reservation
             if set(idxs) & reserved and now + pred(job) > shadow:
                 idxs = best_fit(view, job, reserved)
                 if idxs is None:
                     continue
         view.take(idxs, job.milli, job.spec.gpu_mem_mib)
+        limits.take(job)
         out.append(view.placement(job, idxs))
         ends.append((now + pred(job), job.id, idxs, job.milli, job.spec.gpu_mem_mib))
         slots -= 1
@@ -430,9 +607,9 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
 
 
 # (-priority, prediction, order, id): the order shortest-job-first scans in
-SjfKey = tuple[int, float, int, int]
+SjfKey = tuple[float, float, int, int]
 # a sorted group of queued jobs with one prediction: (shape, prediction, entries, start)
-Group = tuple[Any, float, list[tuple[int, int, int]], int]
+Group = tuple[Any, float, list[tuple[float, int, int]], int]
 
 
 def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callable[[], bool]) -> Iterator[int]:
@@ -470,7 +647,7 @@ def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callab
         yield key[3]
 
 
-def _after(entries: list[tuple[int, int, int]], pred: float, last: SjfKey) -> int:
+def _after(entries: list[tuple[float, int, int]], pred: float, last: SjfKey) -> int:
     """Position of the first of ``entries`` (all predicted ``pred``) after ``last``."""
     return bisect.bisect_right(entries, last, key=lambda e: (e[0], pred, e[1], e[2]))
 
@@ -494,7 +671,7 @@ def _merge(groups: list[Group], wanted: Callable[[Any], bool]) -> Iterator[SjfKe
             heapq.heappop(heap)
 
 
-def _key(entries: list[tuple[int, int, int]], pred: float, pos: int) -> SjfKey:
+def _key(entries: list[tuple[float, int, int]], pred: float, pos: int) -> SjfKey:
     np_, o, j = entries[pos]
     return (np_, pred, o, j)
 
@@ -581,6 +758,7 @@ POLICIES: dict[str, Policy] = {
     "fifo": fifo,
     "priority": priority,
     "best-fit": best_fit_policy,
+    "fair-share": fair_share_policy,
     "sjf-backfill": sjf_backfill,
     "fgd": fgd,
 }

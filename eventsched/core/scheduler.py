@@ -16,12 +16,14 @@ from typing import Any
 
 import msgspec
 
+from eventsched.core import preemption
 from eventsched.core.policies import POLICIES, decide
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
 from eventsched.domain.settings import settings_dict
 from eventsched.domain.states import FINAL, WAITING, JobState, can, exit_outcome
+from eventsched.domain.tenants import Tenant, TenantError, check_tenants, tenant_of_user
 from eventsched.domain.units import MAX_ARRAY_TASKS
 from eventsched.projections.cluster import (
     FULL,
@@ -127,6 +129,31 @@ def _schedule(out: _Out) -> None:
         )
         job = state.jobs[p.job]
         out.effects.append(Launch(job=p.job, spec=job.spec, node=p.node, gpu_ids=list(p.gpu_ids)))
+    if state.config.preemption and state.queue:
+        _preempt(out)
+
+
+def _preempt(out: _Out) -> None:
+    """Stop the jobs a more urgent waiting job needs (F13): its warning
+    signal now, SIGKILL after the grace; it ends ``preempted`` and is requeued."""
+    found = preemption.plan(out.state, out.now)
+    if found is None:
+        return
+    for jid in found.victims:
+        victim = out.state.jobs[jid]
+        out.decide(ev.JobCancelRequested(job=jid, by=f"job {found.waiting}", reason="preempted",
+                                         for_job=found.waiting, rule=found.rule))
+        out.effects.append(_stop_signal(out.state, victim, "preempted"))
+
+
+def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
+    """How a running job is stopped: a preemption warns with the job's own
+    ``--signal`` and its grace (else ``preempt_grace_s``); the rest get
+    SIGTERM and ``kill_grace_s``."""
+    if reason == "preempted":
+        grace = job.spec.warn_s if job.spec.warn_s >= 0 else state.config.preempt_grace_s
+        return Signal(job=job.id, grace_s=grace, reason=reason, signum=job.spec.warn_signal)
+    return Signal(job=job.id, grace_s=state.config.kill_grace_s, reason=reason)
 
 
 def _cascade(out: _Out, job_id: int) -> None:
@@ -181,6 +208,9 @@ def _started(out: _Out, msg: m.Started) -> None:
     )
     if previous is not None and previous != policy:
         out.decide(ev.PolicyChanged(policy=policy, by="config"))
+    if msg.tenants is not None and msg.tenants != state.tenants:
+        _check_tenants(msg.tenants)
+        out.decide(ev.TenantsConfigured(tenants=dict(msg.tenants), by="config"))
     found = set()
     for info in sorted(msg.gpus, key=lambda g: g.gpu):
         found.add(info.gpu)
@@ -255,7 +285,12 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         spec = msgspec.convert(msgspec.to_builtins(msg.spec), ev.JobSpec)
     except (msgspec.ValidationError, TypeError) as exc:
         raise Refused(f"bad job spec: {exc}") from None
+    try:
+        spec = msgspec.structs.replace(spec, tenant=tenant_of_user(state.tenants, spec.user, spec.tenant))
+    except TenantError as exc:
+        raise Refused(str(exc)) from None
     check_spec(state, spec)
+    _admit_tenant(state, spec)
     for dep in spec.after:
         d = state.jobs.get(dep)
         if d is None:
@@ -282,6 +317,47 @@ def _submit(out: _Out, msg: m.Submit) -> None:
     for task in specs:  # an array is one fact per task, all in this one batch
         out.fact(ev.JobSubmitted(ts=out.now, cause=cause, job=state.next_job_id, spec=task))
     _schedule(out)
+
+
+def _admit_tenant(state: ClusterState, spec: ev.JobSpec) -> None:
+    """Refuse a job its tenant's quota could never let run, naming the quota."""
+    tenant = state.tenants.get(spec.tenant)
+    if tenant is None:
+        return
+    count, milli = request_of(spec)
+    name = spec.tenant
+    if tenant.jobs is not None and tenant.jobs < 1:
+        raise Refused(f"tenant {name} may run no jobs (quota jobs = {tenant.jobs})")
+    if tenant.gpus is not None and count * milli > round(tenant.gpus * FULL):
+        raise Refused(f"asks for {count * milli / FULL:g} GPUs but tenant {name}'s quota is {tenant.gpus:g} GPUs at once")
+    if tenant.gpu_mem_mib is not None and count * spec.gpu_mem_mib > tenant.gpu_mem_mib:
+        raise Refused(
+            f"asks for {count * spec.gpu_mem_mib} MiB of GPU memory but tenant {name}'s quota is "
+            f"{tenant.gpu_mem_mib} MiB at once"
+        )
+
+
+def _check_tenants(tenants: dict[str, Tenant]) -> None:
+    try:
+        check_tenants(tenants)
+    except TenantError as exc:
+        raise Refused(str(exc)) from None
+
+
+def _set_tenant(out: _Out, msg: m.SetTenant) -> None:
+    """An operator's change to one tenant: a new set of tenants, recorded."""
+    tenants = dict(out.state.tenants)
+    if msg.tenant is None:
+        if msg.name not in tenants:
+            raise Refused(f"no tenant {msg.name!r}")
+        del tenants[msg.name]
+    else:
+        tenants[msg.name] = msg.tenant
+    _check_tenants(tenants)
+    if tenants != out.state.tenants:
+        cause = msg.by or "operator"
+        out.fact(ev.TenantsConfigured(ts=out.now, cause=cause, tenants=tenants, by=cause))
+        _schedule(out)
 
 
 def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> list[ev.JobSpec]:
@@ -433,7 +509,7 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
     if job.cancel_reason:
         # Stopped between placement and start: the signal sent then found no
         # process yet, so send it again now that there is one.
-        out.effects.append(Signal(job=job.id, grace_s=out.state.config.kill_grace_s, reason=job.cancel_reason))
+        out.effects.append(_stop_signal(out.state, job, job.cancel_reason))
 
 
 def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:
@@ -498,6 +574,7 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.PauseGpu: _pause,
     m.ResumeGpu: _resume,
     m.SetPolicy: _set_policy,
+    m.SetTenant: _set_tenant,
     m.Tick: _tick,
     m.ProcessStarted: _process_started,
     m.NeverLaunched: _never_launched,

@@ -30,6 +30,8 @@ from typing import Callable, Literal, Union, cast
 
 import msgspec
 
+from eventsched.domain.tenants import Tenant
+
 __all__ = [
     "Event",
     "JobSpec",
@@ -51,6 +53,7 @@ __all__ = [
     "JobHeld",
     "JobReleased",
     "JobLost",
+    "TenantsConfigured",
     "AnyEvent",
     "TimerFired",
     "JobsCommanded",
@@ -245,6 +248,18 @@ class JobCancelRequested(Event, frozen=True, kw_only=True):
     job: int
     by: str = ""
     reason: str = "cancelled"  # or "time-limit", "preempted"
+    # a preemption: the waiting job it makes room for, and the rule
+    # ("priority": a higher tier; "fair-share": a tenant under its share)
+    for_job: int = 0
+    rule: str = ""
+
+
+class TenantsConfigured(Event, frozen=True, kw_only=True):
+    """The tenants, their quotas and weights from now on (F12): from the
+    config at start-up, or an operator's ``tenant set``."""
+
+    tenants: dict[str, Tenant]
+    by: str = ""
 
 
 class JobCancelled(Event, frozen=True, kw_only=True):
@@ -298,6 +313,7 @@ AnyEvent = Union[
     JobHeld,
     JobReleased,
     JobLost,
+    TenantsConfigured,
 ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from eventsched.domain.events import JobSpec
+from eventsched.domain.tenants import Tenant
 
 __all__ = [
     "Message",
@@ -23,6 +24,7 @@ __all__ = [
     "PauseGpu",
     "ResumeGpu",
     "SetPolicy",
+    "SetTenant",
     "Tick",
     "ProcessStarted",
     "ProcessExited",
@@ -55,6 +57,18 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_gpu_utilization_pct: float = 100.0
     max_gpu_temperature_c: float = 1000.0
     retry_backoff_s: float = 2.0  # first retry delay, doubled each time (F17)
+    # --- teams (F11-F13); docs/fair-share.md has the formula ---------------
+    # a waiting job's score = priority + aging_per_hour x hours waited
+    #                        + fair_share_weight x its tenant's fair-share factor (0..1]
+    aging_per_hour: float = 1.0
+    fair_share_weight: float = 1.0
+    usage_half_life_s: float = 86400.0  # recent usage decays by half in this long
+    # a blocked gang job at the head gets its GPUs reserved: smaller jobs use
+    # them only if predicted to end before it could start
+    reserve_for_gang: bool = True
+    preemption: bool = True  # preempt preemptible jobs for more urgent ones
+    preempt_grace_s: float = 30.0  # warning signal, then this long, then SIGKILL
+    preempt_protect_s: float = 600.0  # a job preempted once then runs at least this long
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,6 +91,15 @@ class Started(Message, frozen=True):
     gpu_backend: str
     gpus: list[GpuInfo]
     config: SchedulerConfig
+    tenants: dict[str, Tenant] | None = None  # from the config file (None: keep the log's)
+
+
+class SetTenant(Message, frozen=True):
+    """An operator's ``eventsched tenant set`` (or ``tenant remove``: ``tenant`` None)."""
+
+    name: str
+    tenant: Tenant | None
+    by: str = ""
 
 
 class Stopping(Message, frozen=True):

@@ -23,7 +23,7 @@ from eventsched.domain.messages import SchedulerConfig
 
 __all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
 
-SETTINGS_VERSION = 2
+SETTINGS_VERSION = 3
 VERSION_KEY = "settings_version"
 
 
@@ -39,7 +39,19 @@ def upcast_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2}
+def upcast_v2_v3(raw: dict[str, Any]) -> dict[str, Any]:
+    """v3 added teams: aging, fair share, gang reservations and preemption.
+    A v2 log decided by priority alone: switch them off for it, so replaying
+    or resuming it decides as it did (a restart with a config records v3)."""
+    out = dict(raw)
+    out.setdefault("aging_per_hour", 0.0)
+    out.setdefault("fair_share_weight", 0.0)
+    out.setdefault("reserve_for_gang", False)
+    out.setdefault("preemption", False)
+    return out
+
+
+UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2, 2: upcast_v2_v3}
 
 
 def settings_dict(config: SchedulerConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import msgspec
 
-__all__ = ["Tenant", "DEFAULT_TENANT", "TenantError", "check_tenants", "tenant_of_user"]
+__all__ = ["Tenant", "TenantConfig", "DEFAULT_TENANT", "TenantError", "check_tenants", "tenant_of_user"]
 
 DEFAULT_TENANT = "default"  # everyone no tenant lists
 
@@ -21,7 +21,7 @@ class TenantError(ValueError):
     """A tenant definition that cannot be used (one line)."""
 
 
-class Tenant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+class Tenant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     users: list[str] = []
     # ceilings on what runs at once (None: no ceiling); gpus counts shares
     # (two half-GPU jobs are 1 GPU), gpu_mem_mib the memory reserved
@@ -33,6 +33,14 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # users (of ``users``) whose tenant this is when they name none: needed
     # for a user listed in several tenants
     default_for: list[str] = []
+
+
+class TenantConfig(Tenant, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tenant as written in a config file: unknown keys are mistakes there
+    (in the log, a newer version's keys are ignored)."""
+
+    def plain(self) -> Tenant:
+        return msgspec.convert(msgspec.to_builtins(self), Tenant)
 
 
 def check_tenants(tenants: dict[str, Tenant]) -> None:

@@ -45,11 +45,12 @@ from traitlets import Float, Unicode
 
 from eventsched import cli
 from eventsched.domain.paths import default_socket, default_state_dir
-from eventsched.domain.units import UnitError
+from eventsched.domain.states import FINAL
+from eventsched.domain.units import UnitError, parse_array
 from eventsched.jupyter.handle import JobHandle, JobTable, Message
 from eventsched.wire.client import Client, ClientError, DaemonNotRunning
 
-__all__ = ["EventschedMagics", "parse_submit", "subcommand_parser"]
+__all__ = ["ArrayHandle", "EventschedMagics", "parse_submit", "subcommand_parser"]
 
 # Kernel plumbing that must not leak into a job's environment.
 KERNEL_ENV_PREFIXES = ("JPY_", "PYDEVD_", "MPLBACKEND", "IPY_")
@@ -99,6 +100,66 @@ def parse_submit(line: str, prog: str = "%gpusubmit") -> tuple[argparse.Namespac
     if before and after:
         raise UsageError(f"{prog}: the command is {before[0]!r} but there is also one after `--`; give only one")
     return args, before or after
+
+
+class ArrayHandle:
+    """What ``%gpusubmit --array`` returns: one ``JobHandle`` per task
+    (``handles``, ``ids``; ``array_id`` is the first task's id), ``wait()``
+    for them all, ``cancel()`` of the whole array; shown as one line."""
+
+    def __init__(self, ids: list[int], socket_path: str | Path) -> None:
+        self.ids = list(ids)
+        self.array_id = self.ids[0]
+        self.socket_path = Path(socket_path)
+        self.handles = [JobHandle(i, self.socket_path) for i in self.ids]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> JobHandle:
+        return self.handles[i]
+
+    def states(self) -> dict[int, str]:
+        """Each task's state now, by job id."""
+        wanted = set(self.ids)
+        with Client(self.socket_path) as c:
+            return {j["id"]: j["state"] for j in c.jobs(all=True) if j["id"] in wanted}
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> dict[int, str]:
+        """Block until every task has finished; return their final states."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            states = self.states()
+            if all(states.get(i) in FINAL for i in self.ids):
+                return states
+            if deadline is not None and time.monotonic() >= deadline:
+                left = sum(1 for i in self.ids if states.get(i) not in FINAL)
+                raise TimeoutError(f"array {self.array_id}: {left} of {len(self.ids)} tasks not finished after {timeout:g}s")
+            time.sleep(poll)
+
+    def cancel(self) -> "ArrayHandle":
+        with Client(self.socket_path) as c:
+            c.cancel_each([self.array_id], arrays=True)
+        return self
+
+    def summary(self) -> str:
+        try:
+            states = self.states()
+        except Exception:  # a repr must never raise
+            return f"array {self.array_id}: {len(self.ids)} tasks (jobs {self.ids[0]}-{self.ids[-1]})"
+        counts: dict[str, int] = {}
+        for state in states.values():
+            counts[state] = counts.get(state, 0) + 1
+        parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        return f"array {self.array_id}: {len(self.ids)} tasks (jobs {self.ids[0]}-{self.ids[-1]}): {parts}"
+
+    def __repr__(self) -> str:
+        return f"<ArrayHandle {self.summary()}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<span class='es-array' data-array='{self.array_id}'>{html.escape(self.summary())}</span>"
 
 
 T = TypeVar("T")
@@ -165,7 +226,7 @@ class EventschedMagics(Magics):
 
     @line_cell_magic
     @user_errors
-    def gpusubmit(self, line: str, cell: str | None = None) -> JobHandle | None:
+    def gpusubmit(self, line: str, cell: str | None = None) -> JobHandle | ArrayHandle | None:
         """Submit a job; returns a handle whose display follows the job's state.
 
         Line:  ``%gpusubmit [options] -- COMMAND [ARG...]``
@@ -176,7 +237,8 @@ class EventschedMagics(Magics):
         Options are those of ``eventsched submit`` (``--gpus``, ``--gpu-mem``,
         ``--gpu-ids``, ``--priority``, ``--name``, ``--time-limit``, ``--tenant``,
         ``--after``, ``--retries``, ``--conda``, ``--env-setup``, ``--dedupe``,
-        ``--interactive``, ``--state-dir``, ``--socket``) and come *before* the
+        ``--interactive``, ``--array``, ``--state-dir``, ``--socket``, and the
+        seeds' spellings ``--mem``, ``--env-setup-cmd``) and come *before* the
         command. Without ``--`` the command starts at the first word that is not
         an option; everything after it is the command's, so in
         ``%gpusubmit --gpus 0.5 python train.py --gpus 2`` the job gets 0.5 of a
@@ -184,19 +246,35 @@ class EventschedMagics(Magics):
 
         ``$name`` and ``{expression}`` in the line are expanded by IPython
         (``$$`` for a literal ``$``; see the module's docstring); the job itself
-        runs without a shell. The job inherits the kernel's working directory
-        and environment. ``--interactive`` prints the output here until the job
-        ends (interrupt the kernel to stop watching; the job keeps running).
+        runs without a shell, unless the command is one quoted string with
+        blanks (``-- "python x.py --lr 3"``), which runs through the shell. The
+        job inherits the kernel's working directory and environment.
+        ``--interactive`` prints the output here until the job ends (interrupt
+        the kernel to stop watching; the job keeps running).
+
+        ``--array 0-9`` submits one task per index (``{{index}}`` in the
+        command is replaced by it: double the braces, IPython expands single
+        ones) and returns an ``ArrayHandle``: its ``ids``, ``handles``,
+        ``wait()`` and ``cancel()``.
         """
         args, command = parse_submit(line, "%%gpusubmit" if cell is not None else "%gpusubmit")
         if cell is not None:
             command = self._cell_command(cell, command, args)
-        if args.gpus is None and self.default_gpus is not None:
-            args.gpus = self.default_gpus
+        if args.gpus is None and not args.gpu_ids and self.default_gpus is not None:
+            args.gpus = self.default_gpus  # --gpu-ids alone means exactly those GPUs
+        indices = parse_array(args.array)[0] if args.array is not None else None
+        if indices is not None and args.interactive:
+            raise UsageError("%gpusubmit: --interactive follows one job; it cannot be combined with --array")
         spec = cli.build_spec(args, command)
         env = {k: v for k, v in spec.env.items() if not k.startswith(KERNEL_ENV_PREFIXES)}
-        spec = msgspec.structs.replace(spec, env=env)
+        # --dedupe's hash covers the job's environment: the one it gets, without the kernel's plumbing
+        digest = cli.content_hash(spec.command, spec.cwd, args, env) if spec.content_hash else ""
+        spec = msgspec.structs.replace(spec, env=env, content_hash=digest)
         socket_path = self.resolve_socket(args)
+        if indices is not None:
+            with Client(socket_path) as c:
+                ids = c.submit_array(spec, indices)
+            return ArrayHandle(ids, socket_path)
         with Client(socket_path) as c:
             job = c.submit(spec)
         handle = JobHandle(job, socket_path)
@@ -238,11 +316,19 @@ class EventschedMagics(Magics):
     @user_errors
     def gpucancel(self, line: str) -> JobTable | None:
         """``%gpucancel JOB [JOB...]``: cancel queued or running jobs (ids, or a
-        variable: ``%gpucancel $job.id`` / ``%gpucancel {h.id}``)."""
+        variable: ``%gpucancel $job.id`` / ``%gpucancel {h.id}``). An array's
+        id cancels all its tasks; ``12_3`` only task 3 of array 12. Jobs that
+        cannot be cancelled (finished, unknown) are named; the others still are."""
         args = subcommand_parser("cancel", "%gpucancel").parse_args(_split(line, "%gpucancel"))
-        ids = cli.parse_job_ids(args.jobs)
+        ids, tasks = cli.parse_cancel_ids(args.jobs)
         with self.client(args) as c:
-            return JobTable(c.cancel(ids))
+            result = c.cancel_each(ids, arrays=True, array_tasks=tasks)
+        refused = [f"job {r['job']}: {r['reason']}" for r in result["refused"]]
+        if refused and not result["jobs"]:
+            raise UsageError("%gpucancel: " + "; ".join(refused))
+        for line_ in refused:  # the others were cancelled: say which were not
+            print(line_, file=sys.stderr)
+        return JobTable(result["jobs"])
 
     @line_magic
     @user_errors

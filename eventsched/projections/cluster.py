@@ -25,6 +25,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.settings import settings_from_dict
 from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_state
+from eventsched.domain.tenants import Tenant
 from eventsched.domain.units import FULL
 from eventsched.projections.model import (
     RECENT_SHAPES,
@@ -33,6 +34,7 @@ from eventsched.projections.model import (
     Job,
     QueueIndex,
     RuntimeStats,
+    TenantUsage,
     fit_summary,
     request_of,
     runtime_key,
@@ -77,6 +79,10 @@ class ClusterState:
         self.next_order: int = 1
         self.recent_shapes: deque[tuple[int, int]] = deque(maxlen=RECENT_SHAPES)
         self.stats = RuntimeStats()
+        self.tenants: dict[str, Tenant] = {}  # as last configured (F12)
+        # tenant -> what it holds and its recent use (recent use is history:
+        # kept in snapshots; what it holds is rebuilt from the running jobs)
+        self.usage: dict[str, TenantUsage] = {}
         self._derive()
 
     def _derive(self) -> None:
@@ -88,8 +94,11 @@ class ClusterState:
         self._capacity: Capacity | None = None  # built when a policy first asks
         # (node, gpu_mem_mib) -> what check_spec needs; only GPU discovery and loss change it
         self.fit_cache: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self.queue = QueueIndex()
+        self.queue = QueueIndex(self.config.aging_per_hour)
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
+        self.array_running: dict[int, int] = {}  # capped array id -> its tasks running
+        for usage in self.usage.values():
+            usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
         # running jobs with a time limit and no stop asked yet -> when it falls due;
         # the heap finds the earliest (entries that no longer match are dropped when met)
@@ -109,6 +118,7 @@ class ClusterState:
             elif job.state == RUNNING:
                 self.running[job.id] = None
                 self._track_deadline(job)
+                self._hold(job, +1)
 
     def _index_submitted(self, job: Job) -> None:
         for dep in job.spec.after:
@@ -134,6 +144,30 @@ class ClusterState:
         else:
             del self.queued_by_uid[uid]
         self.backoff.pop(job.id, None)
+
+    def _hold(self, job: Job, sign: int) -> None:
+        """Count a job's resources in (+1) or out of (-1) its tenant's usage
+        and its array's running tasks."""
+        usage = self.usage.get(job.tenant)
+        if usage is None:
+            usage = self.usage[job.tenant] = TenantUsage()
+        usage.milli += sign * job.count * job.milli
+        usage.mem += sign * job.count * job.mem_mib
+        usage.jobs += sign
+        if job.spec.array_cap:
+            aid = job.spec.array_id
+            n = self.array_running.get(aid, 0) + sign
+            if n:
+                self.array_running[aid] = n
+            else:
+                self.array_running.pop(aid, None)
+
+    def _age_usage(self, tenant: str, ts: float) -> None:
+        """Bring ``tenant``'s recent use up to ``ts`` before what it holds changes."""
+        usage = self.usage.get(tenant)
+        if usage is None:
+            usage = self.usage[tenant] = TenantUsage(as_of=ts)
+        usage.advance(ts, self.config.usage_half_life_s)
 
     def _track_deadline(self, job: Job) -> None:
         """Record when ``job``'s time limit falls due (or that none does)."""
@@ -217,7 +251,7 @@ def _job(state: ClusterState, job_id: int) -> Job:
     return job
 
 
-def _release(state: ClusterState, job: Job) -> None:
+def _release(state: ClusterState, job: Job, ts: float) -> None:
     """Give back the shares and memory a running job held."""
     for gid in job.gpu_ids:
         gpu = state.gpus.get((job.node, gid))
@@ -228,6 +262,9 @@ def _release(state: ClusterState, job: Job) -> None:
         if job.id in gpu.jobs:
             gpu.jobs.remove(job.id)
         state._gpu_changed(gpu)
+    if job.id in state.running:
+        state._age_usage(job.tenant, ts)
+        state._hold(job, -1)
     state.running.pop(job.id, None)
     state.deadlines.pop(job.id, None)
 
@@ -246,10 +283,17 @@ def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     config = settings_from_dict(dict(e.config), node=e.node)
     state.node = e.node
     state.policy = e.policy
+    aging_changed = config.aging_per_hour != state.config.aging_per_hour
     state.config = config
     state._capacity = None  # thresholds may have changed
     for jid in state.running:  # and the default time limit
         state._track_deadline(state.jobs[jid])
+    if aging_changed:  # the queue's order depends on the aging rate
+        state._derive()
+
+
+def _tenants_configured(state: ClusterState, e: ev.TenantsConfigured) -> None:
+    state.tenants = dict(e.tenants)
 
 
 def _gpu_discovered(state: ClusterState, e: ev.GpuDiscovered) -> None:
@@ -310,7 +354,7 @@ def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
         raise IllegalTransition(f"job {e.job} already exists")
     count, milli = request_of(e.spec)
     job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts,
-              submitted_seq=e.seq)
+              submitted_seq=e.seq, queued_at=e.ts)
     state.jobs[e.job] = job
     state.next_job_id = max(state.next_job_id, e.job + 1)
     state.next_order += 1
@@ -362,6 +406,8 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
         state._gpu_changed(gpu)
     state.running[job.id] = None
     state._track_deadline(job)
+    state._age_usage(job.tenant, e.ts)
+    state._hold(job, +1)
 
 
 def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
@@ -377,7 +423,7 @@ def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
 def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
-    _release(state, job)
+    _release(state, job, e.ts)
     job.state = to
     job.exit_code = e.exit_code
     job.signal = e.signal
@@ -409,9 +455,12 @@ def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
 def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
     job = _job(state, e.job)
     job.state = next_state(job, e)
-    if e.reason != "not-launched":  # one that never ran keeps its place
+    if e.reason == "preempted":
+        job.preemptions += 1
+    if e.reason not in ("not-launched", "preempted"):  # these keep their place (and age)
         job.order = state.next_order  # to the back of the queue
         state.next_order += 1
+        job.queued_at = e.ts
     job.not_before = e.not_before
     if e.reason == "retry":
         job.retries_used += 1
@@ -437,7 +486,7 @@ def _job_released(state: ClusterState, e: ev.JobReleased) -> None:
 def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
-    _release(state, job)
+    _release(state, job, e.ts)
     job.state = to
     job.reason = e.reason or "lost"
     job.ended_at = e.ts
@@ -461,6 +510,7 @@ _HANDLERS: dict[type, Any] = {
     ev.JobHeld: _job_held,
     ev.JobReleased: _job_released,
     ev.JobLost: _job_lost,
+    ev.TenantsConfigured: _tenants_configured,
 }
 
 
@@ -480,6 +530,8 @@ class _Snapshot(msgspec.Struct, kw_only=True):
     recent_shapes: list[tuple[int, int]]
     runtime_by_key: list[tuple[str, str, int, int]]
     runtimes_ms: list[int]
+    tenants: dict[str, Tenant] = {}
+    recent_usage: list[tuple[str, float, float]] = []  # (tenant, GPU-seconds decayed, as of)
 
 
 _snap_encoder = msgspec.msgpack.Encoder()
@@ -500,6 +552,8 @@ def snapshot_bytes(state: ClusterState) -> bytes:
         recent_shapes=list(state.recent_shapes),
         runtime_by_key=[(u, n, c, t) for (u, n), (c, t) in sorted(state.stats.by_key.items())],
         runtimes_ms=state.stats.sorted,
+        tenants=state.tenants,
+        recent_usage=[(t, u.recent, u.as_of) for t, u in sorted(state.usage.items())],
     )
     return _snap_encoder.encode(snap)
 
@@ -519,6 +573,8 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     state.recent_shapes = deque((tuple(s) for s in snap.recent_shapes), maxlen=RECENT_SHAPES)  # type: ignore[misc]
     state.stats.by_key = {(u, n): (c, t) for u, n, c, t in snap.runtime_by_key}
     state.stats.sorted = list(snap.runtimes_ms)
+    state.tenants = dict(snap.tenants)
+    state.usage = {t: TenantUsage(recent, as_of) for t, recent, as_of in snap.recent_usage}
     state._derive()
     return state
 
@@ -577,3 +633,7 @@ def validate_state(state: ClusterState) -> None:
     for (node, mib), hit in state.fit_cache.items():
         assert hit == fresh.fit(node, mib), f"stale fit cache for {node!r}, {mib} MiB"
     assert state.backoff == fresh.backoff, "backoff index out of step"
+    assert state.array_running == fresh.array_running, "array running counts out of step"
+    held = {t: u.held() for t, u in state.usage.items() if u.held() != (0, 0, 0)}
+    fresh_held = {t: u.held() for t, u in fresh.usage.items() if u.held() != (0, 0, 0)}
+    assert held == fresh_held, f"tenant usage {held} != {fresh_held}"

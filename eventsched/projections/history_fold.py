@@ -168,7 +168,8 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
     ev.JobPlaced: lambda e: f"node={e.node} gpu_ids={_ids(e.gpu_ids)} share={e.share:g}",
     ev.JobStarted: lambda e: f"pid={e.pid}",
     ev.JobExited: _exit_detail,
-    ev.JobCancelRequested: lambda e: f"by={e.by} reason={e.reason}",
+    ev.JobCancelRequested: lambda e: f"by={e.by} reason={e.reason}" + (
+        f" for_job={e.for_job} rule={e.rule}" if e.for_job else ""),
     ev.JobCancelled: lambda e: f"by={e.by}",
     ev.JobRequeued: lambda e: f"reason={e.reason} not_before={e.not_before:g}",
     ev.JobHeld: lambda e: f"by={e.by}",
@@ -280,6 +281,27 @@ def _build_daemon(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]
     yield "daemon_events", cols
 
 
+def _build_tenants(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
+    """One row per tenant per configuration (a removed tenant is absent from
+    the configurations after it)."""
+    rows = [(e, name, t) for e in events for name, t in sorted(e.tenants.items())]
+    if not rows:
+        return
+    cols: Columns = {
+        "seq": np.array([e.seq for e, _, _ in rows], dtype=np.int64),
+        "ts": np.array([e.ts for e, _, _ in rows], dtype=np.float64),
+        "tenant": _obj([name for _, name, _ in rows]),
+        "users": _obj([",".join(t.users) for _, _, t in rows]),
+        "gpus": _obj([t.gpus for _, _, t in rows]),
+        "gpu_mem_mib": _obj([t.gpu_mem_mib for _, _, t in rows]),
+        "jobs": _obj([t.jobs for _, _, t in rows]),
+        "weight": np.array([t.weight for _, _, t in rows], dtype=np.float64),
+        "preemptible": _obj([t.preemptible for _, _, t in rows]),
+        "by": _obj([e.by for e, _, _ in rows]),
+    }
+    yield "tenant_configs", cols
+
+
 # type -> builder(events, record array of them for job events, else None)
 _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.JobSubmitted: _build_submitted,
@@ -290,6 +312,7 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.DaemonStarted: _build_daemon,
     ev.DaemonStopped: _build_daemon,
     ev.PolicyChanged: _build_daemon,
+    ev.TenantsConfigured: _build_tenants,
 }
 
 

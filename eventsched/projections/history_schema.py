@@ -11,7 +11,8 @@ from __future__ import annotations
 from eventsched.domain.states import FINAL
 
 # 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
-SCHEMA_VERSION = 3
+# 4: tenants (tenant_configs, tenant_quotas, tenant_usage, preemptions)
+SCHEMA_VERSION = 4
 
 FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
 
@@ -39,6 +40,9 @@ CREATE TABLE IF NOT EXISTS gpu_events (
     model VARCHAR, memory_total_mib BIGINT, "by" VARCHAR, error VARCHAR, lost BOOLEAN);
 CREATE TABLE IF NOT EXISTS daemon_events (
     seq BIGINT, ts DOUBLE, type VARCHAR, cause VARCHAR, node VARCHAR, detail VARCHAR);
+CREATE TABLE IF NOT EXISTS tenant_configs (
+    seq BIGINT, ts DOUBLE, tenant VARCHAR, users VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, jobs BIGINT,
+    weight DOUBLE, preemptible BOOLEAN, "by" VARCHAR);
 CREATE TABLE IF NOT EXISTS jobs (
     id BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR, command VARCHAR,
     gpus DOUBLE, gpu_mem_mib BIGINT, priority BIGINT, state VARCHAR,
@@ -101,17 +105,49 @@ SELECT node, gpu, count(*) AS samples, avg(utilization) AS utilization_mean,
        min(ts) AS first_ts, max(ts) AS last_ts
 FROM gpu_samples GROUP BY ALL;
 
+-- the tenants as last configured (quotas: NULL = no ceiling)
+CREATE OR REPLACE VIEW tenant_quotas AS
+SELECT tenant, users, gpus, gpu_mem_mib, jobs, weight, preemptible, ts AS configured_at, "by"
+FROM tenant_configs WHERE seq = (SELECT max(seq) FROM tenant_configs);
+
+-- every preemption: the victim, the waiting job it made room for, the rule
+CREATE OR REPLACE VIEW preemptions AS
+SELECT seq, ts, job AS victim,
+       CAST(regexp_extract(detail, 'for_job=([0-9]+)', 1) AS BIGINT) AS for_job,
+       regexp_extract(detail, 'rule=([a-z-]+)', 1) AS rule
+FROM job_events WHERE type = 'JobCancelRequested' AND reason = 'preempted';
+
+-- per tenant: its quota and weight now, GPU-hours used, jobs, waits, preemptions
+CREATE OR REPLACE VIEW tenant_usage AS
+WITH t AS (
+    SELECT tenant FROM tenant_quotas UNION SELECT DISTINCT tenant FROM jobs WHERE tenant IS NOT NULL),
+h AS (SELECT tenant, sum(gpu_hours) AS gpu_hours, sum(CASE WHEN open THEN share ELSE 0 END) AS gpus_now
+      FROM placement_spans GROUP BY tenant),
+j AS (SELECT tenant, count(*) AS jobs, avg(wait_s) AS mean_wait_s,
+             count(*) FILTER (WHERE state IN ('queued', 'held')) AS waiting,
+             count(*) FILTER (WHERE state = 'running') AS running
+      FROM jobs GROUP BY tenant),
+p AS (SELECT j.tenant, count(*) AS preemptions FROM preemptions x JOIN jobs j ON j.id = x.victim GROUP BY j.tenant)
+SELECT t.tenant, q.gpus AS quota_gpus, q.gpu_mem_mib AS quota_gpu_mem_mib, q.jobs AS quota_jobs,
+       coalesce(q.weight, 1.0) AS weight, coalesce(h.gpu_hours, 0) AS gpu_hours,
+       coalesce(h.gpu_hours, 0) / nullif(sum(coalesce(h.gpu_hours, 0)) OVER (), 0) AS gpu_hours_share,
+       coalesce(h.gpus_now, 0) AS gpus_now, coalesce(j.jobs, 0) AS jobs, coalesce(j.running, 0) AS running,
+       coalesce(j.waiting, 0) AS waiting, j.mean_wait_s, coalesce(p.preemptions, 0) AS preempted
+FROM t LEFT JOIN tenant_quotas q USING (tenant) LEFT JOIN h USING (tenant) LEFT JOIN j USING (tenant)
+LEFT JOIN p USING (tenant);
+
 CREATE OR REPLACE VIEW job_state_counts AS
 SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
 """
 
 TABLES = (
     "jobs", "job_events", "submissions", "placements", "placement_events",
-    "gpu_samples", "gpus", "gpu_events", "daemon_events", "_position",
+    "gpu_samples", "gpus", "gpu_events", "daemon_events", "tenant_configs", "_position",
 )
 VIEWS = (
     "job_times", "placement_spans", "gpu_hours_by_user", "gpu_hours_by_tenant",
     "gpu_hours_daily", "gpu_utilization", "gpu_utilization_summary", "job_state_counts",
+    "tenant_quotas", "preemptions", "tenant_usage",
 )
 
 # Jobs recomputed from the raw tables, for the ids in the registered `_touched`.

@@ -66,6 +66,12 @@ def compute_metrics(history: History) -> dict[str, Any]:
             'SELECT "user", gpu_hours, jobs FROM gpu_hours_by_user ORDER BY "user"').fetchall()]
         tenants = [{"tenant": t, "gpu_hours": h or 0.0, "jobs": int(j)} for t, h, j in con.execute(
             "SELECT tenant, gpu_hours, jobs FROM gpu_hours_by_tenant ORDER BY tenant").fetchall()]
+        cols = ["tenant", "quota_gpus", "quota_gpu_mem_mib", "quota_jobs", "weight", "gpu_hours", "gpu_hours_share",
+                "gpus_now", "running", "waiting", "mean_wait_s", "preempted"]
+        usage = [dict(zip(cols, row)) for row in con.execute(
+            f"SELECT {', '.join(cols)} FROM tenant_usage ORDER BY tenant").fetchall()]
+        counted = con.execute("SELECT count(*) FROM preemptions").fetchone()
+        preemptions = int(counted[0]) if counted else 0
     return {
         "log_seq": int(seq),
         "log_ts": ts,
@@ -75,6 +81,8 @@ def compute_metrics(history: History) -> dict[str, Any]:
         "gpus": gpus,
         "gpu_hours_by_user": users,
         "gpu_hours_by_tenant": tenants,
+        "tenants": usage,  # quota, weight, use now and in all (the tenant_usage view)
+        "preemptions": preemptions,
     }
 
 
@@ -117,6 +125,13 @@ def format_metrics(m: dict[str, Any]) -> str:
         out.append(title)
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
         out += ["  " + x for x in _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])]
+    if m.get("tenants"):
+        out += ["", f"Tenants ({m.get('preemptions', 0)} preemptions in all)"]
+        rows = [[r["tenant"] or "(none)", _num(r["quota_gpus"]), _num(r["weight"]), _num(r["gpus_now"], 2),
+                 str(r["running"]), str(r["waiting"]), _num(r["mean_wait_s"]), _num(r["gpu_hours"], 3),
+                 _num(100 * (r["gpu_hours_share"] or 0.0)), str(r["preempted"])] for r in m["tenants"]]
+        out += ["  " + x for x in _table(["tenant", "quota", "weight", "GPUs now", "running", "waiting",
+                                          "mean wait s", "GPU-hours", "% of all", "preempted"], rows)]
     return "\n".join(out)
 
 
@@ -174,6 +189,20 @@ def prometheus_text(m: dict[str, Any]) -> str:
            [("", {"user": r["user"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_user"]])
     family("eventsched_tenant_gpu_hours_total", "counter", "GPU-hours used (share x hours) per tenant.",
            [("", {"tenant": r["tenant"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_tenant"]])
+    tenants = m.get("tenants", [])
+    for key, name, what in (("quota_gpus", "eventsched_tenant_quota_gpus", "GPUs a tenant may hold at once."),
+                            ("quota_gpu_mem_mib", "eventsched_tenant_quota_gpu_mem_mib", "GPU memory a tenant may reserve at once."),
+                            ("quota_jobs", "eventsched_tenant_quota_jobs", "Jobs a tenant may run at once."),
+                            ("weight", "eventsched_tenant_weight", "A tenant's fair-share weight."),
+                            ("gpus_now", "eventsched_tenant_gpus_in_use", "GPUs (shares) a tenant's jobs hold now."),
+                            ("gpu_hours_share", "eventsched_tenant_gpu_hours_share", "A tenant's part of all GPU-hours."),
+                            ("waiting", "eventsched_tenant_jobs_waiting", "A tenant's jobs queued or held.")):
+        family(name, "gauge", what, [("", {"tenant": r["tenant"] or ""}, float(r[key]))
+                                     for r in tenants if r[key] is not None])
+    family("eventsched_tenant_preemptions_total", "counter", "A tenant's jobs preempted.",
+           [("", {"tenant": r["tenant"] or ""}, r["preempted"]) for r in tenants])
+    family("eventsched_preemptions_total", "counter", "Jobs preempted for more urgent ones.",
+           [("", {}, m.get("preemptions", 0))])
     family("eventsched_log_last_seq", "gauge", "Last log sequence included in these figures.",
            [("", {}, m["log_seq"])])
     return "\n".join(lines) + "\n"

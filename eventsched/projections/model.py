@@ -6,6 +6,7 @@ GPU or every queued job (``Capacity``, ``QueueIndex``, ``RuntimeStats``).
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
 import msgspec
@@ -13,11 +14,12 @@ import msgspec
 from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition, JobState
+from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
 
 __all__ = [
     "RECENT_SHAPES", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
-    "QueueIndex", "RuntimeStats",
+    "QueueIndex", "RuntimeStats", "TenantUsage",
 ]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
@@ -90,13 +92,21 @@ class Job(msgspec.Struct, kw_only=True):
     not_before: float = 0.0
     cancel_reason: str = ""  # set while a stop was requested for a running job
     submitted_seq: int = 0  # where its story starts in the log (explain)
+    queued_at: float = 0.0  # since when it waits (aging); a preempted job keeps its own
+    preemptions: int = 0  # times it was preempted (and requeued)
 
     @property
     def shape(self) -> tuple[Any, ...]:
-        """What placement depends on: equal shapes fit or fail together."""
+        """What placement depends on: equal shapes fit or fail together. The
+        tenant (quotas) and a capped array (%K) are part of it, so that a
+        shape held back by its quota or cap is held back whole."""
         s = self.spec
         ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
-        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node)
+        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
+
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant or DEFAULT_TENANT
 
     def time_limit(self, default: float | None) -> float | None:
         """The tighter of the job's own limit and ``default`` (None: no limit)."""
@@ -200,38 +210,47 @@ class QueueIndex:
     the shapes that fit instead of walking past the jobs of those that do not.
     """
 
-    def __init__(self) -> None:
-        self.by_priority: list[tuple[int, int, int]] = []
+    def __init__(self, aging_per_hour: float = 0.0) -> None:
+        # a waiting job's score grows by aging_per_hour per hour; between two
+        # waiting jobs the difference does not change with time, so the
+        # static key ``aging x queued_at / 3600 - priority`` orders them for good
+        self.aging = aging_per_hour / 3600.0
+        self.by_priority: list[tuple[float, int, int]] = []
         self.by_order: list[tuple[int, int]] = []
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
-        self.shape_queue: dict[tuple[Any, ...], list[tuple[int, int, int]]] = {}
+        self.shape_queue: dict[tuple[Any, ...], list[tuple[float, int, int]]] = {}
         # runtime-prediction key (and shape -> key) -> (-priority, order, id):
         # shortest-job-first merges these groups, each with one prediction
         self.rkey_of: dict[int, tuple[str, str]] = {}
-        self.by_rkey: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[int, int, int]]]] = {}
+        self.by_rkey: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[float, int, int]]]] = {}
 
     def __len__(self) -> int:
         return len(self.by_order)
 
+    def key(self, job: Job) -> tuple[float, int, int]:
+        """The job's place in priority order: (aged -priority, order, id)."""
+        return (self.aging * job.queued_at - job.spec.priority if self.aging else -job.spec.priority, job.order, job.id)
+
     def add(self, job: Job) -> None:
-        bisect.insort(self.by_priority, (-job.spec.priority, job.order, job.id))
+        key = self.key(job)
+        bisect.insort(self.by_priority, key)
         bisect.insort(self.by_order, (job.order, job.id))
         self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
         shape = job.shape
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
-        bisect.insort(self.shape_queue.setdefault(shape, []), (-job.spec.priority, job.order, job.id))
+        bisect.insort(self.shape_queue.setdefault(shape, []), key)
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
-        bisect.insort(self.by_rkey.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
+        bisect.insort(self.by_rkey.setdefault(rkey, []), key)
         groups = self.shape_rkey.setdefault(shape, {})
-        bisect.insort(groups.setdefault(rkey, []), (-job.spec.priority, job.order, job.id))
+        bisect.insort(groups.setdefault(rkey, []), key)
 
     def remove(self, job: Job) -> None:
-        key = (-job.spec.priority, job.order, job.id)
+        key = self.key(job)
         i = bisect.bisect_left(self.by_priority, key)
         if i == len(self.by_priority) or self.by_priority[i] != key:
             raise IllegalTransition(f"job {job.id} is not in the queue")
@@ -261,12 +280,47 @@ class QueueIndex:
         return min(self.milli_counts, default=FULL + 1)
 
 
-def _drop(groups: dict[Any, list[tuple[int, int, int]]], name: Any, key: tuple[int, int, int]) -> None:
+def _drop(groups: dict[Any, list[tuple[float, int, int]]], name: Any, key: tuple[float, int, int]) -> None:
     """Remove ``key`` from the sorted list ``groups[name]`` (and the list once empty)."""
     group = groups[name]
     del group[bisect.bisect_left(group, key)]
     if not group:
         del groups[name]
+
+
+class TenantUsage:
+    """What one tenant holds now, and its recent use for fair share.
+
+    ``recent`` is GPU-seconds decayed exponentially (half-life ``H``) as of
+    ``as_of``: with ``rate`` GPUs held since then, it is at time t
+    ``recent x 2^-(t-as_of)/H + rate x H/ln2 x (1 - 2^-(t-as_of)/H)``, so a
+    decision reads it in O(1) and only a placement or an end updates it.
+    """
+
+    __slots__ = ("milli", "mem", "jobs", "recent", "as_of")
+
+    def __init__(self, recent: float = 0.0, as_of: float = 0.0) -> None:
+        self.milli = 0  # milli-GPUs held (count x share)
+        self.mem = 0  # MiB reserved (count x per-GPU)
+        self.jobs = 0
+        self.recent = recent
+        self.as_of = as_of
+
+    def at(self, t: float, half_life_s: float) -> float:
+        """Recent usage (GPU-seconds, decayed) at time ``t``."""
+        dt = t - self.as_of
+        if dt <= 0 or half_life_s <= 0:
+            return self.recent
+        f = 2.0 ** (-dt / half_life_s)
+        return self.recent * f + self.milli / FULL * half_life_s / math.log(2) * (1.0 - f)
+
+    def advance(self, t: float, half_life_s: float) -> None:
+        if t > self.as_of:
+            self.recent = self.at(t, half_life_s)
+            self.as_of = t
+
+    def held(self) -> tuple[int, int, int]:
+        return (self.milli, self.mem, self.jobs)
 
 
 class RuntimeStats:

@@ -88,7 +88,8 @@ def _what(e: ev.Event) -> str:
     """One of the job's own events, in words."""
     if isinstance(e, ev.JobSubmitted):
         s = e.spec
-        return f"submitted by {s.user or e.cause}: {s.gpus:g} GPU{'s' if s.gpus != 1 else ''}, priority {s.priority}"
+        task = f", task {s.array_index} of array {s.array_id}" if s.array_index >= 0 else ""
+        return f"submitted by {s.user or e.cause}: {s.gpus:g} GPU{'s' if s.gpus != 1 else ''}, priority {s.priority}{task}"
     if isinstance(e, ev.JobPlaced):
         return f"placed on {_gpus(e.gpu_ids)}{'' if e.node in ('', 'local') else ' of ' + e.node} by {e.policy}"
     if isinstance(e, ev.JobStarted):
@@ -96,6 +97,9 @@ def _what(e: ev.Event) -> str:
     if isinstance(e, ev.JobExited):
         return f"{_exit_words(e)}" + (f" -> {e.outcome}" if e.outcome else "")
     if isinstance(e, ev.JobCancelRequested):
+        if e.reason == "preempted" and e.for_job:
+            why = {"priority": "a higher priority", "fair-share": "its tenant is under its fair share"}.get(e.rule, e.rule)
+            return f"preempted for job {e.for_job} (rule {e.rule}: {why}); warning signal, then SIGKILL after the grace"
         return f"asked to stop ({e.reason})"
     if isinstance(e, ev.JobCancelled):
         return f"cancelled by {e.by}"
@@ -146,6 +150,10 @@ def render_explanation(info: dict[str, Any]) -> str:
 
     job = info["job"]
     lines = [f"job {job['id']} ({job['name']}, {job['user']}) is {job['state']}"]
+    if job.get("array_id") is not None:
+        cap = f"; at most {job['array_cap']} of its tasks run at once (%{job['array_cap']})" if job.get("array_cap") else ""
+        lines.append(f"array: task {job['array_index']} of array {job['array_id']} "
+                     f"(`eventsched cancel {job['array_id']}` cancels every task){cap}")
     if info.get("reason") is not None:
         lines.append(f"reason: {info['reason']['text']}")
     elif job.get("exit_reason"):

@@ -41,6 +41,10 @@ def job_json(job: Job, waiting: Any = None) -> dict[str, Any]:
         "after": list(s.after),
         "not_before": job.not_before or None,
         "time_limit_s": s.time_limit_s,
+        # an --array task: its array's id (the first task's), its index, %K (null: not a task)
+        "array_id": s.array_id if s.array_index >= 0 else None,
+        "array_index": s.array_index if s.array_index >= 0 else None,
+        "array_cap": (s.array_cap or None) if s.array_index >= 0 else None,
     }
 
 

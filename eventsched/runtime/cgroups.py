@@ -52,6 +52,11 @@ __all__ = [
     "kill_all",
     "populated",
     "remove",
+    "HostMemory",
+    "MEMORY_MODES",
+    "v1_memory_dir",
+    "enable_memory_v2",
+    "oom_kills",
 ]
 
 
@@ -290,3 +295,199 @@ class Cgroups:
         """At shutdown: gone if no job cgroup is left (EBUSY otherwise)."""
         with contextlib.suppress(OSError):
             os.rmdir(self.parent)
+
+
+# --- host memory limits (issue 11) ----------------------------------------------
+#
+# A job's host memory limit is enforced by the kernel, by the best means the
+# machine offers, found once at start-up (``HostMemory.setup``):
+#
+# - ``cgroup2``: ``memory.max`` (and ``memory.swap.max`` = 0) on the job's own
+#   cgroup v2, where the memory controller can be enabled for the daemon's
+#   parent cgroup (root on a unified host, or a systemd-delegated subtree);
+# - ``cgroup1``: a cgroup in the v1 ``memory`` hierarchy (a hybrid host, as
+#   root): ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``,
+#   ``<own v1 memory cgroup>/eventsched-<hash>/job-<id>-<attempt>``, which the
+#   job's child joins before exec, next to its v2 cgroup;
+# - ``rlimit-as``: ``RLIMIT_AS`` set by the supervisor before exec (caution:
+#   CUDA reserves much address space, so GPU jobs need a generous limit).
+#
+# A job killed by its cgroup limit is told from one killed otherwise by the
+# ``oom_kill`` count of ``memory.events`` (v2) or ``memory.oom_control`` (v1),
+# read by the supervisor before it removes the cgroup.
+
+MEMORY_MODES = ("cgroup2", "cgroup1", "rlimit-as")
+MIB = 1 << 20
+
+
+def v1_memory_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bool] = os.path.isdir) -> str | None:
+    """The directory of our own cgroup in the v1 ``memory`` hierarchy, or None."""
+    mounts: list[tuple[str, str]] = []
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if sep and len(fields) >= 5 and len(rest) >= 3 and rest[0] == "cgroup" and "memory" in rest[2].split(","):
+            mounts.append((_unescape(fields[3]), _unescape(fields[4])))
+    own = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            own = parts[2] or "/"
+    if own is None:
+        return None
+    for root, mount in mounts:
+        if root == "/":
+            rel = own
+        elif own == root or own.startswith(root.rstrip("/") + "/"):
+            rel = own[len(root.rstrip("/")) :]
+        else:
+            continue
+        candidate = os.path.normpath(mount + "/" + rel.lstrip("/"))
+        if isdir(candidate):
+            return candidate
+    return None
+
+
+def _controllers(path: str) -> set[str]:
+    return set(_read(path).split())
+
+
+def enable_memory_v2(parent: str) -> bool:
+    """Make sure the cgroup v2 memory controller is on for the children of
+    ``parent`` (enabling it one level up first if need be); True if it is."""
+    if "memory" in _controllers(os.path.join(parent, "cgroup.subtree_control")):
+        return True
+    if "memory" not in _controllers(os.path.join(parent, "cgroup.controllers")):
+        with contextlib.suppress(OSError):
+            _write(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), "+memory")
+    try:
+        _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+    except OSError:
+        return False
+    return True
+
+
+def oom_kills(path: str) -> int:
+    """Processes the kernel killed for the memory limit of the cgroup at
+    ``path`` (v2 ``memory.events`` or v1 ``memory.oom_control``); 0 if unknown."""
+    for name in ("memory.events", "memory.oom_control"):
+        for line in _read(os.path.join(path, name)).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return 0
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """How job memory limits are enforced here: ``mode`` is one of
+    ``MEMORY_MODES``; ``parent`` the v1 parent cgroup (``cgroup1``) or the v2
+    one (``cgroup2``)."""
+
+    mode: str
+    parent: str = ""
+
+    @classmethod
+    def setup(
+        cls, state_dir: str | os.PathLike[str], cgroups: Cgroups | None, *, forced: str = ""
+    ) -> tuple["HostMemory", str]:
+        """The best mode available (or ``forced``, if available), and one
+        line on what was chosen and why."""
+        if forced and forced not in (*MEMORY_MODES, "auto"):
+            return cls("rlimit-as"), f"unknown memory limit mode {forced!r}: using RLIMIT_AS"
+        why: list[str] = []
+        if forced in ("", "auto", "cgroup2"):
+            if cgroups is None:
+                why.append("no cgroup v2 of our own")
+            elif _with_parent(cgroups.parent, enable_memory_v2):
+                return cls("cgroup2", cgroups.parent), f"memory.max on each job's cgroup under {cgroups.parent}"
+            else:
+                why.append(f"the cgroup v2 memory controller cannot be enabled under {cgroups.parent}")
+        if forced in ("", "auto", "cgroup1"):
+            own = v1_memory_dir(_read("/proc/self/mountinfo"), _read("/proc/self/cgroup"))
+            if own is None:
+                why.append("no cgroup v1 memory hierarchy")
+            else:
+                digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
+                parent = os.path.join(own, f"eventsched-{digest}")
+                problem = _probe_v1(parent)
+                if not problem:
+                    return cls("cgroup1", parent), f"memory.limit_in_bytes on each job's cgroup v1 under {parent}"
+                why.append(problem)
+        return cls("rlimit-as"), "RLIMIT_AS set before exec (" + "; ".join(why or ["as configured"]) + ")"
+
+    def create(self, job: int, attempt: int, v2_cgroup: str, limit_mib: int) -> str:
+        """Put ``limit_mib`` on the job's memory. Returns the v1 cgroup the
+        job must join (``cgroup1``), else ""; raises OSError if it cannot."""
+        limit = str(limit_mib * MIB)
+        if self.mode == "cgroup2":
+            if not v2_cgroup:
+                raise OSError(errno.ENOENT, "the job has no cgroup v2")
+            enable_memory_v2(self.parent)
+            _write(os.path.join(v2_cgroup, "memory.max"), limit)
+            with contextlib.suppress(OSError):  # no swap accounting: nothing to turn off
+                _write(os.path.join(v2_cgroup, "memory.swap.max"), "0")
+            return ""
+        if self.mode == "cgroup1":
+            os.makedirs(self.parent, 0o755, exist_ok=True)
+            path = os.path.join(self.parent, f"job-{job}-{attempt}")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o755)
+            try:
+                _write(os.path.join(path, "memory.limit_in_bytes"), limit)
+                with contextlib.suppress(OSError):  # swap accounting off: RAM alone is limited
+                    _write(os.path.join(path, "memory.memsw.limit_in_bytes"), limit)
+            except OSError:
+                remove(path)
+                raise
+            return path
+        return ""
+
+    def remove_parent(self) -> None:
+        if self.mode == "cgroup1":
+            with contextlib.suppress(OSError):
+                os.rmdir(self.parent)
+
+
+def _with_parent(parent: str, fn: Callable[[str], bool]) -> bool:
+    """``fn(parent)`` with ``parent`` made for the call (and removed after, if made)."""
+    made = not os.path.isdir(parent)
+    try:
+        os.makedirs(parent, 0o755, exist_ok=True)
+    except OSError:
+        return False
+    try:
+        return fn(parent)
+    finally:
+        if made:
+            remove(parent)
+
+
+def _probe_v1(parent: str) -> str:
+    """"" if a job's v1 memory cgroup can be made under ``parent`` and a
+    process moved into it, else why not."""
+    made = not os.path.isdir(parent)
+    try:
+        os.makedirs(parent, 0o755, exist_ok=True)
+    except OSError as e:
+        return f"cgroup v1 memory not writable at {os.path.dirname(parent)} ({e.strerror})"
+    probe = os.path.join(parent, f"probe-{os.getpid()}")
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(probe, 0o755)
+        _write(os.path.join(probe, "memory.limit_in_bytes"), str(1 << 30))
+        p = subprocess.Popen(["sleep", "5"] if shutil.which("sleep") else [sys.executable, "-c", "import time; time.sleep(5)"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             close_fds=True, start_new_session=True)
+        try:
+            _write(os.path.join(probe, "cgroup.procs"), str(p.pid))
+        finally:
+            p.kill()
+            p.wait()
+        return ""
+    except OSError as e:
+        return f"cgroup v1 memory not usable at {parent} ({e.strerror})"
+    finally:
+        remove(probe, timeout_s=2.0)
+        if made:
+            remove(parent)

@@ -10,7 +10,7 @@ import msgspec
 
 from eventsched.core.admission import SubmitLimits
 from eventsched.domain.messages import SchedulerConfig
-from eventsched.domain.tenants import Tenant, TenantError, check_tenants
+from eventsched.domain.tenants import Tenant, TenantConfig, TenantError, check_tenants
 
 
 class ConfigError(Exception):
@@ -57,7 +57,7 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     limits: SubmitLimits = SubmitLimits()
     connections: ConnectionLimits = ConnectionLimits()
     job_limits: JobLimits = JobLimits()
-    tenants: dict[str, Tenant] = {}
+    tenants: dict[str, TenantConfig] = {}
     jobs_file: str | None = None  # a jobs file the daemon follows itself
 
 
@@ -101,6 +101,13 @@ def sample_config() -> str:
 def load_config(path: str | Path | None) -> ServeConfig:
     if path is None:
         return ServeConfig()
+    if str(path).endswith(".json"):  # the seeds' config.json, translated (seed_config.py)
+        from eventsched.runtime.seed_config import SeedConfigError, translate_file
+
+        try:
+            return config_from_dict(translate_file(path, ServeConfig, JOB_LIMIT_KEYS), str(path))
+        except SeedConfigError as exc:
+            raise ConfigError(str(exc)) from None
     try:
         raw: dict[str, Any] = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -120,7 +127,24 @@ def config_from_dict(raw: dict[str, Any], where: str) -> ServeConfig:
         raw["job_limits"] = {**(raw.get("job_limits") or {}), **moved}
     try:
         config = msgspec.convert(raw, ServeConfig)
-        check_tenants(config.tenants)
+        check_tenants(plain_tenants(config))
     except (msgspec.ValidationError, TenantError) as exc:
-        raise ConfigError(f"config file {where}: {exc}") from None
+        raise ConfigError(f"config file {where}: {_name_tenant(raw, str(exc))}") from None
     return config
+
+
+def plain_tenants(config: ServeConfig) -> dict[str, Tenant]:
+    """The tenants as the core records them."""
+    return {name: t.plain() for name, t in config.tenants.items()}
+
+
+def _name_tenant(raw: dict[str, Any], error: str) -> str:
+    """msgspec says ``$.tenants[...]``: name the tenant instead."""
+    if "$.tenants[...]" not in error:
+        return error
+    for name, body in (raw.get("tenants") or {}).items():
+        try:
+            msgspec.convert(body, TenantConfig)
+        except msgspec.ValidationError:
+            return error.replace("$.tenants[...]", f"[tenants.{name}]")
+    return error

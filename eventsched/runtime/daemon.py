@@ -18,7 +18,7 @@ from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import UnitError, parse_duration
-from eventsched.runtime.config import ConfigError, ServeConfig, load_config
+from eventsched.runtime.config import ConfigError, ServeConfig, load_config, plain_tenants
 from eventsched.storage import log as eventlog
 
 if TYPE_CHECKING:
@@ -155,11 +155,17 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
     log = logging.getLogger("eventsched.daemon")
     before, after = raise_open_file_limit()
     log.info("open-file limit %d (soft limit was %d)", after, before)
-    engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s)
-    server = Server(engine, socket_path, limits=config.limits, connections=config.connections)
+    engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s,
+                    tenants=plain_tenants(config) if config.tenants else None)
+    engine.executor.max_host_mem_mib = config.job_limits.max_host_mem_mib  # issue 11: the default limit
+    server = Server(engine, socket_path, limits=config.limits, connections=config.connections, job_limits=config.job_limits)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)
+        if config.jobs_file:  # I2: the daemon follows a jobs file itself, as its owner
+            from eventsched.runtime.jobs_follower import follow_jobs_file
+
+            await tg.start(follow_jobs_file, server, config.jobs_file)
         if args.metrics_port is not None:
             from eventsched.runtime.metrics_http import serve_metrics
 

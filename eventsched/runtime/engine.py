@@ -48,6 +48,7 @@ from eventsched.domain.messages import (
 )
 from eventsched.domain.paths import log_dir, snapshot_dir
 from eventsched.domain.states import JobState
+from eventsched.domain.tenants import Tenant
 from eventsched.projections import snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
@@ -108,9 +109,11 @@ class Engine:
         snapshot_every: int = 50_000,
         segment_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.time,
+        tenants: dict[str, Tenant] | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.config = config
+        self.tenants = tenants  # the config file's [tenants] (None: keep the log's)
         self.backend = backend
         self.sample_interval_s = sample_interval_s
         self.snapshot_every = snapshot_every
@@ -226,6 +229,7 @@ class Engine:
                 gpu_backend=self.backend.name,
                 gpus=gpus,
                 config=self.config,
+                tenants=self.tenants,
             )
             running = {
                 job.id: (job.pid or 0, job.start_time or 0)
@@ -386,7 +390,7 @@ class Engine:
                 assert self.state is not None
                 self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
             case Signal():
-                self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s)
+                self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s, effect.signum)
             case WakeAt():
                 if effect.at < self._wake_at:
                     self._wake_at = effect.at

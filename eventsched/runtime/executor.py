@@ -61,6 +61,7 @@ from eventsched.domain.messages import (
     ProcessStarted,
 )
 from eventsched.runtime import cgroups as _cg
+from eventsched.runtime import sessions as _sessions
 from eventsched.runtime.zygote import SUPERVISOR, Zygote, ZygoteRequest
 
 __all__ = [
@@ -111,8 +112,17 @@ def _visible(gpu_ids: list[int]) -> str:
     return ",".join(str(g) for g in gpu_ids)
 
 
-def job_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
-    """The argv to exec: the command itself, or ``bash -c`` only for X3."""
+def job_argv(spec: JobSpec, gpu_ids: list[int], *, job: int = 0, log_path: str = "") -> list[str]:
+    """The argv to exec: the command itself, or ``bash -c`` only for X3;
+    for a ``--session`` job, the waiter that runs that inside the session
+    (``sessions.py``; it appends the session's output to ``log_path``)."""
+    argv = _plain_argv(spec, gpu_ids)
+    if spec.session:
+        return _sessions.session_argv(spec.session, job, argv, log_path or "/dev/null")
+    return argv
+
+
+def _plain_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
     command = rewrite_cuda(spec.command, gpu_ids)
     if not (spec.conda or spec.env_setup or spec.shell):
         return command
@@ -148,6 +158,8 @@ def job_env(
     # NVML numbers GPUs by PCI bus; CUDA's default order may differ
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["EVENTSCHED_JOB_ID"] = str(job)
+    if spec.array_index >= 0:  # an --array task (SPEC §2)
+        env["EVENTSCHED_ARRAY_ID"], env["EVENTSCHED_ARRAY_INDEX"] = str(spec.array_id), str(spec.array_index)
     return env
 
 
@@ -205,7 +217,7 @@ def _credentials(spec: JobSpec) -> _Creds | None:
 class _Watch:
     """A supervisor the executor waits on (launched here or adopted)."""
 
-    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "_event")
+    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "_event")
 
     def __init__(
         self,
@@ -216,6 +228,7 @@ class _Watch:
         popen: subprocess.Popen | None,
         report: bool = True,
         cgroup: str = "",
+        memcg: str = "",
     ) -> None:
         self.job = job
         self.attempt_dir = attempt_dir
@@ -225,6 +238,7 @@ class _Watch:
         self.report = report
         self.ended = False
         self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
+        self.memcg = memcg  # its cgroup v1 memory directory (host memory limit); "" = none
         self._event: anyio.Event | None = None  # made lazily: recover() runs outside a loop
 
     def event(self) -> anyio.Event:
@@ -239,10 +253,11 @@ class _Watch:
         self.event().set()
 
 
-def _spec_cgroup(attempt_dir: Path) -> str:
-    """The cgroup an attempt was launched into (from its spec.json), or ""."""
+def _spec_cgroup(attempt_dir: Path, key: str = "cgroup") -> str:
+    """The cgroup an attempt was launched into (from its spec.json), or "";
+    ``key="memory_cgroup"``: its cgroup v1 memory directory."""
     plan = _read_json(attempt_dir / "spec.json")
-    cg = plan.get("cgroup") if isinstance(plan, dict) else None
+    cg = plan.get(key) if isinstance(plan, dict) else None
     # only ever a job's own cgroup, which is killed and removed by path
     return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
 
@@ -278,6 +293,30 @@ class Executor:
                 _log.warning("%s: jobs that leave their process group escape cancel", why)
             else:
                 _log.info("jobs run in their own cgroups under %s", self._cgroups.parent)
+        # issue 11: how host memory limits are enforced (EVENTSCHED_MEMORY_LIMIT
+        # = cgroup2 | cgroup1 | rlimit-as picks one, if available)
+        if cgroups:
+            forced = os.environ.get("EVENTSCHED_MEMORY_LIMIT", "")
+            self.host_memory, why = _cg.HostMemory.setup(state_dir, self._cgroups, forced=forced)
+        else:
+            self.host_memory, why = _cg.HostMemory("rlimit-as"), "RLIMIT_AS set before exec (cgroups off)"
+        _log.info("host memory limits: %s: %s", self.host_memory.mode, why)
+        # the daemon's [scheduler] max_host_mem_mib: the limit of jobs that ask for none
+        self.max_host_mem_mib = 0
+
+    @property
+    def memory_limit(self) -> str:
+        """How host memory limits are enforced: ``cgroup2``, ``cgroup1`` or ``rlimit-as``."""
+        return self.host_memory.mode
+
+    def host_mem_limit_mib(self, spec: JobSpec) -> int:
+        """A job's effective host memory limit: its own, never above the
+        daemon's maximum; else the maximum (0: none)."""
+        top = self.max_host_mem_mib
+        own = spec.host_mem_mib
+        if own > 0:
+            return min(own, top) if top > 0 else own
+        return top
 
     @property
     def containment(self) -> str:
@@ -330,13 +369,26 @@ class Executor:
                 _log.warning(
                     "job %d: cannot create its cgroup (%s): contained by its process group only", job, e
                 )
+        memory_mib = self.host_mem_limit_mib(spec)
+        memory_mode, memcg = "", ""
+        if memory_mib > 0:
+            memory_mode = self.host_memory.mode
+            try:
+                memcg = self.host_memory.create(job, attempt, cgroup, memory_mib)
+            except OSError as e:
+                _log.warning("job %d: cannot limit its memory by cgroup (%s): RLIMIT_AS instead", job, e)
+                memory_mode = "rlimit-as"
+            if memory_mode == "rlimit-as":
+                cap = memory_mib * _cg.MIB
+                soft, hard = limits.get("as", [-1, -1])
+                limits["as"] = [cap if soft == -1 else min(soft, cap), cap if hard == -1 else min(hard, cap)]
         log_path = self.log_path(job)
         env = job_env(
             job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""
         )
         plan = {
             "job": job,
-            "argv": job_argv(spec, gpu_ids),
+            "argv": job_argv(spec, gpu_ids, job=job, log_path=os.path.abspath(log_path)),
             "env": env,
             "cwd": spec.cwd or "/",
             "uid": creds.uid if creds else None,
@@ -344,6 +396,11 @@ class Executor:
             "groups": creds.groups if creds else None,
             "log": os.path.abspath(log_path),  # supervisors run in /
             "cgroup": cgroup,
+            # host memory limit: how (cgroup2 | cgroup1 | rlimit-as; "" = none),
+            # the v1 memory cgroup to join (cgroup1): the supervisor tells an
+            # exit for the limit from any other
+            "memory_limit": memory_mode,
+            "memory_cgroup": memcg,
             "umask": spec.umask,
             "rlimits": limits,
         }
@@ -367,6 +424,8 @@ class Executor:
             reason = f"cannot start the supervisor: {e.strerror or e}"
             if cgroup:
                 _cg.remove(cgroup)
+            if memcg:
+                _cg.remove(memcg)
             # recorded like a supervisor would, so a restart reads "launch-failed"
             with contextlib.suppress(OSError):
                 (attempt_dir / "exit").write_bytes(
@@ -374,7 +433,7 @@ class Executor:
                 )
             raise LaunchError(reason) from None
         if handed is not None:
-            return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup)
+            return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup, memcg=memcg)
 
         pidfd = os.pidfd_open(popen.pid)
         try:
@@ -387,12 +446,14 @@ class Executor:
         words = line.split(" ", 1) if line else []
         if words and words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
-            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen, cgroup=cgroup))
+            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen, cgroup=cgroup, memcg=memcg))
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         # Failed: reap the supervisor in the background, report nothing more.
         if cgroup:  # the supervisor removes it too; the job never ran in it
             _cg.remove(cgroup)
-        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False, cgroup=cgroup))
+        if memcg:
+            _cg.remove(memcg)
+        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False, cgroup=cgroup, memcg=memcg))
         if words and words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
@@ -442,7 +503,15 @@ class Executor:
         return None
 
     async def _zygote_started(
-        self, job: int, attempt_dir: Path, z: Zygote, token: int, req: ZygoteRequest, *, cgroup: str = ""
+        self,
+        job: int,
+        attempt_dir: Path,
+        z: Zygote,
+        token: int,
+        req: ZygoteRequest,
+        *,
+        cgroup: str = "",
+        memcg: str = "",
     ) -> ProcessStarted:
         # Shielded: once a supervisor runs, we must learn its pid even if
         # the engine is being cancelled, or the job would go unwatched.
@@ -454,33 +523,36 @@ class Executor:
             pid, start_time = (int(x) for x in words[1].split())
             w: _Watch | None = None
             if req.pidfd >= 0:
-                w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup)
+                w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup, memcg=memcg)
             else:  # the zygote died before sending it: find the supervisor by its pid file
                 started = _read_json(attempt_dir / "pid")
                 w = self._adopt(job, attempt_dir, started) if started else None
-                w = w or _Watch(job, attempt_dir, pid, -1, None, cgroup=cgroup)  # already gone: read its exit now
+                w = w or _Watch(job, attempt_dir, pid, -1, None, cgroup=cgroup, memcg=memcg)  # gone: read its exit now
             self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         if req.pidfd >= 0:  # not our child: the zygote reaps it
             os.close(req.pidfd)
         if cgroup:  # the job never ran (its child was reaped before the error)
             _cg.remove(cgroup)
+        if memcg:
+            _cg.remove(memcg)
         if words and words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
 
     # --- signal ---------------------------------------------------------
 
-    async def signal(self, job: int, grace_s: float) -> None:
-        """SIGTERM every process of the job now (its cgroup, else its process
-        group); SIGKILL them after ``grace_s`` unless the job has ended by
-        then. Returns at once."""
+    async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
+        """SIGTERM (or ``signum``: a preempted job's ``--signal``) every
+        process of the job now (its cgroup, else its process group); SIGKILL
+        them after ``grace_s`` unless the job has ended by then. Returns at once."""
         w = self._watched.get(job)
         if w is None or w.pgid <= 0:
             return  # not running here (ended, or never started): nothing to stop
+        first = signum or _signal.SIGTERM
         # once each: a second SIGTERM can land inside the job's handler for the first
-        if not (w.cgroup and _cg.signal_all(w.cgroup, _signal.SIGTERM)):
-            _killpg(w.pgid, _signal.SIGTERM)
+        if not (w.cgroup and _cg.signal_all(w.cgroup, first)):
+            _killpg(w.pgid, first)
         self._spawn(self._kill_after, w, grace_s)
 
     async def _kill_after(self, w: _Watch, grace_s: float) -> None:
@@ -543,17 +615,19 @@ class Executor:
     def _sweep_cgroups(self) -> None:
         """Remove the empty cgroups of attempts whose supervisors were killed
         while we were down (rmdir fails on a populated one: nothing is killed)."""
-        if self._cgroups is None:
-            return
-        try:
-            names = os.listdir(self._cgroups.parent)
-        except OSError:
-            return
-        ours = {w.cgroup for w in self._watched.values()}
-        for name in names:
-            path = os.path.join(self._cgroups.parent, name)
-            if name.startswith("job-") and path not in ours:
-                _cg.remove(path)
+        parents = [self._cgroups.parent] if self._cgroups is not None else []
+        if self.host_memory.mode == "cgroup1":
+            parents.append(self.host_memory.parent)
+        ours = {w.cgroup for w in self._watched.values()} | {w.memcg for w in self._watched.values()}
+        for parent in parents:
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(parent, name)
+                if name.startswith("job-") and path not in ours:
+                    _cg.remove(path)
 
     def _started(self, job: int, started: dict) -> ProcessStarted:
         return ProcessStarted(
@@ -571,7 +645,10 @@ class Executor:
         if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
             os.close(pidfd)
             return None
-        return _Watch(job, attempt_dir, started["pid"], pidfd, None, cgroup=_spec_cgroup(attempt_dir))
+        return _Watch(
+            job, attempt_dir, started["pid"], pidfd, None,
+            cgroup=_spec_cgroup(attempt_dir), memcg=_spec_cgroup(attempt_dir, "memory_cgroup"),
+        )
 
     def _clear_cgroup(self, attempt_dir: Path) -> None:
         """The supervisor is gone without recording an exit: whatever is
@@ -579,6 +656,9 @@ class Executor:
         cg = _spec_cgroup(attempt_dir)
         if cg and os.path.isdir(cg):
             _clear(cg, True)
+        memcg = _spec_cgroup(attempt_dir, "memory_cgroup")
+        if memcg and os.path.isdir(memcg):
+            _clear(memcg, True)
 
     # --- the long-running task ----------------------------------------------
 
@@ -610,6 +690,7 @@ class Executor:
                     self._zygote = None
                 if self._cgroups is not None:  # stays while any job's cgroup does
                     self._cgroups.remove_parent()
+                self.host_memory.remove_parent()
 
     def _spawn(self, fn: _TaskFn, *args: object) -> None:
         if self._tg is None:
@@ -633,6 +714,8 @@ class Executor:
         ended = _read_json(w.attempt_dir / "exit")
         if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
             await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
+        if w.memcg and os.path.isdir(w.memcg):
+            await anyio.to_thread.run_sync(_clear, w.memcg, ended is None)
         w.set_ended()
         if not w.report:
             return
@@ -672,14 +755,17 @@ class Executor:
         return pids
 
 
+HOST_MEMORY_LIMIT = "host memory limit"  # ProcessExited.reason of a job killed for its memory limit
+
+
 def _exited(job: int, ended: dict) -> ProcessExited:
     error = ended.get("error") or ""
-    return ProcessExited(
-        job=job,
-        exit_code=ended.get("exit_code"),
-        signal=ended.get("signal"),
-        reason=f"launch-failed: {error}" if error else "",
-    )
+    reason = f"launch-failed: {error}" if error else ""
+    # the supervisor saw the kernel kill it for its limit (or, under
+    # RLIMIT_AS, an allocation failure end it): not a bare signal 9
+    if not reason and ended.get("oom") and ended.get("exit_code") != 0:
+        reason = HOST_MEMORY_LIMIT
+    return ProcessExited(job=job, exit_code=ended.get("exit_code"), signal=ended.get("signal"), reason=reason)
 
 
 def _clear(cgroup: str, kill: bool) -> None:

@@ -33,14 +33,15 @@ import anyio.abc
 import msgspec
 
 from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.core.tenants_report import tenants_report
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSubmitted, encode_many
 from eventsched.domain.paths import log_dir
-from eventsched.domain.states import ACTIVE
+from eventsched.domain.states import ACTIVE, FINAL
 from eventsched.domain.visibility import BatchView, redact_events
-from eventsched.projections.cluster import ClusterState
+from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.views import gpu_json, job_json
-from eventsched.runtime.config import ConnectionLimits
+from eventsched.runtime.config import ConnectionLimits, JobLimits
 from eventsched.runtime.connection import (
     HISTORY_CHUNK_BYTES,
     HISTORY_PER_USER,
@@ -91,10 +92,12 @@ class Server:
         *,
         limits: SubmitLimits = SubmitLimits(),
         connections: ConnectionLimits = ConnectionLimits(),
+        job_limits: JobLimits = JobLimits(),
     ) -> None:
         self.engine = engine
         self.socket_path = socket_path
         self.limits = limits
+        self.job_limits = job_limits  # issue 11: allowed_script_paths, max_host_mem_mib
         self.daemon_uid = os.geteuid()
         self.operators = frozenset({0, self.daemon_uid})
         self.connection_limits = connections
@@ -152,6 +155,9 @@ class Server:
         if isinstance(request, protocol.ExplainJob):
             self._tg.start_soon(self._explain, request.job, reply)
             return
+        if isinstance(request, protocol.CancelJobs):
+            self._tg.start_soon(self._cancel, request, peer, reply)
+            return
         try:
             item, answer = self._translate(request, peer)
         except msg.Refused as refusal:
@@ -173,11 +179,12 @@ class Server:
             return Query(lambda state: list_jobs(state, include_finished, self.engine.clock())), None
         if isinstance(request, protocol.GetStatus):
             containment = self.engine.executor.containment  # issue 18: "cgroup2:DIR" or "process-group"
-            return Query(lambda state: {**status(state), "containment": containment}), None
+            memory_limit = self.engine.executor.memory_limit  # issue 11: "cgroup2", "cgroup1" or "rlimit-as"
+            return Query(lambda state: {**status(state), "containment": containment, "memory_limit": memory_limit}), None
         if isinstance(request, protocol.Ping):
             return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq}), None
-        if isinstance(request, (protocol.CancelJobs, protocol.HoldJobs, protocol.ReleaseJobs)):
-            kind = {protocol.CancelJobs: msg.Cancel, protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
+        if isinstance(request, (protocol.HoldJobs, protocol.ReleaseJobs)):  # CancelJobs: _cancel
+            kind = {protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
             ids = list(request.jobs)
             return kind[type(request)](jobs=ids, uid=peer.uid, by=peer.by), (
                 lambda state, _events: [job_json(state.jobs[j]) for j in ids]
@@ -190,6 +197,14 @@ class Server:
         if isinstance(request, protocol.SetPolicy):
             self._require_operator(peer, "change the policy")
             return msg.SetPolicy(policy=request.policy, by=peer.by), lambda state, _events: {"policy": state.policy}
+        if isinstance(request, protocol.ListTenants):
+            return Query(lambda state: tenants_report(state, self.engine.clock())), None
+        if isinstance(request, protocol.SetTenant):
+            self._require_operator(peer, "change the tenants")
+            name = request.name
+            return msg.SetTenant(name=name, tenant=request.tenant, by=peer.by), (
+                lambda state, _events: [t for t in tenants_report(state, self.engine.clock()) if t["tenant"] == name]
+            )
         if isinstance(request, protocol.JobLogPath):
             job = request.job
             return Query(lambda state: self._log_path(state, job, peer)), None
@@ -207,10 +222,28 @@ class Server:
                 "ask its owner, or run the daemon as root to serve several users"
             )
         check_submission(spec, self.limits, operator=peer.uid in (0, self.daemon_uid))
+        self._check_host_limits(spec, peer)
         user, home = account(peer.uid)
         return msgspec.structs.replace(
             spec, user=user, uid=peer.uid, gid=peer.gid, groups=list(peer.groups), home=home
         )
+
+    def _check_host_limits(self, spec: msg.JobSpec, peer: Peer) -> None:
+        """Issue 11: --session needs its program, --host-mem its ceiling,
+        the program its place (``allowed_script_paths``)."""
+        from eventsched.runtime import script_paths, sessions
+
+        refusal = sessions.refusal(spec.session, sessions.default_path(spec.env))
+        top = self.job_limits.max_host_mem_mib
+        if refusal is None and spec.host_mem_mib < 0:
+            refusal = f"--host-mem must be a positive number of MiB, not {spec.host_mem_mib}"
+        if refusal is None and top > 0 and spec.host_mem_mib > top:
+            refusal = f"--host-mem {spec.host_mem_mib} MiB is above this machine's limit of {top} MiB per job"
+        if refusal is None:
+            operator = peer.uid in (0, self.daemon_uid)
+            refusal = script_paths.check(spec, self.job_limits.allowed_script_paths, operator=operator)
+        if refusal is not None:
+            raise msg.Refused(refusal)
 
     def _log_path(self, state: ClusterState, job_id: int, peer: Peer) -> dict:
         job = state.jobs.get(job_id)
@@ -218,7 +251,8 @@ class Server:
             raise msg.Refused(f"no job {job_id}")
         if peer.uid not in (0, job.spec.uid, self.daemon_uid):
             raise msg.Refused(f"job {job_id} belongs to {job.spec.user}")
-        return {"path": str(self.engine.executor.log_path(job_id)), "state": job.state}
+        return {"path": str(self.engine.executor.log_path(job_id)), "state": job.state,
+                "exit_code": job.exit_code, "signal": job.signal}  # `submit --interactive` exits with them
 
     async def _explain(self, job_id: int, reply: Callable[[Any, str | None], None]) -> None:
         """The job's reason now (from the projection) and its story (the log
@@ -250,6 +284,38 @@ class Server:
             reply(None, f"internal error: {exc}")
             return
         reply(view, None)
+
+    async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Callable[[Any, str | None], None]) -> None:
+        """Cancel every job named that can be, and say why not for each of
+        the rest (SPEC §2 ``cancel A B ...``): the plan is read from the
+        projection, then one ``Cancel`` of the cancellable ones. A job that
+        ends between the two makes the core refuse the ``Cancel`` whole (it
+        changes nothing), so the plan is read again."""
+        uid = peer.uid
+        try:
+            for attempt in range(CANCEL_TRIES):
+                ids, refused = await self.engine.call(
+                    Query(lambda state: cancel_plan(state, request.jobs, request.array_tasks, uid, arrays=request.arrays))
+                )
+                if not ids:
+                    reply({"jobs": [], "refused": refused}, None)
+                    return
+                try:
+                    jobs = await self.engine.call(
+                        msg.Cancel(jobs=ids, uid=uid, by=peer.by),
+                        lambda state, _events: [job_json(state.jobs[j]) for j in ids],
+                    )
+                except msg.Refused:
+                    if attempt + 1 < CANCEL_TRIES:
+                        continue  # something ended meanwhile: plan again
+                    raise
+                reply({"jobs": jobs, "refused": refused}, None)
+                return
+        except msg.Refused as refusal:
+            reply(None, refusal.reason)
+        except Exception as exc:  # a bug must cost one reply, not the daemon
+            logger.exception("cancel failed")
+            reply(None, f"internal error: {exc}")
 
     async def _run_sql(self, sql: str, reply: Callable[[Any, str | None], None], peer: Peer) -> None:
         """Answer in a process of its own that runs the query as ``peer``
@@ -374,6 +440,72 @@ class Server:
         return payloads, True
 
 
+CANCEL_TRIES = 5
+
+
+def cancel_plan(
+    state: ClusterState, ids: list[int], array_tasks: list[tuple[int, int]], uid: int, *, arrays: bool = False
+) -> tuple[list[int], list[dict[str, Any]]]:
+    """What ``cancel`` may cancel for ``uid`` and, for each other job named,
+    why not: (cancellable ids, [{"job", "reason"}]). With ``arrays``, an
+    array's id (its first task's) stands for every unfinished task of the
+    array; ``(array, index)``
+    names one task. Only a job's owner or root may cancel it (as the core)."""
+    wanted: dict[int, None] = {}
+    refused: list[dict[str, Any]] = []
+    by_array: dict[int, list[Job]] | None = None
+
+    def tasks_of(array: int) -> list[Job]:
+        nonlocal by_array
+        if by_array is None:  # one walk of the jobs, only when an array is named
+            by_array = {}
+            for job in state.jobs.values():
+                if job.spec.array_index >= 0:
+                    by_array.setdefault(job.spec.array_id, []).append(job)
+        return by_array.get(array, [])
+
+    def owner_refusal(job: Job) -> str | None:
+        if uid != 0 and uid != job.spec.uid:
+            return f"belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}"
+        return None
+
+    for jid in dict.fromkeys(ids):
+        job = state.jobs.get(jid)
+        if job is None:
+            refused.append({"job": jid, "reason": "no such job"})
+            continue
+        why = owner_refusal(job)
+        if why is not None:
+            refused.append({"job": jid, "reason": why})
+            continue
+        if arrays and job.spec.array_index >= 0 and job.spec.array_id == jid:  # an array's id: all its tasks
+            tasks = tasks_of(jid)
+            live = [t.id for t in tasks if t.state not in FINAL]
+            if not live:
+                refused.append({"job": jid, "reason": f"array already finished (all {len(tasks)} tasks)"})
+            wanted.update(dict.fromkeys(live))
+        elif job.state in FINAL:
+            refused.append({"job": jid, "reason": f"already {job.state}"})
+        else:
+            wanted[jid] = None
+    for array, index in dict.fromkeys(tuple(pair) for pair in array_tasks):
+        label = f"{array}_{index}"
+        task = next((t for t in tasks_of(array) if t.spec.array_index == index), None)
+        if task is None:
+            if tasks_of(array):
+                why = f"array {array} has no task {index}"
+            else:
+                why = f"job {array} is not an array" if array in state.jobs else f"no array {array}"
+            refused.append({"job": label, "reason": why})
+            continue
+        why = owner_refusal(task) or (f"already {task.state}" if task.state in FINAL else None)
+        if why is not None:
+            refused.append({"job": label, "reason": why})
+        else:
+            wanted[task.id] = None
+    return list(wanted), refused
+
+
 def _submitted(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": events[0].job, "seq": events[-1].seq}  # type: ignore[attr-defined]
 
@@ -388,7 +520,17 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[d
 
     jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
     reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
-    return [job_json(job, reasons.get(job.id)) for job in jobs]
+    out = [job_json(job, reasons.get(job.id)) for job in jobs]
+    if any(job.spec.array_index >= 0 for job in jobs):
+        # each array task also says how many of its array's tasks have ended,
+        # so `queue` can fold an array into one line without --all
+        done = collections.Counter(
+            job.spec.array_id for job in state.jobs.values() if job.spec.array_index >= 0 and job.state in FINAL
+        )
+        for view in out:
+            if view["array_id"] is not None:
+                view["array_done"] = done[view["array_id"]]
+    return out
 
 
 def status(state: ClusterState) -> dict:

@@ -11,6 +11,9 @@ line on READY_FD, if given, so a live daemon learns the pid without polling):
 
 - reads  ``JOBDIR/spec.json``: argv, env, cwd, uid/gid/groups (null = keep),
   cgroup (a cgroup v2 directory the job joins before exec; absent = none),
+  memory_cgroup (a cgroup v1 memory directory it joins too; issue 11),
+  memory_limit (how its host memory is limited, so an exit for the limit
+  is told from any other: ``"oom": true`` in the exit record),
   umask and rlimits (already clamped by the daemon; clamped again here)
 - writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename)
 - writes ``JOBDIR/exit`` when the job has ended (atomically, by rename)
@@ -80,18 +83,59 @@ def _write_atomic(jobdir: str, name: str, text: str) -> None:
     os.rename(tmp, os.path.join(jobdir, name))
 
 
-def _record_exit(jobdir: str, exit_code: int | None, sig: int | None, error: str = "") -> None:
+def _record_exit(jobdir: str, exit_code: int | None, sig: int | None, error: str = "", oom: bool = False) -> None:
     _write_atomic(
         jobdir,
         "exit",
-        '{"exit_code": %s, "signal": %s, "ended_at": %r, "error": %s}\n'
+        '{"exit_code": %s, "signal": %s, "ended_at": %r, "error": %s, "oom": %s}\n'
         % (
             "null" if exit_code is None else int(exit_code),
             "null" if sig is None else int(sig),
             time.time(),
             _quote(error),
+            "true" if oom else "false",
         ),
     )
+
+
+def _oom_kills(path: str) -> int:
+    """The kernel's count of processes killed for the memory limit of the
+    cgroup at ``path`` (v2 memory.events or v1 memory.oom_control)."""
+    for name in ("memory.events", "memory.oom_control"):
+        try:
+            with open(os.path.join(path, name), "rb") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith(b"oom_kill "):
+                return int(line.split()[1])
+    return 0
+
+
+# what a program prints when an allocation fails (RLIMIT_AS): Python, C++,
+# glibc/strerror, CUDA, PyTorch, numpy
+_ALLOCATION_FAILED = (
+    b"MemoryError", b"std::bad_alloc", b"Cannot allocate memory", b"out of memory", b"Unable to allocate",
+)
+
+
+def _allocation_failed(log_path: str, since: int) -> bool:
+    """Does the job's output since offset ``since`` end (last 4 KiB) with an
+    allocation failure? Only asked of a job that failed under RLIMIT_AS."""
+    try:
+        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        end = os.fstat(fd).st_size
+        start = max(since, end - 4096)
+        tail = os.pread(fd, end - start, start) if end > start else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return any(word in tail for word in _ALLOCATION_FAILED)
 
 
 def _tell(ready_fd: int, line: str) -> None:
@@ -346,6 +390,9 @@ def _child(spec: dict, errw: int, switch: bool, limits: list[tuple[int, int, int
         if spec.get("cgroup") and not joined:  # else born there (_fork_into_cgroup)
             doing = "join cgroup %s" % spec["cgroup"]
             _join_cgroup(spec["cgroup"])
+        if spec.get("memory_cgroup"):  # cgroup v1 (hybrid host): its memory limit
+            doing = "join cgroup %s" % spec["memory_cgroup"]
+            _join_cgroup(spec["memory_cgroup"])
         # keep 0-2 (/dev/null, log, log) and the exec-error pipe (CLOEXEC)
         os.closerange(3, errw)
         os.closerange(errw + 1, 1 << 20)
@@ -440,22 +487,31 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
         os.dup2(log, 2)
         os.close(log)
 
+    try:  # where this attempt's output starts in the log (for _allocation_failed)
+        log_start = os.fstat(1).st_size
+    except OSError:
+        log_start = 0
     try:
         same = _same_identity(spec)
         limits = _rlimit_changes(spec)
-        if same and not spec.get("cgroup") and not limits:
+        if same and not spec.get("cgroup") and not spec.get("memory_cgroup") and not limits:
             pid = _spawn(spec)
         else:
             pid = _fork_exec(spec, not same, limits)
     except _Failed as e:
-        if spec.get("cgroup"):  # the child that joined it is reaped: it is empty
-            _cgroup_remove(spec["cgroup"], 0.5)
+        for key in ("cgroup", "memory_cgroup"):  # the child that joined it is reaped: it is empty
+            if spec.get(key):
+                _cgroup_remove(spec[key], 0.5)
         error = str(e).replace("\n", " ")
         _record_exit(jobdir, 127, None, error)
         _tell(ready_fd, "%serror %s\n" % (prefix, error))
         return 0
     job_pid[0] = pid
     cgroup[0] = spec.get("cgroup") or ""
+    memcg = spec.get("memory_cgroup") or ""
+    mode = spec.get("memory_limit") or ""
+    # the cgroup whose oom_kill count tells a kill for the memory limit
+    oom_cgroup = memcg if mode == "cgroup1" else cgroup[0] if mode == "cgroup2" else ""
 
     start_time = _proc_start_time(pid)
     _write_atomic(
@@ -477,14 +533,23 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
         pass
     if cgroup[0]:
         _cgroup_empty(cgroup[0])
+    elif memcg:  # no cgroup v2: what is left in the v1 one goes too
+        _cgroup_signal(memcg, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    oom = False
+    if code != 0 and oom_cgroup:
+        oom = _oom_kills(oom_cgroup) > 0
+    elif code != 0 and mode == "rlimit-as":
+        oom = _allocation_failed(spec.get("log") or "", log_start)
     if cgroup[0]:
         _cgroup_remove(cgroup[0])
-    code = os.waitstatus_to_exitcode(status)
+    if memcg:
+        _cgroup_remove(memcg)
     if code < 0:
-        _record_exit(jobdir, None, -code)
+        _record_exit(jobdir, None, -code, oom=oom)
     else:
-        _record_exit(jobdir, code, None)
+        _record_exit(jobdir, code, None, oom=oom)
     return 0
 
 

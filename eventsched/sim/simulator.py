@@ -70,6 +70,7 @@ from eventsched.domain.messages import (
     WakeAt,
 )
 from eventsched.domain.states import FINAL, JobState
+from eventsched.domain.tenants import Tenant
 from eventsched.projections.cluster import ClusterState, runtime_key
 from eventsched.sim.sources import (
     _END,
@@ -119,7 +120,11 @@ _CAN: dict[type, frozenset[str]] = {
 class _Sim:
     """One replay: a state, a heap of pending inputs, a log being written."""
 
-    def __init__(self, workload: Workload, policy: str, state_dir: Path, validate: bool) -> None:
+    def __init__(self, workload: Workload, policy: str, state_dir: Path, validate: bool,
+                 settings: dict[str, Any] | None = None, tenants: dict[str, Tenant] | None = None) -> None:
+        # a what-if's changes to the recorded settings and tenants (None: as recorded)
+        self.settings = dict(settings or {})
+        self.tenants = tenants
         self.w = workload
         self.policy = policy
         # RECORDED follows the log's policy switches; a named policy holds throughout
@@ -312,16 +317,28 @@ class _Sim:
                 _, node, infos, backend = item
                 # no queue limit: a trace's burst is a workload, not abuse
                 cfg = SchedulerConfig(node=node, policy=self.policy, max_queued=1 << 40, max_queued_per_user=1 << 40)
-                self.handle(_started_message(node, infos, cfg, backend))
+                started = _started_message(node, infos, self._what_if(cfg), backend)
+                self.handle(msgspec.structs.replace(started, tenants=self.tenants))
             elif kind == "tick":
                 self.tick()
                 return
         elif isinstance(item, Started):
             if not self.follow_recorded:
-                item = msgspec.structs.replace(item, config=msgspec.structs.replace(item.config, policy=self.policy))
+                item = msgspec.structs.replace(item, config=self._what_if(
+                    msgspec.structs.replace(item.config, policy=self.policy)))
+                if self.tenants is not None:
+                    item = msgspec.structs.replace(item, tenants=self.tenants)
             self.handle(item)
         else:
             self.handle(item)
+
+    def _what_if(self, config: SchedulerConfig) -> SchedulerConfig:
+        if not self.settings:
+            return config
+        try:
+            return msgspec.convert({**msgspec.to_builtins(config), **self.settings}, SchedulerConfig)
+        except msgspec.ValidationError as exc:
+            raise ReplayError(f"what-if settings: {exc}") from None
 
     def process(self, item: Any) -> None:
         kind = item[0]
@@ -383,10 +400,14 @@ def simulate(
     state_dir: str | os.PathLike[str],
     *,
     validate: bool = False,
+    settings: dict[str, Any] | None = None,
+    tenants: dict[str, Tenant] | None = None,
 ) -> ReplayResult:
     """Replay ``workload`` under ``policy`` (``RECORDED`` = as the log says),
     writing its log to ``<state_dir>/log``. ``validate`` checks the state's
-    invariants after every step (tests)."""
+    invariants after every step (tests). ``settings`` (scheduler settings by
+    name) and ``tenants`` replace the recorded ones: a quota change tried on
+    last month's log."""
     from eventsched.core.policies import POLICIES
 
     if policy != RECORDED and policy not in POLICIES:
@@ -396,7 +417,9 @@ def simulate(
     t0 = time.perf_counter()
     out = Path(state_dir)
     # the Started of a log replay, under another policy, gets that policy
-    sim = _Sim(workload, policy, out, validate)
+    if policy == RECORDED and (settings or tenants is not None):
+        raise ReplayError(f"policy {RECORDED!r} replays the recording as it was: it takes no what-if settings")
+    sim = _Sim(workload, policy, out, validate, settings, tenants)
     try:
         sim.run()
     finally:

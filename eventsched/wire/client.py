@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from eventsched.domain.events import Event, JobSpec, decode_many
 from eventsched.domain.paths import socket_location
+from eventsched.domain.tenants import Tenant
 from eventsched.wire import protocol
 
 __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
@@ -174,6 +175,42 @@ class Client:
             ids.append(int(reply.data["id"]))
         return ids
 
+    def submit_each(self, specs: list[JobSpec]) -> list[int | str]:
+        """Like ``submit_many`` (one connection, pipelined), but a refusal
+        does not stop the rest: one result per spec, in order, either the new
+        job's id or the daemon's one-line reason for refusing it."""
+        if self._sock is None:
+            self._sock = self._connect()
+        sock = self._sock
+        window = 512  # see submit_many
+        chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
+        replies: list[protocol.Reply | protocol.EventBatch] = []
+        try:
+            if chunks:
+                sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[0]))
+            for k, chunk in enumerate(chunks):
+                if k + 1 < len(chunks):
+                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
+                replies.extend(self._receive(sock) for _ in chunk)
+        except ClientError:
+            self.close()
+            raise
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            self.close()
+            raise ClientError(
+                f"the daemon went away before answering ({exc.strerror}); whether it took the jobs is "
+                "in its log: check with `eventsched queue` once it is back"
+            ) from None
+        except OSError:
+            self.close()
+            raise
+        results: list[int | str] = []
+        for reply in replies:
+            if not isinstance(reply, protocol.Reply):
+                raise ClientError("unexpected message from the daemon")
+            results.append(int(reply.data["id"]) if reply.ok else reply.error)
+        return results
+
     def jobs(self, all: bool = False) -> list[dict]:
         return self.request(protocol.ListJobs(all=all))
 
@@ -181,7 +218,21 @@ class Client:
         return self.request(protocol.GetStatus())
 
     def cancel(self, jobs: list[int]) -> list[dict]:
-        return self.request(protocol.CancelJobs(jobs=jobs))
+        """Cancel ``jobs``; returns those cancelled. When some cannot be
+        (finished, unknown, someone else's), the others are still cancelled
+        and ClientError names each one that was not."""
+        result = self.cancel_each(jobs)
+        if result["refused"]:
+            raise ClientError("; ".join(f"job {r['job']}: {r['reason']}" for r in result["refused"]))
+        return result["jobs"]
+
+    def cancel_each(
+        self, jobs: list[int], *, arrays: bool = False, array_tasks: list[tuple[int, int]] | None = None
+    ) -> dict:
+        """``{"jobs": [cancelled...], "refused": [{"job", "reason"}...]}``; with
+        ``arrays`` an array's id cancels all its tasks; ``array_tasks`` names
+        single tasks as (array id, index)."""
+        return self.request(protocol.CancelJobs(jobs=list(jobs), arrays=arrays, array_tasks=list(array_tasks or [])))
 
     def hold(self, jobs: list[int]) -> list[dict]:
         return self.request(protocol.HoldJobs(jobs=jobs))
@@ -197,6 +248,13 @@ class Client:
 
     def set_policy(self, policy: str) -> dict:
         return self.request(protocol.SetPolicy(policy=policy))
+
+    def tenants(self) -> list[dict]:
+        return list(self.request(protocol.ListTenants()))
+
+    def set_tenant(self, name: str, tenant: Tenant | None) -> list[dict]:
+        """Define (or with None remove) a tenant; operators only."""
+        return list(self.request(protocol.SetTenant(name=name, tenant=tenant)))
 
     def explain(self, job: int) -> dict:
         """Why ``job`` waits now (``reason``, null unless it waits) and its ``story``."""

@@ -17,6 +17,7 @@ from typing import Any, Union
 import msgspec
 
 from eventsched.domain.events import JobSpec
+from eventsched.domain.tenants import Tenant
 
 MAX_MESSAGE_BYTES = 1 << 20  # a request larger than this is hostile or a bug
 HEADER = struct.Struct(">I")
@@ -42,7 +43,13 @@ class GetStatus(Request, frozen=True):
 
 
 class CancelJobs(Request, frozen=True):
+    # Cancels every job it can; the reply: {"jobs": [cancelled...], "refused":
+    # [{"job", "reason"}...]}. With ``arrays``, an array's id (its first task's)
+    # stands for all its tasks (the CLI's ``cancel 12``); ``array_tasks`` names
+    # single tasks as (array id, index) (``cancel 12_3``).
     jobs: list[int]
+    arrays: bool = False
+    array_tasks: list[tuple[int, int]] = []
 
 
 class HoldJobs(Request, frozen=True):
@@ -65,6 +72,18 @@ class ResumeGpu(Request, frozen=True):
 
 class SetPolicy(Request, frozen=True):
     policy: str
+
+
+class ListTenants(Request, frozen=True):
+    pass
+
+
+class SetTenant(Request, frozen=True):
+    """``eventsched tenant set|remove``: the tenant's whole new definition
+    (None: remove it). Only root or the daemon's user."""
+
+    name: str
+    tenant: Tenant | None = None
 
 
 class JobLogPath(Request, frozen=True):
@@ -102,6 +121,8 @@ AnyRequest = Union[
     PauseGpu,
     ResumeGpu,
     SetPolicy,
+    ListTenants,
+    SetTenant,
     JobLogPath,
     ExplainJob,
     RunSql,

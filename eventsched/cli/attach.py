@@ -1,0 +1,91 @@
+"""``eventsched attach JOB``: the terminal session of a ``--session`` job.
+
+Runs ``tmux -L eventsched-JOB attach -t eventsched-JOB`` (or ``screen -r
+eventsched-JOB``) in place of itself, as the calling user: the session's
+server runs as the job's owner, so only they can attach; the daemon says
+whose job it is, and anyone else is refused before anything is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eventsched.wire.client import Client
+
+__all__ = ["add_parser", "run", "find_session"]
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("attach", parents=[common], help="attach to a --session job's terminal (tmux or screen)")
+    p.add_argument("job", type=int)
+
+
+def find_session(job: int) -> str:
+    """"tmux" or "screen": the kind of the calling user's live session of
+    ``job``; "" if there is none."""
+    from eventsched.runtime.sessions import session_name
+
+    name = session_name(job)
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
+    if shutil.which("tmux"):
+        if subprocess.run(["tmux", "-L", name, "has-session", "-t", f"={name}"], **quiet).returncode == 0:  # type: ignore[call-overload]
+            return "tmux"
+    if shutil.which("screen"):
+        listed = subprocess.run(["screen", "-ls", name], text=True, **quiet)  # type: ignore[call-overload]
+        if any(line.split("\t")[1:2] and line.split("\t")[1].endswith("." + name) for line in listed.stdout.splitlines()):
+            return "screen"
+    return ""
+
+
+class AttachRefused(Exception):
+    """Nothing to attach to, or not yours: one line for the user."""
+
+
+def run(args: argparse.Namespace, c: Client) -> int:
+    """Refusals are one line on stderr and exit status 2 (not an import of
+    ``eventsched.cli``'s UserError: that package imports this module)."""
+    try:
+        return _attach(args, c)
+    except AttachRefused as exc:
+        print(f"eventsched: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _attach(args: argparse.Namespace, c: Client) -> int:
+    from eventsched.runtime.sessions import attach_argv
+    from eventsched.wire import protocol
+
+    job = args.job
+    with c:
+        c.request(protocol.JobLogPath(job=job))  # refuses another user's job (not an operator's)
+        info = c.explain(job)["job"]
+    try:
+        me = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        me = str(os.getuid())
+    if info["user"] != me:
+        raise AttachRefused(f"job {job} belongs to {info['user']}: only they can attach to its session")
+    state = info["state"]
+    if state in ("queued", "held"):
+        raise AttachRefused(f"job {job} is {state}: its session starts when it runs")
+    if state != "running":
+        raise AttachRefused(f"job {job} has ended ({state}): its session is gone; `eventsched logs {job}` shows its output")
+    kind = find_session(job)
+    if not kind:
+        raise AttachRefused(f"job {job} has no terminal session (submit it with --session tmux or --session screen)")
+    if not os.isatty(0):
+        raise AttachRefused(f"attach needs a terminal; {' '.join(attach_argv(kind, job))} is the command")
+    argv = attach_argv(kind, job)
+    sys.stdout.flush()
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        raise AttachRefused(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+    return 0  # not reached

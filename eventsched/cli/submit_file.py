@@ -1,0 +1,256 @@
+"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--json]`` (I2, F19).
+
+The seeds' jobs file (format and conversions: ``domain/jobsfile.py``), all
+its lines submitted over one connection. New ids go to stdout one per line;
+a bad line is ``FILE:LINE: reason`` on stderr, the others still load, and the
+exit status is 1. A line the daemon already has (same user, same
+``PATH:LINE:SHA`` source) is skipped, never submitted twice.
+
+``--watch`` keeps following the file: every half second it compares the
+file's identity, size and times with the last look, and on a change re-reads
+it whole (a truncated or rewritten file is just read again: sources dedupe).
+A last line without its newline yet is held back until the file has stood
+still for one more look, so a half-written line is never submitted. Ctrl-C
+stops it cleanly.
+
+Also home of the ``llm_config.json`` lookup shared with ``eventsched submit``:
+``--llm-config FILE``, else ``./llm_config.json``, else the state directory's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from eventsched.domain.jobsfile import already_submitted, line_source, line_spec, parse_jobs_text
+from eventsched.domain.llm import DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, llm_name, parse_llm_config
+from eventsched.domain.units import UnitError
+
+if TYPE_CHECKING:
+    from eventsched.domain.events import JobSpec
+    from eventsched.wire.client import Client
+
+__all__ = ["cmd_submit_file", "find_llm_config", "llm_sized", "MAX_FILE_BYTES", "WATCH_INTERVAL_S"]
+
+MAX_FILE_BYTES = 64 << 20
+WATCH_INTERVAL_S = 0.5
+
+
+class FileProblem(UnitError):
+    """A file the user named cannot be used: one line (``main`` prints it), exit status 2."""
+
+
+# --- llm_config.json ----------------------------------------------------------
+
+
+def _read_llm(path: str) -> LlmConfig:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise FileProblem(f"cannot read the LLM config {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise FileProblem(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB; not an LLM config")
+    try:
+        return parse_llm_config(data, path)
+    except LlmConfigError as exc:
+        raise FileProblem(str(exc)) from None
+
+
+def find_llm_config(explicit: str | None, state_dir: str | None) -> LlmConfig:
+    """``explicit`` (must exist), else ``./llm_config.json``, else the state
+    directory's, else the built-in default (1 GPU for every model)."""
+    if explicit:
+        return _read_llm(explicit)
+    from eventsched.domain.paths import state_dir_location
+
+    for candidate in (LLM_CONFIG_NAME, os.path.join(state_dir or state_dir_location(), LLM_CONFIG_NAME)):
+        if os.path.isfile(candidate):
+            return _read_llm(candidate)
+    return DEFAULT_LLM_CONFIG
+
+
+def llm_sized(args: argparse.Namespace, command: list[str], spec: JobSpec) -> JobSpec:
+    """``eventsched submit``: ``--llm NAME`` in the command sets ``gpus`` from
+    llm_config.json, unless ``--gpus`` was given."""
+    if getattr(args, "gpus", None) is not None:
+        return spec
+    words = command[1:]
+    if len(command) == 1 and " " in command[0]:  # one shell string (run through sh -c)
+        import shlex
+
+        try:
+            words = shlex.split(command[0])[1:]
+        except ValueError:
+            words = []
+    name = llm_name(words)
+    if name is None:
+        return spec
+    import msgspec
+
+    llm = find_llm_config(getattr(args, "llm_config", None), getattr(args, "state_dir", None))
+    return msgspec.structs.replace(spec, gpus=llm.gpus(name))
+
+
+# --- the jobs file --------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    ids: list[int] = field(default_factory=list)
+    skipped: list[dict[str, int]] = field(default_factory=list)
+    errors: list[dict[str, int | str]] = field(default_factory=list)
+
+    def json(self) -> dict[str, list]:
+        return {"ids": self.ids, "skipped": self.skipped, "errors": self.errors}
+
+
+@dataclass
+class JobsFile:
+    """One jobs file being submitted (once, or followed)."""
+
+    shown: str  # the path as the user wrote it (in FILE:LINE messages)
+    resolved: str  # the path in every line's source
+    llm: LlmConfig
+    base: JobSpec
+    # sources sent to the daemon (submitted, skipped or refused): not sent again
+    known: set[str] = field(default_factory=set)
+    # bad lines already reported: (line number, text)
+    reported: set[tuple[int, str]] = field(default_factory=set)
+
+    def read(self) -> str:
+        try:
+            with open(self.shown, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise FileProblem(f"cannot read jobs file {self.shown}: {exc.strerror or exc}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise FileProblem(f"jobs file {self.shown} is larger than {MAX_FILE_BYTES >> 20} MiB")
+        return data.decode("utf-8", "surrogateescape")
+
+    def error(self, outcome: Outcome, line: int, reason: str) -> None:
+        print(f"{self.shown}:{line}: {reason}", file=sys.stderr, flush=True)
+        outcome.errors.append({"line": line, "reason": reason})
+
+    def submit(self, c: Client, text: str, *, announce: bool) -> Outcome:
+        """Submit every line of ``text`` not sent before; print new ids
+        (``announce``) and report bad lines once each."""
+        outcome = Outcome()
+        jobs, bad = parse_jobs_text(text)
+        lines = text.split("\n") if bad else []
+        for problem in bad:
+            key = (problem.line, lines[problem.line - 1].strip())
+            if key not in self.reported:
+                self.reported.add(key)
+                self.error(outcome, problem.line, problem.reason)
+        fresh = [job for job in jobs if line_source(self.resolved, job) not in self.known]
+        if not fresh:
+            return outcome
+        specs = [line_spec(job, resolved_path=self.resolved, llm=self.llm, base=self.base) for job in fresh]
+        results = c.submit_each(specs)
+        for job, spec, result in zip(fresh, specs, results):
+            self.known.add(spec.source)
+            if isinstance(result, int):
+                outcome.ids.append(result)
+                if announce:
+                    print(result, flush=True)
+                continue
+            existing = already_submitted(result)
+            if existing is not None:
+                outcome.skipped.append({"line": job.line, "id": existing})
+            else:
+                self.error(outcome, job.line, result)
+        return outcome
+
+
+def _fingerprint(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _base_spec() -> JobSpec:
+    from eventsched.domain import rlimits
+    from eventsched.domain.events import JobSpec
+
+    # like `eventsched submit`: the caller's environment, folder, umask and limits
+    return JobSpec(command=["python"], cwd=os.getcwd(), env=dict(os.environ),
+                   umask=rlimits.current_umask(), rlimits=rlimits.current())
+
+
+def cmd_submit_file(args: argparse.Namespace, c: Client) -> int:
+    llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2
+    jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm, base=_base_spec())
+    text = jobs.read()
+    outcome = jobs.submit(c, text, announce=not args.json)
+    failed = bool(outcome.errors)
+    if args.json:
+        if args.watch:
+            print(json.dumps(outcome.json()), flush=True)
+        else:
+            json.dump(outcome.json(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+    elif outcome.skipped:
+        n = len(outcome.skipped)
+        print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} already submitted; skipped",
+              file=sys.stderr)
+    if not args.watch:
+        return 1 if failed else 0
+    try:
+        failed = _watch(args, c, jobs, text) or failed
+    except KeyboardInterrupt:
+        pass
+    return 1 if failed else 0
+
+
+def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bool:
+    """Follow the file until Ctrl-C; True if a bad line was reported."""
+    from eventsched.wire.client import ClientError
+
+    failed = False
+    seen = _fingerprint(args.file)
+    held = False  # a last line without its newline waits for the file to stand still
+    trouble = ""  # the last problem reported (reported once, until it changes)
+    while True:
+        time.sleep(WATCH_INTERVAL_S)
+        now = _fingerprint(args.file)
+        if now == seen and not held:
+            continue
+        complete = now == seen  # unchanged since the last look: a held line is whole
+        seen = now
+        if now is None:
+            problem = f"eventsched: {args.file} is gone; waiting for it to come back"
+            if problem != trouble:
+                print(problem, file=sys.stderr, flush=True)
+                trouble = problem
+            continue
+        try:
+            text = jobs.read()
+        except FileProblem as exc:
+            if str(exc) != trouble:
+                print(f"eventsched: {exc}", file=sys.stderr, flush=True)
+                trouble = str(exc)
+            continue
+        held = not complete and bool(text) and not text.endswith("\n")
+        if held:
+            text = text[: text.rfind("\n") + 1]
+        try:
+            outcome = jobs.submit(c, text, announce=not args.json)
+        except (ClientError, OSError) as exc:
+            problem = f"eventsched: {exc}; still watching {args.file}"
+            if problem != trouble:
+                print(problem, file=sys.stderr, flush=True)
+                trouble = problem
+            seen = None  # try again at the next look
+            continue
+        trouble = ""
+        failed = failed or bool(outcome.errors)
+        if args.json and (outcome.ids or outcome.skipped or outcome.errors):
+            print(json.dumps(outcome.json()), flush=True)

@@ -1,0 +1,46 @@
+"""What ``eventsched tenants`` shows: each tenant's quota, weight, what it
+holds now, its fair share and its recent use (F12), from the state alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventsched.core.policies import fair_shares
+from eventsched.domain.states import JobState
+from eventsched.domain.units import FULL
+from eventsched.projections.cluster import ClusterState
+
+__all__ = ["tenants_report"]
+
+
+def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
+    shares = fair_shares(state, now)
+    waiting: dict[str, int] = {}
+    for job in state.jobs.values():
+        if job.state == JobState.QUEUED:
+            waiting[job.tenant] = waiting.get(job.tenant, 0) + 1
+    half_life = state.config.usage_half_life_s
+    out = []
+    for name in sorted(set(shares) | set(state.tenants)):
+        tenant = state.tenants.get(name)
+        usage = state.usage.get(name)
+        milli, mem, jobs = usage.held() if usage is not None else (0, 0, 0)
+        share, used, factor = shares.get(name, (0.0, 0.0, 1.0))
+        out.append({
+            "tenant": name,
+            "configured": tenant is not None,
+            "users": list(tenant.users) if tenant else [],
+            "quota": {
+                "gpus": tenant.gpus if tenant else None,
+                "gpu_mem_mib": tenant.gpu_mem_mib if tenant else None,
+                "jobs": tenant.jobs if tenant else None,
+            },
+            "weight": tenant.weight if tenant else 1.0,
+            "preemptible": tenant.preemptible if tenant else False,
+            "usage": {"gpus": milli / FULL, "gpu_mem_mib": mem, "jobs": jobs, "queued": waiting.get(name, 0)},
+            "fair_share": round(share, 6),
+            "recent_share": round(used, 6),
+            "fair_share_factor": round(factor, 6),
+            "recent_gpu_hours": round((usage.at(now, half_life) if usage else 0.0) / 3600.0, 6),
+        })
+    return out

@@ -1,0 +1,205 @@
+"""The seeds' jobs file (I2): one job per line, read exactly as seeds 000/001 read it.
+
+::
+
+    # priority,script_path,conda_env,arguments,allowed_gpus
+    0,/data3/experiments/evaluate.py,ml_env,--llm qwen2.5-3b-inst --mode test,0-3
+    2,/path/to/inference.py,,--llm qwen2.5-32b-inst --batch_size 1,4,5,6,7
+
+- A line is split at its first four commas (the seeds' ``line.split(",", 4)``),
+  each field stripped: the arguments hold no comma, and everything after the
+  fourth comma is ``allowed_gpus`` (so ``4,5,6,7`` works). ``#`` starts a
+  comment line; blank lines are skipped. Only priority and script are
+  required; missing trailing fields are empty.
+- **priority**: the seeds run the *lowest* number first; eventsched runs the
+  *highest* first, so a line's priority P becomes ``-P`` (0 stays 0, 1 -> -1,
+  2 -> -2): the order among the file's lines is kept, and a line at 0 ranks
+  with a plain ``eventsched submit`` at its default priority 0.
+- **script_path** runs as the seeds ran it: ``python -u SCRIPT ARGS... --cuda
+  IDS`` (argv, no shell). A relative path is taken from the jobs file's folder.
+- **conda_env** -> ``JobSpec.conda`` (activated first; empty: none).
+- **arguments** are split like a shell would (``shlex``); ``--cuda X`` in them
+  is dropped and ``--cuda`` is appended, its value written at launch with the
+  assigned GPU ids (the executor's ``rewrite_cuda``), as the seeds added it.
+- **allowed_gpus** (``0-3``, ``4,5,6,7``, ``0-1,4``, empty = any) ->
+  ``JobSpec.gpu_ids``, a restriction: the job gets as many GPUs as it needs
+  (one, or its LLM share) among them.
+- **GPUs**: ``llm_config.json``'s share for the line's ``--llm NAME``; a line
+  without ``--llm``, or an unknown model, gets ``default_requirement`` (the
+  seeds' rule); no llm_config.json: 1 GPU.
+- Each line is known by ``PATH:LINE:SHA`` (``JobSpec.source``: the resolved
+  path, the line number, the first 16 hex digits of the SHA-256 of the
+  stripped line): the core refuses a second job for the same user and source,
+  so a file submitted or re-read again submits nothing twice, while a line
+  edited in place is a new job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+from dataclasses import dataclass
+
+import msgspec
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.llm import LlmConfig, llm_name
+from eventsched.domain.text import has_control
+from eventsched.domain.units import UnitError, parse_gpu_ids
+
+__all__ = [
+    "JobLine",
+    "LineError",
+    "JobsFileError",
+    "CUDA_PLACEHOLDER",
+    "parse_jobs_text",
+    "parse_line",
+    "our_priority",
+    "line_source",
+    "line_command",
+    "line_spec",
+    "ALREADY_SUBMITTED",
+    "already_submitted",
+]
+
+# `--cuda` as a line's command holds it until launch, when the executor writes
+# the assigned ids over it (rewrite_cuda)
+CUDA_PLACEHOLDER = "auto"
+# the core's refusal of a line it already has: "already submitted as job N"
+ALREADY_SUBMITTED = "already submitted as job "
+_INT = re.compile(r"[+-]?[0-9]+")
+FORMAT = "priority,script_path,conda_env,arguments,allowed_gpus"
+
+
+class JobsFileError(ValueError):
+    """A line that is not a job; ``str()`` is the reason, without FILE:LINE."""
+
+
+@dataclass(frozen=True)
+class JobLine:
+    line: int  # 1-based line number
+    text: str  # the line, stripped (what its sha covers)
+    priority: int  # as written: the seeds' "lower runs first"
+    script: str
+    conda: str
+    args: list[str]
+    allowed_gpus: list[int] | None  # None: any GPU
+    sha: str  # first 16 hex digits of sha256(text)
+
+
+@dataclass(frozen=True)
+class LineError:
+    line: int
+    reason: str
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def parse_line(text: str, line: int) -> JobLine:
+    """One non-blank, non-comment line; ``JobsFileError`` if it is no job."""
+    text = text.strip()
+    if any("\udc80" <= c <= "\udcff" for c in text):  # undecodable bytes (surrogateescape)
+        raise JobsFileError("the line is not valid UTF-8")
+    if has_control(text):
+        raise JobsFileError("the line holds a control character")
+    parts = [p.strip() for p in text.split(",", 4)]
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise JobsFileError(f"expected {FORMAT} (at least a priority and a script path)")
+    parts += [""] * (5 - len(parts))
+    priority_text, script, conda, args_text, gpus_text = parts
+    if not _INT.fullmatch(priority_text):
+        raise JobsFileError(f"priority {priority_text!r} is not a whole number (lower runs first, e.g. 0)")
+    priority = int(priority_text)
+    if abs(priority) > 1 << 31:
+        raise JobsFileError(f"priority {priority} is too large")
+    if any(c.isspace() for c in conda):
+        raise JobsFileError(f"conda_env {conda!r} is not an environment name")
+    try:
+        args = shlex.split(args_text)
+    except ValueError as exc:
+        raise JobsFileError(f"arguments {args_text!r}: {exc}") from None
+    allowed: list[int] | None = None
+    if gpus_text:
+        try:
+            allowed = parse_gpu_ids(gpus_text)
+        except UnitError:
+            raise JobsFileError(
+                f"allowed_gpus {gpus_text!r} is not a list of GPU ids like 0-3, 4,5,6,7 or 0-1,4 (empty: any GPU)"
+            ) from None
+    return JobLine(
+        line=line, text=text, priority=priority, script=script, conda=conda, args=args,
+        allowed_gpus=allowed, sha=_sha(text),
+    )
+
+
+def parse_jobs_text(text: str) -> tuple[list[JobLine], list[LineError]]:
+    """Every job line and every bad line of a jobs file's text.
+
+    Lines are counted at ``\\n`` only (as editors and ``grep -n`` count them);
+    a bad line is reported and the others still load."""
+    jobs: list[JobLine] = []
+    errors: list[LineError] = []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        try:
+            jobs.append(parse_line(stripped, number))
+        except JobsFileError as exc:
+            errors.append(LineError(number, str(exc)))
+    return jobs, errors
+
+
+def our_priority(seed_priority: int) -> int:
+    """The seeds' "lower number first" as eventsched's "higher runs first"."""
+    return -seed_priority
+
+
+def line_source(resolved_path: str, line: JobLine) -> str:
+    """``JobSpec.source`` of a line: ``PATH:LINE:SHA``."""
+    return f"{resolved_path}:{line.line}:{line.sha}"
+
+
+def line_command(line: JobLine, folder: str) -> list[str]:
+    """``python -u SCRIPT ARGS... --cuda auto``: the seeds' command, as argv."""
+    script = line.script if os.path.isabs(line.script) else os.path.normpath(os.path.join(folder, line.script))
+    args: list[str] = []
+    skip = False
+    for arg in line.args:
+        if skip:
+            skip = False
+        elif arg == "--cuda":
+            skip = True
+        elif not arg.startswith("--cuda="):
+            args.append(arg)
+    return ["python", "-u", script, *args, "--cuda", CUDA_PLACEHOLDER]
+
+
+def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpec) -> JobSpec:
+    """The job of ``line`` in the file at ``resolved_path``; everything the
+    line does not say (identity, environment, working directory) from ``base``."""
+    folder = os.path.dirname(resolved_path)
+    command = line_command(line, folder)
+    return msgspec.structs.replace(
+        base,
+        command=command,
+        name=os.path.basename(line.script),
+        gpus=llm.gpus(llm_name(line.args)),
+        gpu_ids=line.allowed_gpus,
+        priority=our_priority(line.priority),
+        conda=line.conda,
+        source=line_source(resolved_path, line),
+    )
+
+
+def already_submitted(reason: str) -> int | None:
+    """The job id in the core's "already submitted as job N" refusal, or None."""
+    if reason.startswith(ALREADY_SUBMITTED):
+        tail = reason[len(ALREADY_SUBMITTED) :].strip()
+        if tail.isdigit():
+            return int(tail)
+    return None

@@ -1,0 +1,246 @@
+"""The seeds' ``config.json`` (seed 000's schema), accepted by ``serve --config X.json``.
+
+Each key is translated to eventsched's config (the TOML keys of
+``eventsched config-sample``), then validated by ``config.config_from_dict``
+like a TOML file (``load_config`` calls ``translate_file`` for a path ending
+in ``.json``). A key neither the seeds nor eventsched know is refused by
+name. Relative paths are taken from the config file's folder.
+
+=========================================  =================================================  ======================================
+seed key                                   eventsched                                         note
+=========================================  =================================================  ======================================
+scheduler.job_timeout_s                    scheduler.default_time_limit_s                     global time limit per job (F9)
+scheduler.num_gpus                         (ignored)                                          GPUs come from NVML, or --gpus fake:N
+scheduler.max_workers                      (ignored)                                          no worker pool: one event loop places
+scheduler.worker_timeout_s                 (ignored)                                          idem
+scheduler.graceful_shutdown_timeout_s      (ignored)                                          jobs keep running when the daemon stops
+gpu.memory_threshold (0-1)                 scheduler.max_gpu_memory_used_pct (x100)           F10
+gpu.load_threshold (0-1)                   scheduler.max_gpu_utilization_pct (x100)           F10
+gpu.monitor_interval_s                     sample_interval_s
+gpu.allocation_precision                   (ignored)                                          shares are exact (thousandths of a GPU)
+gpu.utilization_window_s                   (ignored)                                          history is in the log (``eventsched sql``)
+jobs.queue_size_limit                      scheduler.max_queued                               I9
+jobs.max_concurrent_jobs                   scheduler.max_running                              I9
+jobs.max_assignment_attempts               (ignored)                                          a job waits in the queue until it fits
+jobs.assignment_retry_wait_s               (ignored)                                          idem
+files.jobs_file                            jobs_file                                          the daemon follows it (jobs_follower)
+files.llm_config_file                      (checked)                                          must be llm_config.json in the jobs
+                                                                                              file's folder: the follower reads it there
+files.state_file                           (ignored)                                          the state is the event log in --state-dir
+files.log_file                             (ignored)                                          the daemon logs JSON lines to stderr
+files.monitor_interval_s                   (ignored)                                          the jobs file is looked at every second
+logging.level                              (ignored)                                          ``serve --log-level``
+logging.structured, max_log_size_mb,       (ignored)                                          always JSON lines; rotation is journald's
+backup_count, metrics_enabled
+security.allowed_script_paths              scheduler.allowed_script_paths                     X8
+security.max_memory_per_job_gb             scheduler.max_host_mem_mib (x1024)                 X8; only if enable_resource_limits
+security.enable_resource_limits            (switch)                                           false: max_memory_per_job_gb is not applied
+=========================================  =================================================  ======================================
+
+eventsched's own keys may sit in the same file (``"tenants": {...}``,
+``"limits"``, ``"policy"``, ``"scheduler": {"aging_per_hour": ...}`` ...):
+they pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import msgspec
+
+from eventsched.domain.llm import LLM_CONFIG_NAME
+from eventsched.domain.messages import SchedulerConfig
+
+__all__ = ["SeedConfigError", "translate_file", "seed_config_to_dict", "SEED_KEYS"]
+
+
+class SeedConfigError(ValueError):
+    """One line: ``config file X: what is wrong`` (load_config makes it a ConfigError)."""
+
+_Convert = Callable[[Any, str], Any]
+
+
+def _number(value: Any, key: str, *, low: float, high: float = math.inf, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key} must be a number, not {json.dumps(value)}")
+    if value < low or (low_open and value == low) or value > high:
+        bound = f"more than {low:g}" if low_open else f"at least {low:g}"
+        if high != math.inf:
+            bound += f" and at most {high:g}"
+        raise ValueError(f"{key} must be {bound}, not {value:g}")
+    return float(value)
+
+
+def _whole(value: Any, key: str, *, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
+        raise ValueError(f"{key} must be a whole number, not {json.dumps(value)}")
+    if value < low:
+        raise ValueError(f"{key} must be at least {low}, not {value:g}")
+    return int(value)
+
+
+def _seconds(value: Any, key: str) -> float:
+    return _number(value, key, low=0, low_open=True)
+
+
+def _fraction_pct(value: Any, key: str) -> float:
+    return round(_number(value, key, low=0, high=1, low_open=True) * 100, 6)
+
+
+def _gib_to_mib(value: Any, key: str) -> int:
+    return round(_number(value, key, low=0) * 1024)
+
+
+def _paths(value: Any, key: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ValueError(f"{key} must be a list of folder paths, not {json.dumps(value)}")
+    return list(value)
+
+
+def _text(value: Any, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} must be a file path, not {json.dumps(value)}")
+    return value
+
+
+def _whole_from(low: int) -> _Convert:
+    return lambda value, key: _whole(value, key, low=low)
+
+
+_IGNORED = None
+# section -> seed key -> (eventsched key path, converter), or None: known and ignored
+SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
+    "scheduler": {
+        "job_timeout_s": (("scheduler", "default_time_limit_s"), _seconds),
+        "num_gpus": _IGNORED,
+        "max_workers": _IGNORED,
+        "worker_timeout_s": _IGNORED,
+        "graceful_shutdown_timeout_s": _IGNORED,
+    },
+    "gpu": {
+        "memory_threshold": (("scheduler", "max_gpu_memory_used_pct"), _fraction_pct),
+        "load_threshold": (("scheduler", "max_gpu_utilization_pct"), _fraction_pct),
+        "monitor_interval_s": (("sample_interval_s",), _seconds),
+        "allocation_precision": _IGNORED,
+        "utilization_window_s": _IGNORED,
+    },
+    "jobs": {
+        "queue_size_limit": (("scheduler", "max_queued"), _whole_from(1)),
+        "max_concurrent_jobs": (("scheduler", "max_running"), _whole_from(0)),
+        "max_assignment_attempts": _IGNORED,
+        "assignment_retry_wait_s": _IGNORED,
+    },
+    "files": {
+        "jobs_file": (("jobs_file",), _text),
+        "llm_config_file": (("",), _text),  # checked against jobs_file below
+        "state_file": _IGNORED,
+        "log_file": _IGNORED,
+        "monitor_interval_s": _IGNORED,
+    },
+    "logging": {
+        "level": _IGNORED,
+        "structured": _IGNORED,
+        "max_log_size_mb": _IGNORED,
+        "backup_count": _IGNORED,
+        "metrics_enabled": _IGNORED,
+    },
+    "security": {
+        "allowed_script_paths": (("scheduler", "allowed_script_paths"), _paths),
+        "max_memory_per_job_gb": (("scheduler", "max_host_mem_mib"), _gib_to_mib),
+        "enable_resource_limits": _IGNORED,  # a switch, read below
+    },
+}
+
+
+def _unknown(where: str, key: str, known: set[str]) -> SeedConfigError:
+    return SeedConfigError(f"config file {where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
+
+
+def seed_config_to_dict(
+    raw: Any, where: str, folder: str, ours: type, scheduler_extra: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The seed's parsed JSON as eventsched's config dict (SeedConfigError: one
+    line). ``ours``: the config struct (``ServeConfig``), whose fields pass
+    through, as do [scheduler]'s (``SchedulerConfig``'s and ``scheduler_extra``)."""
+    if not isinstance(raw, dict):
+        raise SeedConfigError(f"config file {where}: expected a JSON object of sections (scheduler, gpu, jobs, files, ...)")
+    our_top = {f.name for f in msgspec.structs.fields(ours)}
+    our_scheduler = {f.name for f in msgspec.structs.fields(SchedulerConfig)} | set(scheduler_extra)
+    out: dict[str, Any] = {}
+    scheduler: dict[str, Any] = {}
+    llm_file: str | None = None
+    for section, body in raw.items():
+        seed = SEED_KEYS.get(section)
+        if seed is None:
+            if section not in our_top:
+                raise _unknown(where, section, set(SEED_KEYS) | our_top)
+            if section == "jobs_file" and isinstance(body, str) and body:
+                body = os.path.normpath(os.path.join(folder, body))
+            out[section] = body
+            continue
+        if not isinstance(body, dict):
+            raise SeedConfigError(f"config file {where}: {section} must be an object of settings, not {json.dumps(body)}")
+        limits_on = body.get("enable_resource_limits", True) if section == "security" else True
+        if not isinstance(limits_on, bool):
+            raise SeedConfigError(f"config file {where}: security.enable_resource_limits must be true or false")
+        for key, value in body.items():
+            name = f"{section}.{key}"
+            if key not in seed:
+                if section == "scheduler" and key in our_scheduler:
+                    scheduler[key] = value  # eventsched's own [scheduler] key
+                    continue
+                known = {f"{section}.{k}" for k in seed}
+                if section == "scheduler":
+                    known |= {f"scheduler.{k}" for k in our_scheduler}
+                raise _unknown(where, name, known)
+            rule = seed[key]
+            if rule is None:
+                continue
+            target, convert = rule
+            try:
+                converted = convert(value, name)
+            except ValueError as exc:
+                raise SeedConfigError(f"config file {where}: {exc}") from None
+            if name == "files.llm_config_file":
+                llm_file = converted
+            elif name == "security.max_memory_per_job_gb" and not limits_on:
+                continue
+            elif name == "files.jobs_file":
+                out["jobs_file"] = os.path.normpath(os.path.join(folder, converted))
+            elif target[0] == "scheduler":
+                scheduler[target[1]] = converted
+            else:
+                out[target[0]] = converted
+    if scheduler:
+        out["scheduler"] = scheduler
+    if llm_file is not None and out.get("jobs_file"):
+        wanted = os.path.join(os.path.dirname(out["jobs_file"]), LLM_CONFIG_NAME)
+        if os.path.normpath(os.path.join(folder, llm_file)) != wanted:
+            raise SeedConfigError(
+                f"config file {where}: files.llm_config_file: the daemon reads {wanted} (llm_config.json next to "
+                f"the jobs file), not {llm_file}; move or link it there"
+            )
+    return out
+
+
+def translate_file(path: str | Path, ours: type, scheduler_extra: Iterable[str] = ()) -> dict[str, Any]:
+    """``serve --config X.json``: read and translate (``config_from_dict`` validates)."""
+    where = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SeedConfigError(f"config file {where} does not exist") from None
+    except OSError as exc:
+        raise SeedConfigError(f"config file {where}: {exc.strerror or exc}") from None
+    try:
+        raw = json.loads(data)
+    except UnicodeDecodeError:
+        raise SeedConfigError(f"config file {where}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise SeedConfigError(f"config file {where}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    folder = os.path.dirname(os.path.abspath(where))
+    return seed_config_to_dict(raw, where, folder, ours, scheduler_extra)
