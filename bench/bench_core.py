@@ -1,6 +1,8 @@
 """Core decision time with 10,000 queued jobs on 64 GPUs (target: under 1 ms).
 
 Prints figures; asserts nothing. Run: python bench/bench_core.py [--policy NAME]
+[--tenants 20]: the jobs come from 20 tenants (one user each, weights 1-3, a
+quota of 8 GPUs each, every tenth job --preemptible), as issue 10 asks.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import statistics
 import time
 
 from eventsched import core
-from eventsched.core.policies import POLICIES
+from eventsched.core.policies import POLICIES, REPLAY_ONLY
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
+from eventsched.domain.tenants import Tenant
 from eventsched.projections.cluster import ClusterState
 
 QUEUED = 10_000
 
 
-def build(nodes: int, per_node: int, policy: str, fill: float = 1.0) -> tuple[ClusterState, float]:
+def build(nodes: int, per_node: int, policy: str, fill: float = 1.0, tenants: int = 0) -> tuple[ClusterState, float]:
     """A machine whose GPUs are all busy (``fill`` of each taken), with QUEUED jobs waiting."""
     state = ClusterState()
     now = 1_000.0
@@ -28,11 +31,20 @@ def build(nodes: int, per_node: int, policy: str, fill: float = 1.0) -> tuple[Cl
         infos = [m.GpuInfo(gpu=i, uuid=f"{node}-{i}", model="fake", memory_total_mib=80_000) for i in range(per_node)]
         core.handle(state, m.Started(node=node, pid=1, version="b", gpu_backend="fake", gpus=infos,
                                      config=m.SchedulerConfig(node=node, policy=policy)), now)
+    for k in range(tenants):
+        core.handle(state, m.SetTenant(name=f"t{k}", tenant=Tenant(users=[f"u{k}"], weight=1.0 + k % 3, gpus=8.0)), now)
+
+    def who(i: int) -> dict[str, object]:
+        if not tenants:
+            return {}
+        return {"user": f"u{i % tenants}", "uid": 1000 + i % tenants, "preemptible": i % 10 == 0}
+
     for i in range(nodes * per_node):  # fill every GPU
-        core.handle(state, m.Submit(spec=ev.JobSpec(command=["run"], gpus=fill, name="fill")), now)
+        core.handle(state, m.Submit(spec=ev.JobSpec(command=["run"], gpus=fill, name="fill", **who(i))), now)  # type: ignore[arg-type]
     shapes = [0.25, 0.5, 1.0, 2.0, 0.1]
     for i in range(QUEUED):
-        spec = ev.JobSpec(command=["run", str(i)], gpus=shapes[i % len(shapes)], priority=i % 5, name=f"j{i % 7}")
+        spec = ev.JobSpec(command=["run", str(i)], gpus=shapes[i % len(shapes)], priority=i % 5, name=f"j{i % 7}",
+                          **who(i))  # type: ignore[arg-type]
         core.handle(state, m.Submit(spec=spec), now)
     return state, now
 
@@ -55,14 +67,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy", action="append", help="default: every policy")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after loading, as a daemon may")
+    ap.add_argument("--tenants", type=int, default=0, help="jobs from this many tenants with quotas (issue 10: 20)")
     args = ap.parse_args()
-    for policy in args.policy or list(POLICIES):
+    for policy in args.policy or [p for p in POLICIES if p not in REPLAY_ONLY]:
         for nodes, per in ((1, 64), (8, 8)):
-            state, now = build(nodes, per, policy)
+            state, now = build(nodes, per, policy, tenants=args.tenants)
             if args.freeze:
                 gc.collect()
                 gc.freeze()
-            print(f"{policy}: {len(state.queue)} queued, {len(state.gpus)} GPUs ({nodes} x {per}), all busy")
+            teams = f", {args.tenants} tenants" if args.tenants else ""
+            print(f"{policy}: {len(state.queue)} queued{teams}, {len(state.gpus)} GPUs ({nodes} x {per}), all busy")
             # a Submit into a full machine (the job queues); Cancel it back so the queue stays 10k
             sub = []
             for _ in range(200):
@@ -82,7 +96,7 @@ def main() -> None:
             report("ProcessExited -> place the next job(s)", ex)
             # worst case: every GPU has 0.05 free, one tiny job could use it but is
             # pinned to a paused GPU, so the whole queue is scanned for nothing
-            state2, _ = build(nodes, per, policy, fill=0.95)
+            state2, _ = build(nodes, per, policy, fill=0.95, tenants=args.tenants)
             first = state2.all_gpus()[0]
             core.handle(state2, m.PauseGpu(node=first.node, gpu=first.id), now)
             core.handle(state2, m.Submit(spec=ev.JobSpec(command=["x"], gpus=0.05, gpu_ids=[first.id], node=first.node)), now)

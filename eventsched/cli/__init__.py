@@ -602,7 +602,7 @@ def build_parser(only: str | None = None) -> Parser:
     if want("serve"):
         p = sub.add_parser("serve", parents=[common], help="run the scheduler daemon")
         p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
-        p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, sjf-backfill, fgd)")
+        p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, fair-share, sjf-backfill, fgd)")
         p.add_argument("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json")
         p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
         p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
@@ -689,6 +689,7 @@ def build_parser(only: str | None = None) -> Parser:
         p.add_argument("--seeds", default="42-51", help="seeds for --static (default 42-51)")
         p.add_argument("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on")
         p.add_argument("--out", help="where replay logs go (default: a temporary directory)")
+        p.add_argument("--config", metavar="FILE", help="what-if: replay under this config's [tenants] and [scheduler] keys")
 
     if want("log"):
         p = sub.add_parser("log", help="inspect the event log")

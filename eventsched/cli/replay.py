@@ -14,6 +14,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 __all__ = ["run_replay", "parse_seeds"]
 
@@ -69,6 +70,28 @@ def _run_static(args: argparse.Namespace) -> int:
     return 0
 
 
+def what_if(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``[scheduler]`` keys and ``[tenants]`` a config file sets, to
+    replay a log or trace under them (a quota change tried on last month's
+    log). Keys the file does not set stay as recorded."""
+    import tomllib
+
+    import msgspec
+
+    from eventsched.runtime.config import ConfigError, load_config, plain_tenants
+
+    try:
+        config = load_config(path)
+        raw = tomllib.loads(Path(path).read_text()) if not path.endswith(".json") else {}
+    except (ConfigError, OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(str(e)) from None
+    given = set((raw.get("scheduler") or {}).keys())
+    settings = {k: v for k, v in msgspec.to_builtins(config.scheduler).items() if k in given}
+    if raw.get("policy") or config.policy:
+        settings.pop("policy", None)  # --policy chooses the policies here
+    return settings, (plain_tenants(config) if config.tenants else None)
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """Replay ``args.source`` under each ``args.policy``; print the comparison."""
     if getattr(args, "static", False):
@@ -88,6 +111,15 @@ def run_replay(args: argparse.Namespace) -> int:
         return _fail(str(e))
     if RECORDED in policies and workload.kind != "log":
         return _fail(f"policy {RECORDED!r} needs a recorded log as the source")
+    settings: dict[str, Any] = {}
+    tenants = None
+    if getattr(args, "config", None):
+        try:
+            settings, tenants = what_if(args.config)
+        except ValueError as e:
+            return _fail(str(e))
+        if RECORDED in policies and (settings or tenants is not None):
+            return _fail(f"--config changes what {RECORDED!r} would replay as it was; leave one of them out")
     if args.out:
         out = Path(args.out)
         for p in policies:
@@ -99,7 +131,7 @@ def run_replay(args: argparse.Namespace) -> int:
     results = []
     try:
         for p in policies:
-            results.append(simulate(workload, p, out / p))
+            results.append(simulate(workload, p, out / p, settings=settings, tenants=tenants))
     except ReplayError as e:
         return _fail(str(e))
     except OSError as e:

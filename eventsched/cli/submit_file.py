@@ -27,8 +27,20 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eventsched.domain.jobsfile import already_submitted, line_source, line_spec, parse_jobs_text
-from eventsched.domain.llm import DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, llm_name, parse_llm_config
+from eventsched.domain.jobsfile import (
+    already_submitted,
+    line_source,
+    line_spec,
+    parse_jobs_text,
+)
+from eventsched.domain.llm import (
+    DEFAULT_LLM_CONFIG,
+    LLM_CONFIG_NAME,
+    LlmConfig,
+    LlmConfigError,
+    llm_name,
+    parse_llm_config,
+)
 from eventsched.domain.units import UnitError
 
 if TYPE_CHECKING:

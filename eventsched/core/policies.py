@@ -31,9 +31,11 @@ from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key,
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 SUCCEEDED = JobState.SUCCEEDED
 
-__all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "View", "usable", "Limits", "fair_shares"]
+__all__ = ["Placement", "Policy", "POLICIES", "DEFAULT_POLICY", "REPLAY_ONLY", "View", "usable", "Limits", "fair_shares"]
 
 DEFAULT_POLICY = "best-fit"
+# reference policies only a replay can run (they need what a daemon cannot know)
+REPLAY_ONLY = {"sjf-oracle": "it knows each job's true duration, which only a replay of a recording or trace has"}
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
 
 
@@ -438,14 +440,15 @@ class _Reservation:
         return self.now + pred > self.shadow
 
 
-def _running_ends(state: ClusterState, view: View, now: float) -> list[tuple[float, int, list[int], int, int]]:
+def _running_ends(state: ClusterState, view: View, now: float,
+                  pred: Callable[[Job], float] | None = None) -> list[tuple[float, int, list[int], int, int]]:
     """(predicted end, job, GPU indices, share, memory) of each running job."""
     out = []
     jobs = state.jobs
     index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
     for jid in state.running:
         r = jobs[jid]
-        p = predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
+        p = pred(r) if pred is not None else predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
         limit = r.time_limit(default)
         if limit is not None:
             p = min(p, limit)
@@ -538,11 +541,6 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     which it would fit as running jobs end (by prediction). Later jobs may
     start now only if they end before that time or stay off those GPUs.
     """
-    room = _room(state)
-    if room is None:
-        return []
-    view, slots, smallest = room
-    jobs = state.jobs
     pred_cache: dict[tuple[str, str], float] = {}
 
     def pred(job: Job) -> float:
@@ -552,6 +550,39 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
             p = pred_cache[key] = state.stats.predict(key, DEFAULT_RUNTIME_S)
         limit = job.time_limit(state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
+
+    return _sjf(state, now, pred, lambda live, has_head: _sjf_order(state, live, has_head), None)
+
+
+def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
+    """sjf-backfill with a perfect predictor: each job's true duration, which
+    only a replay knows (``ClusterState.oracle``). A reference: how much a
+    better runtime prediction could gain; refused by the daemon."""
+    truth = state.oracle
+
+    def pred(job: Job) -> float:
+        return truth.get(job.id, DEFAULT_RUNTIME_S)
+
+    def order(live: set[Any], has_head: Callable[[], bool]) -> Iterator[int]:
+        # the whole queue sorted by (priority, true duration): fine for a reference
+        keys = sorted((k0, pred(state.jobs[j]), o, j) for k0, o, j in state.queue.by_priority)
+        return (j for _, _, _, j in keys)
+
+    def running_pred(job: Job) -> float:
+        return truth.get(job.id, DEFAULT_RUNTIME_S)
+
+    return _sjf(state, now, pred, order, running_pred)
+
+
+def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
+         order: Callable[[set[Any], Callable[[], bool]], Iterator[int]],
+         running_pred: Callable[[Job], float] | None) -> list[Placement]:
+    """Shortest (predicted) job first with EASY backfill, for ``pred``."""
+    room = _room(state)
+    if room is None:
+        return []
+    view, slots, smallest = room
+    jobs = state.jobs
 
     live = _fitting_shapes(state, view)
     if not live:
@@ -569,7 +600,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     # later job fits and might delay the head (often none does).
     head: tuple[View, Job, list[tuple[float, int, list[int], int, int]]] | None = None
     reservation: tuple[float, frozenset[int]] | None = None
-    for jid in _sjf_order(state, live, lambda: head is not None):
+    for jid in order(live, lambda: head is not None):
         shape = shape_of[jid]
         if shape not in live and head is not None:
             continue
@@ -590,7 +621,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         if head is not None:
             if reservation is None:
                 at_view, head_job, head_ends = head
-                reservation = _reservation(at_view, head_job, _running_ends(state, view, now) + head_ends)
+                reservation = _reservation(at_view, head_job, _running_ends(state, view, now, running_pred) + head_ends)
             shadow, reserved = reservation
             if set(idxs) & reserved and now + pred(job) > shadow:
                 idxs = best_fit(view, job, reserved)
@@ -760,6 +791,7 @@ POLICIES: dict[str, Policy] = {
     "best-fit": best_fit_policy,
     "fair-share": fair_share_policy,
     "sjf-backfill": sjf_backfill,
+    "sjf-oracle": sjf_oracle,
     "fgd": fgd,
 }
 

@@ -60,12 +60,15 @@ def _head(state: ClusterState, now: float) -> Job | None:
 
 def plan(state: ClusterState, now: float) -> Preemption | None:
     jobs, cfg = state.jobs, state.config
-    running = [jobs[j] for j in state.running]
-    if any(r.cancel_reason == "preempted" for r in running):
+    if state.being_preempted:
         return None  # one preemption at a time: let the last one finish first
-    maybe = [r for r in running if not r.cancel_reason and (r.spec.preemptible or _tenant_preemptible(state, r))]
+    ids = dict(state.running_preemptible)
+    for name, tenant in state.tenants.items():
+        if tenant.preemptible:
+            ids.update(state.running_of_tenant.get(name, {}))
+    maybe = [jobs[j] for j in ids if not jobs[j].cancel_reason]
     if not maybe:
-        return None  # the common case: nothing may be preempted, decided in one pass
+        return None  # the common case: nothing may be preempted (kept by the projection)
     waiting = _head(state, now)
     if waiting is None or waiting.count == 0:
         return None
@@ -104,11 +107,6 @@ def plan(state: ClusterState, now: float) -> Preemption | None:
     rules = {rule for _, rule in taken}
     return Preemption(waiting=waiting.id, victims=sorted(v.id for v, _ in taken),
                       rule="priority" if "priority" in rules else "fair-share")
-
-
-def _tenant_preemptible(state: ClusterState, job: Job) -> bool:
-    tenant = state.tenants.get(job.tenant)
-    return tenant is not None and tenant.preemptible
 
 
 def _indices(view: View, job: Job) -> list[int]:

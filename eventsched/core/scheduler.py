@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from eventsched.core import preemption
-from eventsched.core.policies import POLICIES, decide
+from eventsched.core.policies import POLICIES, REPLAY_ONLY, decide
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
@@ -197,8 +197,7 @@ def _owned(state: ClusterState, ids: list[int], uid: int, verb: str) -> list[Job
 def _started(out: _Out, msg: m.Started) -> None:
     state = out.state
     policy = msg.config.policy
-    if policy not in POLICIES:
-        raise Refused(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+    _known_policy(policy)
     previous = state.policy if state.last_seq or state.jobs else None
     out.fact(
         ev.DaemonStarted(
@@ -458,9 +457,15 @@ def _resume(out: _Out, msg: m.ResumeGpu) -> None:
         _schedule(out)
 
 
+def _known_policy(policy: str) -> None:
+    # (the daemon refuses the replay-only ones before they get here)
+    if policy not in POLICIES:
+        known = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
+        raise Refused(f"unknown policy {policy!r}; known: {known}")
+
+
 def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
-    if msg.policy not in POLICIES:
-        raise Refused(f"unknown policy {msg.policy!r}; known: {', '.join(POLICIES)}")
+    _known_policy(msg.policy)
     if msg.policy != out.state.policy:  # the same policy again decides nothing new
         cause = msg.by or "operator"
         out.fact(ev.PolicyChanged(ts=out.now, cause=cause, policy=msg.policy, by=cause))

@@ -60,8 +60,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # --- teams (F11-F13); docs/fair-share.md has the formula ---------------
     # a waiting job's score = priority + aging_per_hour x hours waited
     #                        + fair_share_weight x its tenant's fair-share factor (0..1]
-    aging_per_hour: float = 1.0
-    fair_share_weight: float = 1.0
+    aging_per_hour: float = 0.1  # a priority tier per 10 hours waited
+    fair_share_weight: float = 10.0  # fair share is worth up to 10 priority points
     usage_half_life_s: float = 86400.0  # recent usage decays by half in this long
     # a blocked gang job at the head gets its GPUs reserved: smaller jobs use
     # them only if predicted to end before it could start

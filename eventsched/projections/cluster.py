@@ -83,6 +83,9 @@ class ClusterState:
         # tenant -> what it holds and its recent use (recent use is history:
         # kept in snapshots; what it holds is rebuilt from the running jobs)
         self.usage: dict[str, TenantUsage] = {}
+        # job -> its true duration: set only by a replay, for the sjf-oracle
+        # reference policy (not a fact: never in a snapshot or the log)
+        self.oracle: dict[int, float] = {}
         self._derive()
 
     def _derive(self) -> None:
@@ -97,6 +100,12 @@ class ClusterState:
         self.queue = QueueIndex(self.config.aging_per_hour)
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
         self.array_running: dict[int, int] = {}  # capped array id -> its tasks running
+        # running jobs a preemption may look at, so that a decision need not
+        # walk every running job: --preemptible ones, each tenant's, and those
+        # being preempted now
+        self.running_preemptible: dict[int, None] = {}
+        self.running_of_tenant: dict[str, dict[int, None]] = {}
+        self.being_preempted: dict[int, None] = {}
         for usage in self.usage.values():
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
@@ -119,6 +128,8 @@ class ClusterState:
                 self.running[job.id] = None
                 self._track_deadline(job)
                 self._hold(job, +1)
+                if job.cancel_reason == "preempted":
+                    self.being_preempted[job.id] = None
 
     def _index_submitted(self, job: Job) -> None:
         for dep in job.spec.after:
@@ -154,6 +165,17 @@ class ClusterState:
         usage.milli += sign * job.count * job.milli
         usage.mem += sign * job.count * job.mem_mib
         usage.jobs += sign
+        mine = self.running_of_tenant.setdefault(job.tenant, {})
+        if sign > 0:
+            mine[job.id] = None
+            if job.spec.preemptible:
+                self.running_preemptible[job.id] = None
+        else:
+            mine.pop(job.id, None)
+            if not mine:
+                del self.running_of_tenant[job.tenant]
+            self.running_preemptible.pop(job.id, None)
+            self.being_preempted.pop(job.id, None)
         if job.spec.array_cap:
             aid = job.spec.array_id
             n = self.array_running.get(aid, 0) + sign
@@ -439,6 +461,8 @@ def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None
     job = _job(state, e.job)
     next_state(job, e)
     job.cancel_reason = e.reason
+    if e.reason == "preempted":
+        state.being_preempted[job.id] = None
     state._track_deadline(job)
 
 
@@ -634,6 +658,9 @@ def validate_state(state: ClusterState) -> None:
         assert hit == fresh.fit(node, mib), f"stale fit cache for {node!r}, {mib} MiB"
     assert state.backoff == fresh.backoff, "backoff index out of step"
     assert state.array_running == fresh.array_running, "array running counts out of step"
+    assert state.running_preemptible == fresh.running_preemptible, "preemptible running jobs out of step"
+    assert state.running_of_tenant == fresh.running_of_tenant, "running jobs by tenant out of step"
+    assert state.being_preempted == fresh.being_preempted, "jobs being preempted out of step"
     held = {t: u.held() for t, u in state.usage.items() if u.held() != (0, 0, 0)}
     fresh_held = {t: u.held() for t, u in fresh.usage.items() if u.held() != (0, 0, 0)}
     assert held == fresh_held, f"tenant usage {held} != {fresh_held}"

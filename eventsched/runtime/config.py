@@ -66,7 +66,7 @@ SAMPLE = """\
 # Command-line options of `eventsched serve` override what is set here.
 
 gpus = "fake:4:24576"          # omit to use the real GPUs through NVML
-policy = "best-fit"            # fifo, priority, best-fit, sjf-backfill, fgd
+policy = "best-fit"            # fifo, priority, best-fit, fair-share, sjf-backfill, fgd
 sample_interval_s = 2.0        # seconds between GPU samples
 
 [scheduler]
@@ -79,6 +79,25 @@ max_gpu_utilization_pct = 100.0
 max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
 retry_backoff_s = 2.0          # first retry delay, doubled each time
 max_queued_per_user = 20000    # one user's waiting jobs beyond this are refused
+# teams (docs/fair-share.md): score = priority + aging x hours waited + fair share
+aging_per_hour = 0.1           # priority points a waiting job gains per hour
+fair_share_weight = 10.0       # points of the fair-share factor (policy fair-share)
+usage_half_life_s = 86400.0    # recent use fades by half in this long
+reserve_for_gang = true        # hold GPUs for a blocked multi-GPU job at the head
+preemption = true              # --preemptible jobs may be stopped for more urgent ones
+preempt_grace_s = 30           # warning signal, then this long, then SIGKILL; then requeued
+preempt_protect_s = 600        # a job preempted once then runs at least this long
+# host limits, enforced by the kernel
+# allowed_script_paths = ["/data3/", "/home/"]   # a job's script or program must lie here
+# max_host_mem_mib = 32768     # per job (cgroup v2, cgroup v1 as root, else RLIMIT_AS)
+
+# [tenants.vision]             # quotas are ceilings on what runs at once
+# users = ["alice", "bob"]
+# gpus = 4                     # GPUs (sum of shares)
+# gpu_mem_mib = 160000
+# jobs = 20
+# weight = 2.0                 # fair share among tenants
+# preemptible = true           # its jobs over its fair share may be preempted
 
 [limits]                       # what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)
 max_user_priority = 100        # --priority within [-100, 100]

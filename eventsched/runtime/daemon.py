@@ -18,7 +18,12 @@ from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import UnitError, parse_duration
-from eventsched.runtime.config import ConfigError, ServeConfig, load_config, plain_tenants
+from eventsched.runtime.config import (
+    ConfigError,
+    ServeConfig,
+    load_config,
+    plain_tenants,
+)
 from eventsched.storage import log as eventlog
 
 if TYPE_CHECKING:
@@ -84,7 +89,7 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from eventsched.core.policies import POLICIES
+    from eventsched.core.policies import POLICIES, REPLAY_ONLY
     from eventsched.runtime.gpus import NvmlUnavailable, parse_gpus_option
 
     handler = logging.StreamHandler(sys.stderr)
@@ -94,8 +99,11 @@ def serve(args: argparse.Namespace) -> int:
         config, state_dir, socket_path = resolve(args)
     except (ConfigError, UnitError) as exc:
         return _fail(str(exc))
-    if config.scheduler.policy not in POLICIES:
-        return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {', '.join(POLICIES)}")
+    if config.scheduler.policy not in POLICIES or config.scheduler.policy in REPLAY_ONLY:
+        if config.scheduler.policy in REPLAY_ONLY:
+            return _fail(f"{config.scheduler.policy} is a reference for replays only: {REPLAY_ONLY[config.scheduler.policy]}")
+        live = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
+        return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {live}")
     try:
         backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
     except NvmlUnavailable as exc:

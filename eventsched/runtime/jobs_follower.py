@@ -46,8 +46,19 @@ import anyio.to_thread
 
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSpec
-from eventsched.domain.jobsfile import already_submitted, line_source, line_spec, parse_jobs_text
-from eventsched.domain.llm import DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, parse_llm_config
+from eventsched.domain.jobsfile import (
+    already_submitted,
+    line_source,
+    line_spec,
+    parse_jobs_text,
+)
+from eventsched.domain.llm import (
+    DEFAULT_LLM_CONFIG,
+    LLM_CONFIG_NAME,
+    LlmConfig,
+    LlmConfigError,
+    parse_llm_config,
+)
 from eventsched.projections.cluster import ClusterState
 from eventsched.runtime.connection import Peer
 from eventsched.runtime.executor import DEFAULT_PATH

@@ -33,6 +33,7 @@ import anyio.abc
 import msgspec
 
 from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.core.policies import REPLAY_ONLY
 from eventsched.core.tenants_report import tenants_report
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSubmitted, encode_many
@@ -196,6 +197,8 @@ class Server:
             return gpu_cmd(node=node, gpu=gpu, by=peer.by), lambda state, _events: gpu_json(state.gpu(node, gpu))
         if isinstance(request, protocol.SetPolicy):
             self._require_operator(peer, "change the policy")
+            if request.policy in REPLAY_ONLY:
+                raise msg.Refused(f"{request.policy} is a reference for replays only: {REPLAY_ONLY[request.policy]}")
             return msg.SetPolicy(policy=request.policy, by=peer.by), lambda state, _events: {"policy": state.policy}
         if isinstance(request, protocol.ListTenants):
             return Query(lambda state: tenants_report(state, self.engine.clock())), None

@@ -220,6 +220,16 @@ class _Sim:
         d = self.w.runtime_by_key.get("\0".join(runtime_key(spec)), self.w.default_runtime)
         return Attempt(placed=0.0, started=0.0, ended=d, exit_code=0), True
 
+    def true_duration(self, ordinal: int, spec: ev.JobSpec) -> float:
+        """How long the job's first run takes in this replay (sjf-oracle)."""
+        runs = self.w.attempts.get(ordinal)
+        if runs:
+            a = runs[0]
+            end = a.ended if a.ended is not None else a.stopped
+            if end is not None and a.started is not None:
+                return max(0.0, end - a.started)
+        return self.w.runtime_by_key.get("\0".join(runtime_key(spec)), self.w.default_runtime)
+
     def launch(self, eff: Launch) -> None:
         job = eff.job
         a, estimated = self.attempt_for(job)
@@ -298,10 +308,13 @@ class _Sim:
                 # the id the core will give it, known before its Launch effects run
                 job = self.state.next_job_id
                 self.ordinal_of[job] = ordinal
+                if self.policy == "sjf-oracle":  # the reference policy knows the future
+                    self.state.oracle[job] = self.true_duration(ordinal, msg.spec)
                 if any(type(e) is ev.JobSubmitted and e.job == job for e in self.handle(msg)):
                     self.id_of[ordinal] = job
                 else:
                     del self.ordinal_of[job]
+                    self.state.oracle.pop(job, None)
             elif kind == "jobs":
                 _, ordinals, cls, cause = item
                 ok = _CAN[cls]
@@ -436,6 +449,12 @@ def simulate(
         notes.append(_launch_note(workload))
     if unfinished:
         notes.append(f"{unfinished} jobs had not finished when the inputs ran out")
+    if policy == "sjf-backfill" and workload.kind != "log" and len({runtime_key(j.spec) for j in st.jobs.values()}) <= 1:
+        notes.append(
+            "sjf-backfill had no history to predict from: this trace has no users or job names, so every job "
+            "got the same prediction (the mean of all runs so far) and it ordered them by priority and arrival, "
+            "as best-fit does; see sjf-oracle for what a perfect predictor would do"
+        )
     return ReplayResult(
         policy=policy if policy != RECORDED else f"{RECORDED} ({workload.recorded_policy})",
         source=workload.name,

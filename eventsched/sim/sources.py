@@ -346,7 +346,7 @@ def trace_workload(
         # from runs that ended, as they would on a real machine
         spec = ev.JobSpec(
             command=[kind], user=j.user, gpus=j.gpus, gpu_mem_mib=j.gpu_mem_mib, priority=j.priority,
-            env={"TRACE_ROW": str(i + 1)},
+            env={"TRACE_ROW": str(i + 1)}, tenant=getattr(j, "tenant", ""),
         )
         stimuli.append((float(j.submit_time), _ARRIVE, float(n), ("submit", n, Submit(spec=spec, by="trace"))))
         attempts[n] = [Attempt(placed=0.0, started=0.0, ended=float(j.duration), exit_code=0)]

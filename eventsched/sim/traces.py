@@ -4,7 +4,7 @@ Plain CSV format (for users bringing their own workload)
 --------------------------------------------------------
 A header line is required; columns are matched by name, in any order::
 
-    submit_time,duration,gpus[,gpu_mem,user,priority]
+    submit_time,duration,gpus[,gpu_mem,user,priority,tenant]
 
 - ``submit_time``: seconds (float >= 0) from any origin; rows need not be sorted.
 - ``duration``: run time in seconds (float > 0).
@@ -13,6 +13,8 @@ A header line is required; columns are matched by name, in any order::
 - ``gpu_mem`` (optional): GPU memory per GPU in MiB (integer >= 0; empty = 0).
 - ``user`` (optional): any string; empty = "".
 - ``priority`` (optional): integer, higher runs first; empty = 0.
+- ``tenant`` (optional): the tenant the job asks for (``--tenant``); with
+  ``replay --config`` tenants, a user's own tenant is used when empty.
 
 Blank lines and lines starting with ``#`` are skipped. A bad row raises
 ``TraceError`` with one line naming the file, the line number and the problem,
@@ -83,6 +85,7 @@ class TraceJob(msgspec.Struct, frozen=True, kw_only=True):
     gpu_mem_mib: int = 0
     user: str = ""
     priority: int = 0
+    tenant: str = ""
 
 
 T = TypeVar("T")
@@ -242,5 +245,6 @@ def load_csv(path: str | os.PathLike[str]) -> list[TraceJob]:
             gpu_mem_mib=_field(path, n, r, "gpu_mem", int, lambda v: v >= 0, ">= 0", default=0),
             user=r.get("user", ""),
             priority=_field(path, n, r, "priority", int, default=0),
+            tenant=r.get("tenant", ""),
         ))
     return jobs

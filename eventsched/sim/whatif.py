@@ -26,6 +26,9 @@ formulas and why. Definitions:
   job *could* use but a policy held back, e.g. FIFO's head-of-line blocking or
   a backfill reservation, is not counted either.) Memory requests and pinned
   GPU ids are not considered here.
+- per tenant (``tenants``): jobs, mean wait, GPU-hours, and the share of the
+  GPU-hours run in the arrival window W below that went to it;
+  ``tenant_fairness`` is ``fairness`` over tenants instead of users.
 - ``fairness``: Jain's index over users of x_u = GPU-time received / GPU-time
   demanded, in the arrival window [first submission, W] where
   W = max(last submission, first submission + makespan / 2) (after all jobs
@@ -76,6 +79,10 @@ class Metrics(msgspec.Struct, kw_only=True):
     fragmentation: float = 0.0
     fairness: float = 1.0
     users: int = 0
+    # the same fairness over tenants, and per tenant: jobs, mean wait,
+    # GPU-hours and their share of all (every job counts for its tenant)
+    tenant_fairness: float = 1.0
+    tenants: dict[str, dict[str, float]] = {}
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -184,6 +191,7 @@ def metrics_from_log(log_dir: str | os.PathLike[str]) -> Metrics:
 def metrics_from_events(events: Any) -> Metrics:
     submitted: dict[int, float] = {}
     user: dict[int, str] = {}
+    tenant: dict[int, str] = {}
     shape: dict[int, tuple[int, int]] = {}
     first_start: dict[int, float] = {}
     ended: dict[int, float] = {}
@@ -236,6 +244,7 @@ def metrics_from_events(events: Any) -> Metrics:
             if first_ts is None:
                 first_ts = ts
             user[job] = e.spec.user
+            tenant[job] = e.spec.tenant or "default"
             g = e.spec.gpus
             shape[job] = (0, 0) if g <= 0 else (1, max(1, round(g * FULL))) if g < 1 else (int(g), FULL)
             queued.add(job)
@@ -297,19 +306,48 @@ def metrics_from_events(events: Any) -> Metrics:
     # fairness in the arrival window
     last_submit = max(submitted.values())
     window = max(last_submit, first_ts + m.makespan_s / 2)
+    m.users, m.fairness = _jain(spans, submitted, window, user)
+    _, m.tenant_fairness = _jain(spans, submitted, window, tenant)
+    m.tenants = _per_tenant(spans, tenant, submitted, first_start, window)
+    return m
+
+
+def _jain(spans: list[tuple[int, float, float, float]], submitted: dict[int, float], window: float,
+          group: dict[int, str]) -> tuple[int, float]:
+    """(groups, Jain's index over them of GPU-time got / demanded in the window)."""
     demand: dict[str, float] = {}
     got: dict[str, float] = {}
     for job, t0, t1, g in spans:
         if g <= 0 or submitted.get(job, math.inf) > window:
             continue
-        u = user[job]
+        u = group[job]
         demand[u] = demand.get(u, 0.0) + g * (t1 - t0)
         got[u] = got.get(u, 0.0) + g * max(0.0, min(t1, window) - t0)
     xs = [min(1.0, got.get(u, 0.0) / d) for u, d in demand.items() if d > 0]
-    m.users = len(xs)
     sq = sum(x * x for x in xs)
-    m.fairness = (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else (1.0 if len(xs) <= 1 else 0.0)
-    return m
+    return len(xs), (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else (1.0 if len(xs) <= 1 else 0.0)
+
+
+def _per_tenant(spans: list[tuple[int, float, float, float]], tenant: dict[int, str], submitted: dict[int, float],
+                first_start: dict[int, float], window: float) -> dict[str, dict[str, float]]:
+    """Per tenant: jobs, mean wait, GPU-hours in all, and its share of the
+    GPU-hours run in the arrival window (once every job has run, everyone had
+    all they asked: the window is where a policy's choice shows)."""
+    out: dict[str, dict[str, float]] = {}
+    for job, t in tenant.items():
+        row = out.setdefault(t, {"jobs": 0, "waits": 0, "wait_sum": 0.0, "gpu_hours": 0.0, "in_window": 0.0})
+        row["jobs"] += 1
+        if job in first_start:
+            row["waits"] += 1
+            row["wait_sum"] += first_start[job] - submitted[job]
+    for job, t0, t1, g in spans:
+        row = out[tenant[job]]
+        row["gpu_hours"] += g * (t1 - t0) / 3600.0
+        row["in_window"] += g * max(0.0, min(t1, window) - t0) / 3600.0
+    total = sum(r["in_window"] for r in out.values())
+    return {t: {"jobs": r["jobs"], "mean_wait_s": r["wait_sum"] / r["waits"] if r["waits"] else 0.0,
+                "gpu_hours": r["gpu_hours"], "gpu_hours_share": r["in_window"] / total if total else 0.0}
+            for t, r in sorted(out.items())}
 
 
 # --- the comparison ----------------------------------------------------------------------
@@ -326,6 +364,7 @@ ROWS: list[tuple[str, str, str]] = [
     ("gpu_utilization", "GPU utilisation", "pct"),
     ("fragmentation", "fragmentation", "pct"),
     ("fairness", "fairness (Jain)", "{:.3f}"),
+    ("tenant_fairness", "fairness, tenants", "{:.3f}"),
 ]
 
 
@@ -381,6 +420,17 @@ def format_comparison(table: dict[str, Any]) -> str:
     lines.append(" " * width0 + "  " + "  ".join(f"{labels[i]:>{widths[i]}}" for i in range(len(cols))))
     for (_, label, _), row in zip(ROWS, cells):
         lines.append(f"{label:<{width0}}  " + "  ".join(f"{row[i]:>{widths[i]}}" for i in range(len(cols))))
+    tenants = sorted({t for c in cols for t in (c.get("tenants") or {})})
+    if len(tenants) > 1:  # one tenant: nothing to compare
+        lines.append("")
+        lines.append("per tenant: mean wait / share of the GPU-hours run in the arrival window")
+        for t in tenants:
+            row = []
+            for c in cols:
+                r = (c.get("tenants") or {}).get(t)
+                row.append("-" if r is None else f"{_fmt(r['mean_wait_s'], 'dur')} / {_fmt(r['gpu_hours_share'], 'pct')}")
+            widths = [max(widths[i], len(row[i])) for i in range(len(cols))]
+            lines.append(f"{'  ' + t:<{width0}}  " + "  ".join(f"{row[i]:>{widths[i]}}" for i in range(len(cols))))
     for n in table.get("notes", []):
         lines.append(f"note: {n}")
     return "\n".join(lines)
