@@ -207,7 +207,7 @@ def test_a_two_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs() -> None:
     jobs on 2 GPUs. With the reservation it starts as soon as the GPUs its
     reservation names are free: within one run of the jobs holding them."""
     for reserve, starts in ((False, False), (True, True)):
-        s = teams(gpus=2, reserve_for_gang=reserve)
+        s = teams(gpus=2, reserve_for_gang=reserve, reserve_after_s=5.0)
         first = s.submit()
         big = s.submit(gpus=2)
         stream = []
@@ -219,10 +219,13 @@ def test_a_two_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs() -> None:
                 s.exit(running[0])
         assert (s.st(big) in ("running", "succeeded")) is starts, f"reserve_for_gang={reserve}"
         assert s.st(first) == "succeeded"
+        if starts:  # placed at the first exit after it had waited reserve_after_s
+            placed_at = next(e.ts for e in s.log if isinstance(e, ev.JobPlaced) and e.job == big)
+            assert placed_at - s.job(big).submitted_at <= 5.0 + 1.0
 
 
 def test_a_small_job_with_a_prediction_backfills_before_the_reserved_gang_job() -> None:
-    s = teams(gpus=3)
+    s = teams(gpus=3, reserve_after_s=0.0)
     # history: "long" runs 1000 s, "short" 10 s
     for name, runtime in (("long", 1000.0), ("short", 10.0), ("short", 10.0)):
         j = s.submit(name=name)
@@ -235,6 +238,19 @@ def test_a_small_job_with_a_prediction_backfills_before_the_reserved_gang_job() 
     assert s.st(big) == "queued" and s.st(short) == "running" and s.st(unknown) == "queued"
     reason = waiting_reason(s.state, unknown, s.now)
     assert reason is not None and reason.kind == "reserved" and f"held for job {big}" in reason.text
+
+
+def test_a_gang_job_gets_its_reservation_only_once_it_has_waited_reserve_after_s() -> None:
+    s = teams(gpus=2, reserve_after_s=30.0)
+    s.submit(name="long")
+    big = s.submit(gpus=2)
+    early = s.submit(name="other")
+    assert s.st(early) == "running"  # a fresh head: plain backfill
+    s.now += 31.0
+    late = s.submit(name="other")
+    s.exit(early)
+    assert s.st(late) == "queued" and s.st(big) == "queued"  # the GPU freed is now held for the head
+    assert waiting_reason(s.state, late, s.now).kind == "reserved"
 
 
 # --- preemption -------------------------------------------------------------------------

@@ -395,7 +395,7 @@ class _Reservation:
     companion: aging brings a big job to the head, this lets it start).
 
     The head is the job with the best score among the first jobs of every
-    shape, when it cannot start now. Its GPUs are those it would get as the
+    shape, when it cannot start now and has waited ``reserve_after_s``. Its GPUs are those it would get as the
     running jobs end, by prediction, at ``shadow``; a later job may take one
     of them only if it has a prediction (its own runs, or a time limit) and
     is predicted to end by then.
@@ -416,7 +416,9 @@ class _Reservation:
         if best is None or best[1] in live:
             return None  # the head can start now (or nothing waits)
         head = jobs[best[0][2]]
-        if head.count < 2 or not _eligible(state, head, now) or limits.blocked(head):
+        if head.count < 2 or now - head.queued_at < state.config.reserve_after_s:
+            return None
+        if not _eligible(state, head, now) or limits.blocked(head):
             return None
         shadow, gpus = _reservation(view.copy(), head, _running_ends(state, view, now))
         if not gpus:

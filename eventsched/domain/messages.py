@@ -66,6 +66,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # a blocked gang job at the head gets its GPUs reserved: smaller jobs use
     # them only if predicted to end before it could start
     reserve_for_gang: bool = True
+    # ... once it has waited this long (Slurm's bf_min_age_reserve): a short
+    # wait is left to plain backfill, which packs better
+    reserve_after_s: float = 30.0
     preemption: bool = True  # preempt preemptible jobs for more urgent ones
     preempt_grace_s: float = 30.0  # warning signal, then this long, then SIGKILL
     preempt_protect_s: float = 600.0  # a job preempted once then runs at least this long

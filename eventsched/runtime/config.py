@@ -84,6 +84,7 @@ aging_per_hour = 0.1           # priority points a waiting job gains per hour
 fair_share_weight = 10.0       # points of the fair-share factor (policy fair-share)
 usage_half_life_s = 86400.0    # recent use fades by half in this long
 reserve_for_gang = true        # hold GPUs for a blocked multi-GPU job at the head
+reserve_after_s = 30.0         # ... once it has waited this long
 preemption = true              # --preemptible jobs may be stopped for more urgent ones
 preempt_grace_s = 30           # warning signal, then this long, then SIGKILL; then requeued
 preempt_protect_s = 600        # a job preempted once then runs at least this long
