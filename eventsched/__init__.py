@@ -5,6 +5,7 @@ the package's inner layout (SPEC §2)::
 
     from eventsched import Client, JobSpec
     from eventsched import load_source, simulate, compare, compare_placements, open_history
+    con = eventsched.history()  # the read model as a read-only DuckDB connection
 
 Names are resolved on first use, so ``import eventsched`` stays cheap (every
 CLI call pays for it).
@@ -19,8 +20,9 @@ daemon) and ``sim`` (replay, what-if) -> ``cli`` -> ``jupyter``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+TYPE_CHECKING = False  # every CLI call imports this module: no typing
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 
@@ -42,6 +44,8 @@ _API = {
     "metrics_from_log": "eventsched.sim.whatif",
     "open_history": "eventsched.projections.history",
     "History": "eventsched.projections.history",
+    "history": "eventsched.projections.history_snapshot",
+    "torch_memory_fraction": "eventsched.domain.frameworks",  # issue 17
 }
 
 __all__ = ["__version__", *_API]
@@ -51,6 +55,8 @@ def __getattr__(name: str) -> Any:
     module = _API.get(name)
     if module is None:
         raise AttributeError(f"module 'eventsched' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once
     return value

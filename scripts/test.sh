@@ -5,10 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The browser tests drive Debian's chromium (never a downloaded browser);
-# the terminal-session tests Debian's tmux and screen.
-if { [ ! -x /usr/bin/chromium ] || ! command -v tmux >/dev/null || ! command -v screen >/dev/null; } \
+# the terminal-session tests Debian's tmux and screen; the Prometheus check
+# promtool, from Debian's prometheus package.
+if { [ ! -x /usr/bin/chromium ] || ! command -v tmux >/dev/null || ! command -v screen >/dev/null \
+     || ! command -v promtool >/dev/null; } \
     && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium tmux screen >/dev/null) \
-    || echo "warning: could not install chromium, tmux or screen; their tests will be skipped" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium tmux screen prometheus >/dev/null) \
+    || echo "warning: could not install chromium, tmux, screen or prometheus; their tests will be skipped" >&2
 fi
 exec .venv/bin/python -m pytest "$@"

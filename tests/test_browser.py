@@ -9,6 +9,7 @@ test-output/.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -153,6 +154,25 @@ def test_quickstart_in_jupyterlab(lab: str, daemon, tmp_path: Path) -> None:
                 time.sleep(0.1)
             assert seen[-1:] == ["succeeded"], seen
             assert "running" in seen, seen
+
+            # history at a glance (issue 17): a utilisation/memory chart per GPU drawn from the
+            # samples, and today's GPU-hours per user, which the jobs above put on the chart
+            page.wait_for_function(
+                "() => document.querySelectorAll('.eventsched-panel svg.es-spark').length === 4"
+                " && document.querySelector('.eventsched-panel svg.es-user-hours rect.es-user-bar')",
+                timeout=60_000)
+            charts = page.evaluate("""() => [...document.querySelectorAll('.eventsched-panel svg.es-spark')].map(
+                s => ({gpu: s.dataset.gpu, util: s.querySelector('path.es-spark-util').getAttribute('d'),
+                       mem: s.querySelector('path.es-spark-mem').getAttribute('d'),
+                       width: s.getBoundingClientRect().width}))""")
+            assert [c["gpu"] for c in charts] == [f"local:{g}" for g in range(4)], charts
+            assert all(c["util"].startswith("M") and c["width"] > 100 for c in charts), charts  # drawn, on screen
+            bars = page.evaluate("""() => [...document.querySelectorAll(
+                '.eventsched-panel svg.es-user-hours g.es-user')].map(
+                g => [g.dataset.user, Number(g.querySelector('rect.es-user-bar').getAttribute('width'))])""")
+            assert bars and bars[0][0] == pwd.getpwuid(os.geteuid()).pw_name and bars[0][1] > 0, bars
+            page.locator(".eventsched-panel .es-history").scroll_into_view_if_needed()
+            page.screenshot(path=str(tmp_path / "quickstart-browser-history.png"), full_page=True)
             page.locator(".eventsched-panel").scroll_into_view_if_needed()
             page.screenshot(path=str(shot), full_page=True)
         finally:

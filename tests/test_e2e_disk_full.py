@@ -27,13 +27,13 @@ def small_disk(tmp_path: Path):
 
 def fill(path: Path) -> None:
     """Write until the filesystem is full."""
-    with open(path, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 16))
-                f.flush()
-        except OSError:
-            pass
+    with open(path, "wb", buffering=0) as f:
+        size = 1 << 16
+        while size:  # then smaller and smaller writes: not even a small log frame may fit
+            try:
+                f.write(b"\0" * size)
+            except OSError:
+                size //= 2
 
 
 def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
@@ -42,14 +42,26 @@ def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
         d.wait_states(before, {"succeeded"})
         filler = small_disk / "filler"
         fill(filler)
-        refused = [d.cli("submit", "--gpus", "0.5", "--", "/bin/true") for _ in range(3)]
-        assert all(r.returncode != 0 for r in refused)
+        # a small frame may still fit in the log segment's last page (tmpfs
+        # allocates by page): that one is accepted, durably; then refusals
+        accepted, refused = [], []
+        for _ in range(10):
+            r = d.cli("submit", "--gpus", "0.5", "--", "/bin/true")
+            (accepted if r.returncode == 0 else refused).append(r)
+            if len(refused) == 3:
+                break
+        assert len(refused) == 3 and len(accepted) <= 2, [(r.returncode, r.stderr) for r in accepted + refused]
         for r in refused:
             assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
             assert "space" in r.stderr.lower() or "full" in r.stderr.lower(), r.stderr
+        squeezed = [int(r.stdout) for r in accepted]
         assert d.cli("health").returncode == 0, "the daemon stays up"
         filler.unlink()
         after = d.submit("--gpus", "0.5", "--", "/bin/true")
         jobs = d.wait_states(before + [after], {"succeeded"})
-        assert len(jobs) == 4, "refused submissions left nothing behind"
+        # one accepted on the full disk may fail to launch, saying why
+        jobs = d.wait_states(squeezed, {"succeeded", "failed"})
+        for j in squeezed:
+            assert jobs[j]["state"] == "succeeded" or "No space left" in jobs[j]["exit_reason"], jobs[j]
+        assert len(jobs) == len(before) + len(squeezed) + 1, "refused submissions left nothing behind"
         assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0

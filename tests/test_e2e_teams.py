@@ -65,6 +65,15 @@ def test_a_one_gpu_quota_runs_one_job_at_a_time_and_says_so(tmp_path: Path) -> N
         assert row["quota_gpus"] == 2.0 and row["jobs"] == 3 and row["gpu_hours"] > 0
         prom = d.cli("metrics", "--prometheus").stdout
         assert 'eventsched_tenant_quota_gpus{tenant="vision"} 2' in prom
+    # the recorded log replays exactly: the config's tenants and the operator's change included
+    from eventsched.sim.compare import compare_placements
+
+    state = tmp_path / "state"
+    result = simulate(load_source(state), "recorded", tmp_path / "replay")
+    assert compare_placements(state / "log", Path(result.state_dir) / "log") is None
+    replayed = [e for b in eventlog.read_batches(Path(result.state_dir) / "log") for e in b
+                if isinstance(e, ev.TenantsConfigured)]
+    assert [t.tenants["vision"].gpus for t in replayed] == [1.0, 2.0]
 
 
 def test_bad_tenant_configs_and_options_get_one_line(tmp_path: Path) -> None:
@@ -189,3 +198,31 @@ def test_tenants_with_real_users_and_only_operators_change_them(users, public_di
         assert d.jobs()[job]["tenant"] == "vision"
     finally:
         d.stop()
+
+
+def test_explain_forecasts_a_start_records_it_and_measures_its_error(tmp_path: Path) -> None:
+    """Issue 17, 'when will my job start?': a queued job's forecast from the
+    core run forward, recorded when shown, checked against the real start."""
+    with Daemon(tmp_path / "state", gpus="fake:1") as d:
+        for _ in range(2):  # history: this job takes about a second
+            job = d.submit("--name", "step", "--", "sleep", "1")
+            d.wait_states([job], {"succeeded"})
+        first = d.submit("--name", "step", "--", "sleep", "1")
+        d.wait_states([first], {"running"})
+        second = d.submit("--name", "step", "--", "sleep", "1")
+        third = d.submit("--name", "step", "--", "sleep", "1")
+        listed = {j["id"]: j for j in json.loads(d.cli("queue", "--json").stdout)}
+        assert listed[first]["estimated_start"] is None  # running
+        assert listed[third]["estimated_start"] > listed[second]["estimated_start"] > time.time() - 1
+        shown = json.loads(d.cli("explain", str(third), "--json").stdout)
+        assert shown["forecast"]["estimated_start"] == pytest.approx(listed[third]["estimated_start"], abs=1.0)
+        r = d.cli("explain", str(third))
+        text = r.stdout
+        assert r.returncode == 0, r.stderr
+        assert "estimated start: in about" in text and "if running jobs take their predicted times" in text
+        d.wait_states([second, third], {"succeeded"}, timeout=20)
+        rows = json.loads(d.cli("sql", "SELECT job, abs_error_s FROM forecast_errors", "--format", "json").stdout)
+        assert [r["job"] for r in rows] == [third, third]  # recorded each time it was shown
+        assert all(r["abs_error_s"] < 1.5 for r in rows), rows  # one-second jobs, forecast to within a beat
+        metrics = json.loads(d.cli("metrics", "--json").stdout)
+        assert metrics["forecasts"]["count"] == 2 and metrics["forecasts"]["mean_abs_error_s"] < 1.5

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import msgspec
 
-from eventsched.domain.tenants import Tenant
-
 from eventsched.domain import events as ev
+from eventsched.domain.tenants import Tenant
 from eventsched.storage import log
 
 FIXTURE = Path(__file__).parent / "fixtures" / "log_v0"
@@ -211,6 +210,15 @@ def today_samples() -> list[ev.Event]:
         ev.JobReleased(**common, job=9, by="bob"),
         ev.JobLost(**common, job=10, reason="not found after restart"),
         ev.TenantsConfigured(**common, tenants={"vision": Tenant(users=["alice"], gpus=2.0, weight=2.0)}, by="config"),
+        ev.JobForecast(**common, job=4, estimated_start=1234.5, by="explain"),
+        # issue 17: per-job GPU memory and idle allocations
+        ev.GpuSampled(**common, node="n", gpu=1, utilization=0.0, memory_used_mib=4000, memory_total_mib=81920,
+                      temperature_c=30.0, power_w=60.0, foreign_memory_mib=500, job_memory_mib={7: 3500},
+                      foreign_processes=[ev.GpuProcess(pid=4242, used_mib=500, uid=1002, user="carol")]),
+        ev.JobGpuMemoryExceeded(**common, job=7, node="n", gpu=1, used_mib=5000, request_mib=4096, policy="stop"),
+        ev.JobGpuMemoryWithin(**common, job=7, used_mib=3000),
+        ev.JobIdle(**common, job=7, since=1.25),
+        ev.JobBusy(**common, job=7, idle_s=1800.5),
     ]
 
 

@@ -476,7 +476,7 @@ def test_prometheus_text_parses_and_matches(state: Path) -> None:
     assert samples[("eventsched_jobs", (("state", "succeeded"),))] == 3
     assert samples[("eventsched_job_wait_seconds_count", ())] == 7
     assert samples[("eventsched_job_wait_seconds", (("quantile", "0.95"),))] == pytest.approx(m["wait_s"]["p95"])
-    assert samples[("eventsched_user_gpu_hours_total", (("user", "frank"),))] == pytest.approx(1.0)
+    assert samples[("eventsched_user_gpu_seconds_total", (("user", "frank"),))] == pytest.approx(3600.0)
     assert samples[("eventsched_gpu_utilization_peak_percent", (("node", "local"), ("gpu", "1")))] == 100.0
 
 
@@ -488,7 +488,7 @@ def test_prometheus_labels_are_escaped(tmp_path: Path) -> None:
               [ev.JobPlaced(ts=2.0, job=1, node="n", gpu_ids=[0], share=1.0)],
               [ev.JobExited(ts=3602.0, job=1, exit_code=0)]])
     samples = parse_prometheus(prometheus_text(compute_metrics(History(d))))
-    assert samples[("eventsched_user_gpu_hours_total", (("user", odd),))] == pytest.approx(1.0)
+    assert samples[("eventsched_user_gpu_seconds_total", (("user", odd),))] == pytest.approx(3600.0)
 
 
 def test_run_metrics_formats(state: Path) -> None:

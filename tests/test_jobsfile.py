@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import pytest
 from daemon_harness import EVENTSCHED, Daemon
 
+from eventsched.domain.events import JobSpec
 from eventsched.domain.jobsfile import (
     CUDA_PLACEHOLDER,
     line_command,
@@ -25,7 +26,6 @@ from eventsched.domain.jobsfile import (
     our_priority,
     parse_jobs_text,
 )
-from eventsched.domain.events import JobSpec
 from eventsched.domain.llm import DEFAULT_LLM_CONFIG, parse_llm_config
 from eventsched.runtime.jobs_follower import Unsafe, open_checked
 

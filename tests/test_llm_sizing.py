@@ -10,7 +10,12 @@ from typing import Iterator
 import pytest
 from daemon_harness import Daemon
 
-from eventsched.domain.llm import LlmConfigError, gpus_for_share, llm_name, parse_llm_config
+from eventsched.domain.llm import (
+    LlmConfigError,
+    gpus_for_share,
+    llm_name,
+    parse_llm_config,
+)
 
 SEEDS = Path(__file__).parent / "fixtures" / "seeds"
 

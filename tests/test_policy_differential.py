@@ -33,7 +33,12 @@ from eventsched.core import policies
 from eventsched.core.policies import POLICIES, Chooser, Placement, View
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
-from eventsched.projections.cluster import ClusterState, Job, runtime_key, validate_state
+from eventsched.projections.cluster import (
+    ClusterState,
+    Job,
+    runtime_key,
+    validate_state,
+)
 
 # --- the old scan, verbatim but for names --------------------------------------
 

@@ -1,19 +1,24 @@
 """The ``eventsched`` command (SPEC §2 is its contract).
 
 Imports are lazy: a ``submit`` from a shell loop must not pay for anyio,
-DuckDB or the scheduler core, only for argparse, msgspec and a socket.
+DuckDB or the scheduler core. Its common spellings (and ``health``,
+``--version``) take ``quick.py``'s path, which imports no argparse, msgspec,
+typing, json or socket.py either; so this module's top imports only what
+that path needs (bench/bench_cli.py measures it, tests/test_cli_startup.py
+checks the imports).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
+from eventsched.cli.errors import (  # re-exported: eventsched.cli.UserError ...
+    EXIT_USAGE,
+    UserError,
+    fail,
+)
 from eventsched.domain.paths import socket_location
-from eventsched.domain.states import FINAL, JobState
 from eventsched.domain.units import (
     UnitError,
     parse_array,
@@ -23,27 +28,15 @@ from eventsched.domain.units import (
     parse_signal,
 )
 
+TYPE_CHECKING = False  # typing itself costs every CLI call ~3 ms; mypy reads this as True
 if TYPE_CHECKING:
+    import argparse
     from pathlib import Path
+    from typing import Any, Callable
 
+    from eventsched.cli.parser import Parser
     from eventsched.domain.events import JobSpec
     from eventsched.wire.client import Client
-
-EXIT_USAGE = 2
-
-
-class UserError(Exception):
-    """A mistake of the user's: printed as one line, exit status 2."""
-
-
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    print(f"eventsched: error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage dump
-        fail(f"{message} (see `{self.prog} --help`)")
 
 
 # --- parsing helpers --------------------------------------------------------
@@ -83,6 +76,8 @@ def format_gpus(amount: float) -> str:
 
 
 def print_json(data: Any) -> None:
+    import json
+
     json.dump(data, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
 
@@ -105,8 +100,20 @@ def _warning(text: str | None) -> dict[str, Any]:
 
 
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
-    from eventsched.domain import rlimits
     from eventsched.domain.events import JobSpec
+
+    spec = JobSpec(**spec_fields(args, command))
+    if any("--llm" in word for word in command):  # F19: "--llm NAME" sizes the job
+        from eventsched.cli.submit_file import llm_sized
+
+        spec = llm_sized(args, command, spec)
+    return spec
+
+
+def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str, Any]:
+    """The JobSpec's fields for ``submit``'s options and command (the fast
+    path, ``quick.py``, sends them without building the JobSpec)."""
+    from eventsched.domain import rlimits
 
     if not command:
         raise UserError("no command given: put it after `--`, e.g. eventsched submit --gpus 1 -- python train.py")
@@ -115,7 +122,7 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     env = dict(os.environ)
     shell = is_shell_string(command)
     gpu_ids = parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None
-    spec = JobSpec(
+    return dict(
         command=command,
         shell=shell,  # N2: -- "python x.py --lr 3" runs through the shell
         cwd=os.getcwd(),
@@ -145,11 +152,6 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
         preemptible=bool(getattr(args, "preemptible", False)),  # F13
         **_warning(getattr(args, "signal", None)),
     )
-    if any("--llm" in word for word in command):  # F19: "--llm NAME" sizes the job
-        from eventsched.cli.submit_file import llm_sized
-
-        spec = llm_sized(args, command, spec)
-    return spec
 
 
 def _host_mem(mib: int | None) -> int:
@@ -169,6 +171,7 @@ def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: di
     """--dedupe's key (F18): command and arguments, working directory, set-up,
     and the environment given to the job (sorted), less SESSION_ENV."""
     import hashlib
+    import json
 
     variables = sorted((k, v) for k, v in (env or {}).items() if k not in SESSION_ENV)
     material = json.dumps([command, cwd, args.conda or "", args.env_setup or "", variables])
@@ -219,6 +222,8 @@ def cmd_submit_array(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
+    from eventsched.domain.states import JobState
+
     with client(args) as c:
         jobs = c.jobs(all=args.all)
     order = {"running": 0, "queued": 1, "held": 2}
@@ -270,6 +275,8 @@ def array_row(tasks: list[dict], now: float) -> list[Any]:
     """An array folded into one ``queue`` line: ``12[0-99]  name ... 3 running, 4 queued, 93 done``."""
     from collections import Counter
 
+    from eventsched.domain.states import FINAL, JobState
+
     first = tasks[0]
     counts = Counter(t["state"] for t in tasks)
     parts = [f"{counts[s]} {s}" for s in ARRAY_STATES if counts[s]]
@@ -316,11 +323,25 @@ def compact_indices(indices: list[int]) -> str:
 def _short_reason(job: dict) -> str:
     """The REASON column (Slurm's NODELIST(REASON)): why it waits, cut to fit;
     `eventsched explain ID` tells the whole of it."""
-    text = job.get("reason") or ""
+    text = job.get("reason") or gpu_flags(job)  # issue 17: a running job's GPU memory and idleness
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def gpu_flags(job: dict) -> str:
+    """Issue 17, for a running job: over its ``--gpu-mem``, idle since when."""
+    import time
+
+    parts = []
+    if job.get("gpu_mem_over"):
+        parts.append(f"GPU memory over request ({job.get('gpu_mem_peak_mib', 0)} > {job.get('gpu_mem_mib', 0)} MiB)")
+    if job.get("idle") and job.get("idle_since"):
+        parts.append("idle since " + time.strftime("%H:%M", time.localtime(job["idle_since"])))
+    return "; ".join(parts)
+
+
 def render_status(status: dict) -> str:
+    from eventsched.domain.states import JobState
+
     rows = []
     for g in status["gpus"]:
         mem = f"{g['memory_used_mib']}/{g['memory_total_mib']} MiB"
@@ -333,18 +354,34 @@ def render_status(status: dict) -> str:
     jobs = status["jobs"]
     running = sum(1 for j in jobs if j["state"] == JobState.RUNNING)
     queued = sum(1 for j in jobs if j["state"] == JobState.QUEUED)
-    return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}"
+    flagged = [f"job {j['id']}: {flags}" for j in jobs if j["state"] == JobState.RUNNING and (flags := gpu_flags(j))]
+    foreign = [f"GPU {g['id']}: {p['user']} pid {p['pid']} holds {p['used_mib']} MiB"
+               for g in status["gpus"] for p in g.get("foreign_processes", ())]
+    notes = "".join("\n" + line for line in flagged + foreign)  # issue 17
+    return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}{notes}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    history = None
+    if getattr(args, "history", None):  # issue 17: sparklines and today's GPU-hours (cli/status_history.py)
+        from eventsched.cli.status_history import StatusHistory
+
+        history = StatusHistory(args.history, state_dir_of(args), args.socket)
+
     def draw(status: dict) -> None:
+        extra = ""
+        if history is not None:
+            status = {**status, "history": history.data()}
+            extra = "\n\n" + history.text()
         if args.json:
             print(json.dumps(status) if args.watch else json.dumps(status, indent=2), flush=True)
         elif args.watch:
-            sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + "\n")
+            sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + extra + "\n")
             sys.stdout.flush()
         else:
-            print(render_status(status))
+            print(render_status(status) + extra)
 
     with client(args) as c:
         draw(c.status())
@@ -417,6 +454,7 @@ def follow_output(
     ``exit_status``, return the job's exit code (128+N if signal N killed it)."""
     import time
 
+    from eventsched.domain.states import FINAL
     from eventsched.wire import protocol
     from eventsched.wire.client import read_new_output
 
@@ -455,6 +493,8 @@ def follow_output(
 def job_exit_status(info: dict) -> int:
     """A finished job as a shell exit status: its code, 128+N for signal N,
     1 if it never ran (cancelled while queued, lost)."""
+    from eventsched.domain.states import JobState
+
     if info.get("signal"):
         return 128 + int(info["signal"])
     if info.get("exit_code") is not None:
@@ -512,7 +552,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     state_dir = state_dir_of(args)
     if not needs_daemon(state_dir):
-        return run_sql(state_dir, args.query, args.format)
+        return run_sql(state_dir, args.query, args.format, output=args.output)
     from eventsched.wire import protocol
     from eventsched.wire.client import Client, ClientError
 
@@ -529,7 +569,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
             raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
 
     with c:
-        return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon)
+        return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon, output=args.output)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -587,15 +627,19 @@ COMMANDS = (
 
 def build_parser(only: str | None = None) -> Parser:
     """The whole parser, or with ``only`` just that command's (faster)."""
+    from eventsched import __version__
+    from eventsched.cli.parser import Parser
+    from eventsched.cli.quick import COMMON_OPTIONS, SUBMIT_OPTIONS
 
     def want(name: str) -> bool:
         return only is None or only == name
 
     common = Parser(add_help=False)  # parents=[...] must be Parsers too (typeshed)
-    common.add_argument("--state-dir", help="state directory (default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched)")
-    common.add_argument("--socket", help="control socket (default $EVENTSCHED_SOCKET or <state-dir>/eventsched.sock)")
+    for flags, options in COMMON_OPTIONS:  # --state-dir, --socket
+        common.add_argument(*flags, **options)
 
     parser = Parser(prog="eventsched", description="GPU job scheduler for a shared machine")
+    parser.add_argument("--version", action="version", version=f"eventsched {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
     sub.required = True
 
@@ -612,27 +656,8 @@ def build_parser(only: str | None = None) -> Parser:
 
     if want("submit"):
         p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
-        p.add_argument("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)")
-        p.add_argument("--gpu-mem", "--mem", dest="gpu_mem", type=int, metavar="MIB", help="GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)")
-        p.add_argument("--gpu-ids", metavar="LIST", help="GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; with --gpus K, K of them")
-        p.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-        p.add_argument("--name")
-        p.add_argument("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)")
-        p.add_argument("--requeue-on-time-limit", action="store_true", help="requeue at the back instead of killing for good")
-        p.add_argument("--tenant")
-        p.add_argument("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)")
-        p.add_argument("--retries", type=int, default=0, help="retry a failed job up to N times")
-        p.add_argument("--conda", metavar="ENV", help="activate this conda environment first")
-        p.add_argument("--env-setup", "--env-setup-cmd", dest="env_setup", metavar="CMD", help='shell set-up run first, e.g. "source venv/bin/activate"')
-        p.add_argument("--array", metavar="SPEC", help="one task per index: 0-99, 1,3,5 or 0-99:2, with %%K for at most K at once; {index} in the command is the index")
-        p.add_argument("--dedupe", action="store_true", help="refuse if an identical job is queued, running or succeeded")
-        p.add_argument("--interactive", action="store_true", help="stream the job's output here; Ctrl+C detaches")
-        p.add_argument("--session", choices=["tmux", "screen"], help="run in a detached terminal session (eventsched attach JOB)")
-        p.add_argument("--host-mem", type=int, metavar="MIB", help="host memory limit, MiB (enforced by the kernel)")
-        p.add_argument("--llm-config", metavar="FILE", help="llm_config.json for --llm NAME in the command (default ./llm_config.json)")
-        p.add_argument("--preemptible", action="store_true", help="may be stopped (and requeued) for a more urgent job")
-        p.add_argument("--signal", metavar="SIG@SECONDS", help="when preempted: this signal first, SIGKILL SECONDS later (default TERM@preempt_grace_s)")
-        p.add_argument("--json", action="store_true")
+        for flags, options in SUBMIT_OPTIONS:  # one table, read by quick.py's fast path too
+            p.add_argument(*flags, **options)
 
     if want("queue"):
         p = sub.add_parser("queue", parents=[common], help="list queued and running jobs")
@@ -644,6 +669,8 @@ def build_parser(only: str | None = None) -> Parser:
         p = sub.add_parser("status", parents=[common], help="GPUs, allocation and jobs")
         p.add_argument("--json", action="store_true")
         p.add_argument("--watch", action="store_true", help="keep updating as events arrive")
+        p.add_argument("--history", metavar="WINDOW",
+                       help="also per-GPU utilisation/memory sparklines over WINDOW (e.g. 1h) and today's GPU-hours per user")
 
     if any(want(n) for n in ("cancel", "hold", "release")):
         for name, what in (("cancel", "cancel jobs"), ("hold", "hold queued jobs"), ("release", "release held jobs")):
@@ -672,7 +699,9 @@ def build_parser(only: str | None = None) -> Parser:
     if want("sql"):
         p = sub.add_parser("sql", parents=[common], help="read-only SQL over the whole history (DuckDB)")
         p.add_argument("query")
-        p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+        p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+        p.add_argument("-o", "--output", metavar="FILE",
+                       help="write the result to FILE (written by this command, as you; parquet needs it)")
 
     if want("metrics"):
         p = sub.add_parser("metrics", parents=[common], help="wait/run times, utilisation, GPU-hours")
@@ -752,6 +781,30 @@ def _import_msgspec_lean() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from eventsched.cli.quick import plan
+
+    run = plan(argv, spec_fields)  # submit's common spellings, health, --version: nothing else imported
+    if run is None:
+        run = parse(argv)
+    from eventsched.wire.errors import ClientError
+
+    try:
+        return run()
+    except (UserError, UnitError) as exc:
+        fail(str(exc))
+    except ClientError as exc:
+        fail(str(exc), code=1)
+    except BrokenPipeError:
+        return 0
+    except TimeoutError:
+        fail("the daemon did not answer in time; it may be overloaded (try again)", code=1)
+    except KeyboardInterrupt:
+        return 130
+
+
+def parse(argv: list[str]) -> Callable[[], int]:
+    """The command ``argv`` asks for, read by argparse (which exits with a
+    one-line message on a usage error)."""
     _import_msgspec_lean()
     options, command = split_command(argv)
     # building the one parser needed keeps `submit` fast; anything unusual
@@ -784,20 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         "tenants": lambda: _tenants_cmd("cmd_tenants", args),
         "tenant": lambda: _tenants_cmd("cmd_tenant", args),
     }
-    from eventsched.wire.client import ClientError
-
-    try:
-        return handlers[args.command]()
-    except (UserError, UnitError) as exc:
-        fail(str(exc))
-    except ClientError as exc:
-        fail(str(exc), code=1)
-    except BrokenPipeError:
-        return 0
-    except TimeoutError:
-        fail("the daemon did not answer in time; it may be overloaded (try again)", code=1)
-    except KeyboardInterrupt:
-        return 130
+    return handlers[args.command]
 
 
 if __name__ == "__main__":

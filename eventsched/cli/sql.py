@@ -1,24 +1,43 @@
-"""``eventsched sql``'s output: a result as an aligned table, CSV or JSON.
+"""``eventsched sql``'s output: a result as an aligned table, CSV, JSON or Parquet.
 
 The query itself (read-only statements, the hardened connection) is
 ``projections.sql``; a user who cannot read the log is answered by the daemon
 (``needs_daemon``) with the same rules.
+
+Parquet is written here, by the client process, as the user who asked, from
+the rows and column types the query returned (in this process, or from the
+daemon's sandbox over the socket). The daemon never writes a file a user names:
+a root daemon writing to a user-chosen path would be a way to overwrite any
+file. The file is written beside its final name and renamed into place, so a
+reader never sees half of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import decimal
 import json
 import math
 import os
+import re
 import sys
-from typing import Any, Callable, TextIO
+import tempfile
+from typing import IO, Any, Callable, TextIO
 
 from eventsched.domain.text import table
-from eventsched.projections.sql import EXIT_BAD_QUERY, EXIT_OK, SqlError, _plain, query
+from eventsched.projections.sql import (
+    EXIT_BAD_QUERY,
+    EXIT_ERROR,
+    EXIT_OK,
+    SqlError,
+    _plain,
+    query_typed,
+)
 
-__all__ = ["format_table", "format_csv", "format_json", "print_result", "run_sql"]
+__all__ = ["FORMATS", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
+
+FORMATS = ("table", "csv", "json", "parquet")
 
 
 def _cell(value: Any) -> str:
@@ -71,26 +90,182 @@ def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out:
         print(format_table(columns, rows), file=out)
 
 
+# --- Parquet ---------------------------------------------------------------------
+
+# DuckDB types a plain value (JSON-ready: ISO text for times, seconds for an
+# INTERVAL, hex for a BLOB) is cast back to; others keep the type Arrow infers.
+_SCALAR = re.compile(
+    r"(BOOLEAN|TINYINT|SMALLINT|INTEGER|BIGINT|HUGEINT|UTINYINT|USMALLINT|UINTEGER|UBIGINT|UHUGEINT|FLOAT|DOUBLE"
+    r"|DECIMAL\(\d{1,2},\s*\d{1,2}\)|VARCHAR|DATE|TIME|TIMESTAMP|TIMESTAMP WITH TIME ZONE|TIMESTAMP_S"
+    r"|TIMESTAMP_MS|TIMESTAMP_NS|UUID|INTERVAL|BLOB)(\[\])*"
+)
+
+
+def _cast(column: str, kind: str) -> str:
+    if kind == "INTERVAL":
+        return f"to_seconds({column})"
+    if kind == "BLOB":
+        return f"unhex({column})"
+    if kind.startswith("TIMESTAMP_") and not kind.endswith("[]"):
+        return f"CAST(CAST({column} AS TIMESTAMP) AS {kind})"
+    return f"CAST({column} AS {kind})"
+
+
+def _arrow_column(values: list[Any]) -> Any:
+    import pyarrow as pa
+
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        # mixed shapes Arrow cannot type: keep each value as its JSON text
+        return pa.array([None if v is None else v if isinstance(v, str) else json.dumps(v) for v in values],
+                        type=pa.string())
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None, path: str) -> None:
+    """Write the rows to ``path`` as Parquet through a private in-memory DuckDB,
+    each column cast back to its DuckDB type where that is known (DuckDB's
+    writer keeps INTERVAL, HUGEINT, UUID and nested types that Arrow's cannot)."""
+    import duckdb
+    import pyarrow as pa
+
+    names = [f"c{i}" for i in range(len(columns))]  # result columns may repeat a name
+    arrays = [_arrow_column([_plain(row[i]) for row in rows]) for i in range(len(columns))]
+    raw = pa.Table.from_arrays(arrays, names=names)
+    known = types if types and len(types) == len(columns) else [""] * len(columns)
+    con = duckdb.connect()  # this process's own SQL, over the rows it holds
+    try:
+        con.register("result", raw)
+        exprs = []
+        for name, column, kind in zip(names, columns, known):
+            expr = _quoted(name)
+            if kind and _SCALAR.fullmatch(kind) and not kind.startswith("INTERVAL["):
+                candidate = _cast(expr, kind)
+                try:
+                    con.execute(f"SELECT count({candidate}) FROM result").fetchall()
+                    expr = candidate
+                except duckdb.Error:
+                    pass  # keep the type Arrow inferred
+            exprs.append(f"{expr} AS {_quoted(column)}")
+        select = f"SELECT {', '.join(exprs)} FROM result" if exprs else "SELECT * FROM result"
+        quoted_path = "'" + path.replace("'", "''") + "'"
+        con.execute(f"COPY ({select}) TO {quoted_path} (FORMAT parquet, COMPRESSION zstd)").fetchall()
+    finally:
+        con.close()
+
+
+def write_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None,
+                  target: str | os.PathLike[str] | IO[bytes]) -> None:
+    """Write a result as one Parquet file (zstd): to a path, atomically, or to a binary stream.
+
+    NaN and infinities become NULL, as in the JSON output (the daemon's rows
+    cross the socket as plain values).
+    """
+    if not columns:
+        raise OSError("the statement returned no columns")
+    streaming = not isinstance(target, (str, os.PathLike))
+    folder = None if streaming else os.path.dirname(os.path.abspath(os.fspath(target)))  # type: ignore[arg-type]
+    base = "result.parquet" if streaming else os.path.basename(os.fspath(target))  # type: ignore[arg-type]
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        _copy_parquet(columns, rows, types, tmp)
+        if streaming:
+            with open(tmp, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    target.write(chunk)  # type: ignore[union-attr]
+            target.flush()  # type: ignore[union-attr]
+            os.unlink(tmp)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, os.fspath(target))  # type: ignore[arg-type]
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# --- the command -------------------------------------------------------------------
+
+
+def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None, fmt: str,
+          output: str | None, out: TextIO) -> None:
+    if fmt == "parquet":
+        if output in (None, "-"):
+            out.flush()
+            write_parquet(columns, rows, types, out.buffer if hasattr(out, "buffer") else sys.stdout.buffer)
+        else:
+            write_parquet(columns, rows, types, output)
+        return
+    if output in (None, "-"):
+        print_result(columns, rows, fmt, out)
+        return
+    folder = os.path.dirname(os.path.abspath(output))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            print_result(columns, rows, fmt, f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
             *, out: TextIO | None = None, err: TextIO | None = None,
-            via_daemon: Callable[[str], dict[str, Any]] | None = None) -> int:
-    """Print the result of read-only ``sql`` over the history; the exit status.
+            via_daemon: Callable[[str], dict[str, Any]] | None = None, output: str | None = None) -> int:
+    """Print (or write to ``output``) the result of read-only ``sql`` over the history; the exit status.
 
-    ``via_daemon`` asks the daemon instead (see ``needs_daemon``).
+    ``via_daemon`` asks the daemon instead (see ``needs_daemon``). ``parquet``
+    needs ``output`` (a file, or ``-`` for standard output when it is not a terminal).
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    if fmt not in ("table", "csv", "json"):
-        print(f"eventsched sql: unknown format {fmt!r} (table, csv or json)", file=err)
+    if fmt not in FORMATS:
+        print(f"eventsched sql: unknown format {fmt!r} (table, csv, json or parquet)", file=err)
         return EXIT_BAD_QUERY
+    if fmt == "parquet" and (output is None or (output == "-" and out.isatty())):
+        print("eventsched sql: --format parquet writes a binary file: give -o FILE (or -o - into a pipe)", file=err)
+        return EXIT_BAD_QUERY
+    if output not in (None, "-"):
+        folder = os.path.dirname(os.path.abspath(output))
+        if os.path.isdir(output):
+            print(f"eventsched sql: {output} is a directory; give a file name to -o", file=err)
+            return EXIT_BAD_QUERY
+        if not os.path.isdir(folder):
+            print(f"eventsched sql: cannot write {output}: no directory {folder}", file=err)
+            return EXIT_BAD_QUERY
     try:
+        types: list[str] | None
         if via_daemon is not None:
             result = via_daemon(sql)
             columns, rows = result["columns"], [tuple(row) for row in result["rows"]]
+            types = result.get("types")  # a daemon from before types were sent: Arrow infers them
         else:
-            columns, rows = query(state_dir, sql)
+            columns, rows, types = query_typed(state_dir, sql)
     except SqlError as e:
         print(f"eventsched sql: {e}", file=err)
         return e.code
-    print_result(columns, rows, fmt, out)
+    import duckdb
+
+    try:
+        _emit(columns, rows, types, fmt, output, out)
+    except OSError as e:
+        print(f"eventsched sql: cannot write {output or 'the result'}: {e.strerror or e}", file=err)
+        return EXIT_ERROR
+    except duckdb.Error as e:  # writing the Parquet file (a full disk, a value it cannot store)
+        print(f"eventsched sql: cannot write {output or 'the result'}: {' '.join(str(e).split())}", file=err)
+        return EXIT_ERROR
     return EXIT_OK

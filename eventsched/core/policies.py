@@ -371,8 +371,8 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
                 continue
             if reserve is not None and job.id != reserve.head.id and reserve.collides(idxs, job):
                 idxs = choose(view, job, reserve.gpus)
-                if idxs is None:
-                    _advance(heap, queues[shape], pos, shape, offsets)
+                if idxs is None:  # this shape fits only on the held GPUs: not searched deeper
+                    heapq.heappop(heap)  # (a later job of it with a shorter prediction waits too)
                     continue
             view.take(idxs, job.milli, job.spec.gpu_mem_mib)
             limits.take(job)

@@ -16,18 +16,27 @@ from typing import Any
 
 import msgspec
 
-from eventsched.core import preemption
+from eventsched.core import gpu_watch, preemption
 from eventsched.core.policies import POLICIES, REPLAY_ONLY, decide
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
 from eventsched.domain.settings import settings_dict
-from eventsched.domain.states import FINAL, WAITING, JobState, can, exit_outcome
+from eventsched.domain.states import (
+    FINAL,
+    GPU_MEMORY_OVER,
+    WAITING,
+    WARNED_STOPS,
+    JobState,
+    can,
+    exit_outcome,
+)
 from eventsched.domain.tenants import Tenant, TenantError, check_tenants, tenant_of_user
 from eventsched.domain.units import MAX_ARRAY_TASKS
 from eventsched.projections.cluster import (
     FULL,
     ClusterState,
+    Gpu,
     Job,
     apply,
     fit_summary,
@@ -128,9 +137,47 @@ def _schedule(out: _Out) -> None:
             )
         )
         job = state.jobs[p.job]
-        out.effects.append(Launch(job=p.job, spec=job.spec, node=p.node, gpu_ids=list(p.gpu_ids)))
+        out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids)))
     if state.config.preemption and state.queue:
         _preempt(out)
+    if state.idle_jobs and state.queue and state.config.idle_policy != "off":
+        _reclaim_idle(out)
+
+
+GPU_MEM_FRACTION_VARS = ("EVENTSCHED_GPU_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+
+
+def _with_memory_knobs(state: ClusterState, job: Job) -> ev.JobSpec:
+    """The spec to launch (issue 17): a job with a ``--gpu-mem`` gets its
+    frameworks' cooperative knobs in its environment, the fraction of its
+    smallest GPU it asked for: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX reads
+    it) and ``EVENTSCHED_GPU_MEM_FRACTION`` (``eventsched.torch_memory_fraction()``
+    hands it to ``torch.cuda.set_per_process_memory_fraction``). The user's own
+    values win. Only the launch sees them: the log keeps the spec as submitted."""
+    spec = job.spec
+    if spec.gpu_mem_mib <= 0 or not job.gpu_ids:
+        return spec
+    totals = [g.memory_total_mib for gid in job.gpu_ids if (g := state.gpus.get((job.node, gid))) is not None]
+    total = min((t for t in totals if t > 0), default=0)
+    if total <= 0:
+        return spec
+    fraction = f"{min(1.0, spec.gpu_mem_mib / total):.4f}"
+    if all(k in spec.env for k in GPU_MEM_FRACTION_VARS):
+        return spec
+    return msgspec.structs.replace(spec, env={**{k: fraction for k in GPU_MEM_FRACTION_VARS}, **spec.env})
+
+
+def _reclaim_idle(out: _Out) -> None:
+    """Issue 17: an idle job gives way to a waiting job that could use its
+    GPUs (``idle_policy``): its warning signal, SIGKILL after the grace; it
+    ends cancelled ("idle") or is queued again ("idle-requeue")."""
+    found = gpu_watch.reclaim(out.state, out.now)
+    if found is None:
+        return
+    jid, waiting = found
+    reason = "idle" if out.state.config.idle_policy == "stop" else "idle-requeue"
+    out.decide(ev.JobCancelRequested(job=jid, by=f"job {waiting}", reason=reason, for_job=waiting, rule="idle"))
+    out.effects.append(_stop_signal(out.state, out.state.jobs[jid], reason))
 
 
 def _preempt(out: _Out) -> None:
@@ -147,10 +194,10 @@ def _preempt(out: _Out) -> None:
 
 
 def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
-    """How a running job is stopped: a preemption warns with the job's own
-    ``--signal`` and its grace (else ``preempt_grace_s``); the rest get
-    SIGTERM and ``kill_grace_s``."""
-    if reason == "preempted":
+    """How a running job is stopped: a preemption (and issue 17's GPU memory
+    and idle stops) warns with the job's own ``--signal`` and its grace (else
+    ``preempt_grace_s``); the rest get SIGTERM and ``kill_grace_s``."""
+    if reason in WARNED_STOPS:
         grace = job.spec.warn_s if job.spec.warn_s >= 0 else state.config.preempt_grace_s
         return Signal(job=job.id, grace_s=grace, reason=reason, signum=job.spec.warn_signal)
     return Signal(job=job.id, grace_s=state.config.kill_grace_s, reason=reason)
@@ -171,6 +218,9 @@ def next_deadline(state: ClusterState, now: float) -> float | None:
     """The earliest future time something is due: a time limit or a backoff."""
     due = state.next_time_limit()  # kept by the projection: no walk over running jobs
     best = math.inf if due is None else due
+    idle = state.next_idle_due()  # issue 17: kept by the projection too
+    if idle is not None and idle < best:
+        best = idle
     for jid in state.backoff:
         nb = state.jobs[jid].not_before
         if nb > now:
@@ -343,20 +393,32 @@ def _check_tenants(tenants: dict[str, Tenant]) -> None:
         raise Refused(str(exc)) from None
 
 
-def _set_tenant(out: _Out, msg: m.SetTenant) -> None:
-    """An operator's change to one tenant: a new set of tenants, recorded."""
-    tenants = dict(out.state.tenants)
-    if msg.tenant is None:
-        if msg.name not in tenants:
-            raise Refused(f"no tenant {msg.name!r}")
-        del tenants[msg.name]
+def _set_tenant(out: _Out, msg: m.SetTenant | m.SetTenants) -> None:
+    """An operator's change to one tenant (or, replayed, to all): a new set
+    of tenants, recorded."""
+    if isinstance(msg, m.SetTenants):
+        tenants = dict(msg.tenants)
     else:
-        tenants[msg.name] = msg.tenant
+        tenants = dict(out.state.tenants)
+        if msg.tenant is None:
+            if msg.name not in tenants:
+                raise Refused(f"no tenant {msg.name!r}")
+            del tenants[msg.name]
+        else:
+            tenants[msg.name] = msg.tenant
     _check_tenants(tenants)
     if tenants != out.state.tenants:
         cause = msg.by or "operator"
         out.fact(ev.TenantsConfigured(ts=out.now, cause=cause, tenants=tenants, by=cause))
         _schedule(out)
+
+
+def _record_forecast(out: _Out, msg: m.RecordForecast) -> None:
+    job = out.state.jobs.get(msg.job)
+    if job is None or job.state != QUEUED:
+        return  # started (or gone) meanwhile: nothing to forecast any more
+    out.fact(ev.JobForecast(ts=out.now, cause=msg.by or "forecast", job=msg.job,
+                            estimated_start=msg.estimated_start, by=msg.by))
 
 
 def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> list[ev.JobSpec]:
@@ -480,9 +542,32 @@ def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
             ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
             memory_used_mib=msg.memory_used_mib, memory_total_mib=msg.memory_total_mib,
             temperature_c=msg.temperature_c, power_w=msg.power_w, foreign_memory_mib=msg.foreign_memory_mib,
+            job_memory_mib=msg.job_memory_mib, foreign_processes=msg.foreign_processes,
         )
     )
+    _watch_gpu(out, out.state.gpus[(msg.node, msg.gpu)])
     _schedule(out)  # memory freed or a GPU cooled down: room may have appeared
+
+
+def _watch_gpu(out: _Out, gpu: Gpu) -> None:
+    """Issue 17: what the sample says about the jobs on ``gpu``: over or back
+    within their ``--gpu-mem``, idle or busy again."""
+    state = out.state
+    for job, over, used, where in gpu_watch.memory_findings(state, gpu):
+        if over:
+            policy = state.config.gpu_mem_policy
+            out.decide(ev.JobGpuMemoryExceeded(job=job.id, node=job.node, gpu=where, used_mib=used,
+                                               request_mib=job.spec.gpu_mem_mib, policy=policy))
+            if policy == "stop":
+                out.decide(ev.JobCancelRequested(job=job.id, by="gpu-memory", reason="gpu-memory"))
+                out.effects.append(_stop_signal(state, job, "gpu-memory"))
+        else:
+            out.decide(ev.JobGpuMemoryWithin(job=job.id, used_mib=used))
+    for job, since in gpu_watch.idle_findings(state, gpu, out.now):
+        if since >= 0:
+            out.decide(ev.JobIdle(job=job.id, since=since))
+        else:
+            out.decide(ev.JobBusy(job=job.id, idle_s=out.now - (job.idle_since or out.now)))
 
 
 def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
@@ -498,6 +583,8 @@ def _tick(out: _Out, msg: m.Tick) -> None:
     for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
         out.decide(ev.JobCancelRequested(job=jid, by="timer", reason="time-limit"))
         out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
+    for jid, since in gpu_watch.due_idle(state, out.now):  # issue 17
+        out.decide(ev.JobIdle(job=jid, since=since))
     _schedule(out)
 
 
@@ -520,6 +607,8 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
 def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:
     """Record the exit of running ``job`` (a fact), with the state it ends in."""
     outcome = exit_outcome(job.cancel_reason, exit_code, reason)
+    if not reason and job.cancel_reason == "gpu-memory":
+        reason = GPU_MEMORY_OVER
     out.fact(ev.JobExited(ts=out.now, cause=cause, job=job.id, exit_code=exit_code, signal=signal,
                           reason=reason or job.cancel_reason, outcome=outcome))
 
@@ -535,11 +624,13 @@ def _process_exited(out: _Out, msg: m.ProcessExited) -> None:
         if stop_reason == "time-limit":
             if job.spec.on_time_limit == "requeue":
                 out.decide(ev.JobRequeued(job=job.id, reason="time-limit"))
+        elif stop_reason == "gpu-memory":
+            pass  # it would exceed again: no retry
         elif job.retries_used < job.spec.retries:
             delay = state.config.retry_backoff_s * (2**job.retries_used)
             out.decide(ev.JobRequeued(job=job.id, reason="retry", not_before=out.now + delay))
     elif job.state == PREEMPTED:
-        out.decide(ev.JobRequeued(job=job.id, reason="preempted"))
+        out.decide(ev.JobRequeued(job=job.id, reason="idle" if stop_reason == "idle-requeue" else "preempted"))
     if job.state in FINAL and job.state != SUCCEEDED:
         _cascade(out, job.id)
     _schedule(out)
@@ -580,6 +671,8 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.ResumeGpu: _resume,
     m.SetPolicy: _set_policy,
     m.SetTenant: _set_tenant,
+    m.SetTenants: _set_tenant,
+    m.RecordForecast: _record_forecast,
     m.Tick: _tick,
     m.ProcessStarted: _process_started,
     m.NeverLaunched: _never_launched,

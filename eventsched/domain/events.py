@@ -54,6 +54,12 @@ __all__ = [
     "JobReleased",
     "JobLost",
     "TenantsConfigured",
+    "JobForecast",
+    "GpuProcess",
+    "JobGpuMemoryExceeded",
+    "JobGpuMemoryWithin",
+    "JobIdle",
+    "JobBusy",
     "AnyEvent",
     "TimerFired",
     "JobsCommanded",
@@ -153,6 +159,15 @@ class GpuDiscovered(Event, frozen=True, kw_only=True):
     memory_total_mib: int
 
 
+class GpuProcess(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A process on a GPU that belongs to no job (issue 17): whose, how much."""
+
+    pid: int
+    used_mib: int
+    uid: int = -1  # -1: unknown (e.g. a process in another pid namespace)
+    user: str = ""
+
+
 class GpuSampled(Event, frozen=True, kw_only=True):
     node: str
     gpu: int
@@ -163,6 +178,11 @@ class GpuSampled(Event, frozen=True, kw_only=True):
     power_w: float
     # memory held by processes that are not eventsched jobs (F2); -1 = unknown
     foreign_memory_mib: int = -1
+    # --- issue 17: per-process memory (NVML's compute processes, mapped to
+    # jobs by process tree). job -> MiB its processes hold on this GPU (a job
+    # with none on it is absent); and the processes that belong to no job
+    job_memory_mib: dict[int, int] = {}
+    foreign_processes: list[GpuProcess] = []
 
 
 class GpuErrored(Event, frozen=True, kw_only=True):
@@ -254,6 +274,15 @@ class JobCancelRequested(Event, frozen=True, kw_only=True):
     rule: str = ""
 
 
+class JobForecast(Event, frozen=True, kw_only=True):
+    """A start time forecast for a queued job, as shown to someone (``explain``):
+    recorded so that its error against the real start can be measured."""
+
+    job: int
+    estimated_start: float
+    by: str = ""
+
+
 class TenantsConfigured(Event, frozen=True, kw_only=True):
     """The tenants, their quotas and weights from now on (F12): from the
     config at start-up, or an operator's ``tenant set``."""
@@ -292,6 +321,44 @@ class JobLost(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+# --- issue 17: declared GPU memory and idle allocations (decisions, whose
+# cause is the GpuSampled or TimerFired that showed it) --------------------
+
+
+class JobGpuMemoryExceeded(Event, frozen=True, kw_only=True):
+    """A running job's processes hold more memory on one of its GPUs than its
+    ``--gpu-mem``; ``policy`` says what follows ("warn" or "stop")."""
+
+    job: int
+    node: str
+    gpu: int
+    used_mib: int
+    request_mib: int
+    policy: str = "warn"
+
+
+class JobGpuMemoryWithin(Event, frozen=True, kw_only=True):
+    """A job that had exceeded its ``--gpu-mem`` is back within it on every GPU."""
+
+    job: int
+    used_mib: int = 0  # the most it now holds on one of its GPUs
+
+
+class JobIdle(Event, frozen=True, kw_only=True):
+    """Every GPU of a running job has shown at most ``idle_utilization_pct``
+    since ``since``, for ``idle_after_s`` (allocated but idle)."""
+
+    job: int
+    since: float
+
+
+class JobBusy(Event, frozen=True, kw_only=True):
+    """An idle job's GPUs are busy again; it was idle ``idle_s`` seconds."""
+
+    job: int
+    idle_s: float = 0.0
+
+
 AnyEvent = Union[
     DaemonStarted,
     DaemonStopped,
@@ -314,6 +381,11 @@ AnyEvent = Union[
     JobReleased,
     JobLost,
     TenantsConfigured,
+    JobForecast,
+    JobGpuMemoryExceeded,
+    JobGpuMemoryWithin,
+    JobIdle,
+    JobBusy,
 ]
 
 

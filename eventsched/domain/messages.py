@@ -8,9 +8,11 @@ Messages are never stored; the events they produce are.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-from eventsched.domain.events import JobSpec
+from eventsched.domain.events import GpuProcess, JobSpec
 from eventsched.domain.tenants import Tenant
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "ResumeGpu",
     "SetPolicy",
     "SetTenant",
+    "SetTenants",
+    "RecordForecast",
     "Tick",
     "ProcessStarted",
     "ProcessExited",
@@ -72,6 +76,18 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     preemption: bool = True  # preempt preemptible jobs for more urgent ones
     preempt_grace_s: float = 30.0  # warning signal, then this long, then SIGKILL
     preempt_protect_s: float = 600.0  # a job preempted once then runs at least this long
+    # --- issue 17 (docs/gpu-memory-and-idle.md) ---------------------------
+    # a job whose processes hold more GPU memory than its --gpu-mem: "warn"
+    # (an event, shown by explain, queue and the panel) or "stop" (its warning
+    # signal, SIGKILL after the grace; it ends failed, "GPU memory over request")
+    gpu_mem_policy: Literal["warn", "stop"] = "warn"
+    # allocated but idle: every GPU of a running job at most this busy ...
+    idle_utilization_pct: float = 5.0
+    # ... for this long (0: idle jobs are not looked for)
+    idle_after_s: float = 1800.0
+    # what to do with an idle job while a waiting job could use its GPUs:
+    # "off", "requeue" (back to the queue) or "stop" (cancelled, reason "idle")
+    idle_policy: Literal["off", "requeue", "stop"] = "off"
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +111,22 @@ class Started(Message, frozen=True):
     gpus: list[GpuInfo]
     config: SchedulerConfig
     tenants: dict[str, Tenant] | None = None  # from the config file (None: keep the log's)
+
+
+class RecordForecast(Message, frozen=True):
+    """Record the start forecast someone was shown for a queued job."""
+
+    job: int
+    estimated_start: float
+    by: str = ""
+
+
+class SetTenants(Message, frozen=True):
+    """The whole set of tenants at once: what a replay feeds for a recorded
+    ``TenantsConfigured`` that an operator caused."""
+
+    tenants: dict[str, Tenant]
+    by: str = ""
 
 
 class SetTenant(Message, frozen=True):
@@ -195,6 +227,9 @@ class GpuObserved(Message, frozen=True):
     temperature_c: float
     power_w: float
     foreign_memory_mib: int = -1
+    # issue 17: job -> MiB its processes hold here; processes of no job
+    job_memory_mib: dict[int, int] = {}
+    foreign_processes: list[GpuProcess] = []
 
 
 class GpuFailed(Message, frozen=True):

@@ -8,7 +8,8 @@ others wrap them in ``Path`` for the daemon's code.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # the CLI's fast path imports this module: no typing
 
 if TYPE_CHECKING:
     from pathlib import Path

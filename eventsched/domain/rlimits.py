@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import resource
-from typing import Mapping, Sequence
+
+TYPE_CHECKING = False  # the CLI's fast path imports this module: no typing
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
 __all__ = ["NAMES", "INFINITY", "RlimitError", "validate", "clamp", "current", "current_umask"]
 

@@ -23,7 +23,7 @@ from eventsched.domain.messages import SchedulerConfig
 
 __all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
 
-SETTINGS_VERSION = 3
+SETTINGS_VERSION = 4
 VERSION_KEY = "settings_version"
 
 
@@ -51,7 +51,16 @@ def upcast_v2_v3(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2, 2: upcast_v2_v3}
+def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
+    """v4 added issue 17's GPU memory and idle settings. A v3 log never looked
+    for idle jobs: switch that off for it, so replaying or resuming it decides
+    as it did (its samples carry no per-job memory, so the memory check is moot)."""
+    out = dict(raw)
+    out.setdefault("idle_after_s", 0.0)
+    return out
+
+
+UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2, 2: upcast_v2_v3, 3: upcast_v3_v4}
 
 
 def settings_dict(config: SchedulerConfig) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from eventsched.domain import events as ev
 
 __all__ = [
     "JobState", "FINAL", "ACTIVE", "WAITING", "TRANSITIONS", "IllegalTransition", "next_state", "exit_outcome",
-    "can", "STOP_REASONS",
+    "can", "STOP_REASONS", "GPU_MEMORY_OVER", "WARNED_STOPS",
 ]
 
 
@@ -45,8 +45,14 @@ FINAL = frozenset({S, F, C, L})  # nothing happens to the job any more
 WAITING = frozenset({Q, H})  # not running, may still run
 ACTIVE = frozenset({Q, H, R})  # what `queue` shows without --all
 
-# why a running job was asked to stop (JobCancelRequested.reason)
-STOP_REASONS = ("cancelled", "time-limit", "preempted")
+# why a running job was asked to stop (JobCancelRequested.reason); issue 17:
+# "gpu-memory" (over its --gpu-mem under gpu_mem_policy "stop": ends failed),
+# "idle" (idle_policy "stop": ends cancelled), "idle-requeue" (idle_policy
+# "requeue": ends preempted, then queued again)
+STOP_REASONS = ("cancelled", "time-limit", "preempted", "gpu-memory", "idle", "idle-requeue")
+# the stops that warn first: the job's --signal (else SIGTERM), SIGKILL after its grace
+WARNED_STOPS = frozenset({"preempted", "gpu-memory", "idle", "idle-requeue"})
+GPU_MEMORY_OVER = "GPU memory over request"  # JobExited.reason of a job stopped for it
 
 
 class IllegalTransition(ValueError):
@@ -60,11 +66,11 @@ def exit_outcome(stop_reason: str, exit_code: int | None, reason: str = "") -> J
     ``time-limit``, ``preempted``, or ""); ``reason`` what the exit report
     says. A job asked to stop ends as the stop says, whatever its exit code.
     """
-    if stop_reason == "cancelled" or reason == "cancelled":
+    if stop_reason in ("cancelled", "idle") or reason == "cancelled":
         return C
-    if stop_reason == "preempted":
+    if stop_reason in ("preempted", "idle-requeue"):
         return P
-    if stop_reason == "time-limit":
+    if stop_reason in ("time-limit", "gpu-memory"):
         return F
     return S if exit_code == 0 else F
 
@@ -89,6 +95,11 @@ TRANSITIONS: dict[tuple[JobState, type[ev.Event]], Target] = {
     (R, ev.JobCancelRequested): R,
     (R, ev.JobExited): _on_exit,
     (R, ev.JobLost): L,
+    # issue 17: findings about a running job, which stays running
+    (R, ev.JobGpuMemoryExceeded): R,
+    (R, ev.JobGpuMemoryWithin): R,
+    (R, ev.JobIdle): R,
+    (R, ev.JobBusy): R,
     (F, ev.JobRequeued): Q,  # a retry (F17), a time-limit requeue (F9), a never-launched attempt
     (P, ev.JobRequeued): Q,  # preemption (F13)
     (P, ev.JobCancelled): C,

@@ -7,7 +7,9 @@ that names what was wrong.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+TYPE_CHECKING = False  # the CLI's fast path imports this module: no typing, no collections.abc
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus", "DEFAULT_FAKE_MEM_MIB",

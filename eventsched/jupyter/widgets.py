@@ -20,7 +20,8 @@ from typing import Any, Callable
 from eventsched.domain import events as ev
 from eventsched.domain.states import FINAL, WAITING, JobState, exit_outcome
 
-__all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text"]
+__all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text",
+           "render_history_html", "history_via_socket"]
 
 ACTIVE_STATES = (JobState.RUNNING, JobState.QUEUED, JobState.HELD)
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
@@ -134,7 +135,9 @@ def _on_gpu_discovered(m: PanelModel, e: ev.GpuDiscovered) -> None:
 def _on_gpu_sampled(m: PanelModel, e: ev.GpuSampled) -> None:
     g = _gpu(m, e.gpu)
     g.update(utilization=e.utilization, memory_used_mib=e.memory_used_mib,
-             memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c)
+             memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c,
+             foreign_processes=[{"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib}
+                                for p in e.foreign_processes])
 
 
 def _on_gpu_errored(m: PanelModel, e: ev.GpuErrored) -> None:
@@ -172,7 +175,7 @@ def _on_job_placed(m: PanelModel, e: ev.JobPlaced) -> None:
     j = _job(m, e.job)
     if j is not None:
         j.update(state="running", gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts,
-                 ended_at=None, exit_code=None, cancel_reason="")
+                 ended_at=None, exit_code=None, cancel_reason="", gpu_mem_over=False, idle_since=None)
 
 
 def _on_job_started(m: PanelModel, e: ev.JobStarted) -> None:
@@ -227,6 +230,19 @@ def _on_job_lost(m: PanelModel, e: ev.JobLost) -> None:
         j.update(state="lost", ended_at=e.ts, gpu_ids=[])
 
 
+def _on_job_gpu_memory(m: PanelModel, e: ev.JobGpuMemoryExceeded | ev.JobGpuMemoryWithin) -> None:
+    j = _job(m, e.job)  # issue 17: over its --gpu-mem, or back within it
+    if j is not None:
+        j["gpu_mem_over"] = isinstance(e, ev.JobGpuMemoryExceeded)
+        j["gpu_mem_used_mib"] = e.used_mib
+
+
+def _on_job_idle(m: PanelModel, e: ev.JobIdle | ev.JobBusy) -> None:
+    j = _job(m, e.job)  # issue 17: allocated but idle since when (None: busy)
+    if j is not None:
+        j["idle_since"] = e.since if isinstance(e, ev.JobIdle) else None
+
+
 _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.DaemonStarted: _on_daemon_started,
     ev.GpuDiscovered: _on_gpu_discovered,
@@ -245,6 +261,10 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.JobHeld: _on_job_held,
     ev.JobReleased: _on_job_released,
     ev.JobLost: _on_job_lost,
+    ev.JobGpuMemoryExceeded: _on_job_gpu_memory,
+    ev.JobGpuMemoryWithin: _on_job_gpu_memory,
+    ev.JobIdle: _on_job_idle,
+    ev.JobBusy: _on_job_idle,
 }
 
 
@@ -268,6 +288,9 @@ def _elapsed(job: dict[str, Any], now: float) -> str:
 def gpu_line(gpu: dict[str, Any]) -> str:
     flags = " PAUSED" if gpu.get("paused") else ""
     flags += " LOST" if gpu.get("lost") else ""
+    # issue 17: memory held by processes of no job, and whose
+    flags += "".join(f" · {p['user']} (pid {p['pid']}) holds {p['used_mib']} MiB"
+                     for p in gpu.get("foreign_processes") or ())
     return (
         f"alloc {gpu.get('allocated', 0):.2f} · util {_fmt(gpu.get('utilization'), '%')} · "
         f"mem {gpu.get('memory_used_mib', 0)}/{gpu.get('memory_total_mib', 0)} MiB · "
@@ -275,7 +298,21 @@ def gpu_line(gpu: dict[str, Any]) -> str:
     )
 
 
-JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT"]
+JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT", "NOTE"]
+
+
+def job_note(job: dict[str, Any], now: float) -> str:
+    """Issue 17, for a running job: over its GPU memory request, idle for how long."""
+    from eventsched.cli import human_duration
+
+    if job.get("state") != "running":
+        return ""
+    notes = []
+    if job.get("gpu_mem_over"):
+        notes.append(f"GPU mem over request ({job.get('gpu_mem_used_mib', job.get('gpu_mem_peak_mib', 0))} MiB)")
+    if job.get("idle_since") is not None:
+        notes.append(f"idle {human_duration(max(0.0, now - job['idle_since']))}")
+    return "; ".join(notes)
 
 
 def _job_cells(job: dict[str, Any], now: float) -> list[str]:
@@ -283,7 +320,7 @@ def _job_cells(job: dict[str, Any], now: float) -> list[str]:
     return [
         str(job["id"]), str(job.get("name", ""))[:32], job["state"], f"{float(job.get('gpus', 0)):g}",
         ",".join(map(str, job.get("gpu_ids") or [])) or "-", _elapsed(job, now),
-        "" if exit_code is None else str(exit_code),
+        "" if exit_code is None else str(exit_code), job_note(job, now),
     ]
 
 
@@ -336,6 +373,95 @@ def render_html(model: PanelModel, now: float) -> str:
     jobs = render_jobs_html(model.running() + model.queued() + model.finished(), now)
     return (f"<div class='eventsched-status'><table>{''.join(rows)}</table>"
             f"<p>policy {html.escape(model.policy)} · log seq {model.seq}</p>{jobs}</div>")
+
+
+# --- history at a glance (issue 17): SVG of ``cli.status_history``'s data ----------
+
+HISTORY_WINDOW_S = 3600.0  # the panel's charts cover the last hour
+HISTORY_REFRESH_S = 15.0  # re-read at most this often, and soon after a job ends
+HISTORY_SOON_S = 2.0
+SPARK_W, SPARK_H = 240, 36
+UTIL_COLOUR, MEM_COLOUR = "#1976d2", "#ef6c00"
+
+
+def _step_path(values: list[float | None], top: float) -> str:
+    """An SVG path of a sample-and-hold series: one flat step per column, gaps where there is no reading."""
+    if top <= 0 or not values:
+        return ""
+    width = SPARK_W / len(values)
+    parts: list[str] = []
+    pen_down = False
+    for i, v in enumerate(values):
+        if v is None:
+            pen_down = False
+            continue
+        y = SPARK_H - 2 - min(max(v / top, 0.0), 1.0) * (SPARK_H - 4)
+        x0, x1 = i * width, (i + 1) * width
+        parts.append(f"{'L' if pen_down else 'M'}{x0:.1f},{y:.1f} L{x1:.1f},{y:.1f}")
+        pen_down = True
+    return " ".join(parts)
+
+
+def render_history_html(h: dict[str, Any]) -> str:
+    """Per GPU a small utilisation (blue) and memory (orange) chart; per user a GPU-hours bar for the day."""
+    from eventsched.cli.status_history import span_text
+
+    esc = html.escape
+    rows = []
+    for g in h["gpus"]:
+        name = f"{g['node']}:{g['gpu']}"
+        total = float(g["memory_total_mib"] or max([m for m in g["memory_used_mib"] if m is not None] or [0]))
+        util_last, mem_last = g["utilization_last"], g["memory_used_mib_last"]
+        title = (f"GPU {name}, last {span_text(h['window_s'])}: utilisation mean {_fmt(g['utilization_mean'], '%')}, "
+                 f"peak {_fmt(g['utilization_peak'], '%')}; memory peak {_fmt(g['memory_used_mib_peak'], ' MiB')}")
+        rows.append(
+            f"<tr class='es-history-gpu' data-gpu='{esc(name)}'><td style='padding:0 8px'>GPU {g['gpu']}</td><td>"
+            f"<svg class='es-spark' data-gpu='{esc(name)}' width='{SPARK_W}' height='{SPARK_H}' "
+            f"viewBox='0 0 {SPARK_W} {SPARK_H}' role='img' aria-label='{esc(title)}'><title>{esc(title)}</title>"
+            f"<rect width='{SPARK_W}' height='{SPARK_H}' fill='#f5f5f5'/>"
+            f"<path class='es-spark-mem' d='{_step_path(g['memory_used_mib'], total)}' fill='none' "
+            f"stroke='{MEM_COLOUR}' stroke-width='1.5'/>"
+            f"<path class='es-spark-util' d='{_step_path(g['utilization'], 100.0)}' fill='none' "
+            f"stroke='{UTIL_COLOUR}' stroke-width='1.5'/></svg></td>"
+            f"<td style='padding:0 8px'><span style='color:{UTIL_COLOUR}'>util {_fmt(util_last, '%')}</span> · "
+            f"<span style='color:{MEM_COLOUR}'>mem {_fmt(None if mem_last is None else mem_last / 1024, ' GiB', 1)}"
+            f" of {total / 1024:.1f} GiB</span></td></tr>")
+    if not rows:
+        rows.append("<tr><td><i>no GPU samples yet</i></td></tr>")
+    users = h["users"]
+    top = max((u["gpu_hours"] for u in users), default=0.0)
+    bar_w, row_h, label_w = 200, 16, 110
+    bars = []
+    for i, u in enumerate(users):
+        who = u["user"] or "(none)"
+        width = 0.0 if top <= 0 else max(1.0, u["gpu_hours"] / top * bar_w)
+        y = i * row_h
+        bars.append(
+            f"<g class='es-user' data-user='{esc(who)}'><text x='0' y='{y + 12}' font-size='11'>{esc(who[:16])}</text>"
+            f"<rect class='es-user-bar' x='{label_w}' y='{y + 3}' width='{width:.1f}' height='{row_h - 5}' "
+            f"fill='#2e7d32'/><text x='{label_w + width + 4:.1f}' y='{y + 12}' font-size='11'>"
+            f"{u['gpu_hours']:.3g}</text></g>")
+    height = max(1, len(users)) * row_h
+    chart = (f"<svg class='es-user-hours' width='{label_w + bar_w + 60}' height='{height}' role='img' "
+             f"aria-label='GPU-hours per user today'>{''.join(bars)}</svg>" if users
+             else "<p class='es-empty'><i>no GPU-hours yet today</i></p>")
+    return (f"<div class='es-history'><p style='margin:4px 0'><b>last {span_text(h['window_s'])}</b> · "
+            f"<span style='color:{UTIL_COLOUR}'>utilisation</span> and "
+            f"<span style='color:{MEM_COLOUR}'>memory</span> per GPU</p><table>{''.join(rows)}</table>"
+            f"<p style='margin:4px 0'><b>GPU-hours today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
+
+
+def history_via_socket(socket_path: str | Path) -> Callable[[str], tuple[list[str], list[Any]]]:
+    """SQL answered by the panel's daemon (as this user), like ``eventsched sql`` for a root daemon's users."""
+    def run(sql: str) -> tuple[list[str], list[Any]]:
+        from eventsched.wire import protocol
+        from eventsched.wire.client import Client
+
+        with Client(socket_path, timeout=60.0) as c:
+            result = c.request(protocol.RunSql(query=sql))
+        return list(result["columns"]), [tuple(row) for row in result["rows"]]
+
+    return run
 
 
 # --- the background thread ------------------------------------------------
@@ -504,10 +630,17 @@ def _make_panel_class() -> type:
                 self._gpu_rows[gid] = (bar, info)
                 rows.append(w.HBox([bar, info], _dom_classes=["es-gpu", f"es-gpu-{gid}"]))
             self.gpu_box = w.VBox(rows)
+            self.history_html = w.HTML(value="<p class='es-empty'><i>reading the last hour…</i></p>")
+            self.history_html.add_class("es-history-box")
+            self._history_lock = threading.Lock()
+            self._history_busy = False
+            self._history_at = -HISTORY_REFRESH_S
+            self._history_ended: frozenset[int] = frozenset()
             self.jobs_html = w.HTML(value="")
             self.job_select = w.Dropdown(options=[("(select a job)", 0)], value=0, description="output of")
             self.tail = w.HTML(value="")
-            super().__init__([self.header, self.gpu_box, self.jobs_html, self.job_select, self.tail])
+            super().__init__([self.header, self.gpu_box, self.history_html, self.jobs_html, self.job_select,
+                              self.tail])
             self.add_class("eventsched-panel")
             self.job_select.observe(lambda _change: self._redraw_tail(), names="value")
             self.watcher = watcher_for(self.socket_path)
@@ -522,6 +655,7 @@ def _make_panel_class() -> type:
             self.header.value = (f"<b>eventsched</b> · policy {html.escape(model.policy)} · "
                                  f"{len(model.running())} running · {len(model.queued())} queued · seq {model.seq}")
             self._update_gpus(model)
+            self._maybe_refresh_history(model)
             self.jobs_html.value = render_jobs_html(
                 model.running() + model.queued() + model.finished(), now, "no jobs yet")
             options = [("(select a job)", 0)] + [
@@ -545,6 +679,32 @@ def _make_panel_class() -> type:
                 bar.value = float(gpu.get("allocated") or 0.0)
                 bar.bar_style = "warning" if gpu.get("paused") else ("danger" if gpu.get("lost") else "info")
                 info.value = html.escape(gpu_line(gpu))
+
+        def _maybe_refresh_history(self, model: PanelModel) -> None:
+            """Re-read the charts in a thread of their own (never on the watcher's): every
+            HISTORY_REFRESH_S, and HISTORY_SOON_S after a job ended (its GPU-hours changed)."""
+            ended = frozenset(j["id"] for j in model.jobs.values() if j["state"] in FINAL)
+            age = time.monotonic() - self._history_at
+            with self._history_lock:
+                if self._history_busy or not (age >= HISTORY_REFRESH_S
+                                              or (ended != self._history_ended and age >= HISTORY_SOON_S)):
+                    return
+                self._history_busy = True
+                self._history_ended = ended
+            threading.Thread(target=self._refresh_history, name="eventsched-panel-history", daemon=True).start()
+
+        def _refresh_history(self) -> None:
+            from eventsched.cli.status_history import fetch_history
+
+            try:
+                data = fetch_history(history_via_socket(self.socket_path), HISTORY_WINDOW_S)
+                self.history_html.value = render_history_html(data)
+            except Exception as exc:  # shown in the panel, never raised into a cell
+                self.history_html.value = f"<p class='es-empty'><i>history: {html.escape(str(exc))}</i></p>"
+            finally:
+                with self._history_lock:
+                    self._history_at = time.monotonic()
+                    self._history_busy = False
 
         def _redraw_tail(self) -> None:
             job = self.job_select.value
@@ -574,7 +734,7 @@ def _make_panel_class() -> type:
             data = super()._repr_mimebundle_(**kwargs) or {}
             with self.watcher.lock:
                 data["text/plain"] = render_text(self.watcher.model, time.time())
-                data["text/html"] = render_html(self.watcher.model, time.time())
+                data["text/html"] = render_html(self.watcher.model, time.time()) + self.history_html.value
             return data
 
     return StatusPanel

@@ -44,6 +44,7 @@ from eventsched.projections.model import (
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 QUEUED = JobState.QUEUED
 RUNNING = JobState.RUNNING
+IDLE_STOPS = ("idle", "idle-requeue")  # issue 17: stops of an idle job for a waiting one
 
 __all__ = [
     "IllegalTransition",
@@ -113,6 +114,13 @@ class ClusterState:
         # the heap finds the earliest (entries that no longer match are dropped when met)
         self.deadlines: dict[int, float] = {}
         self._due: list[tuple[float, int]] = []
+        # issue 17: running jobs whose GPUs are all quiet -> when they count as
+        # idle (a heap finds the earliest, as for deadlines); running jobs
+        # flagged idle and not being stopped; jobs being stopped for being idle
+        self.idle_due: dict[int, float] = {}
+        self._idle_heap: list[tuple[float, int]] = []
+        self.idle_jobs: dict[int, None] = {}
+        self.reclaiming: dict[int, None] = {}
         self.dependents: dict[int, list[int]] = {}
         self.by_hash: dict[tuple[int, str], int] = {}  # (uid, --dedupe hash) -> job
         self.by_source: dict[tuple[int, str], int] = {}  # (uid, jobs-file line) -> job
@@ -130,6 +138,9 @@ class ClusterState:
                 self._hold(job, +1)
                 if job.cancel_reason == "preempted":
                     self.being_preempted[job.id] = None
+                if job.cancel_reason in IDLE_STOPS:
+                    self.reclaiming[job.id] = None
+                self._track_idle(job)
 
     def _index_submitted(self, job: Job) -> None:
         for dep in job.spec.after:
@@ -201,6 +212,49 @@ class ClusterState:
         if self.deadlines.get(job.id) != due:
             self.deadlines[job.id] = due
             heapq.heappush(self._due, (due, job.id))
+
+    def quiet_since(self, job: Job) -> float | None:
+        """Since when every GPU of running ``job`` has been at most
+        ``idle_utilization_pct`` busy (None: one is busy, or never sampled).
+        O(GPUs of the job)."""
+        if not job.gpu_ids:
+            return None
+        since = job.started_at or 0.0
+        for gid in job.gpu_ids:
+            gpu = self.gpus.get((job.node, gid))
+            if gpu is None or gpu.low_since is None:
+                return None
+            if gpu.low_since > since:
+                since = gpu.low_since
+        return since
+
+    def _track_idle(self, job: Job) -> None:
+        """Keep ``idle_due`` and ``idle_jobs`` in step with one job (issue 17)."""
+        jid = job.id
+        if job.state != RUNNING or job.cancel_reason or self.config.idle_after_s <= 0:
+            self.idle_due.pop(jid, None)
+            self.idle_jobs.pop(jid, None)
+            return
+        if job.idle_since is not None:
+            self.idle_due.pop(jid, None)
+            self.idle_jobs[jid] = None
+            return
+        self.idle_jobs.pop(jid, None)
+        quiet = self.quiet_since(job)
+        if quiet is None:
+            self.idle_due.pop(jid, None)
+            return
+        due = quiet + self.config.idle_after_s
+        if self.idle_due.get(jid) != due:
+            self.idle_due[jid] = due
+            heapq.heappush(self._idle_heap, (due, jid))
+
+    def next_idle_due(self) -> float | None:
+        """The earliest time a running job counts as idle, if any."""
+        heap = self._idle_heap
+        while heap and self.idle_due.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # stale: busy again, ended, flagged or stopped
+        return heap[0][0] if heap else None
 
     def _gpu_changed(self, gpu: Gpu) -> None:
         """Bring the capacity index in step with one GPU's new numbers."""
@@ -289,6 +343,9 @@ def _release(state: ClusterState, job: Job, ts: float) -> None:
         state._hold(job, -1)
     state.running.pop(job.id, None)
     state.deadlines.pop(job.id, None)
+    state.idle_due.pop(job.id, None)
+    state.idle_jobs.pop(job.id, None)
+    state.reclaiming.pop(job.id, None)
 
 
 def apply(state: ClusterState, event: ev.Event) -> None:
@@ -308,8 +365,9 @@ def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     aging_changed = config.aging_per_hour != state.config.aging_per_hour
     state.config = config
     state._capacity = None  # thresholds may have changed
-    for jid in state.running:  # and the default time limit
+    for jid in state.running:  # and the default time limit, and what counts as idle
         state._track_deadline(state.jobs[jid])
+        state._track_idle(state.jobs[jid])
     if aging_changed:  # the queue's order depends on the aging rate
         state._derive()
 
@@ -341,6 +399,20 @@ def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
     gpu.temperature_c = e.temperature_c
     gpu.power_w = e.power_w
     gpu.foreign_memory_mib = e.foreign_memory_mib
+    # issue 17: quiet since when, and who holds what (O(jobs on this GPU))
+    if e.utilization <= state.config.idle_utilization_pct:
+        if gpu.low_since is None:
+            gpu.low_since = e.ts
+    else:
+        gpu.low_since = None
+    gpu.job_memory_mib = e.job_memory_mib
+    gpu.foreign_processes = e.foreign_processes
+    for jid in gpu.jobs:
+        job = state.jobs[jid]
+        used = e.job_memory_mib.get(jid, 0)
+        if used > job.gpu_mem_peak_mib:
+            job.gpu_mem_peak_mib = used
+        state._track_idle(job)
     state._gpu_changed(gpu)
 
 
@@ -421,6 +493,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
     job.cancel_reason = ""
     job.reason = ""
     job.attempts += 1
+    job.gpu_mem_peak_mib, job.gpu_mem_over, job.idle_since = 0, False, None
     for gpu in gpus:
         gpu.used_milli += milli
         gpu.reserved_mib += e.gpu_mem_mib
@@ -428,6 +501,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
         state._gpu_changed(gpu)
     state.running[job.id] = None
     state._track_deadline(job)
+    state._track_idle(job)
     state._age_usage(job.tenant, e.ts)
     state._hold(job, +1)
 
@@ -440,6 +514,7 @@ def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job.log_path = e.log_path
     job.started_at = e.ts
     state._track_deadline(job)
+    state._track_idle(job)
 
 
 def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
@@ -463,7 +538,14 @@ def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None
     job.cancel_reason = e.reason
     if e.reason == "preempted":
         state.being_preempted[job.id] = None
+    else:  # a cancel while being preempted: no longer a preemption
+        state.being_preempted.pop(job.id, None)
+    if e.reason in IDLE_STOPS:
+        state.reclaiming[job.id] = None
+    else:
+        state.reclaiming.pop(job.id, None)
     state._track_deadline(job)
+    state._track_idle(job)
 
 
 def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
@@ -491,6 +573,7 @@ def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
     job.node, job.gpu_ids, job.mem_mib = "", [], 0
     job.pid, job.start_time, job.cancel_reason = None, 0, ""
     job.started_at = job.ended_at = job.exit_code = job.signal = None
+    job.gpu_mem_over, job.idle_since = False, None
     state._enter_queue(job)
 
 
@@ -516,6 +599,32 @@ def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job.ended_at = e.ts
 
 
+def _job_gpu_memory_exceeded(state: ClusterState, e: ev.JobGpuMemoryExceeded) -> None:
+    job = _job(state, e.job)
+    next_state(job, e)
+    job.gpu_mem_over = True
+
+
+def _job_gpu_memory_within(state: ClusterState, e: ev.JobGpuMemoryWithin) -> None:
+    job = _job(state, e.job)
+    next_state(job, e)
+    job.gpu_mem_over = False
+
+
+def _job_idle(state: ClusterState, e: ev.JobIdle) -> None:
+    job = _job(state, e.job)
+    next_state(job, e)
+    job.idle_since = e.since
+    state._track_idle(job)
+
+
+def _job_busy(state: ClusterState, e: ev.JobBusy) -> None:
+    job = _job(state, e.job)
+    next_state(job, e)
+    job.idle_since = None
+    state._track_idle(job)
+
+
 _HANDLERS: dict[type, Any] = {
     ev.DaemonStarted: _daemon_started,
     ev.GpuDiscovered: _gpu_discovered,
@@ -535,6 +644,10 @@ _HANDLERS: dict[type, Any] = {
     ev.JobReleased: _job_released,
     ev.JobLost: _job_lost,
     ev.TenantsConfigured: _tenants_configured,
+    ev.JobGpuMemoryExceeded: _job_gpu_memory_exceeded,
+    ev.JobGpuMemoryWithin: _job_gpu_memory_within,
+    ev.JobIdle: _job_idle,
+    ev.JobBusy: _job_busy,
 }
 
 
@@ -661,6 +774,10 @@ def validate_state(state: ClusterState) -> None:
     assert state.running_preemptible == fresh.running_preemptible, "preemptible running jobs out of step"
     assert state.running_of_tenant == fresh.running_of_tenant, "running jobs by tenant out of step"
     assert state.being_preempted == fresh.being_preempted, "jobs being preempted out of step"
+    assert state.idle_due == fresh.idle_due, f"idle due {state.idle_due} != {fresh.idle_due}"
+    assert state.next_idle_due() == min(fresh.idle_due.values(), default=None), "idle heap out of step"
+    assert state.idle_jobs == fresh.idle_jobs, "idle jobs out of step"
+    assert state.reclaiming == fresh.reclaiming, "jobs being reclaimed out of step"
     held = {t: u.held() for t, u in state.usage.items() if u.held() != (0, 0, 0)}
     fresh_held = {t: u.held() for t, u in fresh.usage.items() if u.held() != (0, 0, 0)}
     assert held == fresh_held, f"tenant usage {held} != {fresh_held}"

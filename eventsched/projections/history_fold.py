@@ -175,6 +175,12 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
     ev.JobHeld: lambda e: f"by={e.by}",
     ev.JobReleased: lambda e: f"by={e.by}",
     ev.JobLost: lambda e: f"reason={e.reason}",
+    # issue 17: GPU memory against --gpu-mem, allocated but idle
+    ev.JobGpuMemoryExceeded: lambda e: (f"node={e.node} gpu={e.gpu} used_mib={e.used_mib} "
+                                        f"request_mib={e.request_mib} policy={e.policy}"),
+    ev.JobGpuMemoryWithin: lambda e: f"used_mib={e.used_mib}",
+    ev.JobIdle: lambda e: f"since={e.since!r}",
+    ev.JobBusy: lambda e: f"idle_s={e.idle_s!r}",
 }
 
 
@@ -302,6 +308,14 @@ def _build_tenants(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]
     yield "tenant_configs", cols
 
 
+def _build_forecasts(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
+    cols = _common(events)
+    cols["job"] = np.array([e.job for e in events], dtype=np.int64)
+    cols["estimated_start"] = np.array([e.estimated_start for e in events], dtype=np.float64)
+    cols["by"] = _obj([e.by for e in events])
+    yield "forecasts", cols
+
+
 # type -> builder(events, record array of them for job events, else None)
 _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.JobSubmitted: _build_submitted,
@@ -313,6 +327,7 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.DaemonStopped: _build_daemon,
     ev.PolicyChanged: _build_daemon,
     ev.TenantsConfigured: _build_tenants,
+    ev.JobForecast: _build_forecasts,
 }
 
 

@@ -12,7 +12,9 @@ from eventsched.domain.states import FINAL
 
 # 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
 # 4: tenants (tenant_configs, tenant_quotas, tenant_usage, preemptions)
-SCHEMA_VERSION = 4
+# 5: start forecasts (forecasts, forecast_errors)
+# 6: issue 17's job events in job_events; idle_spans, idle_gpu_hours, gpu_memory_overruns
+SCHEMA_VERSION = 6
 
 FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
 
@@ -43,6 +45,8 @@ CREATE TABLE IF NOT EXISTS daemon_events (
 CREATE TABLE IF NOT EXISTS tenant_configs (
     seq BIGINT, ts DOUBLE, tenant VARCHAR, users VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, jobs BIGINT,
     weight DOUBLE, preemptible BOOLEAN, "by" VARCHAR);
+CREATE TABLE IF NOT EXISTS forecasts (
+    seq BIGINT, ts DOUBLE, job BIGINT, estimated_start DOUBLE, "by" VARCHAR);
 CREATE TABLE IF NOT EXISTS jobs (
     id BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR, command VARCHAR,
     gpus DOUBLE, gpu_mem_mib BIGINT, priority BIGINT, state VARCHAR,
@@ -136,18 +140,59 @@ SELECT t.tenant, q.gpus AS quota_gpus, q.gpu_mem_mib AS quota_gpu_mem_mib, q.job
 FROM t LEFT JOIN tenant_quotas q USING (tenant) LEFT JOIN h USING (tenant) LEFT JOIN j USING (tenant)
 LEFT JOIN p USING (tenant);
 
+-- each start forecast shown (explain) against the job's real first start
+CREATE OR REPLACE VIEW forecast_errors AS
+SELECT f.job, f.ts AS made_at, f.estimated_start, j.first_started_at AS started_at,
+       j.first_started_at - f.estimated_start AS error_s,
+       abs(j.first_started_at - f.estimated_start) AS abs_error_s,
+       f.estimated_start - f.ts AS forecast_wait_s, j.first_started_at - f.ts AS actual_wait_s
+FROM forecasts f JOIN jobs j ON j.id = f.job
+WHERE j.first_started_at IS NOT NULL;
+
+-- issue 17: each spell a running job held GPUs while idle (JobIdle's since to
+-- JobBusy or its end; an open spell runs to the newest event folded), in GPU-hours
+CREATE OR REPLACE VIEW idle_spans AS
+WITH m AS (
+    SELECT job, seq, ts, type, detail,
+           lead(ts) OVER (PARTITION BY job ORDER BY seq) AS end_ts
+    FROM job_events WHERE type IN ('JobIdle', 'JobBusy', 'JobExited', 'JobLost'))
+SELECT m.job, j."user", j.tenant, j.gpus,
+       CAST(regexp_extract(m.detail, 'since=([-0-9.e+]+)', 1) AS DOUBLE) AS since, m.ts AS flagged_at,
+       m.end_ts AS ended_at, m.end_ts IS NULL AS open,
+       greatest(0, coalesce(m.end_ts, (SELECT ts FROM _position))
+                   - CAST(regexp_extract(m.detail, 'since=([-0-9.e+]+)', 1) AS DOUBLE)) * j.gpus / 3600.0
+           AS idle_gpu_hours
+FROM m JOIN jobs j ON j.id = m.job
+WHERE m.type = 'JobIdle';
+
+CREATE OR REPLACE VIEW idle_gpu_hours AS
+SELECT "user" AS user_name, sum(idle_gpu_hours) AS idle_gpu_hours, count(*) AS spells,
+       count(DISTINCT job) AS jobs
+FROM idle_spans GROUP BY "user";
+
+-- issue 17: every time a job's processes held more GPU memory than its --gpu-mem
+CREATE OR REPLACE VIEW gpu_memory_overruns AS
+SELECT e.seq, e.ts, e.job, j."user",
+       CAST(regexp_extract(e.detail, 'gpu=([0-9]+)', 1) AS INTEGER) AS gpu,
+       CAST(regexp_extract(e.detail, 'used_mib=([0-9]+)', 1) AS BIGINT) AS used_mib,
+       CAST(regexp_extract(e.detail, 'request_mib=([0-9]+)', 1) AS BIGINT) AS request_mib,
+       regexp_extract(e.detail, 'policy=([a-z]+)', 1) AS policy
+FROM job_events e JOIN jobs j ON j.id = e.job
+WHERE e.type = 'JobGpuMemoryExceeded';
+
 CREATE OR REPLACE VIEW job_state_counts AS
 SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
 """
 
 TABLES = (
     "jobs", "job_events", "submissions", "placements", "placement_events",
-    "gpu_samples", "gpus", "gpu_events", "daemon_events", "tenant_configs", "_position",
+    "gpu_samples", "gpus", "gpu_events", "daemon_events", "tenant_configs", "forecasts", "_position",
 )
 VIEWS = (
     "job_times", "placement_spans", "gpu_hours_by_user", "gpu_hours_by_tenant",
     "gpu_hours_daily", "gpu_utilization", "gpu_utilization_summary", "job_state_counts",
-    "tenant_quotas", "preemptions", "tenant_usage",
+    "tenant_quotas", "preemptions", "tenant_usage", "forecast_errors",
+    "idle_spans", "idle_gpu_hours", "gpu_memory_overruns",
 )
 
 # Jobs recomputed from the raw tables, for the ids in the registered `_touched`.

@@ -72,6 +72,11 @@ def compute_metrics(history: History) -> dict[str, Any]:
             f"SELECT {', '.join(cols)} FROM tenant_usage ORDER BY tenant").fetchall()]
         counted = con.execute("SELECT count(*) FROM preemptions").fetchone()
         preemptions = int(counted[0]) if counted else 0
+        row = con.execute("SELECT count(*), avg(abs_error_s), median(abs_error_s), avg(error_s) "
+                          "FROM forecast_errors").fetchone()
+        forecasts = {"count": int(row[0]) if row else 0, "mean_abs_error_s": row[1] if row else None,
+                     "median_abs_error_s": row[2] if row else None, "mean_error_s": row[3] if row else None}
+        idle = _idle_gpu_hours(con)  # issue 17
     return {
         "log_seq": int(seq),
         "log_ts": ts,
@@ -83,7 +88,16 @@ def compute_metrics(history: History) -> dict[str, Any]:
         "gpu_hours_by_tenant": tenants,
         "tenants": usage,  # quota, weight, use now and in all (the tenant_usage view)
         "preemptions": preemptions,
+        # start forecasts shown (explain) against the real starts: forecast_errors
+        "forecasts": forecasts,
+        # issue 17: GPU-hours held while idle, per user (the idle_gpu_hours view)
+        "idle_gpu_hours": idle,
     }
+
+
+def _idle_gpu_hours(con: Any) -> list[dict[str, Any]]:
+    return [{"user": u, "idle_gpu_hours": h or 0.0, "spells": int(n), "jobs": int(j)} for u, h, n, j in con.execute(
+        "SELECT user_name, idle_gpu_hours, spells, jobs FROM idle_gpu_hours ORDER BY user_name").fetchall()]
 
 
 # --- human table ---------------------------------------------------------------
@@ -125,6 +139,16 @@ def format_metrics(m: dict[str, Any]) -> str:
         out.append(title)
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
         out += ["  " + x for x in _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])]
+    if m.get("idle_gpu_hours"):  # issue 17
+        out += ["", "Idle GPU-hours per user (allocated, at most idle_utilization_pct busy)"]
+        rows = [[r["user"] or "(none)", str(r["jobs"]), str(r["spells"]), _num(r["idle_gpu_hours"], 3)]
+                for r in m["idle_gpu_hours"]]
+        out += ["  " + x for x in _table(["user", "jobs", "spells", "idle GPU-hours"], rows)]
+    fc = m.get("forecasts") or {}
+    if fc.get("count"):
+        out += ["", f"Start forecasts: {fc['count']} checked against the real start; mean absolute error "
+                    f"{_num(fc['mean_abs_error_s'])} s, median {_num(fc['median_abs_error_s'])} s "
+                    f"(mean error {_num(fc['mean_error_s'])} s: > 0 = later than forecast)"]
     if m.get("tenants"):
         out += ["", f"Tenants ({m.get('preemptions', 0)} preemptions in all)"]
         rows = [[r["tenant"] or "(none)", _num(r["quota_gpus"]), _num(r["weight"]), _num(r["gpus_now"], 2),
@@ -160,7 +184,18 @@ def _value(v: float | int | None) -> str:
     return str(v)
 
 
+def _scaled(value: Any, scale: float) -> float | int:
+    """``value`` in base units; whole numbers print without a fraction (``2``, not ``2.0``)."""
+    v = float(value) * scale
+    return int(v) if v.is_integer() and abs(v) < 2**53 else v
+
+
 def prometheus_text(m: dict[str, Any]) -> str:
+    """The figures in the text exposition format 0.0.4; passes ``promtool check metrics``.
+
+    Names follow Prometheus' conventions: counters end in ``_total``, units are
+    base units (GPU time in seconds, memory in bytes, shares as ``_ratio``).
+    """
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, dict[str, Any], Any]]) -> None:
@@ -185,24 +220,37 @@ def prometheus_text(m: dict[str, Any]) -> str:
            [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_mean"]) for g in m["gpus"]])
     family("eventsched_gpu_utilization_peak_percent", "gauge", "Peak GPU utilisation over all samples.",
            [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_peak"]) for g in m["gpus"]])
-    family("eventsched_user_gpu_hours_total", "counter", "GPU-hours used (share x hours) per user.",
-           [("", {"user": r["user"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_user"]])
-    family("eventsched_tenant_gpu_hours_total", "counter", "GPU-hours used (share x hours) per tenant.",
-           [("", {"tenant": r["tenant"] or ""}, float(r["gpu_hours"])) for r in m["gpu_hours_by_tenant"]])
+    # Base units (Prometheus naming): GPU time in seconds, memory in bytes, shares as ratios.
+    family("eventsched_user_gpu_seconds_total", "counter", "GPU time used (share x seconds) per user.",
+           [("", {"user": r["user"] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m["gpu_hours_by_user"]])
+    family("eventsched_tenant_gpu_seconds_total", "counter", "GPU time used (share x seconds) per tenant.",
+           [("", {"tenant": r["tenant"] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m["gpu_hours_by_tenant"]])
     tenants = m.get("tenants", [])
-    for key, name, what in (("quota_gpus", "eventsched_tenant_quota_gpus", "GPUs a tenant may hold at once."),
-                            ("quota_gpu_mem_mib", "eventsched_tenant_quota_gpu_mem_mib", "GPU memory a tenant may reserve at once."),
-                            ("quota_jobs", "eventsched_tenant_quota_jobs", "Jobs a tenant may run at once."),
-                            ("weight", "eventsched_tenant_weight", "A tenant's fair-share weight."),
-                            ("gpus_now", "eventsched_tenant_gpus_in_use", "GPUs (shares) a tenant's jobs hold now."),
-                            ("gpu_hours_share", "eventsched_tenant_gpu_hours_share", "A tenant's part of all GPU-hours."),
-                            ("waiting", "eventsched_tenant_jobs_waiting", "A tenant's jobs queued or held.")):
-        family(name, "gauge", what, [("", {"tenant": r["tenant"] or ""}, float(r[key]))
+    for key, name, what, scale in (
+            ("quota_gpus", "eventsched_tenant_quota_gpus", "GPUs a tenant may hold at once.", 1.0),
+            ("quota_gpu_mem_mib", "eventsched_tenant_quota_gpu_memory_bytes",
+             "GPU memory a tenant may reserve at once.", float(1 << 20)),
+            ("quota_jobs", "eventsched_tenant_quota_jobs", "Jobs a tenant may run at once.", 1.0),
+            ("weight", "eventsched_tenant_weight", "A tenant's fair-share weight.", 1.0),
+            ("gpus_now", "eventsched_tenant_gpus_in_use", "GPUs (shares) a tenant's jobs hold now.", 1.0),
+            ("gpu_hours_share", "eventsched_tenant_gpu_time_share_ratio",
+             "A tenant's part of all GPU time (0..1).", 1.0),
+            ("waiting", "eventsched_tenant_jobs_waiting", "A tenant's jobs queued or held.", 1.0)):
+        family(name, "gauge", what, [("", {"tenant": r["tenant"] or ""}, _scaled(r[key], scale))
                                      for r in tenants if r[key] is not None])
     family("eventsched_tenant_preemptions_total", "counter", "A tenant's jobs preempted.",
            [("", {"tenant": r["tenant"] or ""}, r["preempted"]) for r in tenants])
     family("eventsched_preemptions_total", "counter", "Jobs preempted for more urgent ones.",
            [("", {}, m.get("preemptions", 0))])
+    family("eventsched_user_idle_gpu_seconds_total", "counter",
+           "GPU time held while idle (share x seconds) per user.",
+           [("", {"user": r["user"] or ""}, float(r["idle_gpu_hours"]) * 3600.0)
+            for r in m.get("idle_gpu_hours", [])])
+    fc = m.get("forecasts") or {}
+    if fc.get("count"):
+        family("eventsched_forecast_abs_error_seconds", "gauge",
+               "Mean absolute error of the start forecasts shown, against the real starts.",
+               [("", {}, float(fc["mean_abs_error_s"]))])
     family("eventsched_log_last_seq", "gauge", "Last log sequence included in these figures.",
            [("", {}, m["log_seq"])])
     return "\n".join(lines) + "\n"

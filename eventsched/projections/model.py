@@ -45,6 +45,12 @@ class Gpu(msgspec.Struct, kw_only=True):
     used_milli: int = 0
     reserved_mib: int = 0
     jobs: list[int] = []
+    # issue 17, from the last sample: since when its utilisation has been at
+    # most idle_utilization_pct (None: busy now, or never sampled), the memory
+    # each job holds here, and the processes of no job
+    low_since: float | None = None
+    job_memory_mib: dict[int, int] = {}
+    foreign_processes: list[ev.GpuProcess] = []
 
     @property
     def key(self) -> tuple[str, int]:
@@ -94,6 +100,12 @@ class Job(msgspec.Struct, kw_only=True):
     submitted_seq: int = 0  # where its story starts in the log (explain)
     queued_at: float = 0.0  # since when it waits (aging); a preempted job keeps its own
     preemptions: int = 0  # times it was preempted (and requeued)
+    # issue 17, this attempt: the most GPU memory seen on one of its GPUs;
+    # whether it is over its --gpu-mem now (JobGpuMemoryExceeded); since when
+    # it has been idle (JobIdle; None: not idle)
+    gpu_mem_peak_mib: int = 0
+    gpu_mem_over: bool = False
+    idle_since: float | None = None
 
     @property
     def shape(self) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ import duckdb
 from eventsched.projections.history import History, HistoryError
 
 __all__ = [
-    "run_sql", "query", "SqlError", "plain_result", "needs_daemon", "check_read_only", "QueryRefused",
+    "run_sql", "query", "query_typed", "SqlError", "plain_result", "needs_daemon", "check_read_only", "QueryRefused",
     "format_table", "format_csv", "format_json",
 ]
 
@@ -197,6 +197,12 @@ class SqlError(Exception):
 
 def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run read-only ``sql`` on a current view of the history; the last result."""
+    columns, rows, _ = query_typed(state_dir, sql)
+    return columns, rows
+
+
+def query_typed(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple[Any, ...]], list[str]]:
+    """``query``, with the DuckDB type of each column (``TIMESTAMP``, ``BIGINT[]``...)."""
     try:
         statements = check_read_only(sql)
     except QueryRefused as e:
@@ -212,9 +218,11 @@ def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[
             harden(con)
             columns: list[str] = []
             rows: list[tuple[Any, ...]] = []
+            types: list[str] = []
             for text in statements:
                 cur = con.execute(text)
                 columns = [d[0] for d in cur.description or []]
+                types = [str(d[1]) for d in cur.description or []]
                 rows = cur.fetchall()
     except duckdb.Error as e:
         raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
@@ -226,7 +234,7 @@ def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[
         raise
     finally:
         history.close()
-    return columns, rows
+    return columns, rows, types
 
 
 def plain_result(columns: list[str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ job's metadata.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
@@ -65,7 +66,7 @@ def describe_fact(e: ev.Event) -> str:
     if isinstance(e, ev.JobsCommanded):
         return f"{e.by} asked to {e.command} job{'s' if len(e.jobs) != 1 else ''} {', '.join(map(str, e.jobs))}"
     if isinstance(e, ev.TimerFired):
-        return "a deadline came (a time limit or the end of a retry backoff)"
+        return "a deadline came (a time limit, the end of a retry backoff, or an idle spell's length)"
     if isinstance(e, ev.GpuSampled):
         return (f"GPU {e.gpu} reported {e.utilization:.0f}% busy, {e.memory_used_mib} MiB used, "
                 f"{e.temperature_c:.0f} C")
@@ -97,6 +98,11 @@ def _what(e: ev.Event) -> str:
     if isinstance(e, ev.JobExited):
         return f"{_exit_words(e)}" + (f" -> {e.outcome}" if e.outcome else "")
     if isinstance(e, ev.JobCancelRequested):
+        if e.rule == "idle" and e.for_job:
+            how = "cancelled" if e.reason == "idle" else "requeued"
+            return f"idle while job {e.for_job} waits: warning signal, then SIGKILL after the grace; {how}"
+        if e.reason == "gpu-memory":
+            return "asked to stop: GPU memory over request"
         if e.reason == "preempted" and e.for_job:
             why = {"priority": "a higher priority", "fair-share": "its tenant is under its fair share"}.get(e.rule, e.rule)
             return f"preempted for job {e.for_job} (rule {e.rule}: {why}); warning signal, then SIGKILL after the grace"
@@ -111,6 +117,15 @@ def _what(e: ev.Event) -> str:
         return f"released by {e.by}"
     if isinstance(e, ev.JobLost):
         return f"lost ({e.reason})"
+    if isinstance(e, ev.JobGpuMemoryExceeded):  # issue 17
+        then = "; warning signal, then SIGKILL after the grace" if e.policy == "stop" else " (warned)"
+        return f"GPU memory over request: {e.used_mib} MiB on GPU {e.gpu} > --gpu-mem {e.request_mib} MiB{then}"
+    if isinstance(e, ev.JobGpuMemoryWithin):
+        return f"GPU memory back within request ({e.used_mib} MiB)"
+    if isinstance(e, ev.JobIdle):
+        return "allocated but idle: its GPUs have been quiet since " + time.strftime("%H:%M:%S", time.localtime(e.since))
+    if isinstance(e, ev.JobBusy):
+        return f"busy again after {e.idle_s:.0f} s idle"
     return type(e).__name__
 
 
@@ -144,8 +159,6 @@ def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
 def render_explanation(info: dict[str, Any]) -> str:
     """What ``eventsched explain`` prints for the daemon's answer ``info``
     (``job``, ``reason``, ``story``): every line through ``text.printable``."""
-    import time
-
     from eventsched.domain.text import printable
 
     job = info["job"]
@@ -156,8 +169,17 @@ def render_explanation(info: dict[str, Any]) -> str:
                      f"(`eventsched cancel {job['array_id']}` cancels every task){cap}")
     if info.get("reason") is not None:
         lines.append(f"reason: {info['reason']['text']}")
+    forecast = info.get("forecast")
+    if forecast is not None:
+        at = forecast["estimated_start"]
+        when = f" ({time.strftime('%H:%M:%S', time.localtime(at))})" if at is not None else ""
+        lines.append(f"estimated start: {forecast['text']}{when}, {forecast['assumptions']}")
     elif job.get("exit_reason"):
         lines.append(f"ended: {job['exit_reason']}")
+    if job.get("gpu_mem_over"):  # issue 17
+        lines.append(f"GPU memory: over request ({job.get('gpu_mem_peak_mib', 0)} MiB seen > --gpu-mem {job['gpu_mem_mib']} MiB)")
+    if job.get("idle"):
+        lines.append("idle: allocated but idle since " + time.strftime("%H:%M:%S", time.localtime(job["idle_since"])))
     lines += ["", "story:"]
     for line in info["story"]:
         ts = line["ts"]

@@ -88,6 +88,11 @@ reserve_after_s = 30.0         # ... once it has waited this long
 preemption = true              # --preemptible jobs may be stopped for more urgent ones
 preempt_grace_s = 30           # warning signal, then this long, then SIGKILL; then requeued
 preempt_protect_s = 600        # a job preempted once then runs at least this long
+# GPU memory and idle jobs (docs/gpu-memory-and-idle.md)
+gpu_mem_policy = "warn"        # a job over its --gpu-mem: "warn", or "stop" (signal, kill, failed)
+idle_utilization_pct = 5.0     # a job whose GPUs are all at most this busy ...
+idle_after_s = 1800            # ... this long is idle (0: not looked for)
+idle_policy = "off"            # "off", "requeue" or "stop" an idle job when a waiting job could use it
 # host limits, enforced by the kernel
 # allowed_script_paths = ["/data3/", "/home/"]   # a job's script or program must lie here
 # max_host_mem_mib = 32768     # per job (cgroup v2, cgroup v1 as root, else RLIMIT_AS)

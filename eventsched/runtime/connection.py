@@ -104,6 +104,7 @@ class Connection(asyncio.Protocol):
         self._backlog: list[bytes] | None = None
         self._backlog_bytes = 0
         self._slot_bytes = 0  # replies ready but waiting behind an earlier one
+        self._flush_soon = False  # a _flush is scheduled for the end of this step of the loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -278,7 +279,11 @@ class Connection(asyncio.Protocol):
                 return
             slot[0] = data
             self._slot_bytes += len(data)
-            self._flush()
+            # the engine answers a whole batch in one go: one write (one
+            # send) per connection for all of it, once the batch is answered
+            if not self._flush_soon:
+                self._flush_soon = True
+                asyncio.get_running_loop().call_soon(self._flush)
 
         assert self.peer is not None
         try:
@@ -294,13 +299,18 @@ class Connection(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
+        self._flush_soon = False
+        ready: list[bytes] = []
         while self.slots and self.slots[0][0] is not None:
             data = self.slots.popleft()[0]
             assert data is not None
             self._slot_bytes -= len(data)
+            ready.append(data)
+        if ready:
             if self.closed or self.transport is None:
                 return
-            self.transport.write(data)  # its size was checked when it was framed
+            # their sizes were checked when they were framed
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
         # answered requests make room for the next ones in the buffer
         self._process()
 

@@ -435,7 +435,7 @@ class Engine:
             assert self.state is not None
             try:
                 self._show_load_to_gpus()
-                pids = self.executor.job_process_ids()
+                pids = self.executor.job_processes()  # {pid: job}: GPU memory per job
                 samples = await anyio.to_thread.run_sync(self.backend.sample, pids)
             except Exception as exc:  # EMFILE on /proc, a backend bug: skip this sample, never die
                 failures += 1

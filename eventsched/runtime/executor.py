@@ -12,8 +12,10 @@ supervisor share nothing but files in the job's attempt directory::
 
     <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
     <state_dir>/jobs/<job>/<attempt>/          created with mkdir: "this attempt was launched"
-        spec.json   argv, env, cwd, credentials       (executor -> supervisor)
-        pid         job pid + /proc start time          (supervisor, atomic)
+        spec.json   argv, env, cwd, credentials       (executor -> supervisor; only
+                    for a cold start or a plan too big to travel with the
+                    zygote's request, which carries it otherwise)
+        pid         job pid + /proc start time, cgroups (supervisor, atomic)
         exit        exit code or signal, end time       (supervisor, atomic)
 
 Creating the attempt directory is the launch's commit point: a second launch of
@@ -43,6 +45,7 @@ import shlex
 import signal as _signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Coroutine
 
@@ -62,7 +65,12 @@ from eventsched.domain.messages import (
 )
 from eventsched.runtime import cgroups as _cg
 from eventsched.runtime import sessions as _sessions
-from eventsched.runtime.zygote import SUPERVISOR, Zygote, ZygoteRequest
+from eventsched.runtime.zygote import (
+    INLINE_SPEC_BYTES,
+    SUPERVISOR,
+    Zygote,
+    ZygoteRequest,
+)
 
 __all__ = [
     "Executor",
@@ -167,9 +175,19 @@ def job_env(
 
 
 def _read_json(path: Path) -> dict | None:
+    try:  # os.open/os.read: a pid or exit record per job, without io's layers
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     try:
-        return msgspec.json.decode(path.read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError):
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    try:
+        return msgspec.json.decode(b"".join(chunks))
+    except msgspec.DecodeError:
         return None
 
 
@@ -192,15 +210,34 @@ class _Creds(msgspec.Struct, frozen=True):
     user: str
 
 
+_PASSWD_TTL_S = 10.0  # an NSS lookup per launch cost more than the launch's mkdirs
+_passwd_cache: dict[int, tuple[float, pwd.struct_passwd | None]] = {}
+
+
+def _passwd_entry(uid: int) -> pwd.struct_passwd | None:
+    """``pwd.getpwuid(uid)`` (None: no such user), remembered for a few
+    seconds: a sweep launches many jobs of one user; an account change is
+    seen within ``_PASSWD_TTL_S``."""
+    now = time.monotonic()
+    hit = _passwd_cache.get(uid)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    try:
+        pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+    except KeyError:
+        pw = None
+    if len(_passwd_cache) > 4096:
+        _passwd_cache.clear()
+    _passwd_cache[uid] = (now + _PASSWD_TTL_S, pw)
+    return pw
+
+
 def _credentials(spec: JobSpec) -> _Creds | None:
     """X7: whom to run as. None = keep the daemon's identity (not root, or
     a spec without an owner, which only in-process callers can build)."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
-    try:
-        pw = pwd.getpwuid(spec.uid)
-    except KeyError:
-        pw = None
+    pw = _passwd_entry(spec.uid)
     if pw is None and spec.gid < 0:
         raise LaunchError(f"unknown user id {spec.uid} and no group id given")
     gid = spec.gid if spec.gid >= 0 else pw.pw_gid  # type: ignore[union-attr]
@@ -253,10 +290,18 @@ class _Watch:
         self.event().set()
 
 
-def _spec_cgroup(attempt_dir: Path, key: str = "cgroup") -> str:
-    """The cgroup an attempt was launched into (from its spec.json), or "";
-    ``key="memory_cgroup"``: its cgroup v1 memory directory."""
-    plan = _read_json(attempt_dir / "spec.json")
+def _write_spec(attempt_dir: Path, data: bytes) -> None:
+    # 0o600: the environment may hold the user's secrets
+    spec_fd = os.open(attempt_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(spec_fd, "wb") as f:
+        f.write(data)
+
+
+def _spec_cgroup(attempt_dir: Path, key: str = "cgroup", started: dict | None = None) -> str:
+    """The cgroup an attempt was launched into (from its pid record, else
+    its spec.json), or ""; ``key="memory_cgroup"``: its cgroup v1 memory
+    directory."""
+    plan = started if started is not None and key in started else _read_json(attempt_dir / "spec.json")
     cg = plan.get(key) if isinstance(plan, dict) else None
     # only ever a job's own cgroup, which is killed and removed by path
     return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
@@ -405,21 +450,28 @@ class Executor:
             "rlimits": limits,
         }
         try:
-            # 0o600: the environment may hold the user's secrets
-            spec_fd = os.open(attempt_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(spec_fd, "wb") as f:
-                f.write(msgspec.json.encode(plan))
-            log_fd = os.open(
-                log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
-            try:
-                if creds:  # the job writes its own log as itself
-                    os.fchown(log_fd, creds.uid, creds.gid)
-                handed = self._hand_to_zygote(attempt_dir)
-                if handed is None:
+            # To a supervisor forked by the zygote the plan travels with the
+            # request (a file created per job costs ~0.3 ms of CPU on ext4);
+            # a cold one, or a plan too big for one message, reads spec.json.
+            data = msgspec.json.encode(plan)
+            inline = len(data) <= INLINE_SPEC_BYTES
+            if not inline:
+                _write_spec(attempt_dir, data)
+            # the supervisor forked by the zygote creates (and chowns) the
+            # log itself, off the daemon's loop; a cold one is handed it open
+            handed = self._hand_to_zygote(attempt_dir, data if inline else None)
+            if handed is None:
+                if inline:
+                    _write_spec(attempt_dir, data)
+                log_fd = os.open(
+                    log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+                )
+                try:
+                    if creds:  # the job writes its own log as itself
+                        os.fchown(log_fd, creds.uid, creds.gid)
                     popen, ready_r = self._cold_start(attempt_dir, log_fd)
-            finally:
-                os.close(log_fd)
+                finally:
+                    os.close(log_fd)
         except OSError as e:
             reason = f"cannot start the supervisor: {e.strerror or e}"
             if cgroup:
@@ -479,7 +531,9 @@ class Executor:
             os.close(ready_w)
         return popen, ready_r
 
-    def _hand_to_zygote(self, attempt_dir: Path) -> tuple[Zygote, int, ZygoteRequest] | None:
+    def _hand_to_zygote(
+        self, attempt_dir: Path, spec: bytes | None = None
+    ) -> tuple[Zygote, int, ZygoteRequest] | None:
         """Give the launch to the zygote (restarted if it died); None = the
         caller starts the supervisor cold. Only while ``run`` is active: the
         zygote lives as long as ``run``."""
@@ -495,7 +549,7 @@ class Executor:
                     z = self._zygote = Zygote(self._python)
                 except OSError:
                     return None
-            handed = z.submit(attempt_dir)
+            handed = z.submit(attempt_dir, spec)
             if handed is not None:
                 return (z, *handed)
             z.retire()  # it took nothing: safe to hand over again
@@ -600,7 +654,7 @@ class Executor:
                     out.append(self._started(job, started))
                 out.append(_exited(job, ended))
             elif started is not None:
-                self._clear_cgroup(attempt_dir)
+                self._clear_cgroup(attempt_dir, started)
                 out.append(
                     ProcessLost(
                         job=job,
@@ -647,16 +701,17 @@ class Executor:
             return None
         return _Watch(
             job, attempt_dir, started["pid"], pidfd, None,
-            cgroup=_spec_cgroup(attempt_dir), memcg=_spec_cgroup(attempt_dir, "memory_cgroup"),
+            cgroup=_spec_cgroup(attempt_dir, started=started),
+            memcg=_spec_cgroup(attempt_dir, "memory_cgroup", started),
         )
 
-    def _clear_cgroup(self, attempt_dir: Path) -> None:
+    def _clear_cgroup(self, attempt_dir: Path, started: dict | None = None) -> None:
         """The supervisor is gone without recording an exit: whatever is
         left of the job must not keep its GPUs once it is reported lost."""
-        cg = _spec_cgroup(attempt_dir)
+        cg = _spec_cgroup(attempt_dir, started=started)
         if cg and os.path.isdir(cg):
             _clear(cg, True)
-        memcg = _spec_cgroup(attempt_dir, "memory_cgroup")
+        memcg = _spec_cgroup(attempt_dir, "memory_cgroup", started)
         if memcg and os.path.isdir(memcg):
             _clear(memcg, True)
 
@@ -740,18 +795,23 @@ class Executor:
     def job_process_ids(self) -> set[int]:
         """Pids of every process in a watched job's session (the job and its
         descendants), for telling job GPU memory from foreign (F2)."""
-        sessions = {w.pgid for w in self._watched.values() if w.pgid > 0}
-        pids: set[int] = set()
-        for w in self._watched.values():  # also what left the session
+        return set(self.job_processes())
+
+    def job_processes(self) -> dict[int, int]:
+        """{pid: job} of every process of a watched job: its cgroup's, else its
+        session's (the job and its descendants); GPU memory per job (issue 17)."""
+        sessions = {w.pgid: j for j, w in self._watched.items() if w.pgid > 0}
+        pids: dict[int, int] = {}
+        for j, w in self._watched.items():  # also what left the session
             if w.cgroup:
-                pids.update(_cg.procs(w.cgroup))
+                pids.update(dict.fromkeys(_cg.procs(w.cgroup), j))
         if not sessions:
             return pids
         for name in os.listdir("/proc"):
             if name.isdigit():
                 stat = _proc_stat(int(name))
                 if stat is not None and stat[1] in sessions:
-                    pids.add(int(name))
+                    pids.setdefault(int(name), sessions[stat[1]])
         return pids
 
 

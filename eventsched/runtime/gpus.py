@@ -8,13 +8,33 @@ take milliseconds): the engine runs them in a worker thread.
 
 ``significant`` is the pure rule that keeps the log lean: a sample is appended
 only when it changed meaningfully, or when the last one logged is a minute old.
+
+Per-process memory (issue 17): NVML lists the compute (and graphics)
+processes on each GPU with the memory each holds; ``attribute`` maps them to
+our jobs through the executor's ``{pid: job}`` (each job's cgroup, else its
+session: the job and every descendant) and names the rest (pid, uid, user).
+Fake GPUs build the same per-process list from the processes that *declare*
+a use in their environment, so the same ``attribute`` runs on both:
+
+- ``EVENTSCHED_FAKE_GPU_MEM_MIB=N``: the process holds N MiB on each GPU of
+  its ``CUDA_VISIBLE_DEVICES`` (all fake GPUs when unset);
+- ``EVENTSCHED_FAKE_GPU_UTIL=P``: those GPUs are P % busy (the sum over the
+  processes that declare it; otherwise a GPU is as busy as its allocated share).
+
+A child that inherits the same declaration is the same holder, not a second
+one. To change its use mid-run, a job starts a process with another value
+(``EVENTSCHED_FAKE_GPU_MEM_MIB=3000 python -c ...``); a process that is not a
+job's declares *foreign* memory, as another user's process would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import os
+import pwd
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
+from eventsched.domain.events import GpuProcess
 from eventsched.domain.messages import GpuFailed, GpuInfo, GpuObserved
 from eventsched.domain.units import DEFAULT_FAKE_MEM_MIB, UnitError, parse_fake_gpus
 
@@ -26,8 +46,14 @@ __all__ = [
     "FakeBackend",
     "parse_gpus_option",
     "significant",
+    "attribute",
+    "FAKE_MEM_VAR",
+    "FAKE_UTIL_VAR",
     "DEFAULT_FAKE_MEM_MIB",
 ]
+
+FAKE_MEM_VAR = "EVENTSCHED_FAKE_GPU_MEM_MIB"
+FAKE_UTIL_VAR = "EVENTSCHED_FAKE_GPU_UTIL"
 
 _MIB = 1024 * 1024
 
@@ -52,7 +78,8 @@ class GpuBackend(Protocol):
 
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
         """One observation per GPU. ``job_pids``: the scheduler's jobs and
-        their descendants; GPU memory of any other process is foreign (F2)."""
+        their descendants (a ``{pid: job}`` mapping attributes their memory
+        to each job); GPU memory of any other process is foreign (F2)."""
         ...
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
@@ -110,10 +137,11 @@ class NvmlBackend:
         return out
 
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
-        pids = job_pids if isinstance(job_pids, (set, frozenset)) else set(job_pids)
-        return [self._sample_one(i, pids) for i in range(self._count)]
+        pids = job_pids if isinstance(job_pids, (set, frozenset, Mapping)) else set(job_pids)
+        owners: dict[int, tuple[int, str]] = {}  # one /proc look-up per foreign pid per sample
+        return [self._sample_one(i, pids, owners) for i in range(self._count)]
 
-    def _sample_one(self, i: int, job_pids: Collection[int]) -> GpuSample:
+    def _sample_one(self, i: int, job_pids: Collection[int], owners: dict[int, tuple[int, str]]) -> GpuSample:
         nv = self._nvml
         try:
             h = nv.nvmlDeviceGetHandleByIndex(i)
@@ -123,10 +151,16 @@ class NvmlBackend:
                 lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), 0.0
             )
             power = self._optional(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 0.0)
-            foreign = self._foreign_mib(h, job_pids)
+            procs = self._processes(h)
         except nv.NVMLError as e:
             lost = getattr(e, "value", None) == nv.NVML_ERROR_GPU_IS_LOST
             return GpuFailed(node=self.node, gpu=i, error=f"NVML: {e}", lost=lost)
+        if procs is None:  # the driver cannot list processes: foreign memory unknown, not zero
+            jobs: dict[int, int] = {}
+            others: list[GpuProcess] = []
+            foreign = -1
+        else:
+            jobs, others, foreign = attribute(procs.items(), job_pids, owners)
         return GpuObserved(
             node=self.node,
             gpu=i,
@@ -136,6 +170,8 @@ class NvmlBackend:
             temperature_c=temp,
             power_w=power,
             foreign_memory_mib=foreign,
+            job_memory_mib=jobs,
+            foreign_processes=others,
         )
 
     def _optional(self, read: Callable[[], float], default: float) -> float:
@@ -145,19 +181,19 @@ class NvmlBackend:
         except self._nvml.NVMLError_NotSupported:
             return default
 
-    def _foreign_mib(self, h: object, job_pids: Collection[int]) -> int:
+    def _processes(self, h: object) -> dict[int, int] | None:
+        """{pid: MiB} of the processes on the GPU (None: the driver cannot say)."""
         nv = self._nvml
         used: dict[int, int] = {}  # pid -> bytes; a pid may be in both lists
         try:
             procs = list(nv.nvmlDeviceGetComputeRunningProcesses(h))
             procs += nv.nvmlDeviceGetGraphicsRunningProcesses(h)
         except nv.NVMLError_NotSupported:
-            return -1  # unknown, not zero
+            return None
         for p in procs:
-            if p.pid not in job_pids:
-                # usedGpuMemory is None when the driver cannot tell (e.g. Windows WDDM)
-                used[p.pid] = max(used.get(p.pid, 0), int(p.usedGpuMemory or 0))
-        return sum(used.values()) // _MIB
+            # usedGpuMemory is None when the driver cannot tell (e.g. Windows WDDM)
+            used[p.pid] = max(used.get(p.pid, 0), int(p.usedGpuMemory or 0))
+        return {pid: b // _MIB for pid, b in used.items()}
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
         pass  # the driver reports what the jobs really use
@@ -171,6 +207,106 @@ class NvmlBackend:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+# --- per-process memory, both backends ----------------------------------------
+
+
+def attribute(
+    procs: Iterable[tuple[int, int]],
+    job_pids: Collection[int],
+    owners: dict[int, tuple[int, str]] | None = None,
+) -> tuple[dict[int, int], list[GpuProcess], int]:
+    """Split one GPU's ``(pid, MiB)`` list into (job -> MiB, the processes of
+    no job, their MiB in all). ``job_pids`` maps pid -> job (a plain set of
+    pids only tells ours from foreign). ``owners`` caches pid -> (uid, user)."""
+    job_of = job_pids if isinstance(job_pids, Mapping) else None
+    jobs: dict[int, int] = {}
+    others: list[GpuProcess] = []
+    foreign = 0
+    for pid, mib in procs:
+        if pid in job_pids:
+            if job_of is not None:
+                job = job_of[pid]
+                jobs[job] = jobs.get(job, 0) + mib
+            continue
+        foreign += mib
+        if owners is None:
+            owners = {}
+        owner = owners.get(pid)
+        if owner is None:
+            owner = owners[pid] = _owner(pid)
+        others.append(GpuProcess(pid=pid, used_mib=mib, uid=owner[0], user=owner[1]))
+    others.sort(key=lambda p: (-p.used_mib, p.pid))
+    return jobs, others, foreign
+
+
+def _owner(pid: int) -> tuple[int, str]:
+    """(uid, user name) of a process; (-1, "") when it is not visible here
+    (another pid namespace, or gone)."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1, ""
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, ""
+
+
+class _Declared:
+    __slots__ = ("ppid", "mem", "util", "gpus")
+
+    def __init__(self, ppid: int, mem: int, util: float | None, gpus: tuple[int, ...] | None) -> None:
+        self.ppid, self.mem, self.util, self.gpus = ppid, mem, util, gpus
+
+    def same(self, other: _Declared) -> bool:
+        return (self.mem, self.util, self.gpus) == (other.mem, other.util, other.gpus)
+
+
+def _declared_processes() -> dict[int, _Declared]:
+    """Fake GPUs: every process here that declares a GPU use in its
+    environment (``FAKE_MEM_VAR``, ``FAKE_UTIL_VAR``), less the children that
+    only inherited their parent's declaration."""
+    mem_key, util_key = FAKE_MEM_VAR.encode() + b"=", FAKE_UTIL_VAR.encode() + b"="
+    found: dict[int, _Declared] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                data = f.read()
+        except OSError:  # gone, or another user's
+            continue
+        if mem_key not in data and util_key not in data:
+            continue
+        env = dict(item.partition(b"=")[::2] for item in data.split(b"\0") if item)
+        try:
+            mem = max(0, int(env.get(FAKE_MEM_VAR.encode(), b"0")))
+            util_raw = env.get(FAKE_UTIL_VAR.encode())
+            util = None if util_raw is None else min(100.0, max(0.0, float(util_raw)))
+        except ValueError:
+            continue  # not a number: declares nothing
+        visible = env.get(b"CUDA_VISIBLE_DEVICES")
+        gpus: tuple[int, ...] | None = None
+        if visible is not None:
+            try:
+                gpus = tuple(int(x) for x in visible.split(b",") if x.strip())
+            except ValueError:
+                gpus = ()
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(name)] = _Declared(ppid, mem, util, gpus)
+    # a child that inherited the very same declaration holds nothing more
+    return {pid: d for pid, d in found.items() if not (d.ppid in found and found[d.ppid].same(d))}
 
 
 # --- simulated GPUs -------------------------------------------------------
@@ -230,6 +366,17 @@ class FakeBackend:
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
         self._tick += 1
         out: list[GpuSample] = []
+        # the per-process list NVML would give, from the processes' declarations
+        per_gpu: list[list[tuple[int, int]]] = [[] for _ in range(self.n)]
+        declared_util: list[float | None] = [None] * self.n
+        for pid, d in sorted(_declared_processes().items()):
+            for g in (range(self.n) if d.gpus is None else d.gpus):
+                if 0 <= g < self.n:
+                    if d.mem:
+                        per_gpu[g].append((pid, d.mem))
+                    if d.util is not None:
+                        declared_util[g] = min(100.0, (declared_util[g] or 0.0) + d.util)
+        owners: dict[int, tuple[int, str]] = {}
         for i in range(self.n):
             if i in self._failed:
                 error, lost = self._failed[i]
@@ -239,8 +386,13 @@ class FakeBackend:
             # +-2 points of deterministic jitter on a busy GPU: under the
             # 5-point "significant" threshold, so it does not bloat the log
             jitter = float((self._tick * 7 + i * 3) % 5 - 2) if share > 0 else 0.0
-            util = min(100.0, max(0.0, share * 100.0 + jitter))
-            used = min(self.mem_mib, self._reserved[i] + self._foreign[i])
+            declared = declared_util[i]
+            util = min(100.0, max(0.0, share * 100.0 + jitter)) if declared is None else declared
+            jobs, others, foreign_declared = attribute(per_gpu[i], job_pids, owners)
+            foreign = self._foreign[i] + foreign_declared
+            # jobs that declare nothing stand for their reservation
+            ours = max(self._reserved[i], sum(jobs.values()))
+            used = min(self.mem_mib, ours + foreign)
             out.append(
                 GpuObserved(
                     node=self.node,
@@ -250,7 +402,9 @@ class FakeBackend:
                     memory_total_mib=self.mem_mib,
                     temperature_c=round(30.0 + 0.5 * util, 1),  # 30 C idle, 80 C flat out
                     power_w=round(60.0 + 3.4 * util, 1),  # 60 W idle, 400 W flat out
-                    foreign_memory_mib=self._foreign[i],
+                    foreign_memory_mib=foreign,
+                    job_memory_mib=jobs,
+                    foreign_processes=others,
                 )
             )
         return out
@@ -300,4 +454,13 @@ def significant(
         or abs(new.foreign_memory_mib - prev.foreign_memory_mib) >= mem_step
         or abs(new.temperature_c - prev.temperature_c) >= 3.0
         or new.memory_total_mib != prev.memory_total_mib
+        or _jobs_moved(prev.job_memory_mib, new.job_memory_mib, mem_step / 4)
+        or {p.pid for p in prev.foreign_processes} != {p.pid for p in new.foreign_processes}
     )
+
+
+def _jobs_moved(prev: dict[int, int], new: dict[int, int], step: float) -> bool:
+    """A job came onto the GPU or left it, or its memory moved by ``step`` (issue 17)."""
+    if prev.keys() != new.keys():
+        return True
+    return any(abs(new[j] - prev[j]) >= step for j in new)

@@ -38,7 +38,7 @@ def live_gauges(status: dict[str, Any]) -> str:
     lines += [f'eventsched_gpu_allocated_share{{gpu="{g["node"]}:{g["id"]}"}} {g["allocated"]:g}' for g in status["gpus"]]
     lines += [
         "# HELP eventsched_log_seq Sequence number of the last committed event.",
-        "# TYPE eventsched_log_seq counter",
+        "# TYPE eventsched_log_seq gauge",
         f"eventsched_log_seq {status['seq']}",
     ]
     return "\n".join(lines) + "\n"

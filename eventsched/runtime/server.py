@@ -33,12 +33,13 @@ import anyio.abc
 import msgspec
 
 from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.core.forecast import ASSUMPTIONS, describe, run_forecast, working_copy
 from eventsched.core.policies import REPLAY_ONLY
 from eventsched.core.tenants_report import tenants_report
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSubmitted, encode_many
 from eventsched.domain.paths import log_dir
-from eventsched.domain.states import ACTIVE, FINAL
+from eventsched.domain.states import ACTIVE, FINAL, JobState
 from eventsched.domain.visibility import BatchView, redact_events
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.views import gpu_json, job_json
@@ -269,7 +270,16 @@ class Server:
             if job is None:
                 raise msg.Refused(f"no job {job_id}")
             reason = waiting_reason(state, job_id, self.engine.clock())
-            return {"job": job_json(job, reason), "reason": msgspec.to_builtins(reason), "from_seq": job.submitted_seq}
+            # a queued job's forecast runs on a copy, in a thread (issue 17)
+            copy = working_copy(state) if job.state == QUEUED_STATE else None
+            return {"job": job_json(job, reason), "reason": msgspec.to_builtins(reason), "from_seq": job.submitted_seq,
+                    "copy": copy}
+
+        def forecast(copy: ClusterState) -> dict[str, Any]:
+            now = self.engine.clock()
+            f = run_forecast(copy, now, {job_id})
+            start = f.starts.get(job_id)
+            return {"estimated_start": start, "made_at": now, "text": describe(start, now), "assumptions": ASSUMPTIONS}
 
         def story(from_seq: int) -> list[dict[str, Any]]:
             batches = eventlog.read_batches(log_dir(self.engine.state_dir), from_seq=max(1, from_seq))
@@ -279,6 +289,13 @@ class Server:
         try:
             view = await self.engine.call(Query(now_view))
             view["story"] = await anyio.to_thread.run_sync(story, view.pop("from_seq"))
+            copy = view.pop("copy")
+            if copy is not None:
+                view["forecast"] = await anyio.to_thread.run_sync(forecast, copy)
+                start = view["forecast"]["estimated_start"]
+                if start is not None:  # what was shown is recorded, so its error can be measured
+                    self.engine.submit_nowait(msg.RecordForecast(job=job_id, estimated_start=start, by="explain"),
+                                              None, lambda *_: None)
         except msg.Refused as refusal:
             reply(None, refusal.reason)
             return
@@ -518,12 +535,24 @@ def _submitted_array(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": ids[0], "ids": ids, "seq": events[-1].seq}
 
 
+QUEUED_STATE = JobState.QUEUED
+
+# queue --json forecasts start times while at most this many jobs wait (each
+# listing then costs a forward run of the core); explain forecasts any job
+FORECAST_QUEUE_LIMIT = 200
+
+
 def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[dict]:
     from eventsched.core.explain import waiting_reasons
 
     jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
     reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
+    starts: dict[int, float] | None = None
+    if 0 < len(state.queue) <= FORECAST_QUEUE_LIMIT:
+        starts = run_forecast(working_copy(state), now, None).starts
     out = [job_json(job, reasons.get(job.id)) for job in jobs]
+    for view in out:  # issue 17: null when not queued, or the queue is too long to forecast per listing
+        view["estimated_start"] = starts.get(view["id"]) if starts is not None and view["state"] == "queued" else None
     if any(job.spec.array_index >= 0 for job in jobs):
         # each array task also says how many of its array's tasks have ended,
         # so `queue` can fold an array into one line without --all

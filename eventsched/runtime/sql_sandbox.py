@@ -140,16 +140,18 @@ def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cp
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[Any]]]:
-    """Run one statement; its rows as plain values, refused once their encoding passes ``max_bytes``."""
+def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[Any]], list[str]]:
+    """Run one statement; its rows as plain values, refused once their encoding passes ``max_bytes``,
+    and its columns' DuckDB types (so that a client can write them typed, e.g. as Parquet)."""
     import msgspec
 
     from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError, _plain
 
     relation = con.sql(text)
     if relation is None:
-        return [], []
+        return [], [], []
     columns = list(relation.columns)
+    types = [str(t) for t in relation.types]
     rows: list[list[Any]] = []
     size = 0
     encode = msgspec.msgpack.Encoder().encode
@@ -171,7 +173,7 @@ def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[A
                 raise SqlError(f"result too large: more than {max_bytes / MIB:g} MiB after {len(rows)} rows; "
                                "add a LIMIT or aggregate", EXIT_BAD_QUERY)
             rows.append(plain)
-    return columns, rows
+    return columns, rows, types
 
 
 def _answer(params: dict[str, Any]) -> dict[str, Any]:
@@ -211,9 +213,10 @@ def _answer(params: dict[str, Any]) -> dict[str, Any]:
                 raise SqlError(str(e), EXIT_BAD_QUERY) from None
             columns: list[str] = []
             rows: list[list[Any]] = []
+            types: list[str] = []
             for text in statements:
-                columns, rows = _stream(con, text, params["max_result_bytes"])
-            return {"columns": columns, "rows": rows}
+                columns, rows, types = _stream(con, text, params["max_result_bytes"])
+            return {"columns": columns, "rows": rows, "types": types}
     except SqlError as e:
         return {"error": str(e), "code": e.code}
     except duckdb.OutOfMemoryException as e:

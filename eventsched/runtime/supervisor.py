@@ -9,13 +9,15 @@ latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
 own session and talks to the daemon only through files in JOBDIR (plus one
 line on READY_FD, if given, so a live daemon learns the pid without polling):
 
-- reads  ``JOBDIR/spec.json``: argv, env, cwd, uid/gid/groups (null = keep),
+- reads  ``JOBDIR/spec.json`` (or gets the same with the zygote's request):
+  argv, env, cwd, uid/gid/groups (null = keep),
   cgroup (a cgroup v2 directory the job joins before exec; absent = none),
   memory_cgroup (a cgroup v1 memory directory it joins too; issue 11),
   memory_limit (how its host memory is limited, so an exit for the limit
   is told from any other: ``"oom": true`` in the exit record),
   umask and rlimits (already clamped by the daemon; clamped again here)
-- writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename)
+- writes ``JOBDIR/pid``  once the job has exec'd (atomically, by rename), with
+  the job's cgroups (for a restarted daemon to clear)
 - writes ``JOBDIR/exit`` when the job has ended (atomically, by rename)
 
 Its own stdout/stderr are the job's log (opened by the executor for a cold
@@ -456,9 +458,10 @@ def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> 
     return pid
 
 
-def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
+def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"") -> int:
     """Be the supervisor of the job in ``jobdir``: start it, say so on
-    ``ready_fd`` (lines start with ``prefix``), wait, record its end."""
+    ``ready_fd`` (lines start with ``prefix``), wait, record its end.
+    ``plan``: the spec, sent with the zygote's request (else spec.json)."""
     # The daemon's terminal and its death must not reach us (we are its shim).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -479,10 +482,16 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
     if ready_fd >= 0:  # the job must not inherit it
         os.set_inheritable(ready_fd, False)
     jobdir = os.path.abspath(jobdir)  # _spawn changes our directory
-    with open(os.path.join(jobdir, "spec.json"), "rb") as f:
-        spec = _loads(f.read().decode())
+    if not plan:
+        with open(os.path.join(jobdir, "spec.json"), "rb") as f:
+            plan = f.read()
+    spec = _loads(plan.decode())
     if open_log:  # our stdout/stderr become the job's log, as in a cold start
-        log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        # created here, as the daemon does for a cold start: 0600, and the
+        # job's user owns it (the job writes its own log as itself)
+        log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        if spec.get("uid") is not None and os.geteuid() == 0:
+            os.fchown(log, spec["uid"], spec["gid"])
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
@@ -514,12 +523,14 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool) -> int:
     oom_cgroup = memcg if mode == "cgroup1" else cgroup[0] if mode == "cgroup2" else ""
 
     start_time = _proc_start_time(pid)
+    # with the cgroups, which a restarted daemon clears if we die (spec.json
+    # may not exist: the zygote passes the plan in its request)
     _write_atomic(
         jobdir,
         "pid",
         '{"pid": %d, "start_time": %d, "supervisor_pid": %d, "supervisor_start_time": %d,'
-        ' "started_at": %r}\n'
-        % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time()),
+        ' "started_at": %r, "cgroup": %s, "memory_cgroup": %s}\n'
+        % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time(), _quote(cgroup[0]), _quote(memcg)),
     )
     _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time))
 
@@ -612,7 +623,8 @@ def zygote(sock_fd: int) -> int:
                 return 0
             if not request:
                 return 0  # the daemon is gone: the supervisors run on
-            token, _, jobdir = request.decode(errors="surrogateescape").partition(" ")
+            head, _, plan = request.partition(b"\0")  # the plan, if sent with the request
+            token, _, jobdir = head.decode(errors="surrogateescape").partition(" ")
             try:
                 pid = os.fork()
             except OSError as e:
@@ -627,7 +639,7 @@ def zygote(sock_fd: int) -> int:
                     os.close(wake_r)
                     os.close(wake_w)
                     os.setsid()  # its own session: the zygote's end is not its
-                    code = _supervise(jobdir, sock_fd, token + " ", True)
+                    code = _supervise(jobdir, sock_fd, token + " ", True, plan)
                 except BaseException as e:  # noqa: BLE001 - tell, then die
                     try:
                         _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)

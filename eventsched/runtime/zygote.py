@@ -5,6 +5,7 @@ pidfd comes back over the socket (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import select
@@ -16,18 +17,13 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-__all__ = [
-    "Executor",
-    "LaunchError",
-    "AlreadyLaunched",
-    "rewrite_cuda",
-    "job_argv",
-    "job_env",
-    "DEFAULT_PATH",
-]
+__all__ = ["INLINE_SPEC_BYTES", "SUPERVISOR", "Zygote", "ZygoteRequest"]
 
 
 SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))  # stdlib only: started with python -I -S
+# a plan up to this size travels in the request (the zygote reads 64 KiB);
+# a bigger one (a huge environment) is read from spec.json
+INLINE_SPEC_BYTES = 60_000
 
 
 class ZygoteRequest:
@@ -79,14 +75,18 @@ class Zygote:
     def alive(self) -> bool:
         return not self.retired and not self.eof and self.popen.poll() is None
 
-    def submit(self, attempt_dir: Path) -> tuple[int, ZygoteRequest] | None:
-        """Hand over a launch; None if the zygote did not take it (dead)."""
+    def submit(self, attempt_dir: Path, spec: bytes | None = None) -> tuple[int, ZygoteRequest] | None:
+        """Hand over a launch (``spec``: the plan, else the supervisor reads
+        spec.json); None if the zygote did not take it (dead)."""
         self.next_token += 1
         token = self.next_token
         try:
             # absolute: the zygote runs in /
             path = os.path.abspath(attempt_dir)
-            self.sock.send(f"{token} {path}".encode(errors="surrogateescape"), socket.MSG_NOSIGNAL)
+            request = f"{token} {path}".encode(errors="surrogateescape")
+            if spec is not None:
+                request += b"\0" + spec  # a path holds no NUL
+            self.sock.send(request, socket.MSG_NOSIGNAL)
         except OSError:
             return None
         req = self.requests[token] = ZygoteRequest()
@@ -102,9 +102,9 @@ class Zygote:
             async with self.lock:
                 while not self.eof and not (req.forked and req.result):
                     if req.pidfd >= 0:
-                        await _wait_either(self.sock.fileno(), req.pidfd)
+                        await _wait_readable(self.sock.fileno(), req.pidfd)
                     else:
-                        await anyio.wait_readable(self.sock)
+                        await _wait_readable(self.sock.fileno())
                     self._drain()
                     if req.pidfd >= 0 and not req.result and _readable(req.pidfd):
                         # exited; anything it said was sent before, and is read
@@ -171,11 +171,21 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-async def _wait_either(a: int, b: int) -> None:
-    async def one(fd: int, scope: anyio.CancelScope) -> None:
-        await anyio.wait_readable(fd)
-        scope.cancel()
+async def _wait_readable(*fds: int) -> None:
+    """Until one of ``fds`` is readable: readers on the asyncio loop the
+    daemon runs on, rather than a task group of ``anyio.wait_readable``
+    (a task group per launch cost a tenth of the launch's CPU)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(one, a, tg.cancel_scope)
-        tg.start_soon(one, b, tg.cancel_scope)
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    for fd in fds:
+        loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)

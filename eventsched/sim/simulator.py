@@ -326,6 +326,9 @@ class _Sim:
             elif kind == "policy":
                 if self.follow_recorded:
                     self.handle(item[1])
+            elif kind == "tenants":  # an operator's change, unless a what-if sets the tenants
+                if self.tenants is None:
+                    self.handle(item[1])
             elif kind == "start":  # a trace's machine: one Started per node
                 _, node, infos, backend = item
                 # no queue limit: a trace's burst is a workload, not abuse

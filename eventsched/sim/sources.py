@@ -35,6 +35,7 @@ from eventsched.domain.messages import (
     ResumeGpu,
     SchedulerConfig,
     SetPolicy,
+    SetTenants,
     Started,
     Stopping,
     Submit,
@@ -200,14 +201,17 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     clock = -math.inf
     last_start = -math.inf  # the previous JobStarted: its launch was ahead of the next one's
     start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
+    start_tenants: dict[str, Any] | None = None  # the tenants its config brought
 
     def flush_start() -> None:
-        nonlocal start
+        nonlocal start, start_tenants
         if start is not None:
             t, seq, d, infos = start
             msg = _started_message(d.node, infos, _config_of(d), d.gpu_backend, d.pid, d.version)
+            if start_tenants is not None:
+                msg = msgspec.structs.replace(msg, tenants=start_tenants)
             stimuli.append((t, _REC, float(seq), msg))
-            start = None
+            start, start_tenants = None, None
 
     for e in events:
         t = clock = max(clock, e.ts)  # a clock stepped back is flattened
@@ -231,7 +235,8 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             stimuli.append((t, _REC, float(seq), GpuObserved(
                 node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
                 memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
-                foreign_memory_mib=e.foreign_memory_mib)))
+                foreign_memory_mib=e.foreign_memory_mib, job_memory_mib=e.job_memory_mib,
+                foreign_processes=e.foreign_processes)))
         elif isinstance(e, ev.GpuErrored):
             if stimulus and e.cause != "daemon":  # not the core's own finding at start-up
                 stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
@@ -245,6 +250,11 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 stimuli.append((t, _REC, float(seq), ("policy", SetPolicy(policy=e.policy, by=e.by))))
         elif isinstance(e, ev.DaemonStopped):
             stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
+        elif isinstance(e, ev.TenantsConfigured):
+            if stimulus:  # an operator's tenant set / remove
+                stimuli.append((t, _REC, float(seq), ("tenants", SetTenants(tenants=dict(e.tenants), by=e.by))))
+            else:  # the config's, decided at start-up
+                start_tenants = dict(e.tenants)
         elif isinstance(e, ev.TimerFired):
             timer_times.append((t, seq))
         elif isinstance(e, ev.JobsCommanded):

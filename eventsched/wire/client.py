@@ -15,6 +15,7 @@ from eventsched.domain.events import Event, JobSpec, decode_many
 from eventsched.domain.paths import socket_location
 from eventsched.domain.tenants import Tenant
 from eventsched.wire import protocol
+from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
 
 __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
 
@@ -39,19 +40,6 @@ def _send(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except (BrokenPipeError, ConnectionResetError):
         pass
-
-
-class ClientError(Exception):
-    """The daemon refused a request; str() is its one-line reason."""
-
-
-class DaemonNotRunning(ClientError):
-    def __init__(self, path: str) -> None:
-        super().__init__(
-            f"no eventsched daemon is listening on {path}; start one with "
-            f"`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)"
-        )
-        self.path = path
 
 
 class Client:
@@ -121,10 +109,7 @@ class Client:
             raise
         except (ConnectionResetError, BrokenPipeError) as exc:  # the daemon died mid-request
             self.close()
-            raise ClientError(
-                f"the daemon went away before answering ({exc.strerror}); whether it took the request is "
-                "in its log: check with `eventsched queue` once it is back"
-            ) from None
+            raise went_away(exc) from None
         except OSError:
             self.close()
             raise

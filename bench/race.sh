@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The race: one workload, 1,000 jobs of `true` at most 4 at a time, through
+#   - xargs -P 4                    (the floor: no scheduler at all)
+#   - task-spooler (tsp -S 4)       one `tsp true` per job from a bash loop (skipped if tsp is absent;
+#                                   scripts/install-bench-tools.sh installs it)
+#   - eventsched, three ways, on `serve --gpus fake:4` with `--gpus 1` jobs (4 fake GPUs: 4 at a time):
+#       a bash loop of `eventsched submit --gpus 1 -- true`,
+#       one `eventsched submit --gpus 1 --array 0-999 -- true`,
+#       one `eventsched submit-file FILE` (1,000 lines of the seeds' format; each line runs
+#       `python -u SCRIPT --cuda IDS`, and for the jobs `python` is /bin/true, first on their PATH,
+#       so that the workload stays `true`: a Python start per job would be the jobs' cost, not ours).
+# Each drain is timed from just before the first submission to the last job's end (eventsched:
+# `ended_at` read back from `queue --all --json`; tsp: `tsp -w` on its last job; xargs: its exit),
+# and printed with its ratio to the floor measured in the same run. Then idle dispatch, p50 of
+# IDLE_N: from just before the submitting command starts (so the CLI's own start-up counts) to the
+# job's first instruction (the job is `touch FILE`; the file's mtime), on an idle scheduler.
+#
+# Everything lives in a temporary directory, removed at the end; the daemon and the tsp server
+# are started here and stopped by PID; nothing binds but their unix sockets.
+#
+# Run: bench/race.sh            (N=1000 jobs, IDLE_N=20; both can be set in the environment)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+N=${N:-1000}
+IDLE_N=${IDLE_N:-20}
+ES=${EVENTSCHED:-$ROOT/.venv/bin/eventsched}
+PY=$ROOT/.venv/bin/python
+# a user's shell does not set it; with it, each CLI call would compile its modules again
+unset PYTHONDONTWRITEBYTECODE
+[ -x "$ES" ] || { echo "race: no $ES; run scripts/setup.sh first" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/eventsched-race.XXXXXX)
+DAEMON_PID=""
+cleanup() {
+  if [ -n "$DAEMON_PID" ]; then
+    kill "$DAEMON_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$DAEMON_PID" 2>/dev/null || true
+  fi
+  if [ -S "$WORK/tsp.socket" ]; then
+    TS_SOCKET=$WORK/tsp.socket tsp -K >/dev/null 2>&1 || true  # stops our tsp server (that socket's alone)
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+now() { echo "$EPOCHREALTIME"; }
+sub() { "$PY" -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.6f}")' "$1" "$2"; }
+ratio() { "$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.1f}x")' "$1" "$2"; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+mtime() { stat -c %.9Y "$1"; }
+wait_file() { for _ in $(seq 2000); do [ -e "$1" ] && return 0; sleep 0.005; done; echo "race: $1 never appeared" >&2; exit 1; }
+
+declare -A DRAIN
+report() { printf '%-44s %8.3f s   %s\n' "$1" "$2" "$3"; }
+
+# --- the floor ---------------------------------------------------------------------------------
+t0=$(now)
+seq "$N" | xargs -P 4 -n 1 true
+FLOOR=$(sub "$(now)" "$t0")
+
+# --- task-spooler --------------------------------------------------------------------------------
+TSP_DISPATCH=""
+if command -v tsp >/dev/null; then
+  # our own server: its socket and its output files in $WORK, 4 slots
+  mkdir -p "$WORK/tsp"
+  ts() { TMPDIR=$WORK/tsp TS_SOCKET=$WORK/tsp.socket TS_SLOTS=4 TS_MAXFINISHED=$((N + IDLE_N + 10)) tsp "$@"; }
+  ts -S 4  # starts the server
+  t0=$(now)
+  for _ in $(seq "$N"); do ts true >/dev/null; done
+  ts -w >/dev/null 2>&1 || true  # waits for the last job added
+  DRAIN[tsp]=$(sub "$(now)" "$t0")
+  left=$(ts -l | awk 'NR > 1 && ($2 == "running" || $2 == "queued")' | wc -l)
+  [ "$left" = 0 ] || echo "race: tsp still has $left jobs after its last one ended" >&2
+  for i in $(seq "$IDLE_N"); do
+    f=$WORK/tsp-idle-$i
+    t0=$(now)
+    ts touch "$f" >/dev/null
+    wait_file "$f"
+    sub "$(mtime "$f")" "$t0" >>"$WORK/tsp-dispatch"
+    sleep 0.05
+  done
+  TSP_DISPATCH=$(median <"$WORK/tsp-dispatch")
+  ts -K >/dev/null 2>&1 || true
+fi
+
+# --- eventsched ----------------------------------------------------------------------------------
+export EVENTSCHED_STATE_DIR=$WORK/es
+unset EVENTSCHED_SOCKET
+mkdir -p "$EVENTSCHED_STATE_DIR"
+"$ES" serve --gpus fake:4 >"$WORK/daemon.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 300); do "$ES" health >/dev/null 2>&1 && break; sleep 0.1; done
+"$ES" health >/dev/null || { cat "$WORK/daemon.log" >&2; exit 1; }
+
+# the last job's end among ids > $1, once no job is queued or running (one connection, polled)
+drained_at() {
+  "$PY" - "$1" <<'PY'
+import sys, time
+from eventsched import Client
+after = int(sys.argv[1])
+with Client() as c:
+    while c.jobs(all=False):
+        time.sleep(0.25)  # the end is read from ended_at: polling slowly costs no precision
+    jobs = [j for j in c.jobs(all=True) if j["id"] > after]
+bad = [j for j in jobs if j["state"] != "succeeded"]
+if bad:
+    sys.exit(f"race: {len(bad)} jobs did not succeed, e.g. {bad[0]}")
+print(max(j["ended_at"] for j in jobs))
+PY
+}
+last_id() { "$PY" -c 'from eventsched import Client; print(max([j["id"] for j in Client().jobs(all=True)], default=0))'; }
+
+before=$(last_id)
+t0=$(now)
+for _ in $(seq "$N"); do "$ES" submit --gpus 1 -- true >/dev/null; done
+DRAIN[loop]=$(sub "$(drained_at "$before")" "$t0")
+
+before=$(last_id)
+t0=$(now)
+"$ES" submit --gpus 1 --array "0-$((N - 1))" -- true >/dev/null
+DRAIN[array]=$(sub "$(drained_at "$before")" "$t0")
+
+mkdir -p "$WORK/jobs" "$WORK/shadow"
+ln -s "$(type -P true)" "$WORK/shadow/python"
+: >"$WORK/jobs/noop.py"
+{ echo "# priority,script_path,conda_env,arguments,allowed_gpus"
+  for i in $(seq "$N"); do echo "0,$WORK/jobs/noop.py,,--seed $i,"; done; } >"$WORK/jobs/jobs.txt"
+before=$(last_id)
+t0=$(now)
+PATH=$WORK/shadow:$PATH "$ES" submit-file "$WORK/jobs/jobs.txt" >/dev/null
+DRAIN[file]=$(sub "$(drained_at "$before")" "$t0")
+
+for i in $(seq "$IDLE_N"); do
+  f=$WORK/es-idle-$i
+  t0=$(now)
+  "$ES" submit --gpus 1 -- touch "$f" >/dev/null
+  wait_file "$f"
+  sub "$(mtime "$f")" "$t0" >>"$WORK/es-dispatch"
+  sleep 0.05
+done
+ES_DISPATCH=$(median <"$WORK/es-dispatch")
+
+# --- the table -----------------------------------------------------------------------------------
+echo "race: $N jobs of true, at most 4 at a time ($(nproc) CPUs); drain from the first submission to the last job's end"
+report "xargs -P 4 -n 1 true (the floor)" "$FLOOR" "1.0x"
+if [ -n "${DRAIN[tsp]:-}" ]; then
+  report "task-spooler: bash loop of tsp true" "${DRAIN[tsp]}" "$(ratio "${DRAIN[tsp]}" "$FLOOR")"
+else
+  echo "task-spooler: skipped (no tsp; scripts/install-bench-tools.sh installs it)"
+fi
+report "eventsched: bash loop of eventsched submit" "${DRAIN[loop]}" "$(ratio "${DRAIN[loop]}" "$FLOOR")"
+report "eventsched: submit --array 0-$((N - 1))" "${DRAIN[array]}" "$(ratio "${DRAIN[array]}" "$FLOOR")"
+report "eventsched: submit-file ($N lines)" "${DRAIN[file]}" "$(ratio "${DRAIN[file]}" "$FLOOR")"
+echo "idle dispatch p50 of $IDLE_N, the submitting command's start to the job's first instruction:"
+[ -n "$TSP_DISPATCH" ] && printf '  %-42s %6.1f ms\n' "tsp touch FILE" "$("$PY" -c "print($TSP_DISPATCH * 1e3)")"
+printf '  %-42s %6.1f ms\n' "eventsched submit --gpus 1 -- touch FILE" "$("$PY" -c "print($ES_DISPATCH * 1e3)")"

@@ -1,0 +1,280 @@
+"""History at a glance (issue 17 item 4): ``eventsched status --history 1h``.
+
+Per GPU, a utilisation and a memory sparkline over the window, and per user
+the GPU-hours of the current day (UTC, the ``gpu_hours_daily`` view), all from
+the history read model by one SQL query: run here when this user can read the
+log, else answered by the daemon as this user, exactly like ``eventsched sql``.
+The notebook panel (``jupyter/widgets.py``) draws the same data as SVG.
+
+How samples become columns. The sampler logs a GPU's sample when it changes
+(utilisation by 5 points, memory by 2 %, ...) and at least once a minute, so a
+GPU's reading holds until its next sample. The window is cut into ``buckets``
+equal columns; a column with samples shows their mean, a column without shows
+the last reading before it (as long as that reading is at most
+``HOLD_S`` old: a stopped daemon's GPUs go blank rather than flat).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import time
+from typing import Any, Callable
+
+__all__ = ["HOLD_S", "SPARK", "fetch_history", "history_query", "parse_window", "render_history",
+           "series_from_rows", "span_text", "sparkline", "StatusHistory"]
+
+SPARK = "▁▂▃▄▅▆▇█"
+BLOCKS = " ▏▎▍▌▋▊▉█"
+HOLD_S = 90.0  # a reading is carried forward at most this long (the sampler logs at least every 60 s)
+DEFAULT_BUCKETS = 60
+BAR_WIDTH = 30
+REFRESH_S = 10.0  # with --watch, the history is re-read at most this often
+MIN_SPAN_S = 10.0  # the shortest window ``fit`` narrows to
+
+Query = Callable[[str], tuple[list[str], list[Any]]]
+
+
+def parse_window(text: str) -> float:
+    """``--history``'s window in seconds (``30m``, ``1h``, ``1d``, ``900``); UserError-ready message on bad input."""
+    from eventsched.domain.units import UnitError, parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except UnitError:
+        raise UnitError(f"--history {text!r}: give a window like 15m, 1h, 6h or 1d") from None
+    if seconds > 31 * 86400:
+        raise UnitError(f"--history {text!r}: at most 31 days")
+    return seconds
+
+
+def _num(value: float) -> str:
+    return repr(float(value))
+
+
+def history_query(start: float, end: float, buckets: int, day: dt.date, *, fit: bool = True) -> str:
+    """One read-only query (one round trip, one consistent view) for the whole picture.
+
+    With ``fit``, a window that reaches back before the first sample in the log
+    (a daemon started ten minutes ago, asked for an hour) starts at that sample
+    instead, so the columns show what there is; at least ``MIN_SPAN_S`` though.
+    Its first row (``kind = 'window'``) gives the window's start and column width.
+    """
+    s, e, n = _num(start), _num(end), int(buckets)
+    first = f"greatest({s}, least({e} - {_num(MIN_SPAN_S)}, coalesce((SELECT min(ts) FROM gpu_samples), {s})))"
+    return f"""
+WITH w AS (SELECT {first if fit else s} AS start),
+     p AS (SELECT start, ({e} - start) / {n} AS width FROM w)
+SELECT 'window' AS kind, NULL::VARCHAR AS node, NULL::INTEGER AS gpu, NULL::BIGINT AS b,
+       p.start AS util, p.width AS mem, NULL::BIGINT AS total, NULL::DOUBLE AS last_ts,
+       NULL::DOUBLE AS last_util, NULL::DOUBLE AS last_mem, NULL::VARCHAR AS "user", NULL::DOUBLE AS hours FROM p
+UNION ALL
+SELECT 'bucket', node, gpu, CAST(floor((ts - p.start) / p.width) AS BIGINT),
+       avg(utilization), avg(memory_used_mib), max(memory_total_mib),
+       max(ts), arg_max(utilization, ts), arg_max(memory_used_mib, ts), NULL, NULL
+FROM gpu_samples, p WHERE ts >= p.start AND ts <= {e} GROUP BY ALL
+UNION ALL
+SELECT 'before', node, gpu, -1, NULL, NULL, max(memory_total_mib), max(ts),
+       arg_max(utilization, ts), arg_max(memory_used_mib, ts), NULL, NULL
+FROM gpu_samples, p WHERE ts < p.start GROUP BY ALL
+UNION ALL
+SELECT 'gpu', node, gpu, NULL, NULL, NULL, memory_total_mib, NULL, NULL, NULL, NULL, NULL FROM gpus
+UNION ALL
+SELECT 'user', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, "user", sum(gpu_hours)
+FROM gpu_hours_daily WHERE day = DATE '{day.isoformat()}' GROUP BY "user"
+"""
+
+
+def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: int) -> dict[str, Any]:
+    """Per GPU the columns (None: no reading), from ``history_query``'s rows."""
+    gpus: dict[tuple[str, int], dict[str, Any]] = {}
+    users: list[dict[str, Any]] = []
+
+    def gpu(node: str, index: int) -> dict[str, Any]:
+        return gpus.setdefault((node, int(index)), {"node": node, "gpu": int(index), "memory_total_mib": None,
+                                                    "by_bucket": {}, "before": None})
+
+    for kind, node, index, b, mean_util, mean_mem, total, last_ts, last_util, last_mem, user, hours in rows:
+        if kind == "window":
+            continue
+        if kind == "user":
+            users.append({"user": user or "", "gpu_hours": float(hours or 0.0)})
+            continue
+        g = gpu(node, index)
+        if total is not None:
+            g["memory_total_mib"] = max(int(total), g["memory_total_mib"] or 0)
+        if kind == "bucket" and 0 <= int(b) < buckets:
+            g["by_bucket"][int(b)] = (float(mean_util), float(mean_mem), float(last_ts), float(last_util),
+                                      float(last_mem))
+        elif kind == "bucket" and int(b) >= buckets:  # a sample right at the window's end
+            g["by_bucket"][buckets - 1] = (float(mean_util), float(mean_mem), float(last_ts), float(last_util),
+                                           float(last_mem))
+        elif kind == "before":
+            g["before"] = (float(last_ts), float(last_util), float(last_mem))
+    out = []
+    for (node, index), g in sorted(gpus.items()):
+        util: list[float | None] = []
+        mem: list[float | None] = []
+        held: tuple[float, float, float] | None = g["before"]
+        for i in range(buckets):
+            seen = g["by_bucket"].get(i)
+            if seen is not None:
+                util.append(seen[0])
+                mem.append(seen[1])
+                held = (seen[2], seen[3], seen[4])
+            elif held is not None and start + i * bucket_s - held[0] <= HOLD_S:
+                util.append(held[1])
+                mem.append(held[2])
+            else:
+                util.append(None)
+                mem.append(None)
+        known_util = [u for u in util if u is not None]
+        known_mem = [m for m in mem if m is not None]
+        out.append({
+            "node": node, "gpu": index, "memory_total_mib": g["memory_total_mib"],
+            "utilization": util, "memory_used_mib": mem,
+            "utilization_last": known_util[-1] if known_util else None,
+            "utilization_mean": sum(known_util) / len(known_util) if known_util else None,
+            "utilization_peak": max(known_util) if known_util else None,
+            "memory_used_mib_last": known_mem[-1] if known_mem else None,
+            "memory_used_mib_peak": max(known_mem) if known_mem else None,
+        })
+    users.sort(key=lambda u: (-u["gpu_hours"], u["user"]))
+    return {"gpus": out, "users": users}
+
+
+def fetch_history(run_query: Query, window_s: float, *, now: float | None = None,
+                  buckets: int = DEFAULT_BUCKETS, fit: bool = True) -> dict[str, Any]:
+    """The picture for the last ``window_s`` seconds (``fit``: or since the first sample, if later):
+    per-GPU columns and today's GPU-hours per user."""
+    end = time.time() if now is None else now
+    day = dt.datetime.fromtimestamp(end, dt.timezone.utc).date()
+    _columns, rows = run_query(history_query(end - window_s, end, buckets, day, fit=fit))
+    window = next((r for r in rows if r[0] == "window"), None)
+    start = float(window[4]) if window is not None else end - window_s
+    bucket_s = (end - start) / buckets
+    data = series_from_rows(rows, start, bucket_s, buckets)
+    return {"window_s": end - start, "asked_s": window_s, "start": start, "end": end, "bucket_s": bucket_s,
+            "buckets": buckets, "day": day.isoformat(), **data}
+
+
+# --- the terminal ---------------------------------------------------------------
+
+
+def sparkline(values: list[float | None], top: float) -> str:
+    """One character per value, ``▁`` (0) to ``█`` (``top``); a space where there is no reading."""
+    out = []
+    for v in values:
+        if v is None or top <= 0 or math.isnan(v):
+            out.append(" ")
+        else:
+            level = min(max(v / top, 0.0), 1.0)
+            out.append(SPARK[min(int(level * len(SPARK)), len(SPARK) - 1)])
+    return "".join(out)
+
+
+def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar in eighths of a character."""
+    if top <= 0 or value <= 0:
+        return ""
+    eighths = max(1, round(value / top * width * 8))
+    return "█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")
+
+
+def span_text(seconds: float) -> str:
+    """``3600`` -> ``1h``, ``60`` -> ``1m``, ``0.5`` -> ``0.5s``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:.3g}s" if seconds < 60 else f"{seconds / 60:.3g}m"
+
+
+def _gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f} GiB"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def render_history(h: dict[str, Any]) -> str:
+    """The text ``status --history`` prints after the status table."""
+    since = "" if h["window_s"] >= h.get("asked_s", h["window_s"]) - 1e-6 else ", since the first sample"
+    lines = [f"History, last {span_text(h['window_s'])}{since} (one column per {span_text(h['bucket_s'])}; "
+             f"▁ idle/empty … █ 100% or full; blank: no sample)"]
+    if not h["gpus"]:
+        lines.append("  no GPU samples yet")
+    for g in h["gpus"]:
+        name = f"{g['node']}:{g['gpu']}"
+        pad = " " * len(name)
+        total = g["memory_total_mib"] or max([m for m in g["memory_used_mib"] if m is not None] or [0])
+        lines.append(f"  {name}  util {sparkline(g['utilization'], 100.0)}  last {_pct(g['utilization_last'])}"
+                     f"  mean {_pct(g['utilization_mean'])}  peak {_pct(g['utilization_peak'])}")
+        lines.append(f"  {pad}  mem  {sparkline(g['memory_used_mib'], float(total))}  last "
+                     f"{_gib(g['memory_used_mib_last'])} of {_gib(total)}  peak {_gib(g['memory_used_mib_peak'])}")
+    lines.append("")
+    lines.append(f"GPU-hours today ({h['day']}, UTC)")
+    if not h["users"]:
+        lines.append("  none yet")
+    top = max((u["gpu_hours"] for u in h["users"]), default=0.0)
+    width = max((len(u["user"] or "(none)") for u in h["users"]), default=0)
+    for u in h["users"]:
+        lines.append(f"  {(u['user'] or '(none)').ljust(width)}  {bar(u['gpu_hours'], top).ljust(BAR_WIDTH)}"
+                     f"  {u['gpu_hours']:.3g}")
+    return "\n".join(lines)
+
+
+# --- where the rows come from ----------------------------------------------------
+
+
+def query_for(state_dir: str | os.PathLike[str], socket: str | None, timeout_s: float = 60.0) -> Query:
+    """Run SQL here when this user can read the log, else ask the daemon (as ``eventsched sql`` does)."""
+    from eventsched.projections.sql import SqlError, needs_daemon, query
+
+    if not needs_daemon(state_dir):
+        return lambda sql: query(state_dir, sql)
+
+    def via_daemon(sql: str) -> tuple[list[str], list[Any]]:
+        from eventsched.domain.paths import socket_location
+        from eventsched.wire import protocol
+        from eventsched.wire.client import Client, ClientError
+
+        try:
+            with Client(socket or socket_location(state_dir), timeout=timeout_s) as c:
+                result = c.request(protocol.RunSql(query=sql))
+        except ClientError as exc:
+            raise SqlError(str(exc), 2) from None
+        except OSError as exc:
+            raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
+        return list(result["columns"]), [tuple(row) for row in result["rows"]]
+
+    return via_daemon
+
+
+class StatusHistory:
+    """``cmd_status``'s helper: the window from ``--history``, the data (re-read
+    at most every ``REFRESH_S`` under ``--watch``) and its text."""
+
+    def __init__(self, window: str, state_dir: str | os.PathLike[str], socket: str | None) -> None:
+        self.window_s = parse_window(window)
+        self.run_query = query_for(state_dir, socket)
+        self._data: dict[str, Any] | None = None
+        self._read_at = -math.inf
+
+    def data(self) -> dict[str, Any]:
+        from eventsched.domain.units import (
+            UnitError,  # printed by the CLI as one line (not cli.UserError: no cycle)
+        )
+        from eventsched.projections.sql import SqlError
+
+        if self._data is None or time.monotonic() - self._read_at >= REFRESH_S:
+            try:
+                self._data = fetch_history(self.run_query, self.window_s)
+            except SqlError as exc:
+                raise UnitError(f"--history: the history could not be read: {exc}") from None
+            self._read_at = time.monotonic()
+        return self._data
+
+    def text(self) -> str:
+        return render_history(self.data())

@@ -1,0 +1,252 @@
+"""One request on the control socket without msgspec: the CLI's fast path.
+
+``eventsched submit`` from a shell loop is one short process per job, and
+importing msgspec (which imports typing, uuid, decimal, datetime ...) costs
+more than the whole rest of such a call. This module speaks the same wire
+format (``protocol.py``: a 4-byte big-endian length, then msgpack) for the
+few plain messages the fast path sends: a request is a dict laid out as
+msgspec lays out the tagged ``Request`` struct (``{"type": "SubmitJob",
+"spec": {...}}``; fields left out take their defaults), the reply a plain
+dict (``{"type": "Reply", "ok": ..., "error": ..., "data": ...}``).
+
+It imports only ``_socket`` and ``_struct`` (``socket.py`` alone costs a
+CLI call ~5 ms: it builds enums). ``packb`` raises ``ValueError`` before
+anything is sent for what it cannot encode, so a caller can fall back to
+the full client.
+"""
+
+from __future__ import annotations
+
+import _socket
+import _struct
+
+from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["packb", "unpackb", "request"]
+
+MAX_REPLY_BYTES = 1 << 30
+_DOUBLE = _struct.Struct(">d")
+_FLOAT = _struct.Struct(">f")
+
+
+# --- msgpack ------------------------------------------------------------------
+
+
+def _pack(value: Any, out: bytearray) -> None:
+    kind = type(value)
+    if kind is str:
+        data = value.encode()
+        n = len(data)
+        if n < 32:
+            out.append(0xA0 | n)
+        elif n < 0x100:
+            out += b"\xd9" + n.to_bytes(1, "big")
+        elif n < 0x10000:
+            out += b"\xda" + n.to_bytes(2, "big")
+        else:
+            out += b"\xdb" + n.to_bytes(4, "big")
+        out += data
+    elif value is None:
+        out.append(0xC0)
+    elif value is True:
+        out.append(0xC3)
+    elif value is False:
+        out.append(0xC2)
+    elif kind is int:
+        if 0 <= value < 0x80:
+            out.append(value)
+        elif -32 <= value < 0:
+            out.append(value & 0xFF)
+        elif value >= 0:
+            if value >= 1 << 64:
+                raise ValueError(f"integer {value} does not fit in 64 bits")
+            out += b"\xcf" + value.to_bytes(8, "big")
+        else:
+            if value < -(1 << 63):
+                raise ValueError(f"integer {value} does not fit in 64 bits")
+            out += b"\xd3" + value.to_bytes(8, "big", signed=True)
+    elif kind is float:
+        out += b"\xcb" + _DOUBLE.pack(value)
+    elif kind is list or kind is tuple:
+        n = len(value)
+        if n < 16:
+            out.append(0x90 | n)
+        elif n < 0x10000:
+            out += b"\xdc" + n.to_bytes(2, "big")
+        else:
+            out += b"\xdd" + n.to_bytes(4, "big")
+        for item in value:
+            _pack(item, out)
+    elif kind is dict:
+        n = len(value)
+        if n < 16:
+            out.append(0x80 | n)
+        elif n < 0x10000:
+            out += b"\xde" + n.to_bytes(2, "big")
+        else:
+            out += b"\xdf" + n.to_bytes(4, "big")
+        for key, item in value.items():
+            _pack(key, out)
+            _pack(item, out)
+    elif kind is bytes:
+        n = len(value)
+        out += (b"\xc4" + n.to_bytes(1, "big")) if n < 0x100 else (b"\xc6" + n.to_bytes(4, "big"))
+        out += value
+    else:
+        raise ValueError(f"cannot encode a {kind.__name__}")
+
+
+def packb(value: Any) -> bytes:
+    """``value`` (None, bool, int, float, str, bytes, list, tuple, dict) as msgpack.
+
+    Raises ValueError (a str that is not valid UTF-8 raises UnicodeEncodeError,
+    a ValueError too) for anything else."""
+    out = bytearray()
+    _pack(value, out)
+    return bytes(out)
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        start = self.pos
+        self.pos = end = start + n
+        if end > len(self.data):
+            raise ValueError("truncated msgpack")
+        return self.data[start:end]
+
+    def uint(self, n: int) -> int:
+        return int.from_bytes(self.take(n), "big")
+
+    def value(self) -> Any:
+        b = self.take(1)[0]
+        if b < 0x80:
+            return b
+        if b >= 0xE0:
+            return b - 0x100
+        if 0xA0 <= b < 0xC0:
+            return self.take(b & 0x1F).decode()
+        if 0x90 <= b < 0xA0:
+            return [self.value() for _ in range(b & 0x0F)]
+        if 0x80 <= b < 0x90:
+            return self.mapping(b & 0x0F)
+        if b == 0xC0:
+            return None
+        if b == 0xC2:
+            return False
+        if b == 0xC3:
+            return True
+        if b in (0xD9, 0xDA, 0xDB):
+            return self.take(self.uint(1 << (b - 0xD9))).decode()
+        if b in (0xC4, 0xC5, 0xC6):
+            return self.take(self.uint(1 << (b - 0xC4)))
+        if b in (0xCC, 0xCD, 0xCE, 0xCF):
+            return self.uint(1 << (b - 0xCC))
+        if b in (0xD0, 0xD1, 0xD2, 0xD3):
+            return int.from_bytes(self.take(1 << (b - 0xD0)), "big", signed=True)
+        if b == 0xCA:
+            return _FLOAT.unpack(self.take(4))[0]
+        if b == 0xCB:
+            return _DOUBLE.unpack(self.take(8))[0]
+        if b in (0xDC, 0xDD):
+            return [self.value() for _ in range(self.uint(2 if b == 0xDC else 4))]
+        if b in (0xDE, 0xDF):
+            return self.mapping(self.uint(2 if b == 0xDE else 4))
+        raise ValueError(f"msgpack type 0x{b:02x} is not supported here")
+
+    def mapping(self, n: int) -> dict[Any, Any]:
+        result = {}
+        for _ in range(n):
+            key = self.value()
+            result[key] = self.value()
+        return result
+
+
+def unpackb(data: bytes) -> Any:
+    """One msgpack value (no extension types); ValueError if malformed."""
+    reader = _Reader(data)
+    value = reader.value()
+    if reader.pos != len(data):
+        raise ValueError("trailing bytes after a msgpack value")
+    return value
+
+
+# --- one request -------------------------------------------------------------
+
+
+def _recv_exact(sock: _socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ClientError("the daemon closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
+    """A connected socket, or DaemonNotRunning / ClientError as ``Client`` says them."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError:  # the daemon's listen backlog is full for a moment
+                if not delay:
+                    raise
+                import time
+
+                time.sleep(delay)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise DaemonNotRunning(path) from exc
+    except PermissionError as exc:
+        sock.close()
+        raise ClientError(f"permission denied on the socket {path}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def request(path: str, message: dict[str, Any], timeout: float | None = 30.0) -> Any:
+    """Send ``message`` (a dict laid out as its ``protocol.Request`` struct);
+    return the reply's ``data``, or raise ClientError with the daemon's reason.
+
+    ``message`` is encoded before connecting: a ValueError from ``packb``
+    means nothing was sent."""
+    body = packb(message)
+    sock = connect(path, timeout)
+    try:
+        try:
+            sock.sendall(len(body).to_bytes(4, "big") + body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon hung up first (e.g. too many connections): its reason is there to read
+        try:
+            length = int.from_bytes(_recv_exact(sock, 4), "big")
+            if length > MAX_REPLY_BYTES:
+                raise ClientError("unexpected message from the daemon")
+            reply = unpackb(_recv_exact(sock, length))
+        except (ConnectionResetError, BrokenPipeError) as exc:  # the daemon died mid-request
+            raise went_away(exc) from None
+        except ValueError:
+            raise ClientError("unexpected message from the daemon") from None
+    finally:
+        sock.close()
+    if type(reply) is not dict or reply.get("type") != "Reply":
+        raise ClientError("unexpected message from the daemon")
+    if not reply.get("ok"):
+        raise ClientError(str(reply.get("error", "")))
+    return reply.get("data")

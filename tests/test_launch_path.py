@@ -1,0 +1,100 @@
+"""The fast launch path (issue 13): a supervisor forked by the zygote gets its
+plan with the request (no spec.json unless it is too big for one message),
+creates the job's log itself, and records the job's cgroups in its pid record
+so that a restarted daemon can still clear them."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import anyio
+import anyio.abc
+import pytest
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import Message, ProcessExited, ProcessStarted
+from eventsched.runtime.executor import Executor, _spec_cgroup
+from eventsched.runtime.zygote import INLINE_SPEC_BYTES
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def running(ex: Executor) -> AsyncIterator[anyio.abc.ObjectReceiveStream[Message]]:
+    tx, rx = anyio.create_memory_object_stream[Message](100)
+    async with anyio.create_task_group() as tg:
+        await tg.start(ex.run, tx.send)  # launches go through its zygote
+        yield rx
+        tg.cancel_scope.cancel()
+
+
+async def _run(ex: Executor, job: int, spec: JobSpec) -> ProcessExited:
+    async with running(ex) as rx:
+        started = await ex.launch(job, spec, [0])
+        assert isinstance(started, ProcessStarted)
+        with anyio.fail_after(30):
+            exited = await rx.receive()
+    assert isinstance(exited, ProcessExited)
+    return exited
+
+
+async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    code = "import os; print(os.environ['EVENTSCHED_JOB_ID'])"
+    exited = await _run(ex, 7, JobSpec(command=[sys.executable, "-S", "-c", code]))
+    assert exited.exit_code == 0
+    attempt = tmp_path / "jobs/7/0"
+    assert not (attempt / "spec.json").exists()
+    assert ex.log_path(7).read_text() == "7\n"
+    # created by the supervisor, as the daemon would: private to the job's owner
+    assert stat.S_IMODE(ex.log_path(7).stat().st_mode) == 0o600
+    started = json.loads((attempt / "pid").read_text())
+    assert {"cgroup", "memory_cgroup"} <= started.keys()
+    assert started["cgroup"] == (f"{ex._cgroups.parent}/job-7-0" if ex._cgroups else "")
+    assert json.loads((attempt / "exit").read_text())["exit_code"] == 0
+
+
+async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    big = "x" * (INLINE_SPEC_BYTES + 1000)
+    code = "import os; print(len(os.environ['BIG']))"
+    spec = JobSpec(command=[sys.executable, "-S", "-c", code], env={"BIG": big, "PATH": os.environ["PATH"]})
+    exited = await _run(ex, 8, spec)
+    assert exited.exit_code == 0
+    assert ex.log_path(8).read_text() == f"{len(big)}\n"
+    spec_file = tmp_path / "jobs/8/0/spec.json"
+    assert spec_file.exists() and stat.S_IMODE(spec_file.stat().st_mode) == 0o600
+
+
+async def test_a_failed_start_is_still_recorded(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex):
+        with pytest.raises(Exception, match="command not found"):
+            await ex.launch(9, JobSpec(command=["no-such-command-eventsched"]), [0])
+    ended = json.loads((tmp_path / "jobs/9/0/exit").read_text())
+    assert ended["exit_code"] == 127 and "command not found" in ended["error"]
+
+
+def test_the_cgroup_comes_from_the_pid_record_else_spec_json(tmp_path: Path) -> None:
+    attempt = tmp_path / "jobs/1/0"
+    attempt.mkdir(parents=True)
+    assert _spec_cgroup(attempt) == ""
+    (attempt / "spec.json").write_text(json.dumps({"cgroup": "/sys/fs/cgroup/x/job-1-0"}))
+    assert _spec_cgroup(attempt) == "/sys/fs/cgroup/x/job-1-0"
+    assert _spec_cgroup(attempt, started={"pid": 1}) == "/sys/fs/cgroup/x/job-1-0"  # an older record
+    started = {"pid": 1, "cgroup": "/sys/fs/cgroup/y/job-1-0", "memory_cgroup": ""}
+    assert _spec_cgroup(attempt, started=started) == "/sys/fs/cgroup/y/job-1-0"
+    assert _spec_cgroup(attempt, "memory_cgroup", started) == ""
+    # only ever a job's own cgroup
+    assert _spec_cgroup(attempt, started={"cgroup": "/sys/fs/cgroup"}) == ""
