@@ -132,29 +132,8 @@ class Client:
         """Submit several jobs over one connection, pipelined: every request
         is sent before the replies are read, so the daemon can commit them
         together. Returns the ids in order; stops at the first refusal."""
-        if self._sock is None:
-            self._sock = self._connect()
-        sock = self._sock
-        # a window at a time, the next one sent before the last one's replies
-        # are read: the daemon stops reading a client that leaves many replies
-        # unread, so sending everything first could leave both sides waiting
-        window = 512
-        chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
-        replies: list[protocol.Reply | protocol.EventBatch] = []
-        try:
-            if chunks:
-                sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[0]))
-            for k, chunk in enumerate(chunks):
-                if k + 1 < len(chunks):
-                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
-                replies.extend(self._receive(sock) for _ in chunk)
-        except (OSError, ClientError):
-            self.close()
-            raise
         ids = []
-        for reply in replies:
-            if not isinstance(reply, protocol.Reply):
-                raise ClientError("unexpected message from the daemon")
+        for reply in self._pipelined(specs):
             if not reply.ok:
                 raise ClientError(reply.error)
             ids.append(int(reply.data["id"]))
@@ -164,10 +143,17 @@ class Client:
         """Like ``submit_many`` (one connection, pipelined), but a refusal
         does not stop the rest: one result per spec, in order, either the new
         job's id or the daemon's one-line reason for refusing it."""
+        return [int(reply.data["id"]) if reply.ok else reply.error for reply in self._pipelined(specs)]
+
+    def _pipelined(self, specs: list[JobSpec]) -> list[protocol.Reply]:
+        """One ``SubmitJob`` per spec over one connection, a window at a
+        time, the next window sent before the last one's replies are read:
+        the daemon stops reading a client that leaves many replies unread,
+        so sending everything first could leave both sides waiting."""
         if self._sock is None:
             self._sock = self._connect()
         sock = self._sock
-        window = 512  # see submit_many
+        window = 512
         chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
         replies: list[protocol.Reply | protocol.EventBatch] = []
         try:
@@ -189,12 +175,12 @@ class Client:
         except OSError:
             self.close()
             raise
-        results: list[int | str] = []
+        out = []
         for reply in replies:
             if not isinstance(reply, protocol.Reply):
                 raise ClientError("unexpected message from the daemon")
-            results.append(int(reply.data["id"]) if reply.ok else reply.error)
-        return results
+            out.append(reply)
+        return out
 
     def jobs(self, all: bool = False) -> list[dict]:
         return self.request(protocol.ListJobs(all=all))
