@@ -226,3 +226,17 @@ def test_explain_forecasts_a_start_records_it_and_measures_its_error(tmp_path: P
         assert all(r["abs_error_s"] < 1.5 for r in rows), rows  # one-second jobs, forecast to within a beat
         metrics = json.loads(d.cli("metrics", "--json").stdout)
         assert metrics["forecasts"]["count"] == 2 and metrics["forecasts"]["mean_abs_error_s"] < 1.5
+
+
+def test_queue_shows_the_tenant_column_when_several_tenants_have_jobs(tmp_path: Path) -> None:
+    conf = config(tmp_path, '[tenants.a]\nusers = ["root"]\ndefault_for = ["root"]\n[tenants.b]\nusers = ["root"]\n')
+    with Daemon(tmp_path / "state", gpus="fake:1", extra=["--config", conf]) as d:
+        d.submit("--", "sleep", "5")
+        assert "TENANT" not in d.cli("queue").stdout  # one tenant: no column
+        d.submit("--tenant", "b", "--", "sleep", "5")
+        lines = d.cli("queue").stdout.splitlines()
+        assert lines[0].split()[:4] == ["ID", "NAME", "USER", "TENANT"]
+        assert {line.split()[3] for line in lines[1:]} == {"a", "b"}
+        # no forecast history yet: the forecast says what it assumed
+        text = d.cli("explain", "2").stdout
+        assert "no job has finished here yet, so each is assumed to take an hour" in text

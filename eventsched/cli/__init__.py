@@ -236,6 +236,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         return 0
     now = __import__("time").time()
     rows = []
+    tenant_of: list[str] = []  # each row's tenant: a column when the jobs listed are of several
     folded: set[int] = set()
     for j in jobs:
         array = j.get("array_id")
@@ -243,7 +244,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
             if array not in folded:
                 folded.add(array)
                 rows.append(array_row([t for t in jobs if t.get("array_id") == array], now))
+                tenant_of.append(j.get("tenant") or "")
             continue
+        tenant_of.append(j.get("tenant") or "")
         if j["state"] == JobState.QUEUED:
             elapsed = now - j["submitted_at"]
         elif j["started_at"] is not None:
@@ -264,7 +267,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 _short_reason(j),
             ]
         )
-    print(table(["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"], rows))
+    headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
+    if len(set(tenant_of)) > 1:
+        headers.insert(3, "TENANT")
+        rows = [row[:3] + [tenant] + row[3:] for row, tenant in zip(rows, tenant_of)]
+    print(table(headers, rows))
     return 0
 
 

@@ -44,6 +44,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     made_at: float
     horizon: float  # how far the forecast ran (a job not in starts starts after this, if ever)
     complete: bool  # every wanted job got a start
+    blind: bool = False  # no run had finished yet: every runtime was the 1-hour default
 
 
 def _predicted(state: ClusterState, job: Job) -> float:
@@ -88,6 +89,7 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     """Run the core forward on ``sim`` (a copy: it is changed)."""
     queued = {j.id for j in sim.jobs.values() if j.state == JobState.QUEUED}
     wanted = queued if wanted is None else wanted & queued
+    blind = not sim.stats.sorted
     if not wanted:
         return Forecast(starts={}, made_at=now, horizon=now, complete=True)
     # (time, order, kind, job): ends of running jobs and the core's wake-ups
@@ -133,7 +135,7 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
         feed(m.ProcessExited(job=jid, exit_code=0), t)
     complete = len(starts) == len(wanted)
     return Forecast(starts=starts, made_at=now, horizon=t if not complete else max(starts.values(), default=now),
-                    complete=complete)
+                    complete=complete, blind=blind)
 
 
 def describe(start: float | None, now: float) -> str:

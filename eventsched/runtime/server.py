@@ -279,7 +279,10 @@ class Server:
             now = self.engine.clock()
             f = run_forecast(copy, now, {job_id})
             start = f.starts.get(job_id)
-            return {"estimated_start": start, "made_at": now, "text": describe(start, now), "assumptions": ASSUMPTIONS}
+            assumptions = ASSUMPTIONS
+            if f.blind:
+                assumptions += " (no job has finished here yet, so each is assumed to take an hour)"
+            return {"estimated_start": start, "made_at": now, "text": describe(start, now), "assumptions": assumptions}
 
         def story(from_seq: int) -> list[dict[str, Any]]:
             batches = eventlog.read_batches(log_dir(self.engine.state_dir), from_seq=max(1, from_seq))
