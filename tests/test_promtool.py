@@ -87,3 +87,6 @@ def test_a_real_daemons_scrape_and_cli_pass_promtool(tmp_path: Path) -> None:
         assert samples[("eventsched_user_gpu_seconds_total", (("user", "root"),))] > 0
         assert samples[("eventsched_tenant_quota_gpus", (("tenant", "vision"),))] == 2
     assert "# TYPE eventsched_log_seq gauge" in scraped
+    live = parse_prometheus(scraped)  # the live fair share of the only tenant: all of it
+    assert live[("eventsched_tenant_fair_share_ratio", (("tenant", "vision"),))] == 1.0
+    assert ("eventsched_tenant_fair_share_factor", (("tenant", "vision"),)) in live

@@ -18,6 +18,7 @@ from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import UnitError, parse_duration
+from eventsched.core.tenants_report import tenants_report
 from eventsched.runtime.config import (
     ConfigError,
     ServeConfig,
@@ -177,7 +178,7 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
         if args.metrics_port is not None:
             from eventsched.runtime.metrics_http import serve_metrics
 
-            await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(status)))
+            await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())})))
             log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
         log.info(
             "serving on %s, state in %s, policy %s, gpus %s, pid %d",

@@ -36,12 +36,26 @@ def live_gauges(status: dict[str, Any]) -> str:
         "# TYPE eventsched_gpu_allocated_share gauge",
     ]
     lines += [f'eventsched_gpu_allocated_share{{gpu="{g["node"]}:{g["id"]}"}} {g["allocated"]:g}' for g in status["gpus"]]
+    tenants = status.get("tenants") or []
+    for key, name, what in (
+        ("fair_share", "eventsched_tenant_fair_share_ratio", "A tenant's fair share: its weight over all weights."),
+        ("recent_share", "eventsched_tenant_recent_use_ratio", "A tenant's part of the recent (decayed) GPU use."),
+        ("fair_share_factor", "eventsched_tenant_fair_share_factor", "2^(-recent use / fair share): 1 unused, 0.5 at its share."),
+    ):
+        if tenants:
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} gauge"]
+            lines += [f'{name}{{tenant="{_label(t["tenant"])}"}} {float(t[key]):g}' for t in tenants]
     lines += [
         "# HELP eventsched_log_seq Sequence number of the last committed event.",
         "# TYPE eventsched_log_seq gauge",
         f"eventsched_log_seq {status['seq']}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def history_text(state_dir: Path) -> str:
