@@ -247,7 +247,7 @@ def test_a_gang_job_gets_its_reservation_only_once_it_has_waited_reserve_after_s
     early = s.submit(name="other")
     assert s.st(early) == "running"  # a fresh head: plain backfill
     s.now += 31.0
-    late = s.submit(name="other")
+    late = s.submit(name="never-seen")  # no prediction of its own
     s.exit(early)
     assert s.st(late) == "queued" and s.st(big) == "queued"  # the GPU freed is now held for the head
     assert waiting_reason(s.state, late, s.now).kind == "reserved"

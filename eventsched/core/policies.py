@@ -420,7 +420,7 @@ class _Reservation:
             return None
         if not _eligible(state, head, now) or limits.blocked(head):
             return None
-        shadow, gpus = _reservation(view.copy(), head, _running_ends(state, view, now))
+        shadow, gpus = _reservation(view.copy(), head, _ends_in_order(state, view, now), ordered=True)
         if not gpus:
             return None
         return cls(state, now, head, shadow, gpus)
@@ -440,6 +440,23 @@ class _Reservation:
         else:
             return True  # no prediction: stay off the reserved GPUs
         return self.now + pred > self.shadow
+
+
+def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tuple[float, int, list[int], int, int]]:
+    """(predicted end, job, GPU indices, share, memory) of the running jobs in
+    (end, id) order, lazily: from ``state.ends`` (each end as predicted when
+    the job started), those due by ``now`` first, ending ``now``."""
+    ends, jobs, index = state.ends, state.jobs, view.index
+
+    def entry(end: float, jid: int) -> tuple[float, int, list[int], int, int]:
+        r = jobs[jid]
+        return (end, jid, [index[(r.node, g)] for g in r.gpu_ids if (r.node, g) in index], r.milli, r.mem_mib)
+
+    k = bisect.bisect_right(ends, (now, math.inf))
+    for jid in sorted(jid for _, jid in ends[:k]):
+        yield entry(now, jid)
+    for i in range(k, len(ends)):
+        yield entry(*ends[i])
 
 
 def _running_ends(state: ClusterState, view: View, now: float,
@@ -710,9 +727,11 @@ def _key(entries: list[tuple[float, int, int]], pred: float, pos: int) -> SjfKey
 
 
 def _reservation(
-    view: View, head: Job, ends: list[tuple[float, int, list[int], int, int]]
+    view: View, head: Job, ends: Iterable[tuple[float, int, list[int], int, int]], ordered: bool = False
 ) -> tuple[float, frozenset[int]]:
-    """When and where ``head`` would fit as jobs end in predicted order.
+    """When and where ``head`` would fit as jobs end in predicted order
+    (``ordered``: ``ends`` comes sorted by (end, job), and is read only as far
+    as needed).
 
     Capacity only grows as jobs end, so a GPU that could take one of the
     head's GPUs stays able to: count such GPUs per node as ends free them, and
@@ -725,7 +744,7 @@ def _reservation(
     for i in able:
         per_node[future.node[i]] = per_node.get(future.node[i], 0) + 1
     enough = head.count == 0 or max(per_node.values(), default=0) >= need
-    for end, _, idxs, milli, mem in sorted(ends, key=lambda e: (e[0], e[1])):
+    for end, _, idxs, milli, mem in (ends if ordered else sorted(ends, key=lambda e: (e[0], e[1]))):
         future.give(idxs, milli, mem)
         for i in idxs:
             if i not in able and future.can_take(head, i):

@@ -28,6 +28,7 @@ from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_st
 from eventsched.domain.tenants import Tenant
 from eventsched.domain.units import FULL
 from eventsched.projections.model import (
+    DEFAULT_RUNTIME_S,
     RECENT_SHAPES,
     Capacity,
     Gpu,
@@ -101,6 +102,9 @@ class ClusterState:
         self.queue = QueueIndex(self.config.aging_per_hour)
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
         self.array_running: dict[int, int] = {}  # capped array id -> its tasks running
+        # running jobs by predicted end, (Job.predicted_end, id), sorted: a gang
+        # reservation reads the first few ends instead of sorting them all
+        self.ends: list[tuple[float, int]] = []
         # running jobs a preemption may look at, so that a decision need not
         # walk every running job: --preemptible ones, each tenant's, and those
         # being preempted now
@@ -134,6 +138,7 @@ class ClusterState:
                 self._enter_queue(job)
             elif job.state == RUNNING:
                 self.running[job.id] = None
+                bisect.insort(self.ends, (job.predicted_end, job.id))
                 self._track_deadline(job)
                 self._hold(job, +1)
                 if job.cancel_reason == "preempted":
@@ -341,6 +346,7 @@ def _release(state: ClusterState, job: Job, ts: float) -> None:
     if job.id in state.running:
         state._age_usage(job.tenant, ts)
         state._hold(job, -1)
+        _forget_end(state, job)
     state.running.pop(job.id, None)
     state.deadlines.pop(job.id, None)
     state.idle_due.pop(job.id, None)
@@ -494,6 +500,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
     job.reason = ""
     job.attempts += 1
     job.gpu_mem_peak_mib, job.gpu_mem_over, job.idle_since = 0, False, None
+    _predict_end(state, job, e.ts)
     for gpu in gpus:
         gpu.used_milli += milli
         gpu.reserved_mib += e.gpu_mem_mib
@@ -506,6 +513,23 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
     state._hold(job, +1)
 
 
+def _predict_end(state: ClusterState, job: Job, start: float) -> None:
+    """Set ``job.predicted_end``: ``start`` plus its predicted runtime (F14),
+    capped by its time limit; keep ``state.ends`` in step."""
+    p = state.stats.predict(runtime_key(job.spec), DEFAULT_RUNTIME_S)
+    limit = job.time_limit(state.config.default_time_limit_s)
+    _forget_end(state, job)
+    job.predicted_end = start + (min(p, limit) if limit is not None else p)
+    bisect.insort(state.ends, (job.predicted_end, job.id))
+
+
+def _forget_end(state: ClusterState, job: Job) -> None:
+    ends, key = state.ends, (job.predicted_end, job.id)
+    i = bisect.bisect_left(ends, key)
+    if i < len(ends) and ends[i] == key:
+        del ends[i]
+
+
 def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job = _job(state, e.job)
     next_state(job, e)
@@ -513,6 +537,7 @@ def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job.start_time = e.start_time
     job.log_path = e.log_path
     job.started_at = e.ts
+    _predict_end(state, job, e.ts)
     state._track_deadline(job)
     state._track_idle(job)
 
@@ -771,6 +796,7 @@ def validate_state(state: ClusterState) -> None:
         assert hit == fresh.fit(node, mib), f"stale fit cache for {node!r}, {mib} MiB"
     assert state.backoff == fresh.backoff, "backoff index out of step"
     assert state.array_running == fresh.array_running, "array running counts out of step"
+    assert state.ends == fresh.ends, "running jobs' predicted ends out of step"
     assert state.running_preemptible == fresh.running_preemptible, "preemptible running jobs out of step"
     assert state.running_of_tenant == fresh.running_of_tenant, "running jobs by tenant out of step"
     assert state.being_preempted == fresh.being_preempted, "jobs being preempted out of step"

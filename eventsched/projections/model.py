@@ -18,11 +18,12 @@ from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
 
 __all__ = [
-    "RECENT_SHAPES", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
+    "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
     "QueueIndex", "RuntimeStats", "TenantUsage",
 ]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
+DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
 
 
 class Gpu(msgspec.Struct, kw_only=True):
@@ -99,6 +100,9 @@ class Job(msgspec.Struct, kw_only=True):
     cancel_reason: str = ""  # set while a stop was requested for a running job
     submitted_seq: int = 0  # where its story starts in the log (explain)
     queued_at: float = 0.0  # since when it waits (aging); a preempted job keeps its own
+    # when it should end, as predicted when it started (gang reservations read
+    # this instead of predicting every running job at every decision)
+    predicted_end: float = 0.0
     preemptions: int = 0  # times it was preempted (and requeued)
     # issue 17, this attempt: the most GPU memory seen on one of its GPUs;
     # whether it is over its --gpu-mem now (JobGpuMemoryExceeded); since when
