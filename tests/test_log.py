@@ -254,6 +254,26 @@ def test_flipped_bit_mid_log_refuses_to_open(tmp_path: Path, where: str, capsys:
     assert logtools.verify(d) == 0
 
 
+def test_repair_makes_the_kept_bytes_durable_before_it_cuts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A power cut right after repair's truncate must not lose the bytes it cut:
+    the aside file's name reaches the disk (directory fsync) before the cut."""
+    from eventsched.storage.fileops import Recorder
+
+    d = tmp_path / "log"
+    ends = write_log(d, [3, 3, 3])
+    (seg,) = seg_files(d)
+    data = bytearray(seg.read_bytes())
+    data[ends[0] + FRAME_HEADER_SIZE + 3] ^= 0x10
+    seg.write_bytes(bytes(data))
+    rec = Recorder(d)
+    assert logtools.repair(d, rec) == 0
+    kinds = [op.kind for op in rec.ops]
+    created = next(i for i, op in enumerate(rec.ops) if op.kind == "create" and ".torn-" in op.path)
+    cut = kinds.index("truncate")
+    assert "dirsync" in kinds[created:cut], kinds
+    capsys.readouterr()
+
+
 def test_damage_in_sealed_segment_refuses_even_at_its_end(tmp_path: Path) -> None:
     d = tmp_path / "log"
     write_log(d, [4, 4, 4], segment_bytes=1)  # one frame per segment

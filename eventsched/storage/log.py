@@ -55,7 +55,7 @@ import msgspec
 
 from eventsched.domain import events as ev
 from eventsched.domain.events import Event
-from eventsched.storage.fsutil import fsync_dir
+from eventsched.storage.fileops import PLAIN, FileOps
 
 __all__ = [
     "LogError",
@@ -333,21 +333,21 @@ def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
 # --- the writer -------------------------------------------------------------
 
 
-def keep_aside(path: str, offset: int, data: bytes) -> str:
+def keep_aside(path: str, offset: int, data: bytes, ops: FileOps = PLAIN) -> str:
     """Write ``data`` (bytes cut from ``path`` at ``offset``) to a file next to it."""
     target = f"{path}.torn-{offset}"
     n = 1
     while os.path.exists(target):
         target = f"{path}.torn-{offset}.{n}"
         n += 1
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+            view = view[ops.write(fd, view) :]
+        ops.fsync(fd)
     finally:
-        os.close(fd)
+        ops.close(fd)
     return target
 
 
@@ -374,6 +374,8 @@ class LogWriter:
     _pwrite: Callable[[int, bytes | memoryview, int], int] = staticmethod(os.pwrite)  # type: ignore[assignment]
     _fdatasync: Callable[[int], None] = staticmethod(os.fdatasync)  # type: ignore[assignment]
     _fault: Callable[[str], None] | None = None
+    # every other call that changes a file (crash-state tests record them all)
+    _ops: FileOps = PLAIN
 
     def __init__(self) -> None:  # use LogWriter.open
         self.directory = ""
@@ -391,10 +393,14 @@ class LogWriter:
     # -- opening --
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20) -> "LogWriter":
+    def open(
+        cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None
+    ) -> "LogWriter":
         self = cls()
         self.directory = os.fspath(directory)
         self.segment_bytes = segment_bytes
+        if ops is not None:  # a recorder; production keeps the bare os calls on the write path
+            self._ops, self._pwrite, self._fdatasync = ops, ops.pwrite, ops.fdatasync
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
         except OSError as e:
@@ -435,7 +441,7 @@ class LogWriter:
         # A crash during rotation can leave a temp file; it never held events.
         for name in os.listdir(d):
             if name.endswith(".seg.tmp"):
-                os.unlink(os.path.join(d, name))
+                self._ops.unlink(os.path.join(d, name))
         segs = segments(d)
         if not segs:
             self._create_segment(1)
@@ -465,19 +471,21 @@ class LogWriter:
                 cut = os.pread(scan._fd, scan.size - scan.end, scan.end)
                 self._cut_tail(last.path, scan.end, cut, scan.problem, scan.next_seq)
             salt, first_seq, end, next_seq = scan.salt, scan.first_seq, scan.end, scan.next_seq
-        self._fd = os.open(last.path, os.O_RDWR | os.O_CLOEXEC)
+        self._fd = self._ops.open(last.path, os.O_RDWR | os.O_CLOEXEC)
         self._path, self._salt, self._first_seq = last.path, salt, first_seq
         self._end, self._next_seq = end, next_seq
 
     def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
-        kept = keep_aside(path, offset, cut)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        ops = self._ops
+        kept = keep_aside(path, offset, cut, ops)
+        ops.fsync_dir(self.directory)  # the kept bytes' name is on disk before the cut can be
+        fd = ops.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            os.ftruncate(fd, offset)
-            os.fsync(fd)  # the cut must be durable before anything is appended
+            ops.ftruncate(fd, offset)
+            ops.fsync(fd)  # the cut must be durable before anything is appended
         finally:
-            os.close(fd)
-        fsync_dir(self.directory)
+            ops.close(fd)
+        ops.fsync_dir(self.directory)
         self.recovered = RecoveryReport(
             segment=path, offset=offset, bytes_cut=len(cut), kept_at=kept, reason=reason, next_seq=next_seq
         )
@@ -492,7 +500,8 @@ class LogWriter:
         tmp = path + ".tmp"
         salt = secrets.randbits(32)
         header = _segment_header(salt, first_seq)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        ops = self._ops
+        fd = ops.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             self._step("rotate:created")
             try:
@@ -505,22 +514,22 @@ class LogWriter:
             except OSError as e:
                 raise self._die(f"fdatasync of {tmp} failed: {e.strerror}") from None
             self._step("rotate:synced")
-            os.rename(tmp, path)
+            ops.rename(tmp, path)
             self._step("rotate:renamed")
             try:
-                fsync_dir(self.directory)
+                ops.fsync_dir(self.directory)
             except OSError as e:
                 raise self._die(f"fsync of {self.directory} failed: {e.strerror}") from None
             self._step("rotate:dir-synced")
         except BaseException:
-            os.close(fd)
+            ops.close(fd)
             try:
-                os.unlink(tmp)
+                ops.unlink(tmp)
             except FileNotFoundError:
                 pass
             raise
         if self._fd >= 0:
-            os.close(self._fd)
+            ops.close(self._fd)
         self._fd, self._path, self._salt = fd, path, salt
         self._first_seq, self._end, self._next_seq = first_seq, SEGMENT_HEADER_SIZE, first_seq
 
@@ -580,7 +589,7 @@ class LogWriter:
     def _write_error(self, e: OSError, doing: str, truncate_to: int | None = None) -> LogError:
         if truncate_to is not None:
             try:
-                os.ftruncate(self._fd, truncate_to)
+                self._ops.ftruncate(self._fd, truncate_to)
             except OSError as e2:
                 return self._die(f"cannot undo a failed write to {self._path}: {e2.strerror}")
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -609,7 +618,7 @@ class LogWriter:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            self._ops.close(self._fd)
             self._fd = -1
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock

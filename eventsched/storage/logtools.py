@@ -18,7 +18,7 @@ import msgspec
 from eventsched.domain import events as ev
 from eventsched.domain.events import Event
 from eventsched.storage import log as L
-from eventsched.storage.fsutil import fsync_dir
+from eventsched.storage.fileops import PLAIN, FileOps
 
 __all__ = ["verify", "dump", "repair", "format_event"]
 
@@ -179,7 +179,7 @@ def _lock(d: str) -> int | str:
     return fd
 
 
-def repair(directory: str | os.PathLike[str]) -> int:
+def repair(directory: str | os.PathLike[str], ops: FileOps = PLAIN) -> int:
     """Cut the log at its first bad frame, keeping everything cut in files aside.
 
     The damaged segment is truncated at the bad frame (the rest goes to
@@ -206,28 +206,29 @@ def repair(directory: str | os.PathLike[str]) -> int:
         seg = found.segment
         if found.offset < L.SEGMENT_HEADER_SIZE:
             kept = f"{seg}.torn-0"
-            os.rename(seg, kept)
+            ops.rename(seg, kept)
             print(f"moved {seg} aside to {kept}: {found.problem}")
         else:
             size = os.path.getsize(seg)
             with open(seg, "rb") as f:
                 f.seek(found.offset)
                 data = f.read()
-            kept = L.keep_aside(seg, found.offset, data)
-            fd = os.open(seg, os.O_RDWR | os.O_CLOEXEC)
+            kept = L.keep_aside(seg, found.offset, data, ops)
+            ops.fsync_dir(d)  # the kept bytes' name is on disk before the cut can be
+            fd = ops.open(seg, os.O_RDWR | os.O_CLOEXEC)
             try:
-                os.ftruncate(fd, found.offset)
-                os.fsync(fd)
+                ops.ftruncate(fd, found.offset)
+                ops.fsync(fd)
             finally:
-                os.close(fd)
+                ops.close(fd)
             print(
                 f"cut {seg} at byte {found.offset} ({found.problem}); "
                 f"{size - found.offset} bytes kept in {kept}"
             )
         for later in found.later:
-            os.rename(later, f"{later}.torn-0")
+            ops.rename(later, f"{later}.torn-0")
             print(f"moved later segment {later} aside to {later}.torn-0")
-        fsync_dir(d)
+        ops.fsync_dir(d)
         if found.last_seq == 0:
             print("the log is now empty (its first segment was damaged); everything is kept in the files above")
         else:

@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 
 import msgspec
 
-from eventsched.storage.fsutil import fsync_dir
+from eventsched.storage.fileops import PLAIN, FileOps
 
 __all__ = ["save_bytes", "load_latest", "list_snapshots", "prune", "KEEP"]
 
@@ -53,34 +53,45 @@ def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes) -> Path:
-    """Write one snapshot payload (from ``snapshot_bytes``) atomically; prune old ones."""
+def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes, *, ops: FileOps = PLAIN) -> Path:
+    """Write one snapshot payload (from ``snapshot_bytes``) atomically; prune old ones.
+    ``ops``: the file calls (a crash-state test records them)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     if d.stat().st_mode & 0o077:
         os.chmod(d, 0o700)  # made by an earlier version: snapshots hold every job's environment
     final = d / _name(seq)
     tmp = d / (final.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a leftover with another mode; O_EXCL below
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as f:
-        f.write(HEADER.pack(MAGIC, zlib.crc32(data), len(data)))
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fsync_dir(d)
-    prune(d)
+    _unlink(ops, tmp)  # a leftover with another mode; O_EXCL below
+    fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(HEADER.pack(MAGIC, zlib.crc32(data), len(data)) + data)
+        while view:
+            view = view[ops.write(fd, view) :]
+        ops.fsync(fd)
+    finally:
+        ops.close(fd)
+    ops.replace(tmp, final)
+    ops.fsync_dir(d)
+    prune(d, ops=ops)
     return final
 
 
-def prune(directory: str | os.PathLike[str], keep: int = KEEP) -> None:
+def _unlink(ops: FileOps, path: Path) -> None:
+    try:
+        ops.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def prune(directory: str | os.PathLike[str], keep: int = KEEP, *, ops: FileOps = PLAIN) -> None:
     """Remove all but the ``keep`` newest snapshots and stray temp files."""
     d = Path(directory)
     snaps = list_snapshots(d)
     for _, p in snaps[: max(0, len(snaps) - keep)]:
-        p.unlink(missing_ok=True)
+        _unlink(ops, p)
     for p in d.glob("snapshot-*.tmp"):
-        p.unlink(missing_ok=True)
+        _unlink(ops, p)
 
 
 def _read(path: Path) -> bytes:
