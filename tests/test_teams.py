@@ -369,7 +369,8 @@ class TeamsMachine(CoreMachine):
 
     def note_preemptions(self) -> None:
         for e in self.last_events:
-            if isinstance(e, ev.JobCancelRequested) and e.reason == "preempted":
+            # a job stopped because its GPU was lost is not a policy's preemption
+            if isinstance(e, ev.JobCancelRequested) and e.reason == "preempted" and e.by != "gpu-lost":
                 job = self.state.jobs[e.job]
                 self.preempted_at.setdefault(e.job, []).append((e.ts, job.started_at))
 

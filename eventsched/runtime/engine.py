@@ -62,6 +62,28 @@ INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
 
 
+class SteadyClock:
+    """The daemon's time: the wall clock read at start-up, then moved on by
+    the monotonic clock. A step of the wall clock during a run (an admin,
+    NTP, a restored VM) then neither fires time limits early nor holds them
+    back, charges no phantom hours of GPU use, and never stamps an event
+    earlier than the one before it; a restart reads the wall clock again."""
+
+    def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._origin = wall() - monotonic()
+
+    def __call__(self) -> float:
+        return self._origin + self._monotonic()
+
+    def not_before(self, floor: float) -> None:
+        """Start no earlier than ``floor`` (the log's last time: the wall
+        clock went back across a restart)."""
+        behind = floor - self()
+        if behind > 0:
+            self._origin += behind
+
+
 @dataclass
 class Query:
     """A read of the projection, answered after the batch it arrived in commits."""
@@ -108,7 +130,7 @@ class Engine:
         sample_interval_s: float = 2.0,
         snapshot_every: int = 50_000,
         segment_bytes: int = 64 << 20,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,  # default: a SteadyClock
         tenants: dict[str, Tenant] | None = None,
     ) -> None:
         self.state_dir = state_dir
@@ -118,7 +140,8 @@ class Engine:
         self.sample_interval_s = sample_interval_s
         self.snapshot_every = snapshot_every
         self.segment_bytes = segment_bytes
-        self.clock = clock
+        self.clock = clock if clock is not None else SteadyClock()
+        self._last_now = 0.0  # the latest time handed to the core: times in the log never go back
         # before the executor makes jobs/ (and with it, a 0755 state dir)
         prepare_state_dir(state_dir)
         self.executor = Executor(state_dir, node=config.node)
@@ -220,6 +243,10 @@ class Engine:
                 logger.warning("log recovery: %s", self.log.recovered)
             self.state = await anyio.to_thread.run_sync(self._load_state)
             self.committed_seq = self.log.next_seq - 1
+            for last in eventlog.read(log_dir(self.state_dir), from_seq=max(1, self.committed_seq)):
+                self._last_now = last.ts
+            if isinstance(self.clock, SteadyClock):
+                self.clock.not_before(self._last_now)
             self._last_snapshot_seq = self.state.last_seq
             gpus = self.backend.discover()
             started = Started(
@@ -288,7 +315,9 @@ class Engine:
                 await self._inbox_ready.wait()
                 self._inbox_ready.clear()
             batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
-            now = self.clock()
+            # clamped: an injected clock (or anything else) that goes back
+            # must not put a smaller time after a larger one in the log
+            now = self._last_now = max(self.clock(), self._last_now)
             produced: list[ev.Event] = []
             effects: list[Effect] = []
             for pending in batch:
@@ -364,6 +393,9 @@ class Engine:
 
     def _worth_logging(self, sample: GpuObserved, now: float) -> bool:
         key = (sample.node, sample.gpu)
+        gpu = self.state.gpus.get(key) if self.state is not None else None
+        if gpu is not None and (gpu.lost or gpu.error):
+            self._last_logged_sample.pop(key, None)  # a failed GPU reading well is news: it is back
         previous = self._last_logged_sample.get(key)
         prev_ts, prev = previous if previous else (0.0, None)
         if not significant(prev, sample, last_ts=prev_ts, now=now):

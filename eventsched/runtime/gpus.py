@@ -29,10 +29,11 @@ job's declares *foreign* memory, as another user's process would.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from eventsched.domain.events import GpuProcess
 from eventsched.domain.messages import GpuFailed, GpuInfo, GpuObserved
@@ -49,11 +50,16 @@ __all__ = [
     "attribute",
     "FAKE_MEM_VAR",
     "FAKE_UTIL_VAR",
+    "TEST_NVML_VAR",
+    "absurd_reading",
     "DEFAULT_FAKE_MEM_MIB",
 ]
 
 FAKE_MEM_VAR = "EVENTSCHED_FAKE_GPU_MEM_MIB"
 FAKE_UTIL_VAR = "EVENTSCHED_FAKE_GPU_UTIL"
+# Test only: a Python file to load in place of ``pynvml`` (tests/fake_nvml.py,
+# which injects NVML's own errors and absurd readings into the real code here).
+TEST_NVML_VAR = "EVENTSCHED_TEST_NVML"
 
 _MIB = 1024 * 1024
 
@@ -100,9 +106,10 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, node: str = "local") -> None:
-        import pynvml  # only here: fake-GPU daemons and the CLI never pay for it
-
+    def __init__(self, node: str = "local", nvml: Any = None) -> None:
+        if nvml is None:
+            nvml = _load_nvml()
+        pynvml = nvml
         self._nvml = pynvml
         self.node = node
         try:
@@ -155,6 +162,9 @@ class NvmlBackend:
         except nv.NVMLError as e:
             lost = getattr(e, "value", None) == nv.NVML_ERROR_GPU_IS_LOST
             return GpuFailed(node=self.node, gpu=i, error=f"NVML: {e}", lost=lost)
+        absurd = absurd_reading(int(mem.used // _MIB), int(mem.total // _MIB), util, temp, power)
+        if absurd:  # a driver glitch: recorded as an error, never used for placement
+            return GpuFailed(node=self.node, gpu=i, error=f"NVML: absurd reading: {absurd}")
         if procs is None:  # the driver cannot list processes: foreign memory unknown, not zero
             jobs: dict[int, int] = {}
             others: list[GpuProcess] = []
@@ -207,6 +217,36 @@ class NvmlBackend:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _load_nvml() -> Any:
+    """``pynvml``, imported only here (fake-GPU daemons and the CLI never pay
+    for it), or the test-only stand-in that ``TEST_NVML_VAR`` names."""
+    path = os.environ.get(TEST_NVML_VAR)
+    if not path:
+        import pynvml
+
+        return pynvml
+    spec = importlib.util.spec_from_file_location("eventsched_test_nvml", path)
+    if spec is None or spec.loader is None:
+        raise NvmlUnavailable(f"{TEST_NVML_VAR}={path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def absurd_reading(used_mib: int, total_mib: int, util: float, temp_c: float, power_w: float) -> str:
+    """What is impossible in one GPU reading ("" when nothing): such a sample
+    says the driver is confused, not how the GPU is."""
+    if total_mib <= 0 or used_mib < 0 or used_mib > total_mib:
+        return f"memory used {used_mib} MiB of {total_mib} MiB"
+    if not -40.0 <= temp_c <= 150.0:
+        return f"temperature {temp_c:g} C"
+    if not 0.0 <= util <= 100.0:
+        return f"utilization {util:g} %"
+    if not 0.0 <= power_w <= 10_000.0:
+        return f"power {power_w:g} W"
+    return ""
 
 
 # --- per-process memory, both backends ----------------------------------------
