@@ -102,7 +102,8 @@ def _sha(text: str) -> str:
 def parse_line(text: str, line: int) -> JobLine:
     """One non-blank, non-comment line; ``JobsFileError`` if it is no job."""
     text = text.strip()
-    if any("\udc80" <= c <= "\udcff" for c in text):  # undecodable bytes (surrogateescape)
+    # undecodable bytes (surrogateescape), or any lone surrogate a caller's str may hold (issue 14: fuzzing)
+    if any("\ud800" <= c <= "\udfff" for c in text):
         raise JobsFileError("the line is not valid UTF-8")
     if has_control(text):
         raise JobsFileError("the line holds a control character")

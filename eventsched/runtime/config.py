@@ -30,6 +30,10 @@ class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
     # a connection that would push it past this is closed (one reply of any
     # size is let through when nothing else of that user is waiting)
     max_unread_bytes_per_user: Annotated[int, msgspec.Meta(ge=1 << 16)] = 32 << 20
+    # requests of one uid (all its connections) handed to the engine and not
+    # yet answered: beyond this its connections are not read until some are
+    # answered, so a flood waits behind itself, not in front of other users
+    max_requests_in_flight_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
 
 
 class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
@@ -52,7 +56,8 @@ class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     gpus: str | None = None
     policy: str | None = None
-    sample_interval_s: float = 2.0
+    # > 0: a negative interval crashed the sampler after start (issue 14, found by fuzzing)
+    sample_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     scheduler: SchedulerConfig = SchedulerConfig()
     limits: SubmitLimits = SubmitLimits()
     connections: ConnectionLimits = ConnectionLimits()
@@ -116,6 +121,7 @@ max_env_bytes = 262144         # environment plus --env-setup
 max_per_user = 64              # connections held by one user at once
 max_total = 4096               # all connections; lowered to fit the open-file limit
 max_unread_bytes_per_user = 33554432  # replies a user's clients leave unread before one is cut off
+max_requests_in_flight_per_user = 64  # one user's requests being answered at once; the rest wait unread
 """
 
 
@@ -139,14 +145,19 @@ def load_config(path: str | Path | None) -> ServeConfig:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, not UTF-8
+        raise ConfigError(f"config file {path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
     return config_from_dict(raw, str(path))
 
 
 def config_from_dict(raw: dict[str, Any], where: str) -> ServeConfig:
     """Validate a parsed config (TOML, or a seed's JSON translated to it)."""
     raw = dict(raw)
-    scheduler = dict(raw.get("scheduler") or {})
+    # a section given as a number or a string is msgspec's to name below, not a TypeError here
+    scheduler = dict(raw["scheduler"]) if isinstance(raw.get("scheduler"), dict) else {}
     moved = {k: scheduler.pop(k) for k in JOB_LIMIT_KEYS if k in scheduler}
+    if moved and not isinstance(raw.get("job_limits") or {}, dict):
+        raise ConfigError(f"config file {where}: job_limits must be a table, like [scheduler]")
     if moved:
         raw["scheduler"] = scheduler
         raw["job_limits"] = {**(raw.get("job_limits") or {}), **moved}

@@ -30,6 +30,7 @@ import msgspec
 
 from eventsched.domain import messages as msg
 from eventsched.domain.paths import log_dir
+from eventsched.domain.text import printable
 from eventsched.domain.visibility import BatchView
 from eventsched.projections.cluster import ClusterState
 from eventsched.storage import log as eventlog
@@ -105,6 +106,7 @@ class Connection(asyncio.Protocol):
         self._backlog_bytes = 0
         self._slot_bytes = 0  # replies ready but waiting behind an earlier one
         self._flush_soon = False  # a _flush is scheduled for the end of this step of the loop
+        self._waiting_share = False  # its user has their share of requests in the engine (issue 14)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -182,7 +184,9 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.closed or self.transport is None:
             return
-        pause = not self.subscribed and (self._write_paused or len(self.slots) >= MAX_OUTSTANDING_REPLIES)
+        pause = not self.subscribed and (
+            self._write_paused or len(self.slots) >= MAX_OUTSTANDING_REPLIES or self._waiting_share
+        )
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:
@@ -230,6 +234,7 @@ class Connection(asyncio.Protocol):
                 and not self.subscribed
                 and not self._write_paused
                 and len(self.slots) < MAX_OUTSTANDING_REPLIES
+                and self._may_dispatch()
             ):
                 try:
                     length = protocol.check_length(bytes(self.buffer[:header_size]))
@@ -250,6 +255,16 @@ class Connection(asyncio.Protocol):
             if not self._complete_request_waits():
                 self.transport.close()
 
+    def _may_dispatch(self) -> bool:
+        assert self.peer is not None
+        self._waiting_share = not self.server.may_dispatch(self)
+        return not self._waiting_share
+
+    def resume_share(self) -> None:
+        """Its user's share of the engine has room again (called by the server)."""
+        self._waiting_share = False
+        self._process()
+
     def _complete_request_waits(self) -> bool:
         header_size = protocol.HEADER.size
         if len(self.buffer) < header_size:
@@ -260,16 +275,26 @@ class Connection(asyncio.Protocol):
     def _request(self, body: bytes) -> None:
         try:
             request = protocol.request_decoder.decode(body)
-        except msgspec.DecodeError as exc:
-            self._reply_now(protocol.Reply(ok=False, error=f"bad request: {exc}"))
+        # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8,
+        # and RecursionError for ~1,000 nested arrays or maps (issue 14, found by fuzzing)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            # the error may quote the peer's bytes: escape them so it stays one printable line
+            self._reply_now(protocol.Reply(ok=False, error=f"bad request: {printable(str(exc))}"))
             return
         if isinstance(request, protocol.Subscribe):
             self._subscribe(request.from_seq)
             return
         slot: list[bytes | None] = [None]
         self.slots.append(slot)
+        assert self.peer is not None
+        uid = self.peer.uid
+        self.server.dispatched(uid)
+        counted = [True]
 
         def reply(result: Any, error: str | None) -> None:
+            if counted[0]:  # exactly once, even for a connection already gone
+                counted[0] = False
+                self.server.answered(uid)
             if self.closed:
                 return
             message = protocol.Reply(ok=False, error=error) if error is not None else protocol.Reply(ok=True, data=result)
