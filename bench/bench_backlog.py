@@ -21,6 +21,17 @@ best-fit 28.2/35.2 -> 0.18/0.32, priority 28.9/40.4 -> 0.18/0.35, fgd
 19.2/37.0 -> 0.22/0.48, sjf-backfill 91.9/130.7 -> 0.55/0.86, fifo 0.23/0.89
 -> 0.24/0.43. sjf-backfill replay at 4x is still quadratic (jobs a backfill
 reservation holds back are tried one by one; 3,000 jobs: 9.2 -> 8.7 s).
+
+Round two (tenants, fair share, reservations and predicted ends had brought
+the replays to 0.8x 15.2 s, 4x 26.8 s): the queue's orders and the runtime
+history in blocked sorted lists (``projections.sortedkeys``), C-level fast
+paths for plain requests, no reservation work when nothing fits or every
+shape fits, and no cyclic GC during a replay (its full passes were a fifth
+of the quiet replay). Back to back on the 2-core machine under other
+engineers' load (load average 3-4), unchanged tree -> this one, wall:
+0.8x 18.2 -> 13.3 s, 4x 30.0 -> 21.2 s, ratio 1.6x -> 1.6x; CPU seconds
+with both trees running side by side: 0.8x 17.1 -> 13.7, 4x 29.9 -> 21.9.
+The < 10 s target is not met on this machine.
 """
 
 from __future__ import annotations

@@ -77,13 +77,18 @@ class View:
         return other
 
     def max_free(self) -> int:
-        return max(self.free, default=0)
+        free = self.free
+        return max(free) if free else 0
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
         """GPU indices where one of the job's GPUs could go, in (node, id) order."""
         spec = job.spec
         need = job.milli
-        out = [i for i, f in enumerate(self.free) if f >= need]  # the common test first, in one pass
+        free = self.free
+        if need == FULL:  # a whole GPU: only the all-free ones (found in C, not a Python loop)
+            out = _all_at(free, FULL)
+        else:
+            out = [i for i, f in enumerate(free) if f >= need]  # the common test first, in one pass
         if spec.gpu_mem_mib:
             mem, memfree = spec.gpu_mem_mib, self.mem
             out = [i for i in out if memfree[i] >= mem]
@@ -162,6 +167,12 @@ def _gang(view: View, cands: list[int], k: int, tightest: bool) -> list[int] | N
 def first_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> list[int] | None:
     if job.count == 0:
         return []
+    if not exclude and _plain(job):
+        if job.count > 1:
+            return _whole_gang(view, job.count, tightest=False)
+        need = job.milli
+        i = next((i for i, f in enumerate(view.free) if f >= need), -1)  # stops at the first
+        return [i] if i >= 0 else None
     cands = view.candidates(job, exclude)
     if job.count == 1:
         return cands[:1] or None
@@ -172,6 +183,10 @@ def best_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> lis
     """Fractional jobs go where the least share remains after them (F5)."""
     if job.count == 0:
         return []
+    if not exclude and _plain(job):
+        if job.count == 1:
+            return _tightest_one(view.free, job.milli)
+        return _whole_gang(view, job.count, tightest=True)
     cands = view.candidates(job, exclude)
     if not cands:
         return None
@@ -181,6 +196,66 @@ def best_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> lis
         free = view.free
         return [min(cands, key=lambda i: (free[i], i))]
     return _gang(view, cands, job.count, tightest=True)
+
+
+def _plain(job: Job) -> bool:
+    """No memory request, no pinned GPUs, no pinned node: only the share matters."""
+    spec = job.spec
+    return not spec.gpu_mem_mib and spec.gpu_ids is None and not spec.node
+
+
+def _all_at(free: list[int], value: int) -> list[int]:
+    """Indices ``i`` with ``free[i] == value``, in order (list.index runs in C)."""
+    out: list[int] = []
+    i = -1
+    try:
+        while True:
+            i = free.index(value, i + 1)
+            out.append(i)
+    except ValueError:
+        return out
+
+
+def _node_counts(view: View) -> Iterator[tuple[int, int, int]]:
+    """(first index, end index, all-free GPUs) of each node, in order: a
+    node's GPUs are contiguous in (node, id) order."""
+    free = view.free
+    if len(view.node_idx) == 1:
+        yield 0, len(free), free.count(FULL)
+        return
+    for idxs in view.node_idx.values():
+        lo, hi = idxs[0], idxs[-1] + 1
+        yield lo, hi, free[lo:hi].count(FULL)
+
+
+def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
+    """``_gang`` of a plain job of ``k`` whole GPUs (its candidates are the
+    all-free GPUs), counted in C per node instead of listed one by one."""
+    pick: tuple[int, int, int] | None = None
+    for lo, hi, n in _node_counts(view):
+        if n >= k and (pick is None or n < pick[2]):
+            pick = (lo, hi, n)
+            if not tightest:
+                break
+    if pick is None:
+        return None
+    lo, hi, _ = pick
+    free, out, i = view.free, [], lo - 1
+    for _ in range(k):
+        i = free.index(FULL, i + 1, hi)
+        out.append(i)
+    return out
+
+
+def _tightest_one(free: list[int], need: int) -> list[int] | None:
+    """``best_fit`` of a plain one-GPU job: the GPU with the least free share
+    that still has ``need``, the first of those (C-level set, sort and index
+    instead of a Python loop over every GPU)."""
+    levels = sorted(set(free))
+    k = bisect.bisect_left(levels, need)
+    if k == len(levels):
+        return None
+    return [free.index(levels[k])]
 
 
 def _eligible(state: ClusterState, job: Job, now: float) -> bool:
@@ -291,6 +366,11 @@ def _fits(view: View, job: Job) -> bool:
     best-fit, fgd) fails exactly when no node has ``count`` candidate GPUs."""
     if job.count == 0:
         return True
+    if _plain(job):
+        if job.count == 1:
+            return view.max_free() >= job.milli
+        k = job.count
+        return any(n >= k for _, _, n in _node_counts(view))
     cands = view.candidates(job)
     if job.count == 1:
         return bool(cands)
@@ -305,10 +385,12 @@ def _fitting_shapes(state: ClusterState, view: View) -> set[tuple[Any, ...]]:
     """
     jobs, no_fit = state.jobs, state.capacity.no_fit
     live = set()
-    for shape, members in state.queue.by_shape.items():
+    # any job of a shape stands for it: the head of its queue is found in O(1)
+    # (the first key of a dict that has lost many keys is not)
+    for shape, entries in state.queue.shape_queue.items():
         if shape in no_fit:
             continue
-        if _fits(view, jobs[next(iter(members))]):
+        if _fits(view, jobs[entries[0][2]]):
             live.add(shape)
         else:
             no_fit.add(shape)
@@ -351,9 +433,12 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
     offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
     live = _fitting_shapes(state, view)
+    if not live:  # nothing can start: no placement for a reservation to guard
+        return []
     # (head's (aged -priority - fair share, order, id), its position, shape):
     # keys are unique, so neither position nor shape is ever compared
-    heap = [(_lane_key(queues[s][0], s, offsets), 0, s) for s in live]
+    lanes = {s: iter(queues[s]) for s in live}  # read in order, never by position
+    heap = [(_lane_key(next(lanes[s]), s, offsets), 0, s) for s in live]
     heapq.heapify(heap)
     reserve = _Reservation.for_head(state, now, view, live, offsets, limits) if state.config.reserve_for_gang else None
     jobs = state.jobs
@@ -380,7 +465,7 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
             slots -= 1
             if slots == 0 or (smallest > 0 and view.max_free() < smallest):
                 break
-        _advance(heap, queues[shape], pos, shape, offsets)
+        _advance(heap, lanes[shape], pos, shape, offsets)
     return out
 
 
@@ -408,6 +493,8 @@ class _Reservation:
     def for_head(cls, state: ClusterState, now: float, view: View, live: set[Any],
                  offsets: dict[str, float], limits: Limits) -> _Reservation | None:
         queues, jobs = state.queue.shape_queue, state.jobs
+        if len(live) == len(queues):
+            return None  # every shape can start now, the head's too
         best: tuple[tuple[float, int, int], Any] | None = None
         for shape, entries in queues.items():
             key = _lane_key(entries[0], shape, offsets)
@@ -478,11 +565,13 @@ def _running_ends(state: ClusterState, view: View, now: float,
     return out
 
 
-def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], queue: list[tuple[float, int, int]],
+def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], lane: Iterator[tuple[float, int, int]],
              pos: int, shape: Any, offsets: dict[str, float]) -> None:
-    """Replace the heap's top (``queue[pos]``) by the next job of its shape."""
-    if pos + 1 < len(queue):
-        heapq.heapreplace(heap, (_lane_key(queue[pos + 1], shape, offsets), pos + 1, shape))
+    """Replace the heap's top (the ``pos``-th job of its shape, from ``lane``)
+    by the next job of its shape."""
+    entry = next(lane, None)
+    if entry is not None:
+        heapq.heapreplace(heap, (_lane_key(entry, shape, offsets), pos + 1, shape))
     else:
         heapq.heappop(heap)
 

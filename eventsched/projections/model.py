@@ -16,6 +16,7 @@ from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition, JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
+from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [
     "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
@@ -219,7 +220,9 @@ class QueueIndex:
     """Queued jobs in the orders policies scan them, kept sorted incrementally.
 
     ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
-    Insertions are bisect.insort (a memmove in C), so a decision never re-sorts.
+    Both are ``SortedKeys`` (blocked: an insertion or removal moves one block,
+    not the whole queue); the per-shape and per-runtime-key lists are short
+    enough for bisect.insort (a memmove in C). A decision never re-sorts.
     ``by_shape`` groups jobs that fit or fail together, so a decision can tell
     up front that nothing in a long queue fits; ``shape_queue`` holds each
     shape's jobs as (-priority, order, id), so a decision merges the heads of
@@ -231,12 +234,14 @@ class QueueIndex:
         # waiting jobs the difference does not change with time, so the
         # static key ``aging x queued_at / 3600 - priority`` orders them for good
         self.aging = aging_per_hour / 3600.0
-        self.by_priority: list[tuple[float, int, int]] = []
-        self.by_order: list[tuple[int, int]] = []
+        # (blocked sorted lists: a placement at the head of a long queue
+        # moves one block, not the whole queue)
+        self.by_priority: SortedKeys[tuple[float, int, int]] = SortedKeys()
+        self.by_order: SortedKeys[tuple[int, int]] = SortedKeys()
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
-        self.shape_queue: dict[tuple[Any, ...], list[tuple[float, int, int]]] = {}
+        self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
         # runtime-prediction key (and shape -> key) -> (-priority, order, id):
         # shortest-job-first merges these groups, each with one prediction
         self.rkey_of: dict[int, tuple[str, str]] = {}
@@ -252,13 +257,16 @@ class QueueIndex:
 
     def add(self, job: Job) -> None:
         key = self.key(job)
-        bisect.insort(self.by_priority, key)
-        bisect.insort(self.by_order, (job.order, job.id))
+        self.by_priority.add(key)
+        self.by_order.add((job.order, job.id))
         self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
         shape = job.shape
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
-        bisect.insort(self.shape_queue.setdefault(shape, []), key)
+        lane = self.shape_queue.get(shape)
+        if lane is None:
+            lane = self.shape_queue[shape] = SortedKeys()
+        lane.add(key)
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
         bisect.insort(self.by_rkey.setdefault(rkey, []), key)
@@ -267,12 +275,9 @@ class QueueIndex:
 
     def remove(self, job: Job) -> None:
         key = self.key(job)
-        i = bisect.bisect_left(self.by_priority, key)
-        if i == len(self.by_priority) or self.by_priority[i] != key:
+        if not self.by_priority.remove(key):
             raise IllegalTransition(f"job {job.id} is not in the queue")
-        del self.by_priority[i]
-        okey = (job.order, job.id)
-        del self.by_order[bisect.bisect_left(self.by_order, okey)]
+        self.by_order.remove((job.order, job.id))
         n = self.milli_counts[job.milli] - 1
         if n:
             self.milli_counts[job.milli] = n
@@ -283,7 +288,10 @@ class QueueIndex:
         del members[job.id]
         if not members:
             del self.by_shape[shape]
-        _drop(self.shape_queue, shape, key)
+        lane = self.shape_queue[shape]
+        lane.remove(key)
+        if not lane:
+            del self.shape_queue[shape]
         rkey = self.rkey_of.pop(job.id)
         _drop(self.by_rkey, rkey, key)
         groups = self.shape_rkey[shape]
@@ -347,7 +355,7 @@ class RuntimeStats:
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
-        self.sorted: list[int] = []
+        self._runs: SortedKeys[int] = SortedKeys()  # every run's ms, in blocks (see ``sorted``)
         # predictions asked since the last run ended (sjf-backfill asks for
         # every running job at every reservation)
         self._memo: dict[tuple[tuple[str, str], float], float] = {}
@@ -356,11 +364,21 @@ class RuntimeStats:
         ms = max(0, round(runtime_s * 1000))
         n, total = self.by_key.get(key, (0, 0))
         self.by_key[key] = (n + 1, total + ms)
-        bisect.insort(self.sorted, ms)
+        self._runs.add(ms)
+        self._memo.clear()
+
+    @property
+    def sorted(self) -> list[int]:
+        """Every run's time in ms, ascending (a copy: snapshots and forecasts)."""
+        return list(self._runs)
+
+    @sorted.setter
+    def sorted(self, runs: list[int]) -> None:
+        self._runs = SortedKeys(runs)
         self._memo.clear()
 
     def median(self) -> float | None:
-        s = self.sorted
+        s = self._runs
         if not s:
             return None
         m = len(s) // 2

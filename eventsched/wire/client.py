@@ -182,8 +182,22 @@ class Client:
             out.append(reply)
         return out
 
-    def jobs(self, all: bool = False) -> list[dict]:
-        return self.request(protocol.ListJobs(all=all))
+    def jobs(self, all: bool = False, page: int = 250) -> list[dict]:
+        """Every job (``all``: finished ones too), in id order, fetched a page
+        at a time so that a long listing never holds the daemon's loop for
+        long (issue 16); ``page=0`` asks for all of it in one reply."""
+        if page <= 0:
+            return self.request(protocol.ListJobs(all=all))
+        out: list[dict] = []
+        after = 0
+        while True:
+            reply = self.request(protocol.ListJobs(all=all, after=after, limit=page))
+            if isinstance(reply, list):  # a daemon from before paging: everything at once
+                return reply
+            out.extend(reply["jobs"])
+            if reply["next"] is None:
+                return out
+            after = reply["next"] - 1
 
     def status(self) -> dict:
         return self.request(protocol.GetStatus())

@@ -1,0 +1,115 @@
+"""The parts issue 16 made faster decide exactly as the plain ones did.
+
+- ``SortedKeys`` (the blocked sorted list behind the queue's orders and the
+  runtime history) holds, yields and finds the same keys as a list kept
+  sorted with ``bisect``, through block splits and emptied blocks.
+- The placement fast paths for a *plain* job (no memory request, no pinned
+  GPUs or node) pick the same GPUs as the general path: the same request
+  pinned to every GPU id takes the general path and must agree, for
+  best-fit, first-fit and the fit test, on random multi-node free shares.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventsched.core import policies
+from eventsched.core.policies import View, best_fit, first_fit
+from eventsched.domain import events as ev
+from eventsched.domain.units import FULL
+from eventsched.projections import sortedkeys
+from eventsched.projections.cluster import Job, request_of
+from eventsched.projections.sortedkeys import SortedKeys
+
+# --- SortedKeys ------------------------------------------------------------------
+
+ops = st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=400)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_sorted_keys_match_a_sorted_list(steps: list[tuple[bool, int]]) -> None:
+    old = sortedkeys.LOAD
+    sortedkeys.LOAD = 4  # tiny blocks: splits and emptied blocks on every run
+    try:
+        keys: SortedKeys[int] = SortedKeys()
+        ref: list[int] = []
+        for add, k in steps:
+            if add:
+                keys.add(k)
+                bisect.insort(ref, k)
+            else:
+                present = k in ref
+                assert keys.remove(k) == present
+                if present:
+                    ref.remove(k)
+            assert len(keys) == len(ref)
+            assert list(keys) == ref
+            assert keys == ref and bool(keys) == bool(ref)
+        for i in range(len(ref)):
+            assert keys[i] == ref[i]
+        if ref:
+            assert keys[-1] == ref[-1]
+        assert SortedKeys(ref) == keys
+    finally:
+        sortedkeys.LOAD = old
+
+
+def test_sorted_keys_rebuilt_from_unsorted_input() -> None:
+    keys = SortedKeys([(2, 1), (0, 5), (1, 3)])
+    assert list(keys) == [(0, 5), (1, 3), (2, 1)]
+    assert not keys.remove((9, 9)) and len(keys) == 3
+
+
+# --- plain fast paths against the general path ---------------------------------
+
+
+def _view(nodes: list[list[int]]) -> View:
+    """A view of GPUs on several nodes with the given free shares."""
+    view = object.__new__(View)
+    view.default_node = "n0"
+    view.node, view.id, view.free, view.mem = [], [], [], []
+    view.index, view.node_idx, view.nodes = {}, {}, []
+    for n, shares in enumerate(nodes):
+        name = f"n{n}"
+        view.nodes.append(name)
+        view.node_idx[name] = []
+        for gid, free in enumerate(shares):
+            i = len(view.free)
+            view.node.append(name)
+            view.id.append(gid)
+            view.free.append(free)
+            view.mem.append(81_920)
+            view.index[(name, gid)] = i
+            view.node_idx[name].append(i)
+    return view
+
+
+def _job(gpus: float, pinned_to: list[int] | None = None) -> Job:
+    spec = ev.JobSpec(command=["x"], gpus=gpus, gpu_ids=pinned_to)
+    count, milli = request_of(spec)
+    return Job(id=1, spec=spec, count=count, milli=milli)
+
+
+shares = st.sampled_from([0, 0, 125, 250, 500, 750, 875, FULL, FULL])
+clusters = st.lists(st.lists(shares, min_size=1, max_size=9), min_size=1, max_size=4)
+requests = st.sampled_from([0.125, 0.25, 0.5, 0.75, 1, 2, 3, 4, 8])
+
+
+@settings(max_examples=500, deadline=None)
+@given(clusters, requests)
+def test_plain_fast_paths_choose_as_the_general_path(nodes: list[list[int]], gpus: float) -> None:
+    view = _view(nodes)
+    plain = _job(gpus)
+    # pinned to every GPU id: the same request, through the general path
+    general = _job(gpus, sorted(set(view.id)))
+    assert policies._plain(plain) and not policies._plain(general)
+    assert best_fit(view, plain) == best_fit(view, general)
+    assert first_fit(view, plain) == first_fit(view, general)
+    assert policies._fits(view, plain) == policies._fits(view, general)
+    assert policies._fits(view, plain) == (best_fit(view, general) is not None)
+    need = plain.milli
+    assert view.candidates(plain) == [i for i, f in enumerate(view.free) if f >= need]
