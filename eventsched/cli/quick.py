@@ -42,7 +42,8 @@ COMMON_OPTIONS: list[Option] = [
 SUBMIT_OPTIONS: list[Option] = [
     (("--gpus",), {"type": float, "help": "share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)"}),
     (("--gpu-mem", "--mem"), {"dest": "gpu_mem", "type": int, "metavar": "MIB", "help": "GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)"}),
-    (("--gpu-ids",), {"metavar": "LIST", "help": "GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; with --gpus K, K of them"}),
+    (("--gpu-ids",), {"metavar": "LIST", "help": "GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; with --gpus K, K of them; NODE:0,1 on a cluster"}),
+    (("--node",), {"metavar": "NAME", "help": "run on this node of a cluster (`eventsched nodes` lists them)"}),
     (("--priority",), {"type": int, "default": 0, "help": "higher runs first (default 0)"}),
     (("--name",), {}),
     (("--time-limit",), {"metavar": "SECONDS", "help": "kill after this long (90, 15m, 2h)"}),
@@ -157,16 +158,17 @@ def plan(argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]) ->
     ``cli.spec_fields``: a job's fields from its options and command."""
     if os.environ.get("EVENTSCHED_NO_QUICK"):  # the full path for everything (tests compare the two)
         return None
+    remote = bool(os.environ.get("EVENTSCHED_URL"))  # issue 12: over HTTP (wire/http_client.py), never the socket
     if argv == ["--version"]:
         return _version
-    if argv[:1] == ["health"]:
+    if argv[:1] == ["health"] and not remote:
         health = parse("health", argv[1:], COMMON_OPTIONS + HEALTH_OPTIONS)
         return None if health is None else lambda: _health(health)
     submission = submit_message(argv, build)
     if submission is None:
         return None
     args, message = submission
-    return lambda: _submit(args, message)
+    return lambda: _submit(args, message, remote=remote)
 
 
 def submit_message(
@@ -214,10 +216,16 @@ def _health(args: Args) -> int:
     return 0
 
 
-def _submit(args: Args, message: dict[str, Any]) -> int:
-    from eventsched.wire.lean import request
+def _submit(args: Args, message: dict[str, Any], *, remote: bool = False) -> int:
+    if remote:  # the same submission as JSON to the HTTP API (POST /v1/jobs)
+        from eventsched.wire.http_client import from_environment
 
-    data = request(_socket_path(args), message)
+        with from_environment() as c:
+            data = c.call("POST", "/v1/jobs", {"spec": message["spec"], "array": message.get("array", [])})
+    else:
+        from eventsched.wire.lean import request
+
+        data = request(_socket_path(args), message)
     if "array" in message:
         ids = [int(i) for i in data["ids"]]
         if args.json:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import anyio
 import msgspec
 
+from eventsched.core.tenants_report import tenants_report
 from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import UnitError, parse_duration
-from eventsched.core.tenants_report import tenants_report
 from eventsched.runtime.config import (
     ConfigError,
     ServeConfig,
@@ -106,11 +106,30 @@ def serve(args: argparse.Namespace) -> int:
         live = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
         return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {live}")
     try:
-        backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
+        if getattr(args, "ray", None):  # issue 12: --gpus is each node's; the daemon's own node has none
+            from eventsched.runtime import ray_cluster
+
+            if config.gpus and config.gpus.strip() != "nvml":
+                parse_gpus_option(config.gpus, node=config.scheduler.node)  # a bad value: said now
+            try:
+                ray_cluster.connect(args.ray, ray_cluster.namespace_for(state_dir))
+            except ray_cluster.RayUnavailable as exc:
+                return _fail(str(exc))
+            backend: GpuBackend = ray_cluster.RayGpus(None, config.scheduler.node, args.ray)
+        else:
+            backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
     except NvmlUnavailable as exc:
         return _fail(str(exc))
     except ValueError as exc:
         return _fail(f"--gpus: {exc}")
+    args.http_plan = None
+    if getattr(args, "http", None):  # issue 12: checked and bound before the daemon starts
+        from eventsched.runtime.http_api import HttpSetupError, prepare
+
+        try:
+            args.http_plan = prepare(args.http, allow_remote=getattr(args, "http_allow_remote", False))
+        except HttpSetupError as exc:
+            return _fail(str(exc))
     try:
         anyio.run(_serve, config, state_dir, socket_path, backend, args)
     except BaseException as exc:  # task groups wrap what their tasks raised
@@ -166,6 +185,13 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
     log.info("open-file limit %d (soft limit was %d)", after, before)
     engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s,
                     tenants=plain_tenants(config) if config.tenants else None)
+    if getattr(args, "ray", None):  # issue 12: the nodes of a Ray cluster run the jobs
+        from eventsched.runtime.ray_cluster import RayExecutor, RayGpus, namespace_for
+
+        engine.executor = RayExecutor(state_dir, node=config.scheduler.node, gpus=config.gpus or "",
+                                      state=lambda: engine.state, namespace=namespace_for(state_dir))
+        if isinstance(backend, RayGpus):
+            backend.executor = engine.executor
     engine.executor.max_host_mem_mib = config.job_limits.max_host_mem_mib  # issue 11: the default limit
     server = Server(engine, socket_path, limits=config.limits, connections=config.connections, job_limits=config.job_limits)
     async with anyio.create_task_group() as tg:
@@ -180,6 +206,10 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
 
             await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())})))
             log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
+        if getattr(args, "http_plan", None) is not None:  # issue 12: the JSON API (http_api.py)
+            from eventsched.runtime.http_api import serve_http
+
+            await tg.start(serve_http, server, args.http_plan)
         log.info(
             "serving on %s, state in %s, policy %s, gpus %s, pid %d",
             socket_path, state_dir, config.scheduler.policy, backend.name, os.getpid(),

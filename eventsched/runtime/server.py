@@ -51,6 +51,7 @@ from eventsched.runtime.connection import (
     Peer,
 )
 from eventsched.runtime.engine import Answer, Engine, Query
+from eventsched.runtime.tokens import TokenStore
 from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
 
@@ -108,6 +109,10 @@ class Server:
         self.open_by_uid: dict[int, set[Connection]] = {}
         self.subscribers: set[Connection] = set()
         self._refusals: collections.Counter[int] = collections.Counter()
+        # requests in the engine per uid, and the connections waiting for their
+        # user's share to free up (in order: woken round-robin); issue 14
+        self.in_flight_by_uid: collections.Counter[int] = collections.Counter()
+        self._waiting_share: dict[int, dict[Connection, None]] = {}
         self._history_slots: dict[int, asyncio.Semaphore] = {}
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -160,6 +165,9 @@ class Server:
         if isinstance(request, protocol.CancelJobs):
             self._tg.start_soon(self._cancel, request, peer, reply)
             return
+        if isinstance(request, (protocol.CreateToken, protocol.ListTokens, protocol.RevokeToken)):
+            self._tg.start_soon(self._tokens, request, peer, reply)  # issue 12: saved in a thread
+            return
         try:
             item, answer = self._translate(request, peer)
         except msg.Refused as refusal:
@@ -178,6 +186,9 @@ class Server:
             return msg.Submit(spec=spec, by=peer.by), _submitted
         if isinstance(request, protocol.ListJobs):
             include_finished = request.all
+            if request.limit > 0:  # issue 16: a page, so a long listing never holds the loop for long
+                after, limit = request.after, min(request.limit, MAX_JOBS_PAGE)
+                return Query(lambda state: list_jobs_page(state, include_finished, self.engine.clock(), after, limit)), None
             return Query(lambda state: list_jobs(state, include_finished, self.engine.clock())), None
         if isinstance(request, protocol.GetStatus):
             containment = self.engine.executor.containment  # issue 18: "cgroup2:DIR" or "process-group"
@@ -188,6 +199,8 @@ class Server:
         if isinstance(request, (protocol.HoldJobs, protocol.ReleaseJobs)):  # CancelJobs: _cancel
             kind = {protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
             ids = list(request.jobs)
+            if not ids:  # else an empty, logged no-op any user could repeat forever (issue 14)
+                raise msg.Refused("no job given")
             return kind[type(request)](jobs=ids, uid=peer.uid, by=peer.by), (
                 lambda state, _events: [job_json(state.jobs[j]) for j in ids]
             )
@@ -340,6 +353,40 @@ class Server:
             logger.exception("cancel failed")
             reply(None, f"internal error: {exc}")
 
+    def token_store(self) -> TokenStore:
+        """The API tokens (issue 12), loaded on first use."""
+        from eventsched.runtime.tokens import TokenStore
+
+        store = self.__dict__.get("_token_store")
+        if store is None:
+            store = self._token_store = TokenStore(self.engine.state_dir)
+        return store
+
+    async def _tokens(self, request: protocol.Request, peer: Peer, reply: Callable[[Any, str | None], None]) -> None:
+        """``eventsched token create|list|revoke``, as the peer (root or the
+        daemon's user: anyone's tokens)."""
+        operator = peer.uid in self.operators
+        try:
+            store = self.token_store()  # on the loop, as the HTTP API's lookups: one store
+            if isinstance(request, protocol.CreateToken):
+                uid = peer.uid
+                if request.for_uid >= 0 and request.for_uid != peer.uid:
+                    if peer.uid != 0:
+                        raise msg.Refused("only root may create a token for another user")
+                    uid = request.for_uid
+                record, secret = await anyio.to_thread.run_sync(store.create, uid, request.name)
+                reply({**record.public(account(record.uid)[0]), "token": secret}, None)
+            elif isinstance(request, protocol.ListTokens):
+                reply([r.public(account(r.uid)[0]) for r in store.visible(peer.uid, operator)], None)
+            elif isinstance(request, protocol.RevokeToken):
+                record = await anyio.to_thread.run_sync(store.revoke, request.token, peer.uid, operator)
+                reply(record.public(account(record.uid)[0]), None)
+        except msg.Refused as refusal:
+            reply(None, refusal.reason)
+        except Exception as exc:  # a bug or a disk error must cost one reply, not the daemon
+            logger.exception("token request failed")
+            reply(None, f"could not change the tokens: {exc}")
+
     async def _run_sql(self, sql: str, reply: Callable[[Any, str | None], None], peer: Peer) -> None:
         """Answer in a process of its own that runs the query as ``peer``
         (``sql_sandbox``), killed when its client goes away."""
@@ -403,6 +450,35 @@ class Server:
             if not mine:
                 del self.open_by_uid[conn.peer.uid]
         self.subscribers.discard(conn)
+        self._waiting_share.get(conn.peer.uid, {}).pop(conn, None)
+
+    def may_dispatch(self, conn: Connection) -> bool:
+        """May ``conn`` hand its user's next request to the engine now? If
+        not, it waits (unread) until one of that user's requests is answered."""
+        assert conn.peer is not None
+        uid = conn.peer.uid
+        if uid in self.operators or self.in_flight_by_uid[uid] < self.connection_limits.max_requests_in_flight_per_user:
+            return True
+        self._waiting_share.setdefault(uid, {})[conn] = None
+        return False
+
+    def dispatched(self, uid: int) -> None:
+        self.in_flight_by_uid[uid] += 1
+
+    def answered(self, uid: int) -> None:
+        self.in_flight_by_uid[uid] -= 1
+        if self.in_flight_by_uid[uid] <= 0:
+            del self.in_flight_by_uid[uid]
+        waiting = self._waiting_share.get(uid)
+        if not waiting:
+            return
+        free = self.connection_limits.max_requests_in_flight_per_user - self.in_flight_by_uid[uid]
+        loop = asyncio.get_running_loop()
+        for conn in list(waiting)[: max(1, free)]:
+            del waiting[conn]
+            loop.call_soon(conn.resume_share)
+        if not waiting:
+            del self._waiting_share[uid]
 
     def may_buffer(self, conn: Connection, size: int) -> bool:
         """May ``size`` more bytes wait unread for ``conn``'s user? One reply
@@ -545,18 +621,57 @@ QUEUED_STATE = JobState.QUEUED
 FORECAST_QUEUE_LIMIT = 200
 
 
-def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[dict]:
+MAX_JOBS_PAGE = 1000  # jobs per page of a paged listing, at most
+
+
+def list_jobs_page(state: ClusterState, include_finished: bool, now: float, after: int, limit: int) -> dict:
+    """Issue 16: ``list_jobs`` one page at a time, in id order: the jobs with
+    ids above ``after``, at most ``limit`` of them, and the id to go on from
+    (None: no more). Ids are looked at one by one from ``after``, at most
+    ``16 x limit`` of them per page, so a page stays bounded when most jobs
+    have ended. A listing is no longer one instant: a job may change between
+    pages (as with ``ps``)."""
+    jobs: list[Job] = []
+    jid, end, budget = after + 1, state.next_job_id, 16 * limit
+    while jid < end and len(jobs) < limit and budget > 0:
+        job = state.jobs.get(jid)
+        if job is not None and (include_finished or job.state in ACTIVE):
+            jobs.append(job)
+        jid += 1
+        budget -= 1
+    return {"jobs": list_jobs(state, include_finished, now, jobs), "next": jid if jid < end else None}
+
+
+def _array_done(state: ClusterState, array_id: int) -> int:
+    """Ended tasks of an array: its tasks have consecutive ids from ``array_id``."""
+    done, jid = 0, array_id
+    while (job := state.jobs.get(jid)) is not None and job.spec.array_id == array_id and job.spec.array_index >= 0:
+        done += job.state in FINAL
+        jid += 1
+    return done
+
+
+def list_jobs(state: ClusterState, include_finished: bool, now: float, page: list[Job] | None = None) -> list[dict]:
     from eventsched.core.explain import waiting_reasons
 
-    jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
-    reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
+    if page is not None:  # one page (list_jobs_page): reasons and array counts for its jobs only
+        jobs = page
+        reasons = waiting_reasons(state, now, [job.id for job in jobs])
+    else:
+        jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
+        reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
     starts: dict[int, float] | None = None
     if 0 < len(state.queue) <= FORECAST_QUEUE_LIMIT:
         starts = run_forecast(working_copy(state), now, None).starts
     out = [job_json(job, reasons.get(job.id)) for job in jobs]
     for view in out:  # issue 17: null when not queued, or the queue is too long to forecast per listing
         view["estimated_start"] = starts.get(view["id"]) if starts is not None and view["state"] == "queued" else None
-    if any(job.spec.array_index >= 0 for job in jobs):
+    if page is not None and any(job.spec.array_index >= 0 for job in jobs):
+        counts = {aid: _array_done(state, aid) for aid in {j.spec.array_id for j in jobs if j.spec.array_index >= 0}}
+        for view in out:
+            if view["array_id"] is not None:
+                view["array_done"] = counts[view["array_id"]]
+    elif any(job.spec.array_index >= 0 for job in jobs):
         # each array task also says how many of its array's tasks have ended,
         # so `queue` can fold an array into one line without --all
         done = collections.Counter(
@@ -569,7 +684,10 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float) -> list[d
 
 
 def status(state: ClusterState) -> dict:
+    from eventsched.projections.cluster import nodes_view
+
     return {
+        "nodes": nodes_view(state),  # issue 12
         "gpus": [gpu_json(gpu) for gpu in state.all_gpus()],
         "jobs": [job_json(job) for job in state.jobs.values() if job.state in ACTIVE],
         "policy": state.policy,

@@ -36,6 +36,10 @@ class SubmitJob(Request, frozen=True):
 
 class ListJobs(Request, frozen=True):
     all: bool = False
+    # issue 16: one page, ids above ``after``, at most ``limit`` (0: every job
+    # in one reply, as before); a paged reply is {"jobs": [...], "next": id or null}
+    after: int = 0
+    limit: int = 0
 
 
 class GetStatus(Request, frozen=True):
@@ -111,6 +115,26 @@ class Subscribe(Request, frozen=True):
     from_seq: int = 0  # 0 = only events after now
 
 
+# --- API tokens (issue 12: `eventsched token`; only over the socket, where
+# the peer is known from its credentials) ---
+
+
+class CreateToken(Request, frozen=True):
+    """A new API token for the peer (root: for ``for_uid``); the reply holds
+    the secret, which the daemon keeps only as a hash."""
+
+    name: str = ""
+    for_uid: int = -1  # -1: the peer itself
+
+
+class ListTokens(Request, frozen=True):
+    pass
+
+
+class RevokeToken(Request, frozen=True):
+    token: str  # its id or its name
+
+
 AnyRequest = Union[
     SubmitJob,
     ListJobs,
@@ -128,6 +152,9 @@ AnyRequest = Union[
     RunSql,
     Ping,
     Subscribe,
+    CreateToken,
+    ListTokens,
+    RevokeToken,
 ]
 
 

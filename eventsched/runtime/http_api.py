@@ -1,0 +1,398 @@
+"""``serve --http HOST:PORT``: a small JSON API for remote clients (SPEC L2).
+
+Starlette on hypercorn, served on the daemon's own event loop (anyio's
+asyncio backend; hypercorn's asyncio ``serve`` path, given its sockets and a
+shutdown trigger so it installs no signal handlers of its own).
+
+A request carries ``Authorization: Bearer TOKEN``; the token names a user
+(``tokens.py``), and the request becomes the same ``protocol`` request the
+socket would have received, dispatched by ``Server.dispatch`` as a ``Peer``
+with that user's uid, gid and groups (from the user database, as
+``--init-groups`` would give them). So a token's user may do over HTTP
+exactly what they may do on the socket, decided by the same code.
+
+Endpoints (docs/http-api.md):
+
+    GET    /health                       no token needed
+    GET    /metrics                      Prometheus text (as --metrics-port)
+    POST   /v1/jobs                      {"spec": {...}, "array": [...]} -> 201 {"id"[, "ids"]}
+    GET    /v1/jobs[?all=1]              the queue (as `queue --json`)
+    GET    /v1/jobs/{id}                 one job
+    DELETE /v1/jobs/{id}                 cancel one job
+    POST   /v1/cancel                    {"jobs": [...], "arrays": bool, "array_tasks": [[a, i]]}
+    GET    /v1/jobs/{id}/explain         as `explain --json`
+    GET    /v1/status                    as `status --json`
+
+Every error is JSON ``{"error": "one line"}``: 401 for a missing, unknown or
+revoked token (nothing is done), 400 for a body that is not valid JSON or
+not a valid request, 413 for a body over ``MAX_BODY_BYTES``, 404 for an
+unknown job or path, 403 for someone else's job, 400 for any other refusal.
+
+Starlette and hypercorn are the ``http`` extra; this module imports them only
+when the API is started, and ``prepare`` says how to install them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import ipaddress
+import logging
+import os
+import pwd
+import socket
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import anyio
+import anyio.abc
+import msgspec
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.text import printable
+from eventsched.runtime.connection import Peer
+from eventsched.wire import protocol
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from eventsched.runtime.server import Server
+
+logger = logging.getLogger("eventsched.http")
+
+LIST_PAGE = 250  # jobs per read of the daemon's state when listing
+MAX_BODY_BYTES = protocol.MAX_MESSAGE_BYTES  # the socket's bound on one request
+INSTALL_HINT = "serve --http needs the `http` extra: pip install 'eventsched[http]' (Starlette and hypercorn)"
+# the secret never travels into a job's environment (and so into the log)
+SECRET_ENV = ("EVENTSCHED_TOKEN",)
+# a user's gid and groups are looked up again after this long
+ACCOUNT_TTL_S = 60.0
+# health answers without a token: who it is does not matter
+ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())
+
+
+class HttpSetupError(Exception):
+    """``--http`` cannot be served as asked; str() says why, in one line."""
+
+
+@dataclass
+class HttpPlan:
+    """What ``prepare`` made: the bound socket and the URL it answers on."""
+
+    config: Any  # hypercorn.config.Config, bound to the listening socket's fd
+    url: str
+
+
+def split_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as (host, port)."""
+    host, colon, port_text = text.rpartition(":")
+    if not colon or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise HttpSetupError(f"--http wants HOST:PORT, e.g. 127.0.0.1:8080, not {text!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def prepare(address: str, *, allow_remote: bool = False) -> HttpPlan:
+    """Check ``--http``'s address and bind it, before the daemon starts (so a
+    mistake is one line and exit 2, and a port in use is found at once)."""
+    host, port = split_address(address)
+    if not allow_remote and not is_loopback(host):
+        raise HttpSetupError(
+            f"--http {address} is not a loopback address: tokens and jobs would cross the network in clear text. "
+            "Bind 127.0.0.1 and put a TLS reverse proxy in front (docs/http-api.md), "
+            "or add --http-allow-remote if something else encrypts the link"
+        )
+    if importlib.util.find_spec("starlette") is None or importlib.util.find_spec("hypercorn") is None:
+        raise HttpSetupError(INSTALL_HINT)
+    try:  # bound here, so a port in use is said at once; hypercorn serves this socket (fd://)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, port), family=family, backlog=128)
+    except OSError as exc:
+        raise HttpSetupError(f"--http {address}: {exc.strerror or exc}") from None
+    from hypercorn.config import Config
+
+    config = Config()
+    bound = listener.getsockname()
+    config.bind = [f"fd://{listener.detach()}"]  # hypercorn owns (and closes) it from here on
+    config.accesslog = None
+    config.errorlog = logger  # through the daemon's JSON log
+    config.graceful_timeout = 2.0
+    config.keep_alive_timeout = 30.0
+    config.h11_max_incomplete_size = 64 * 1024  # request line and headers
+    config.include_server_header = False
+    shown = f"[{bound[0]}]" if family == socket.AF_INET6 else bound[0]
+    return HttpPlan(config=config, url=f"http://{shown}:{bound[1]}")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def refusal_status(reason: str) -> int:
+    """The HTTP status of a refusal the socket would send as a plain reason."""
+    if reason.startswith("no job ") or reason.startswith("no such job"):
+        return 404
+    if " belongs to " in reason or reason.startswith("only root"):
+        return 403
+    if "overloaded" in reason or "shutting down" in reason:
+        return 503
+    return 400
+
+
+class SubmitBody(msgspec.Struct, forbid_unknown_fields=True):
+    spec: JobSpec
+    array: list[int] = []
+
+
+class CancelBody(msgspec.Struct, forbid_unknown_fields=True):
+    jobs: list[int] = []
+    arrays: bool = False
+    array_tasks: list[tuple[int, int]] = []
+
+
+class Api:
+    """The endpoints: each turns an HTTP request into a socket request, as
+    the token's user."""
+
+    def __init__(self, server: Server, read_metrics: Callable[[], Awaitable[str]]) -> None:
+        self.server = server
+        self.read_metrics = read_metrics
+        self._accounts: dict[int, tuple[float, Peer | None]] = {}
+
+    # --- who is asking -------------------------------------------------------
+
+    def peer_of(self, uid: int) -> Peer | None:
+        """``uid`` as the socket would see it: gid and groups from the user
+        database (cached for ACCOUNT_TTL_S); None if the user is gone."""
+        now = time.monotonic()
+        cached = self._accounts.get(uid)
+        if cached is not None and now - cached[0] < ACCOUNT_TTL_S:
+            return cached[1]
+        try:
+            entry = pwd.getpwuid(uid)
+            groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+            peer: Peer | None = Peer(pid=0, uid=uid, gid=entry.pw_gid, groups=groups)
+        except KeyError:
+            peer = None
+        if len(self._accounts) > 4096:
+            self._accounts.clear()
+        self._accounts[uid] = (now, peer)
+        return peer
+
+    def authenticate(self, request: Request) -> Peer:
+        header = request.headers.get("authorization", "")
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise ApiError(401, "missing token: send `Authorization: Bearer TOKEN` (make one with `eventsched token create`)")
+        record = self.server.token_store().lookup(secret.strip())
+        if record is None:
+            client = request.client.host if request.client else "?"
+            logger.warning("refused a request from %s: unknown or revoked token", client)
+            raise ApiError(401, "unknown or revoked token")
+        peer = self.peer_of(record.uid)
+        if peer is None:
+            raise ApiError(401, f"the user of token {record.id} (uid {record.uid}) no longer exists")
+        return peer
+
+    # --- the socket's request handling ---------------------------------------
+
+    async def ask(self, request: protocol.Request, peer: Peer) -> Any:
+        """``request`` through ``Server.dispatch`` as ``peer``; its answer."""
+        done: asyncio.Future[tuple[Any, str | None]] = asyncio.get_running_loop().create_future()
+
+        def reply(result: Any, error: str | None) -> None:
+            if not done.done():
+                done.set_result((result, error))
+
+        self.server.dispatch(request, peer, reply)
+        result, error = await done
+        if error is not None:
+            raise ApiError(refusal_status(error), error)
+        return result
+
+    async def body(self, request: Request, kind: type[msgspec.Struct]) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > MAX_BODY_BYTES:
+                raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+        try:
+            return msgspec.json.decode(bytes(data), type=kind)
+        except msgspec.ValidationError as exc:
+            raise ApiError(400, f"bad request: {exc}") from None
+        # msgspec raises UnicodeDecodeError for a string that is not UTF-8 and
+        # RecursionError for ~1,000 nested arrays (issue 14, found by fuzzing)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise ApiError(400, f"malformed JSON: {printable(str(exc))}") from None
+
+    # --- endpoints -------------------------------------------------------------
+
+    async def health(self, request: Request) -> Any:
+        return await self.ask(protocol.Ping(), ANONYMOUS)
+
+    async def metrics(self, request: Request) -> str:
+        self.authenticate(request)
+        return await self.read_metrics()
+
+    async def submit(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        body: SubmitBody = await self.body(request, SubmitBody)
+        spec = body.spec
+        if any(name in spec.env for name in SECRET_ENV):
+            spec = msgspec.structs.replace(spec, env={k: v for k, v in spec.env.items() if k not in SECRET_ENV})
+        return await self.ask(protocol.SubmitJob(spec=spec, array=body.array), peer)
+
+    async def jobs(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
+        # a page at a time, as the CLI asks: a long queue never holds the loop for long (issue 16)
+        out: list[Any] = []
+        after = 0
+        while True:
+            page = await self.ask(protocol.ListJobs(all=everything, after=after, limit=LIST_PAGE), peer)
+            out.extend(page["jobs"])
+            if page["next"] is None:
+                return out
+            after = page["next"] - 1
+
+    async def job(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        job_id = request.path_params["job"]
+        if job_id > 0:  # the page that starts at this id: one job looked at, not the whole list
+            page = await self.ask(protocol.ListJobs(all=True, after=job_id - 1, limit=1), peer)
+            if page["jobs"] and page["jobs"][0]["id"] == job_id:
+                return page["jobs"][0]
+        raise ApiError(404, f"no job {job_id}")
+
+    async def cancel(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        body: CancelBody = await self.body(request, CancelBody)
+        if not body.jobs and not body.array_tasks:
+            raise ApiError(400, "no job id given")
+        return await self.ask(
+            protocol.CancelJobs(jobs=body.jobs, arrays=body.arrays, array_tasks=body.array_tasks), peer
+        )
+
+    async def cancel_one(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        job_id = request.path_params["job"]
+        result = await self.ask(protocol.CancelJobs(jobs=[job_id]), peer)
+        if result["refused"]:
+            reason = result["refused"][0]["reason"]
+            status = 404 if reason == "no such job" else 403 if reason.startswith("belongs to") else 409
+            raise ApiError(status, f"job {job_id}: {reason}")
+        return result["jobs"][0]
+
+    async def explain(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        return await self.ask(protocol.ExplainJob(job=request.path_params["job"]), peer)
+
+    async def status(self, request: Request) -> Any:
+        peer = self.authenticate(request)
+        return await self.ask(protocol.GetStatus(), peer)
+
+
+def build_app(api: Api) -> Starlette:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    def endpoint(handler: Callable[[Request], Awaitable[Any]], created: int = 200) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                result = await handler(request)
+            except ApiError as exc:
+                headers = {"WWW-Authenticate": 'Bearer realm="eventsched"'} if exc.status == 401 else None
+                return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+            except Exception as exc:  # a bug must cost one reply, not the daemon
+                logger.exception("HTTP %s %s failed", request.method, request.url.path)
+                return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
+            if isinstance(result, str):
+                return PlainTextResponse(result, media_type="text/plain; version=0.0.4; charset=utf-8")
+            return Response(msgspec.json.encode(result), status_code=created, media_type="application/json")
+
+        return run
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
+
+    routes = [
+        Route("/health", endpoint(api.health), methods=["GET"]),
+        Route("/metrics", endpoint(api.metrics), methods=["GET"]),
+        Route("/v1/jobs", endpoint(api.submit, created=201), methods=["POST"]),
+        Route("/v1/jobs", endpoint(api.jobs), methods=["GET"]),
+        Route("/v1/jobs/{job:int}", endpoint(api.job), methods=["GET"]),
+        Route("/v1/jobs/{job:int}", endpoint(api.cancel_one), methods=["DELETE"]),
+        Route("/v1/jobs/{job:int}/explain", endpoint(api.explain), methods=["GET"]),
+        Route("/v1/cancel", endpoint(api.cancel), methods=["POST"]),
+        Route("/v1/status", endpoint(api.status), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def metrics_reader(server: Server) -> Callable[[], Awaitable[str]]:
+    """``GET /metrics``: what ``serve --metrics-port`` answers (metrics_http)."""
+    from eventsched.core.tenants_report import tenants_report
+    from eventsched.runtime.engine import Query
+    from eventsched.runtime.metrics_http import history_text, live_gauges
+    from eventsched.runtime.server import status
+
+    engine = server.engine
+
+    async def read() -> str:
+        now = await engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())}))
+        return live_gauges(now) + await anyio.to_thread.run_sync(history_text, engine.state_dir)
+
+    return read
+
+
+async def serve_http(
+    server: Server,
+    plan: HttpPlan,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the API on ``plan``'s socket until cancelled."""
+    from hypercorn.asyncio import serve
+
+    app = build_app(Api(server, metrics_reader(server)))
+    # hypercorn runs as a plain asyncio task that stops when ``stop`` is set:
+    # cancelling it mid-flight (as anyio's cancel scope would) leaves its
+    # shutdown half done, so it is asked to stop and given time to finish
+    stop = asyncio.Event()  # also keeps hypercorn from installing signal handlers of its own
+    task = asyncio.ensure_future(serve(app, plan.config, shutdown_trigger=stop.wait, mode="asgi"))  # type: ignore[arg-type]
+    task_status.started()
+    logger.info("HTTP API on %s (tokens: `eventsched token create`)", plan.url)
+    try:
+        await asyncio.wait({task})  # returns if hypercorn stops by itself
+    finally:
+        stop.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({task}, timeout=plan.config.graceful_timeout + 1.0)
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and task.exception() is not None:
+            logger.error("the HTTP API stopped: %s", task.exception())

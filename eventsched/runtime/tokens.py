@@ -1,0 +1,158 @@
+"""API tokens for ``serve --http`` (issue 12): who a bearer token speaks for.
+
+``eventsched token create`` (over the socket, so the daemon knows the caller
+from its peer credentials) makes a random token and returns it once; the
+daemon keeps only its SHA-256, with the owner's uid, a name and the time it
+was made. A token is 256 random bits, so a fast hash is enough: nobody can
+guess back from the hash, and there is no password to stretch.
+
+Where they are kept, and why not in the event log: a 0600 file of the
+daemon's user in the state directory (``api-tokens.json``), replaced
+atomically (temporary file, fsync, rename, fsync of the folder). The log is
+read by others: subscribers, ``eventsched sql``'s read model, ``log dump``,
+replays and copies sent with bug reports. Even a hash of a credential has no
+business there, and an append-only log can never forget a revoked one. A
+token is also not a scheduling fact: no projection, replay or policy needs
+it. What the log does not hold, the daemon's JSON log still records: every
+create and revoke (id, name, uid, never the secret).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from eventsched.domain.messages import Refused
+
+logger = logging.getLogger("eventsched.tokens")
+
+TOKEN_FILE = "api-tokens.json"
+PREFIX = "est_"  # recognisable in a leaked config file or a secret scanner
+MAX_TOKENS_PER_USER = 64
+MAX_NAME = 64
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    id: str
+    name: str
+    uid: int
+    created: float
+    sha256: str
+
+    def public(self, user: str) -> dict[str, object]:
+        """What ``token list`` shows (never the hash)."""
+        return {"id": self.id, "name": self.name, "uid": self.uid, "user": user, "created": self.created}
+
+
+class TokenStore:
+    """The tokens of one state directory; every change is saved before it is answered."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / TOKEN_FILE
+        self._lock = threading.Lock()  # changes are saved from worker threads
+        self._by_hash: dict[str, TokenRecord] = {}
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            info = self.path.stat()
+        except FileNotFoundError:
+            return
+        if info.st_mode & 0o077:  # someone loosened it: close it again before reading
+            logger.warning("%s was readable by others (mode %o); made it 0600", self.path, info.st_mode & 0o777)
+            os.chmod(self.path, 0o600)
+        data = json.loads(self.path.read_text())
+        for entry in data.get("tokens", []):
+            record = TokenRecord(**entry)
+            self._by_hash[record.sha256] = record
+
+    def _save(self) -> None:
+        records = sorted(self._by_hash.values(), key=lambda r: r.created)
+        text = json.dumps({"version": 1, "tokens": [asdict(r) for r in records]}, indent=1)
+        tmp = self.path.with_name(f".{TOKEN_FILE}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.write(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+    # --- what the socket's token requests do -------------------------------
+
+    def create(self, uid: int, name: str) -> tuple[TokenRecord, str]:
+        """A new token of ``uid``: (its record, the secret, shown once)."""
+        name = name.strip()
+        if len(name) > MAX_NAME or any(not (c.isalnum() or c in "-_.@") for c in name):
+            raise Refused(f"a token's name is up to {MAX_NAME} letters, digits and - _ . @, not {name[:80]!r}")
+        with self._lock:
+            mine = [r for r in self._by_hash.values() if r.uid == uid]
+            if len(mine) >= MAX_TOKENS_PER_USER:
+                raise Refused(f"uid {uid} already has {len(mine)} tokens (limit {MAX_TOKENS_PER_USER}); revoke some first")
+            token_id = secrets.token_hex(4)
+            name = name or f"token-{token_id}"
+            if any(r.name == name for r in mine):
+                raise Refused(f"you already have a token named {name!r}; revoke it or choose another name")
+            secret = PREFIX + secrets.token_urlsafe(32)
+            record = TokenRecord(id=token_id, name=name, uid=uid, created=round(time.time(), 3), sha256=digest(secret))
+            self._by_hash[record.sha256] = record
+            try:
+                self._save()
+            except BaseException:
+                del self._by_hash[record.sha256]
+                raise
+        logger.info("token %s (%s) created for uid %d", record.id, record.name, uid)
+        return record, secret
+
+    def visible(self, viewer: int, operator: bool) -> list[TokenRecord]:
+        """The viewer's tokens (an operator's: everyone's), oldest first."""
+        with self._lock:
+            records = [r for r in self._by_hash.values() if operator or r.uid == viewer]
+        return sorted(records, key=lambda r: r.created)
+
+    def revoke(self, key: str, viewer: int, operator: bool) -> TokenRecord:
+        """Forget the token whose id or name is ``key``, if the viewer may."""
+        with self._lock:
+            candidates = [r for r in self._by_hash.values() if (operator or r.uid == viewer) and key in (r.id, r.name)]
+            own = [r for r in candidates if r.uid == viewer]
+            if len(candidates) > 1 and len(own) == 1:
+                candidates = own  # an operator's own token of that name comes first
+            if not candidates:
+                raise Refused(f"no token {key!r} of yours (see `eventsched token list`)")
+            if len(candidates) > 1:
+                raise Refused(f"several tokens are named {key!r}; revoke one by its id (`eventsched token list`)")
+            record = candidates[0]
+            del self._by_hash[record.sha256]
+            try:
+                self._save()
+            except BaseException:
+                self._by_hash[record.sha256] = record
+                raise
+        logger.info("token %s (%s) of uid %d revoked by uid %d", record.id, record.name, record.uid, viewer)
+        return record
+
+    # --- what the HTTP API asks ---------------------------------------------
+
+    def lookup(self, secret: str) -> TokenRecord | None:
+        """The record of a presented token, or None (unknown or revoked)."""
+        if not secret.startswith(PREFIX) or len(secret) > 200:
+            return None
+        return self._by_hash.get(digest(secret))

@@ -1,0 +1,173 @@
+"""The CLI's client of ``serve --http`` (issue 12): ``EVENTSCHED_URL`` and
+``EVENTSCHED_TOKEN`` set, ``submit``, ``queue``, ``cancel``, ``status``,
+``explain`` and ``health`` go over HTTP with the same output and exit codes.
+
+It has the methods of ``client.Client`` that those commands use, and raises
+the same ``ClientError`` with the daemon's own one-line reason, so the CLI's
+handlers do not know which transport they talk to. Standard library only
+(``http.client``, ``json``): the CLI's start-up stays what it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from urllib.parse import urlsplit
+
+from eventsched.wire.errors import ClientError
+
+TYPE_CHECKING = False  # typing costs a CLI call ~3 ms (cli/quick.py's fast path comes here too)
+if TYPE_CHECKING:
+    from typing import Any, Iterator
+
+__all__ = ["HttpClient", "from_environment"]
+
+
+def from_environment() -> "HttpClient":
+    url = os.environ.get("EVENTSCHED_URL", "")
+    token = os.environ.get("EVENTSCHED_TOKEN", "")
+    if not token:
+        raise ClientError(
+            f"EVENTSCHED_URL is set ({url}) but EVENTSCHED_TOKEN is not: make a token with "
+            "`eventsched token create` on the daemon's machine, or unset EVENTSCHED_URL to use the local socket"
+        )
+    return HttpClient(url, token)
+
+
+class HttpClient:
+    def __init__(self, url: str, token: str, *, timeout: float | None = 30.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientError(f"EVENTSCHED_URL must look like http://HOST:PORT or https://HOST, not {url!r}")
+        self.url = url.rstrip("/")
+        self._parts = parts
+        self._base = parts.path.rstrip("/")  # behind a proxy, the API may sit under a path
+        self.token = token
+        self.timeout = timeout
+        self._conn: Any = None
+
+    # --- transport -----------------------------------------------------------
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            import http.client
+
+            kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            self._conn = kind(self._parts.hostname or "", self._parts.port, timeout=self.timeout)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> "HttpClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One request; the reply's JSON, or ClientError with the API's reason."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: once more, anew
+            reused = self._conn is not None
+            conn = self._connection()
+            try:
+                conn.request(method, self._base + path, body=data, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+                break
+            except OSError as exc:
+                self.close()
+                # only a GET is sent again: a POST the server may have seen is not repeated
+                if attempt == 0 and reused and method == "GET" and not isinstance(exc, TimeoutError):
+                    continue
+                if isinstance(exc, TimeoutError):
+                    raise
+                raise ClientError(
+                    f"no eventsched API answers at {self.url} ({getattr(exc, 'strerror', None) or exc}); "
+                    "is the daemon serving with --http?"
+                ) from None
+        try:
+            answer = json.loads(raw) if raw else None
+        except ValueError:
+            answer = None
+        if response.status >= 400:
+            reason = answer.get("error") if isinstance(answer, dict) else None
+            if response.status == 401:
+                raise ClientError(f"{self.url}: {reason or 'unauthorized'} (EVENTSCHED_TOKEN)")
+            raise ClientError(reason or f"{self.url} answered HTTP {response.status} {response.reason}")
+        if answer is None and response.status != 204:
+            raise ClientError(f"{self.url} answered something that is not JSON (HTTP {response.status})")
+        return answer
+
+    # --- what the CLI's commands call (as client.Client) ----------------------
+
+    def submit(self, spec: Any) -> int:
+        return int(self.call("POST", "/v1/jobs", {"spec": _plain(spec)})["id"])
+
+    def submit_array(self, spec: Any, indices: list[int]) -> list[int]:
+        return [int(i) for i in self.call("POST", "/v1/jobs", {"spec": _plain(spec), "array": list(indices)})["ids"]]
+
+    def jobs(self, all: bool = False) -> list[dict]:
+        return list(self.call("GET", "/v1/jobs?all=1" if all else "/v1/jobs"))
+
+    def job(self, job: int) -> dict:
+        return dict(self.call("GET", f"/v1/jobs/{int(job)}"))
+
+    def status(self) -> dict:
+        return dict(self.call("GET", "/v1/status"))
+
+    def cancel_each(
+        self, jobs: list[int], *, arrays: bool = False, array_tasks: list[tuple[int, int]] | None = None
+    ) -> dict:
+        body = {"jobs": list(jobs), "arrays": arrays, "array_tasks": [list(t) for t in array_tasks or []]}
+        return dict(self.call("POST", "/v1/cancel", body))
+
+    def cancel(self, jobs: list[int]) -> list[dict]:
+        result = self.cancel_each(jobs)
+        if result["refused"]:
+            raise ClientError("; ".join(f"job {r['job']}: {r['reason']}" for r in result["refused"]))
+        return list(result["jobs"])
+
+    def explain(self, job: int) -> dict:
+        return dict(self.call("GET", f"/v1/jobs/{int(job)}/explain"))
+
+    def ping(self) -> dict:
+        return dict(self.call("GET", "/health"))
+
+    # --- what needs the daemon's machine --------------------------------------
+
+    def request(self, req: Any) -> Any:
+        raise ClientError(
+            f"{type(req).__name__} is not part of the HTTP API; run this command on the daemon's machine "
+            "(without EVENTSCHED_URL)"
+        )
+
+    def subscribe(self, from_seq: int = 0) -> Iterator[list[Any]]:
+        raise ClientError("following events (`status --watch`) needs the daemon's socket; over HTTP run `status` again")
+
+    def __getattr__(self, name: str) -> Any:  # hold, pause_gpu, tenants ...: said clearly, not AttributeError
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def unavailable(*_args: Any, **_kwargs: Any) -> Any:
+            raise ClientError(
+                f"`{name.replace('_', '-')}` is not part of the HTTP API; run it on the daemon's machine "
+                "(without EVENTSCHED_URL)"
+            )
+
+        return unavailable
+
+
+def _plain(spec: Any) -> Any:
+    """A JobSpec (msgspec Struct) as JSON-able builtins; a dict stays a dict."""
+    if isinstance(spec, dict):
+        return spec
+    import msgspec  # already imported by whoever built the JobSpec
+
+    return msgspec.to_builtins(spec)
