@@ -219,6 +219,13 @@ def today_samples() -> list[ev.Event]:
         ev.JobGpuMemoryWithin(**common, job=7, used_mib=3000),
         ev.JobIdle(**common, job=7, since=1.25),
         ev.JobBusy(**common, job=7, idle_s=1800.5),
+        # issue 12: the nodes of a Ray cluster
+        ev.NodeJoined(**common, node="gpu-a", ray_node="f4d964a9", gpu_backend="fake:2:8000", gpus=2),
+        ev.NodeLeft(**common, node="gpu-a", reason="Ray reports the node dead"),
+        ev.NodeActorRestarted(**common, node="gpu-a", reason="its executor actor was restarted"),
+        ev.ClusterDisconnected(**common, reason="GCS unreachable", lost=True),
+        ev.StrayAttemptKilled(**common, node="gpu-a", job=7, attempt=1, pid=4242,
+                              reason="job 7 was declared lost with the node"),
     ]
 
 

@@ -191,6 +191,30 @@ def _status() -> dict[str, Any]:
     return {"gpus": [{"id": 0, **gpu}, {"id": 1, **gpu}], "jobs": [running], "policy": "best-fit", "seq": 10}
 
 
+def test_panel_groups_gpus_by_node_and_keeps_same_ids_apart() -> None:
+    """Two nodes both have a GPU 0: the panel shows each under its node, and a
+    job placed on node b's GPU 0 fills that bar, not node a's."""
+    gpu = {"allocated": 0.0, "paused": False, "lost": False, "utilization": 0.0, "memory_used_mib": 0,
+           "memory_total_mib": 16384, "temperature_c": 30.0, "jobs": []}
+    status = {"gpus": [{"id": 0, "node": "a", **gpu}, {"id": 0, "node": "b", **gpu}, {"id": 1, "node": "b", **gpu}],
+              "jobs": [], "policy": "best-fit", "seq": 1}
+    model = PanelModel.from_status(status)
+    spec = ev.JobSpec(command=["true"], name="on-b", gpus=1)
+    model.fold([
+        ev.JobSubmitted(seq=2, ts=1.0, job=7, spec=spec),
+        ev.JobPlaced(seq=3, ts=2.0, job=7, node="b", gpu_ids=[0], share=1.0),
+        ev.GpuPaused(seq=4, node="a", gpu=0),
+    ])
+    assert model.gpus[("b", 0)]["allocated"] == 1.0 and model.gpus[("b", 0)]["jobs"] == [7]
+    assert model.gpus[("a", 0)]["allocated"] == 0.0 and model.gpus[("a", 0)]["paused"]
+    assert not model.gpus[("b", 0)]["paused"]
+    text = render_text(model, 3.0)
+    assert text.splitlines()[:3] == [line for line in text.splitlines()[:3] if line.split(":")[0] in ("a", "b")]
+    assert "a:0" in text and "b:0" in text and "b:1" in text and "GPU 0" not in text
+    page = render_html(model, 3.0)
+    assert page.index("node a") < page.index("a:0") < page.index("node b") < page.index("b:0") < page.index("b:1")
+
+
 def test_panel_folds_events_after_its_snapshot() -> None:
     model = PanelModel.from_status(_status())
     spec = ev.JobSpec(command=["python", "t.py"], name="t", gpus=0.5)
@@ -208,9 +232,9 @@ def test_panel_folds_events_after_its_snapshot() -> None:
                       memory_total_mib=16384, temperature_c=70.0, power_w=100.0),
         ev.GpuPaused(seq=16, node="local", gpu=0),
     ])
-    assert model.gpus[0]["allocated"] == 1.0 and model.gpus[0]["paused"]
-    assert model.gpus[1]["allocated"] == 0.5 and model.gpus[1]["utilization"] == 80.0
-    assert model.gpus[1]["jobs"] == [2]
+    assert model.gpus[("local", 0)]["allocated"] == 1.0 and model.gpus[("local", 0)]["paused"]
+    assert model.gpus[("local", 1)]["allocated"] == 0.5 and model.gpus[("local", 1)]["utilization"] == 80.0
+    assert model.gpus[("local", 1)]["jobs"] == [2]
     assert [j["id"] for j in model.running()] == [1, 2]
     model.fold([
         ev.JobExited(seq=17, ts=9.0, job=1, exit_code=0),
@@ -219,7 +243,7 @@ def test_panel_folds_events_after_its_snapshot() -> None:
         ev.JobCancelled(seq=20, job=3),
     ])
     assert {j: model.jobs[j]["state"] for j in (1, 2, 3)} == {1: "succeeded", 2: "cancelled", 3: "cancelled"}
-    assert model.gpus[0]["allocated"] == 0.0 and model.gpus[1]["allocated"] == 0.0
+    assert model.gpus[("local", 0)]["allocated"] == 0.0 and model.gpus[("local", 1)]["allocated"] == 0.0
     assert model.seq == 20
     text, page = render_text(model, 10.0), render_html(model, 10.0)
     assert "GPU 1" in text and "PAUSED" in text
@@ -229,7 +253,7 @@ def test_panel_folds_events_after_its_snapshot() -> None:
 def test_panel_retries_and_requeues_go_back_to_the_queue() -> None:
     model = PanelModel.from_status(_status())
     model.fold([ev.JobExited(seq=11, job=1, exit_code=3), ev.JobRequeued(seq=12, job=1, reason="retry")])
-    assert model.jobs[1]["state"] == "queued" and model.gpus[0]["allocated"] == 0.0
+    assert model.jobs[1]["state"] == "queued" and model.gpus[("local", 0)]["allocated"] == 0.0
 
 
 # --- against a real daemon ---------------------------------------------------------

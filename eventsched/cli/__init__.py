@@ -86,6 +86,10 @@ def print_json(data: Any) -> None:
 
 
 def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
+    if os.environ.get("EVENTSCHED_URL"):  # issue 12: the daemon's HTTP API instead of its socket
+        from eventsched.wire.http_client import from_environment
+
+        return from_environment()  # type: ignore[return-value]  # the same methods, over HTTP
     from eventsched.wire.client import Client
 
     return Client(args.socket or socket_location(args.state_dir))
@@ -120,9 +124,18 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
     if args.gpus is not None and not (args.gpus >= 0):
         raise UserError(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {args.gpus}")
     env = dict(os.environ)
+    env.pop("EVENTSCHED_TOKEN", None)  # a secret: never in a job's environment (nor so in the log)
     shell = is_shell_string(command)
-    gpu_ids = parse_gpu_ids(args.gpu_ids) if args.gpu_ids else None
+    node = getattr(args, "node", None) or ""
+    ids_text = args.gpu_ids
+    if ids_text and ":" in ids_text:  # issue 12: --gpu-ids NODE:0,1
+        on, _, ids_text = ids_text.rpartition(":")
+        if node and on != node:
+            raise UserError(f"--gpu-ids {args.gpu_ids} names node {on!r} but --node says {node!r}")
+        node = on
+    gpu_ids = parse_gpu_ids(ids_text) if ids_text else None
     return dict(
+        node=node,
         command=command,
         shell=shell,  # N2: -- "python x.py --lr 3" runs through the shell
         cwd=os.getcwd(),
@@ -192,6 +205,9 @@ def default_name(command: list[str], shell: bool) -> str:
 def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
     if getattr(args, "array", None) is not None:
         return cmd_submit_array(args, command)
+    if args.interactive and os.environ.get("EVENTSCHED_URL"):
+        raise UserError("--interactive reads the job's output file on the daemon's machine; "
+                        "over EVENTSCHED_URL submit without it")
     spec = build_spec(args, command)
     with client(args) as c:
         job = c.submit(spec)
@@ -268,6 +284,11 @@ def cmd_queue(args: argparse.Namespace) -> int:
             ]
         )
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
+    nodes = {j.get("node") for j in jobs if j.get("node")}
+    if len(nodes) > 1 and len(rows) == len(jobs):  # issue 12: jobs on several nodes (arrays unfolded)
+        node_col = [(j.get("node") or "-") if j["state"] == JobState.RUNNING else "-" for j in jobs]
+        rows = [row[:6] + [node] + row[6:] for row, node in zip(rows, node_col)]
+        headers.insert(6, "NODE")
     if len(set(tenant_of)) > 1:
         headers.insert(3, "TENANT")
         rows = [row[:3] + [tenant] + row[3:] for row, tenant in zip(rows, tenant_of)]
@@ -357,7 +378,11 @@ def render_status(status: dict) -> str:
         bar = "#" * round(g["allocated"] * 10)
         state = "paused" if g["paused"] else ("lost" if g.get("lost") else "")
         rows.append([g["id"], f"[{bar:<10}] {g['allocated']:.2f}", util, mem, temp, state, ",".join(map(str, g.get("jobs", [])))])
-    text = table(["GPU", "ALLOCATED", "UTIL", "MEMORY", "TEMP", "STATE", "JOBS"], rows)
+    headers = ["GPU", "ALLOCATED", "UTIL", "MEMORY", "TEMP", "STATE", "JOBS"]
+    if len({g.get("node") for g in status["gpus"]}) > 1:  # issue 12: GPUs of several nodes
+        rows = [[g.get("node", "")] + row for g, row in zip(status["gpus"], rows)]
+        headers.insert(0, "NODE")
+    text = table(headers, rows)
     jobs = status["jobs"]
     running = sum(1 for j in jobs if j["state"] == JobState.RUNNING)
     queued = sum(1 for j in jobs if j["state"] == JobState.QUEUED)
@@ -371,6 +396,9 @@ def render_status(status: dict) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
+    if (args.watch or getattr(args, "history", None)) and os.environ.get("EVENTSCHED_URL"):
+        raise UserError("status --watch and --history need the daemon's socket (events, the read model); "
+                        "over EVENTSCHED_URL run `status` alone")
     history = None
     if getattr(args, "history", None):  # issue 17: sparklines and today's GPU-hours (cli/status_history.py)
         from eventsched.cli.status_history import StatusHistory
@@ -448,9 +476,15 @@ def cmd_jobs_action(args: argparse.Namespace, action: str) -> int:
 
 
 def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
+    node, _, number = str(args.gpu).rpartition(":")  # issue 12: NODE:ID
+    try:
+        gpu_id = int(number)
+    except ValueError:
+        raise UserError(f"{args.gpu!r} is not a GPU id (a number, or NODE:ID like node-a:2)") from None
     with client(args) as c:
-        gpu = getattr(c, action)(args.gpu)
-    print(f"gpu {gpu['id']}: {'paused' if gpu['paused'] else 'accepting jobs'}")
+        gpu = getattr(c, action)(gpu_id, node=node)
+    where = f"{gpu['node']}:" if node and gpu.get("node") else ""  # issue 12: as it was named
+    print(f"gpu {where}{gpu['id']}: {'paused' if gpu['paused'] else 'accepting jobs'}")
     return 0
 
 
@@ -628,14 +662,14 @@ def cmd_health(args: argparse.Namespace) -> int:
 COMMANDS = (
     "serve", "submit", "queue", "status", "cancel", "hold", "release", "pause-gpu", "resume-gpu",
     "logs", "explain", "health", "sql", "metrics", "replay", "log", "config-sample", "submit-file", "attach",
-    "tenants", "tenant",
+    "tenants", "tenant", "token", "nodes",
 )
 
 
 def build_parser(only: str | None = None) -> Parser:
     """The whole parser, or with ``only`` just that command's (faster)."""
     from eventsched import __version__
-    from eventsched.cli.parser import Parser
+    from eventsched.cli.parser import Parser, positive_seconds
     from eventsched.cli.quick import COMMON_OPTIONS, SUBMIT_OPTIONS
 
     def want(name: str) -> bool:
@@ -655,11 +689,17 @@ def build_parser(only: str | None = None) -> Parser:
         p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
         p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, fair-share, sjf-backfill, fgd)")
         p.add_argument("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json")
-        p.add_argument("--sample-interval", type=float, help="seconds between GPU samples (default 2)")
+        p.add_argument("--sample-interval", type=positive_seconds, help="seconds between GPU samples (default 2)")
         p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
         p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)")
         p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
+        p.add_argument("--ray", metavar="ADDRESS",
+                       help="run jobs on the GPU nodes of this Ray cluster (host:port, or auto); --gpus is then each node's")
+        p.add_argument("--http", metavar="HOST:PORT",
+                       help="also serve the JSON API for remote clients here, e.g. 127.0.0.1:8080 (docs/http-api.md)")
+        p.add_argument("--http-allow-remote", action="store_true",
+                       help="let --http bind a non-loopback address (only where TLS is handled by something else)")
 
     if want("submit"):
         p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
@@ -687,7 +727,7 @@ def build_parser(only: str | None = None) -> Parser:
     if any(want(n) for n in ("pause-gpu", "resume-gpu")):
         for name, what in (("pause-gpu", "place nothing new on a GPU"), ("resume-gpu", "accept jobs on a GPU again")):
             p = sub.add_parser(name, parents=[common], help=what)
-            p.add_argument("gpu", type=int, metavar="ID")
+            p.add_argument("gpu", metavar="[NODE:]ID", help="a GPU id, or NODE:ID on a cluster")
 
     if want("explain"):
         p = sub.add_parser("explain", parents=[common], help="why a job waits, and its story")
@@ -724,6 +764,7 @@ def build_parser(only: str | None = None) -> Parser:
         p.add_argument("--static", action="store_true", help="FGD-style static packing experiment (Alibaba trace)")
         p.add_argument("--seeds", default="42-51", help="seeds for --static (default 42-51)")
         p.add_argument("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on")
+        p.add_argument("--nodes", type=int, metavar="K", help="for CSV traces: K machines of --gpus each (default 1)")
         p.add_argument("--out", help="where replay logs go (default: a temporary directory)")
         p.add_argument("--config", metavar="FILE", help="what-if: replay under this config's [tenants] and [scheduler] keys")
 
@@ -757,16 +798,39 @@ def build_parser(only: str | None = None) -> Parser:
 
         add_tenants(sub, common)
 
+    if want("token"):
+        from eventsched.cli.token import add_parser as add_token
+
+        add_token(sub, common)
+
     if want("config-sample"):
         sub.add_parser("config-sample", help="print a commented sample config file")
 
+    if want("nodes"):  # issue 12
+        p = sub.add_parser("nodes", parents=[common], help="each node: name, state, GPUs, jobs")
+        p.add_argument("--json", action="store_true")
+
     return parser
+
+
+def _nodes_cmd(args: argparse.Namespace) -> int:
+    from eventsched.cli.nodes import show_nodes
+
+    with client(args) as c:
+        nodes = c.status().get("nodes", [])
+    return show_nodes(nodes, as_json=args.json)
 
 
 def _tenants_cmd(name: str, args: argparse.Namespace) -> int:
     from eventsched.cli import tenants
 
     return int(getattr(tenants, name)(args))
+
+
+def _token_cmd(args: argparse.Namespace) -> int:
+    from eventsched.cli.token import run
+
+    return run(args)
 
 
 def _import_msgspec_lean() -> None:
@@ -843,6 +907,8 @@ def parse(argv: list[str]) -> Callable[[], int]:
         "attach": lambda: cmd_attach(args),
         "tenants": lambda: _tenants_cmd("cmd_tenants", args),
         "tenant": lambda: _tenants_cmd("cmd_tenant", args),
+        "nodes": lambda: _nodes_cmd(args),
+        "token": lambda: _token_cmd(args),
     }
     return handlers[args.command]
 

@@ -106,7 +106,7 @@ def run_replay(args: argparse.Namespace) -> int:
         if p != RECORDED and p not in POLICIES:
             return _fail(f"unknown policy {p!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
     try:
-        workload = load_source(args.source, gpus=getattr(args, "gpus", None))
+        workload = load_source(args.source, gpus=getattr(args, "gpus", None), nodes=getattr(args, "nodes", None) or 1)
     except ReplayError as e:
         return _fail(str(e))
     if RECORDED in policies and workload.kind != "log":

@@ -51,7 +51,7 @@ QUEUED = JobState.QUEUED
 RUNNING = JobState.RUNNING
 SUCCEEDED = JobState.SUCCEEDED
 
-__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
+__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED", "StrayKilled"]
 
 LIVE_FOR_DEDUP = frozenset({QUEUED, RUNNING, SUCCEEDED, HELD, PREEMPTED})
 
@@ -325,6 +325,9 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
             f"(largest: {largest} MiB)"
         )
     where = "allowed GPU(s)" if spec.gpu_ids is not None else "GPU(s) on one node"
+    if spec.gpu_ids is None and not spec.node and len(state.node_gpus) > 1:  # issue 12: say why
+        raise Refused(f"asks for {count} GPUs but the largest node has {most}: a job's GPUs are all on one node "
+                      f"({len(state.node_gpus)} nodes; ask for at most {most}, or run one job per node)")
     raise Refused(f"asks for {count} GPUs but there are only {most} {where}")
 
 
@@ -537,6 +540,8 @@ def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
 def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
     if (msg.node, msg.gpu) not in out.state.gpus:
         return
+    gpu = out.state.gpus[(msg.node, msg.gpu)]
+    failed = gpu.lost or bool(gpu.error)
     out.fact(
         ev.GpuSampled(
             ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
@@ -545,6 +550,9 @@ def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
             job_memory_mib=msg.job_memory_mib, foreign_processes=msg.foreign_processes,
         )
     )
+    if failed:  # a GPU that failed reads well again: it is back
+        out.decide(ev.GpuDiscovered(node=msg.node, gpu=msg.gpu, uuid=gpu.uuid, model=gpu.model,
+                                    memory_total_mib=msg.memory_total_mib))
     _watch_gpu(out, out.state.gpus[(msg.node, msg.gpu)])
     _schedule(out)  # memory freed or a GPU cooled down: room may have appeared
 
@@ -571,7 +579,21 @@ def _watch_gpu(out: _Out, gpu: Gpu) -> None:
 
 
 def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
+    """A GPU error is recorded once per change (a GPU that stays broken does
+    not add the same event every sample). A GPU newly lost takes nothing new,
+    and its running jobs are stopped as if preempted: requeued without
+    spending a retry, since the fault is the GPU's, not theirs."""
+    gpu = out.state.gpus.get((msg.node, msg.gpu))
+    if gpu is not None and gpu.error == msg.error and (gpu.lost or not msg.lost):
+        return
+    newly_lost = gpu is not None and msg.lost and not gpu.lost
     out.fact(ev.GpuErrored(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, error=msg.error, lost=msg.lost))
+    if newly_lost and gpu is not None:
+        for jid in sorted(gpu.jobs):
+            job = out.state.jobs[jid]
+            if job.state == RUNNING and not job.cancel_reason:
+                out.decide(ev.JobCancelRequested(job=jid, by="gpu-lost", reason="preempted"))
+                out.effects.append(_stop_signal(out.state, job, "preempted"))
 
 
 # --- the clock and the processes --------------------------------------------------
@@ -660,7 +682,83 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     _schedule(out)
 
 
+# --- issue 12: the nodes of a cluster -------------------------------------------------
+
+
+def _node_up(out: _Out, msg: m.NodeUp) -> None:
+    """A node's executor is up (joined, or its actor restarted): its GPUs,
+    discovered again; those it no longer has are lost."""
+    state = out.state
+    if msg.restarted and msg.node in state.nodes and state.nodes[msg.node].state == "up":
+        out.fact(ev.NodeActorRestarted(ts=out.now, cause=f"ray:{msg.node}", node=msg.node,
+                                       reason="its executor actor was restarted"))
+    else:
+        out.fact(ev.NodeJoined(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, ray_node=msg.ray_node,
+                               gpu_backend=msg.gpu_backend, gpus=len(msg.gpus)))
+    found = set()
+    for info in sorted(msg.gpus, key=lambda g: g.gpu):
+        found.add(info.gpu)
+        out.decide(ev.GpuDiscovered(node=msg.node, gpu=info.gpu, uuid=info.uuid, model=info.model,
+                                    memory_total_mib=info.memory_total_mib))
+    for gpu in list(state.node_gpus.get(msg.node, ())):
+        if gpu.id not in found and not gpu.lost:
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error="not found when the node joined", lost=True))
+    _schedule(out)
+
+
+def _node_down(out: _Out, msg: m.NodeDown) -> None:
+    """A node left or died: its running jobs end ``lost`` (requeued when
+    their retries allow), its GPUs take nothing new."""
+    state = out.state
+    info = state.nodes.get(msg.node)
+    if info is None or info.state == "down":
+        return  # told twice, or a node we never had
+    out.fact(ev.NodeLeft(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, reason=msg.reason))
+    for jid in sorted(j for j in state.running if state.jobs[j].node == msg.node):
+        job = state.jobs[jid]
+        stop_reason = job.cancel_reason
+        out.decide(ev.JobLost(job=jid, reason=f"node {msg.node} left" + (f": {msg.reason}" if msg.reason else "")))
+        if stop_reason in ("preempted", "idle-requeue"):
+            out.decide(ev.JobRequeued(job=jid, reason="preempted" if stop_reason == "preempted" else "idle"))
+        elif not stop_reason and job.retries_used < job.spec.retries:
+            delay = state.config.retry_backoff_s * (2**job.retries_used)
+            out.decide(ev.JobRequeued(job=jid, reason="retry", not_before=out.now + delay))
+        else:
+            _cascade(out, jid)
+    for gpu in list(state.node_gpus.get(msg.node, ())):
+        if not gpu.lost:
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error=f"node {msg.node} left", lost=True))
+    _schedule(out)
+
+
+def _cluster_link(out: _Out, msg: m.ClusterLink) -> None:
+    out.fact(ev.ClusterDisconnected(ts=out.now, cause="ray", reason=msg.reason, lost=msg.lost))
+
+
+class StrayKilled(m.Message, frozen=True):
+    """Issue 12: a node that came back still ran an attempt that is not its
+    job's current one there; the executor killed it (``pid``: its job
+    process). Kept here, next to its one handler, until messages.py takes it."""
+
+    node: str
+    job: int
+    attempt: int
+    pid: int = 0
+    reason: str = ""
+
+
+def _stray_killed(out: _Out, msg: StrayKilled) -> None:
+    """A fact only: the job's own state is the log's already (it was lost,
+    requeued, ran elsewhere or ended); nothing else changes."""
+    out.fact(ev.StrayAttemptKilled(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, job=msg.job,
+                                   attempt=msg.attempt, pid=msg.pid, reason=msg.reason))
+
+
 _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
+    m.NodeUp: _node_up,
+    m.NodeDown: _node_down,
+    m.ClusterLink: _cluster_link,
+    StrayKilled: _stray_killed,
     m.Started: _started,
     m.Stopping: _stopping,
     m.Submit: _submit,

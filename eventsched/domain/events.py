@@ -60,6 +60,11 @@ __all__ = [
     "JobGpuMemoryWithin",
     "JobIdle",
     "JobBusy",
+    "NodeJoined",
+    "NodeLeft",
+    "NodeActorRestarted",
+    "ClusterDisconnected",
+    "StrayAttemptKilled",
     "AnyEvent",
     "TimerFired",
     "JobsCommanded",
@@ -359,6 +364,56 @@ class JobBusy(Event, frozen=True, kw_only=True):
     idle_s: float = 0.0
 
 
+# --- issue 12: the nodes of a Ray cluster (facts from the cluster) ----------
+
+
+class NodeJoined(Event, frozen=True, kw_only=True):
+    """A node of the cluster came up with its GPUs (``GpuDiscovered`` events
+    follow as its decisions); ``ray_node`` is Ray's id for it."""
+
+    node: str
+    ray_node: str = ""
+    gpu_backend: str = ""  # "nvml" or "fake:N:MIB", as sampled there
+    gpus: int = 0
+
+
+class NodeLeft(Event, frozen=True, kw_only=True):
+    """A node left the cluster or died: its GPUs are lost and its running
+    jobs end ``lost`` (and go back to the queue when their retries allow)."""
+
+    node: str
+    reason: str = ""
+
+
+class NodeActorRestarted(Event, frozen=True, kw_only=True):
+    """The node's executor actor was restarted by Ray; the jobs it still
+    runs are re-adopted from its supervisors' records."""
+
+    node: str
+    reason: str = ""
+
+
+class ClusterDisconnected(Event, frozen=True, kw_only=True):
+    """The daemon lost its connection to the Ray cluster (``lost``) or got it
+    back; nothing is decided while it is lost."""
+
+    reason: str = ""
+    lost: bool = True
+
+
+class StrayAttemptKilled(Event, frozen=True, kw_only=True):
+    """A node that came back (its executor joined again) still ran an attempt
+    that is not its job's current one there (the job was declared lost with
+    the node, and requeued, ran elsewhere, or ended): it was killed, so that
+    no job runs twice. ``pid``: the killed attempt's job process."""
+
+    node: str
+    job: int
+    attempt: int
+    pid: int = 0
+    reason: str = ""
+
+
 AnyEvent = Union[
     DaemonStarted,
     DaemonStopped,
@@ -386,6 +441,11 @@ AnyEvent = Union[
     JobGpuMemoryWithin,
     JobIdle,
     JobBusy,
+    NodeJoined,
+    NodeLeft,
+    NodeActorRestarted,
+    ClusterDisconnected,
+    StrayAttemptKilled,
 ]
 
 

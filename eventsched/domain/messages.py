@@ -17,6 +17,9 @@ from eventsched.domain.tenants import Tenant
 
 __all__ = [
     "Message",
+    "NodeUp",
+    "NodeDown",
+    "ClusterLink",
     "Started",
     "GpuInfo",
     "Submit",
@@ -237,6 +240,31 @@ class GpuFailed(Message, frozen=True):
     gpu: int
     error: str
     lost: bool = False
+
+
+class NodeUp(Message, frozen=True):
+    """Issue 12: a cluster node's executor is up with these GPUs
+    (``restarted``: its actor was restarted, the node itself stayed)."""
+
+    node: str
+    gpus: list[GpuInfo]
+    ray_node: str = ""
+    gpu_backend: str = ""
+    restarted: bool = False
+
+
+class NodeDown(Message, frozen=True):
+    """Issue 12: a cluster node left or died."""
+
+    node: str
+    reason: str = ""
+
+
+class ClusterLink(Message, frozen=True):
+    """Issue 12: the connection to the cluster was lost (or is back)."""
+
+    lost: bool
+    reason: str = ""
 
 
 class Effect(msgspec.Struct, frozen=True, kw_only=True):

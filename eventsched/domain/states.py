@@ -102,6 +102,7 @@ TRANSITIONS: dict[tuple[JobState, type[ev.Event]], Target] = {
     (R, ev.JobBusy): R,
     (F, ev.JobRequeued): Q,  # a retry (F17), a time-limit requeue (F9), a never-launched attempt
     (P, ev.JobRequeued): Q,  # preemption (F13)
+    (L, ev.JobRequeued): Q,  # issue 12: lost with its node, retried by its retry policy
     (P, ev.JobCancelled): C,
 }
 

@@ -51,11 +51,20 @@ def _share(job: dict[str, Any]) -> float:
     return gpus if 0 < gpus < 1 else 1.0
 
 
+GpuKey = tuple[str, int]  # (node, GPU id): ids repeat across nodes
+
+
+def gpu_label(key: GpuKey, several_nodes: bool) -> str:
+    """``GPU 2`` on one machine, ``node-b:2`` once GPUs are on several nodes."""
+    node, gid = key
+    return f"{node}:{gid}" if several_nodes else f"GPU {gid}"
+
+
 class PanelModel:
     """GPUs and jobs as the panel shows them; changed only by ``fold``."""
 
     def __init__(self) -> None:
-        self.gpus: dict[int, dict[str, Any]] = {}
+        self.gpus: dict[GpuKey, dict[str, Any]] = {}
         self.jobs: dict[int, dict[str, Any]] = {}
         self.policy = ""
         self.seq = 0
@@ -66,7 +75,7 @@ class PanelModel:
     def from_status(cls, status: dict[str, Any]) -> "PanelModel":
         model = cls()
         for gpu in status.get("gpus", []):
-            model.gpus[int(gpu["id"])] = dict(gpu)
+            model.gpus[(str(gpu.get("node") or "local"), int(gpu["id"]))] = dict(gpu)
         for job in status.get("jobs", []):
             model.jobs[int(job["id"])] = dict(job)
         model.policy = status.get("policy", "")
@@ -75,6 +84,16 @@ class PanelModel:
         return model
 
     # views used by renderers
+    def several_nodes(self) -> bool:
+        return len({node for node, _ in self.gpus}) > 1
+
+    def by_node(self) -> list[tuple[str, list[tuple[GpuKey, dict[str, Any]]]]]:
+        """The GPUs grouped by node, nodes and ids in order."""
+        groups: dict[str, list[tuple[GpuKey, dict[str, Any]]]] = {}
+        for key, gpu in sorted(self.gpus.items()):
+            groups.setdefault(key[0], []).append((key, gpu))
+        return list(groups.items())
+
     def running(self) -> list[dict[str, Any]]:
         return sorted((j for j in self.jobs.values() if j["state"] == JobState.RUNNING), key=lambda j: j["id"])
 
@@ -98,16 +117,17 @@ class PanelModel:
         self._forget_old()
 
     def _allocate(self) -> None:
-        alloc = {gid: 0.0 for gid in self.gpus}
-        on_gpu: dict[int, list[int]] = {gid: [] for gid in self.gpus}
+        alloc = {key: 0.0 for key in self.gpus}
+        on_gpu: dict[GpuKey, list[int]] = {key: [] for key in self.gpus}
         for job in self.running():
+            node = str(job.get("node") or "local")
             for gid in job.get("gpu_ids", []):
-                if gid in alloc:
-                    alloc[gid] += _share(job)
-                    on_gpu[gid].append(job["id"])
-        for gid, gpu in self.gpus.items():
-            gpu["allocated"] = round(min(alloc[gid], 1.0), 3)
-            gpu["jobs"] = on_gpu[gid]
+                if (node, gid) in alloc:
+                    alloc[(node, gid)] += _share(job)
+                    on_gpu[(node, gid)].append(job["id"])
+        for key, gpu in self.gpus.items():
+            gpu["allocated"] = round(min(alloc[key], 1.0), 3)
+            gpu["jobs"] = on_gpu[key]
 
     def _forget_old(self) -> None:
         done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
@@ -115,10 +135,10 @@ class PanelModel:
             del self.jobs[job_id]
 
 
-def _gpu(model: PanelModel, gpu: int) -> dict[str, Any]:
+def _gpu(model: PanelModel, node: str, gpu: int) -> dict[str, Any]:
     return model.gpus.setdefault(
-        gpu,
-        {"id": gpu, "allocated": 0.0, "paused": False, "lost": False, "utilization": None,
+        (node, gpu),
+        {"id": gpu, "node": node, "allocated": 0.0, "paused": False, "lost": False, "utilization": None,
          "memory_used_mib": 0, "memory_total_mib": 0, "temperature_c": None, "jobs": []},
     )
 
@@ -128,12 +148,12 @@ def _on_daemon_started(m: PanelModel, e: ev.DaemonStarted) -> None:
 
 
 def _on_gpu_discovered(m: PanelModel, e: ev.GpuDiscovered) -> None:
-    g = _gpu(m, e.gpu)
+    g = _gpu(m, e.node, e.gpu)
     g.update(memory_total_mib=e.memory_total_mib, model=e.model, lost=False)
 
 
 def _on_gpu_sampled(m: PanelModel, e: ev.GpuSampled) -> None:
-    g = _gpu(m, e.gpu)
+    g = _gpu(m, e.node, e.gpu)
     g.update(utilization=e.utilization, memory_used_mib=e.memory_used_mib,
              memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c,
              foreign_processes=[{"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib}
@@ -141,16 +161,16 @@ def _on_gpu_sampled(m: PanelModel, e: ev.GpuSampled) -> None:
 
 
 def _on_gpu_errored(m: PanelModel, e: ev.GpuErrored) -> None:
-    if e.gpu in m.gpus and e.lost:
-        m.gpus[e.gpu]["lost"] = True
+    if (e.node, e.gpu) in m.gpus and e.lost:
+        m.gpus[(e.node, e.gpu)]["lost"] = True
 
 
 def _on_gpu_paused(m: PanelModel, e: ev.GpuPaused) -> None:
-    _gpu(m, e.gpu)["paused"] = True
+    _gpu(m, e.node, e.gpu)["paused"] = True
 
 
 def _on_gpu_resumed(m: PanelModel, e: ev.GpuResumed) -> None:
-    _gpu(m, e.gpu)["paused"] = False
+    _gpu(m, e.node, e.gpu)["paused"] = False
 
 
 def _on_policy_changed(m: PanelModel, e: ev.PolicyChanged) -> None:
@@ -174,7 +194,7 @@ def _job(m: PanelModel, job: int) -> dict[str, Any] | None:
 def _on_job_placed(m: PanelModel, e: ev.JobPlaced) -> None:
     j = _job(m, e.job)
     if j is not None:
-        j.update(state="running", gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts,
+        j.update(state="running", node=e.node, gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts,
                  ended_at=None, exit_code=None, cancel_reason="", gpu_mem_over=False, idle_since=None)
 
 
@@ -353,7 +373,8 @@ def render_jobs_text(jobs: list[dict[str, Any]], now: float, empty: str = "no jo
 def render_text(model: PanelModel, now: float) -> str:
     if not model.connected:
         return f"eventsched: {model.error or 'not connected'}"
-    lines = [f"GPU {gid}: {gpu_line(g)}" for gid, g in sorted(model.gpus.items())]
+    several = model.several_nodes()
+    lines = [f"{gpu_label(key, several)}: {gpu_line(g)}" for key, g in sorted(model.gpus.items())]
     lines.append(f"policy {model.policy} · log seq {model.seq}")
     lines.append(render_jobs_text(model.running() + model.queued(), now, "no queued or running jobs"))
     return "\n".join(lines)
@@ -363,16 +384,22 @@ def render_html(model: PanelModel, now: float) -> str:
     if not model.connected:
         return f"<p><b>eventsched:</b> {html.escape(model.error or 'not connected')}</p>"
     rows = []
-    for gid, g in sorted(model.gpus.items()):
-        pct = round(100 * float(g.get("allocated") or 0))
-        rows.append(
-            f"<tr><td>GPU {gid}</td><td><div style='width:120px;background:#eee'>"
-            f"<div style='width:{pct}%;background:#1976d2;height:10px'></div></div></td>"
-            f"<td>{html.escape(gpu_line(g))}</td></tr>"
-        )
+    several = model.several_nodes()
+    for node, gpus in model.by_node():
+        if several:
+            rows.append(f"<tr class='es-node'><th colspan='3' style='text-align:left'>node {html.escape(node)}</th></tr>")
+        for key, g in gpus:
+            rows.append(_gpu_row_html(gpu_label(key, several), g))
     jobs = render_jobs_html(model.running() + model.queued() + model.finished(), now)
     return (f"<div class='eventsched-status'><table>{''.join(rows)}</table>"
             f"<p>policy {html.escape(model.policy)} · log seq {model.seq}</p>{jobs}</div>")
+
+
+def _gpu_row_html(label: str, g: dict[str, Any]) -> str:
+    pct = round(100 * float(g.get("allocated") or 0))
+    return (f"<tr><td>{html.escape(label)}</td><td><div style='width:120px;background:#eee'>"
+            f"<div style='width:{pct}%;background:#1976d2;height:10px'></div></div></td>"
+            f"<td>{html.escape(gpu_line(g))}</td></tr>")
 
 
 # --- history at a glance (issue 17): SVG of ``cli.status_history``'s data ----------
@@ -622,13 +649,19 @@ def _make_panel_class() -> type:
             # Every widget is made here, on the kernel's thread: the watcher's
             # thread only ever sets values (a GPU that appears later shows up
             # in the header and the next %gpustatus).
-            self._gpu_rows: dict[int, tuple[Any, Any]] = {}
-            rows = []
-            for gid in sorted(int(g["id"]) for g in status.get("gpus", [])):
-                bar = w.FloatProgress(min=0.0, max=1.0, description=f"GPU {gid}", layout=w.Layout(width="320px"))
-                info = w.HTML()
-                self._gpu_rows[gid] = (bar, info)
-                rows.append(w.HBox([bar, info], _dom_classes=["es-gpu", f"es-gpu-{gid}"]))
+            self._gpu_rows: dict[GpuKey, tuple[Any, Any]] = {}
+            rows: list[Any] = []
+            by_node = PanelModel.from_status(status).by_node()
+            for node, gpus in by_node:
+                if len(by_node) > 1:  # several machines: one heading per node, its GPUs under it
+                    rows.append(w.HTML(value=f"<b>node {html.escape(node)}</b>", _dom_classes=["es-node"]))
+                for key, _ in gpus:
+                    label = gpu_label(key, len(by_node) > 1)
+                    bar = w.FloatProgress(min=0.0, max=1.0, description=label, layout=w.Layout(width="320px"))
+                    info = w.HTML()
+                    self._gpu_rows[key] = (bar, info)
+                    css = f"es-gpu-{key[1]}" if len(by_node) == 1 else f"es-gpu-{key[0]}-{key[1]}"
+                    rows.append(w.HBox([bar, info], _dom_classes=["es-gpu", css]))
             self.gpu_box = w.VBox(rows)
             self.history_html = w.HTML(value="<p class='es-empty'><i>reading the last hour…</i></p>")
             self.history_html.add_class("es-history-box")
@@ -672,10 +705,10 @@ def _make_panel_class() -> type:
             self._redraw_tail()
 
         def _update_gpus(self, model: PanelModel) -> None:
-            for gid, gpu in model.gpus.items():
-                if gid not in self._gpu_rows:
+            for key, gpu in model.gpus.items():
+                if key not in self._gpu_rows:
                     continue
-                bar, info = self._gpu_rows[gid]
+                bar, info = self._gpu_rows[key]
                 bar.value = float(gpu.get("allocated") or 0.0)
                 bar.bar_style = "warning" if gpu.get("paused") else ("danger" if gpu.get("lost") else "info")
                 info.value = html.escape(gpu_line(gpu))

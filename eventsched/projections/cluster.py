@@ -55,6 +55,8 @@ __all__ = [
     "Capacity",
     "usable",
     "ClusterState",
+    "NodeInfo",
+    "nodes_view",
     "apply",
     "request_of",
     "fit_summary",
@@ -65,6 +67,18 @@ __all__ = [
     "validate_state",
 ]
 
+
+
+class NodeInfo(msgspec.Struct, kw_only=True):
+    """Issue 12: one node of a cluster: ``up`` or ``down`` since ``since``."""
+
+    name: str
+    state: str = "up"
+    since: float = 0.0
+    ray_node: str = ""
+    gpu_backend: str = ""
+    reason: str = ""  # why it went down
+    restarts: int = 0  # of its executor actor
 
 
 class ClusterState:
@@ -88,6 +102,9 @@ class ClusterState:
         # job -> its true duration: set only by a replay, for the sjf-oracle
         # reference policy (not a fact: never in a snapshot or the log)
         self.oracle: dict[int, float] = {}
+        # issue 12: the cluster's nodes as their events said (a single
+        # machine has none here: its one node is ``self.node``)
+        self.nodes: dict[str, NodeInfo] = {}
         self._derive()
 
     def _derive(self) -> None:
@@ -114,6 +131,7 @@ class ClusterState:
         for usage in self.usage.values():
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
+        self.queued_with_deps: dict[int, None] = {}  # queued jobs with --after: maybe not eligible yet
         # running jobs with a time limit and no stop asked yet -> when it falls due;
         # the heap finds the earliest (entries that no longer match are dropped when met)
         self.deadlines: dict[int, float] = {}
@@ -161,6 +179,8 @@ class ClusterState:
         self.queued_by_uid[uid] = self.queued_by_uid.get(uid, 0) + 1
         if job.not_before > 0:
             self.backoff[job.id] = None
+        if job.spec.after:
+            self.queued_with_deps[job.id] = None
 
     def _leave_queue(self, job: Job) -> None:
         self.queue.remove(job)
@@ -171,6 +191,7 @@ class ClusterState:
         else:
             del self.queued_by_uid[uid]
         self.backoff.pop(job.id, None)
+        self.queued_with_deps.pop(job.id, None)
 
     def _hold(self, job: Job, sign: int) -> None:
         """Count a job's resources in (+1) or out of (-1) its tenant's usage
@@ -420,6 +441,21 @@ def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
             job.gpu_mem_peak_mib = used
         state._track_idle(job)
     state._gpu_changed(gpu)
+
+
+def _node_joined(state: ClusterState, e: ev.NodeJoined) -> None:
+    state.nodes[e.node] = NodeInfo(name=e.node, state="up", since=e.ts, ray_node=e.ray_node,
+                                   gpu_backend=e.gpu_backend)
+
+
+def _node_left(state: ClusterState, e: ev.NodeLeft) -> None:
+    info = state.nodes.setdefault(e.node, NodeInfo(name=e.node))
+    info.state, info.since, info.reason = "down", e.ts, e.reason
+
+
+def _node_actor_restarted(state: ClusterState, e: ev.NodeActorRestarted) -> None:
+    info = state.nodes.setdefault(e.node, NodeInfo(name=e.node, state="up"))
+    info.restarts += 1
 
 
 def _gpu_errored(state: ClusterState, e: ev.GpuErrored) -> None:
@@ -673,7 +709,39 @@ _HANDLERS: dict[type, Any] = {
     ev.JobGpuMemoryWithin: _job_gpu_memory_within,
     ev.JobIdle: _job_idle,
     ev.JobBusy: _job_busy,
+    ev.NodeJoined: _node_joined,
+    ev.NodeLeft: _node_left,
+    ev.NodeActorRestarted: _node_actor_restarted,
 }
+
+
+def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
+    """Issue 12: each node (a cluster's, else the one machine): its name,
+    ``up`` or ``down``, its GPUs (usable / all), the jobs running on it."""
+    names = set(state.nodes) | set(state.node_gpus)
+    if not state.nodes:
+        names.add(state.node)
+    running: dict[str, list[int]] = {}
+    for jid in state.running:
+        job = state.jobs[jid]
+        running.setdefault(job.node or state.node, []).append(jid)
+    out = []
+    for name in sorted(names):
+        info = state.nodes.get(name)
+        gpus = state.node_gpus.get(name, [])
+        out.append({
+            "name": name,
+            "state": info.state if info is not None else "up",
+            "gpus": sum(1 for g in gpus if not g.lost),
+            "gpus_total": len(gpus),
+            "gpus_busy": sum(1 for g in gpus if g.used_milli > 0 and not g.lost),
+            "jobs": sorted(running.get(name, [])),
+            "since": info.since if info is not None else None,
+            "reason": info.reason if info is not None else "",
+            "ray_node": info.ray_node if info is not None else "",
+            "restarts": info.restarts if info is not None else 0,
+        })
+    return out
 
 
 # --- snapshots --------------------------------------------------------------------
@@ -694,6 +762,7 @@ class _Snapshot(msgspec.Struct, kw_only=True):
     runtimes_ms: list[int]
     tenants: dict[str, Tenant] = {}
     recent_usage: list[tuple[str, float, float]] = []  # (tenant, GPU-seconds decayed, as of)
+    nodes: list[NodeInfo] = []  # issue 12: a cluster's nodes
 
 
 _snap_encoder = msgspec.msgpack.Encoder()
@@ -716,6 +785,7 @@ def snapshot_bytes(state: ClusterState) -> bytes:
         runtimes_ms=state.stats.sorted,
         tenants=state.tenants,
         recent_usage=[(t, u.recent, u.as_of) for t, u in sorted(state.usage.items())],
+        nodes=[state.nodes[n] for n in sorted(state.nodes)],
     )
     return _snap_encoder.encode(snap)
 
@@ -737,6 +807,7 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     state.stats.sorted = list(snap.runtimes_ms)
     state.tenants = dict(snap.tenants)
     state.usage = {t: TenantUsage(recent, as_of) for t, recent, as_of in snap.recent_usage}
+    state.nodes = {n.name: n for n in snap.nodes}
     state._derive()
     return state
 

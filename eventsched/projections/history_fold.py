@@ -275,6 +275,14 @@ def _daemon_detail(e: Any) -> str:
         return f"pid={e.pid} version={e.version} policy={e.policy} gpus={e.gpu_backend}"
     if isinstance(e, ev.DaemonStopped):
         return f"reason={e.reason}"
+    if isinstance(e, ev.NodeJoined):  # issue 12
+        return f"ray_node={e.ray_node} gpus={e.gpus} backend={e.gpu_backend}"
+    if isinstance(e, (ev.NodeLeft, ev.NodeActorRestarted)):
+        return f"reason={e.reason}"
+    if isinstance(e, ev.ClusterDisconnected):
+        return f"lost={str(e.lost).lower()} reason={e.reason}"
+    if isinstance(e, ev.StrayAttemptKilled):
+        return f"job={e.job} attempt={e.attempt} pid={e.pid} reason={e.reason}"
     return f"policy={e.policy} by={e.by}"
 
 
@@ -326,6 +334,11 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.DaemonStarted: _build_daemon,
     ev.DaemonStopped: _build_daemon,
     ev.PolicyChanged: _build_daemon,
+    ev.NodeJoined: _build_daemon,  # issue 12
+    ev.NodeLeft: _build_daemon,
+    ev.NodeActorRestarted: _build_daemon,
+    ev.ClusterDisconnected: _build_daemon,
+    ev.StrayAttemptKilled: _build_daemon,
     ev.TenantsConfigured: _build_tenants,
     ev.JobForecast: _build_forecasts,
 }

@@ -14,7 +14,8 @@ from eventsched.domain.states import FINAL
 # 4: tenants (tenant_configs, tenant_quotas, tenant_usage, preemptions)
 # 5: start forecasts (forecasts, forecast_errors)
 # 6: issue 17's job events in job_events; idle_spans, idle_gpu_hours, gpu_memory_overruns
-SCHEMA_VERSION = 6
+# 7: issue 12: a cluster's node events in daemon_events; node_events, gpu_hours_by_node
+SCHEMA_VERSION = 7
 
 FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
 
@@ -182,6 +183,13 @@ WHERE e.type = 'JobGpuMemoryExceeded';
 
 CREATE OR REPLACE VIEW job_state_counts AS
 SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
+
+CREATE OR REPLACE VIEW node_events AS
+SELECT seq, ts, node, type, cause, detail FROM daemon_events
+WHERE type IN ('NodeJoined', 'NodeLeft', 'NodeActorRestarted', 'ClusterDisconnected', 'StrayAttemptKilled');
+
+CREATE OR REPLACE VIEW gpu_hours_by_node AS
+SELECT node, count(DISTINCT job) AS jobs, sum(gpu_hours) AS gpu_hours FROM placement_spans GROUP BY node;
 """
 
 TABLES = (
@@ -192,7 +200,7 @@ VIEWS = (
     "job_times", "placement_spans", "gpu_hours_by_user", "gpu_hours_by_tenant",
     "gpu_hours_daily", "gpu_utilization", "gpu_utilization_summary", "job_state_counts",
     "tenant_quotas", "preemptions", "tenant_usage", "forecast_errors",
-    "idle_spans", "idle_gpu_hours", "gpu_memory_overruns",
+    "idle_spans", "idle_gpu_hours", "gpu_memory_overruns", "node_events", "gpu_hours_by_node",
 )
 
 # Jobs recomputed from the raw tables, for the ids in the registered `_touched`.

@@ -666,6 +666,52 @@ class Executor:
         self._sweep_cgroups()
         return out
 
+    def live_attempts(self) -> list[tuple[int, int, int]]:
+        """Issue 12: (job, attempt, job pid) of every attempt on this disk
+        whose supervisor is still alive without an exit record (the liveness
+        test of ``recover``'s re-adoption), watched here or not."""
+        out: list[tuple[int, int, int]] = []
+        try:
+            jobs = [n for n in os.listdir(self.jobs_dir) if n.isdigit()]
+        except OSError:
+            return out
+        for jname in sorted(jobs, key=int):
+            try:
+                tries = [n for n in os.listdir(self.jobs_dir / jname) if n.isdigit()]
+            except OSError:
+                continue
+            for aname in sorted(tries, key=int):
+                attempt_dir = self.jobs_dir / jname / aname
+                started = _read_json(attempt_dir / "pid")
+                if started is None or _read_json(attempt_dir / "exit") is not None:
+                    continue
+                w = self._adopt(int(jname), attempt_dir, started)
+                if w is not None:
+                    os.close(w.pidfd)
+                    out.append((int(jname), int(aname), int(started["pid"])))
+        return out
+
+    async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
+        """Issue 12: stop one attempt that must not run (a stray): SIGTERM its
+        cgroup, else its process group, SIGKILL after ``grace_s``, and wait
+        (a little longer) for its supervisor to end. Its exit is not reported.
+        Returns the job's pid, 0 when it was not alive."""
+        attempt_dir = self.jobs_dir / str(job) / str(attempt)
+        started = _read_json(attempt_dir / "pid")
+        if started is None or _read_json(attempt_dir / "exit") is not None:
+            return 0
+        w = self._adopt(job, attempt_dir, started)
+        if w is None:
+            return 0
+        w.report = False  # a stray's end is not the job's: nothing to count
+        if not (w.cgroup and _cg.signal_all(w.cgroup, _signal.SIGTERM)):
+            _killpg(w.pgid, _signal.SIGTERM)
+        self._watch(w)
+        self._spawn(self._kill_after, w, grace_s)
+        with anyio.move_on_after(grace_s + 10.0):
+            await w.event().wait()
+        return w.pgid
+
     def _sweep_cgroups(self) -> None:
         """Remove the empty cgroups of attempts whose supervisors were killed
         while we were down (rmdir fails on a populated one: nothing is killed)."""

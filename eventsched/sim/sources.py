@@ -26,10 +26,13 @@ from eventsched.domain import events as ev
 from eventsched.domain import units
 from eventsched.domain.messages import (
     Cancel,
+    ClusterLink,
     GpuFailed,
     GpuInfo,
     GpuObserved,
     Hold,
+    NodeDown,
+    NodeUp,
     PauseGpu,
     Release,
     ResumeGpu,
@@ -114,7 +117,7 @@ def _log_dir_of(path: Path) -> Path | None:
     return None
 
 
-def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0) -> Workload:
+def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
     path = Path(source)
     if path.is_dir():
@@ -139,7 +142,7 @@ def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed
     try:
         if {"submit_time", "duration", "gpus"} <= columns:
             n, mib = parse_fake_gpus(gpus) if gpus else (8, 81_920)
-            return csv_workload(path, n, mib)
+            return csv_workload(path, n, mib, nodes)
         if {"name", "num_gpu", "gpu_milli"} <= columns:
             node_csv = path.parent / "openb_node_list_gpu_node.csv"
             if not node_csv.is_file():
@@ -202,6 +205,17 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     last_start = -math.inf  # the previous JobStarted: its launch was ahead of the next one's
     start: tuple[float, int, ev.DaemonStarted, list[GpuInfo]] | None = None
     start_tenants: dict[str, Any] | None = None  # the tenants its config brought
+    node_up: tuple[float, int, ev.NodeJoined | ev.NodeActorRestarted, list[GpuInfo]] | None = None
+
+    def flush_node() -> None:
+        nonlocal node_up
+        if node_up is not None:
+            t, seq, e, infos = node_up
+            joined = isinstance(e, ev.NodeJoined)
+            stimuli.append((t, _REC, float(seq), NodeUp(
+                node=e.node, gpus=infos, ray_node=e.ray_node if isinstance(e, ev.NodeJoined) else "",
+                gpu_backend=e.gpu_backend if isinstance(e, ev.NodeJoined) else "", restarted=not joined)))
+            node_up = None
 
     def flush_start() -> None:
         nonlocal start, start_tenants
@@ -217,15 +231,24 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         t = clock = max(clock, e.ts)  # a clock stepped back is flattened
         seq = e.seq
         stimulus = ev.is_stimulus(e)
-        if isinstance(e, ev.GpuDiscovered):  # part of the DaemonStarted before it
+        if isinstance(e, ev.GpuDiscovered):  # part of the DaemonStarted (or NodeJoined) before it
             if start is not None:
                 start[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
+            elif node_up is not None:
+                node_up[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
             continue
         if isinstance(e, ev.PolicyChanged) and e.by == "config":
             continue  # recorded by the core itself when a restart brings another policy
         if stimulus:
             flush_start()  # the DaemonStarted's own decisions are over
-        if isinstance(e, ev.DaemonStarted):
+            flush_node()
+        if isinstance(e, (ev.NodeJoined, ev.NodeActorRestarted)):  # issue 12: its GPUs follow
+            node_up = (t, seq, e, [])
+        elif isinstance(e, ev.NodeLeft):
+            stimuli.append((t, _REC, float(seq), NodeDown(node=e.node, reason=e.reason)))
+        elif isinstance(e, ev.ClusterDisconnected):
+            stimuli.append((t, _REC, float(seq), ClusterLink(lost=e.lost, reason=e.reason)))
+        elif isinstance(e, ev.DaemonStarted):
             recorded_policy = recorded_policy or e.policy
             start = (t, seq, e, [])
         elif isinstance(e, ev.JobSubmitted):
@@ -286,6 +309,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             a = _attempt(attempts, e.job)
             a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
     flush_start()
+    flush_node()
     if not recorded_policy:
         raise ReplayError(f"{log_dir}: the log has no DaemonStarted event; nothing to replay on")
 
@@ -363,16 +387,23 @@ def trace_workload(
     return Workload(name=name, kind=kind, stimuli=stimuli, attempts=attempts, instant_start=True, notes=list(notes))
 
 
-def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int) -> Workload:
+def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int = 1) -> Workload:
+    """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each (issue 12:
+    ``replay --nodes K``; one machine is ``local``, several ``node-0``...)."""
     from eventsched.sim.traces import load_csv
 
+    if nodes < 1:
+        raise ReplayError(f"--nodes must be at least 1, not {nodes}")
     jobs = load_csv(path)
-    infos = [GpuInfo(gpu=i, uuid=f"fake-{i}", model="fake", memory_total_mib=mib) for i in range(n_gpus)]
+    names = ["local"] if nodes == 1 else [f"node-{k}" for k in range(nodes)]
+    machine = [(name, [GpuInfo(gpu=i, uuid=f"fake-{name}-{i}" if nodes > 1 else f"fake-{i}", model="fake",
+                               memory_total_mib=mib) for i in range(n_gpus)]) for name in names]
     notes = []
     too_big = sum(1 for j in jobs if j.gpus > n_gpus or j.gpu_mem_mib > mib)
     if too_big:
-        notes.append(f"{too_big} jobs ask for more than fake:{n_gpus}:{mib} has; they never run")
-    return trace_workload(str(path), "csv", jobs, [("local", infos)], f"fake:{n_gpus}:{mib}", notes)
+        where = f"fake:{n_gpus}:{mib}" + (" (a job's GPUs are all on one node)" if nodes > 1 else "")
+        notes.append(f"{too_big} jobs ask for more than {where} has; they never run")
+    return trace_workload(str(path), "csv", jobs, machine, f"fake:{n_gpus}:{mib}", notes)
 
 
 # Memory of the Alibaba GPU models (the trace's requests never use it: no gpu_mem)

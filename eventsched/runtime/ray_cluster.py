@@ -1,0 +1,501 @@
+"""Several machines on Ray (issue 12): the daemon's side of a cluster.
+
+``serve --ray ADDRESS|auto`` connects the daemon (still the one writer of the
+one log) to a Ray cluster. Every Ray node that offers GPUs (a ``GPU``
+resource, or a ``node:NAME`` custom resource, which also names it) becomes a
+node of ours; on each, a ``NodeAgent`` actor (``ray_node_actor.py``) pinned
+there is its executor and GPU sampler. ``RayExecutor`` is the engine's
+executor: jobs placed on the daemon's own node (CPU-only jobs, by default)
+run here as on one machine; the rest go to their node's agent. Placement
+stays the core's: Ray only carries the launch.
+
+Faults are facts: a node that appears is ``NodeUp`` (-> ``NodeJoined``), one
+Ray reports dead or gone is ``NodeDown`` (-> ``NodeLeft``, its jobs ``lost``),
+an agent that comes back with a new boot id is ``NodeUp(restarted=True)``
+(-> ``NodeActorRestarted``, its jobs re-adopted), a failing connection to the
+cluster is ``ClusterLink`` (-> ``ClusterDisconnected``). Agents are detached
+and named (per state dir), so a restarted daemon finds them and re-adopts
+every job; messages about an attempt that is no longer the job's current one
+on that node are dropped, so nothing is counted twice.
+When a node's agent joins (first hello, or a new boot), every attempt still
+alive on its disk that is not its job's current one there (a node declared
+dead whose processes lived on) is killed: ``StrayKilled`` (->
+``StrayAttemptKilled``), so that no job runs twice.
+
+Output: each job's output is kept on its node and mirrored, as it grows, into
+the daemon's ``jobs/<job>/output.log``, where ``logs -f`` reads it.
+
+Ray is imported here only, and only when ``--ray`` is given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from eventsched.core.scheduler import StrayKilled
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import (
+    ClusterLink,
+    GpuInfo,
+    Message,
+    NodeDown,
+    NodeUp,
+    ProcessExited,
+    ProcessLost,
+    ProcessStarted,
+)
+from eventsched.domain.states import JobState
+from eventsched.projections.cluster import ClusterState
+from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.gpus import GpuSample
+
+__all__ = ["RayExecutor", "RayGpus", "RayUnavailable", "connect", "node_name", "namespace_for"]
+
+_log = logging.getLogger("eventsched.ray")
+_POLL_S = 1.0  # how often the node list is read; an agent's long poll
+_MIRROR_S = 0.5  # how often running remote jobs' output is copied here
+_CALL_TIMEOUT_S = 30.0
+_STRAY_GRACE_S = 2.0  # SIGTERM, then SIGKILL: a stray attempt's grace
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed or the cluster cannot be reached; one line."""
+
+
+def connect(address: str, namespace: str) -> None:
+    """``ray.init`` as a driver of an existing cluster (``auto``: the one
+    this machine belongs to)."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray: pip install 'eventsched[ray]'") from None
+    _probe(address)
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.WARNING,
+                 configure_logging=False)
+    except Exception as exc:  # ConnectionError, a bad address: Ray's own words, on one line
+        raise RayUnavailable(f"--ray {address}: cannot connect to the Ray cluster: {str(exc).splitlines()[0]}") from None
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """A HOST:PORT where nothing answers is said at once (``ray.init``
+    would retry for minutes)."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise RayUnavailable(f"--ray {address}: cannot connect to the Ray cluster: nothing answers there ({why})") from None
+
+
+def namespace_for(state_dir: Path) -> str:
+    """The Ray namespace of a daemon's agents: one per state dir."""
+    return "eventsched-" + hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def node_name(info: dict[str, Any]) -> str | None:
+    """Our name for a Ray node (its ``node:NAME`` resource, else ``ray-``
+    and its id's first 8 digits), or None when it offers no GPUs."""
+    resources = info.get("Resources") or {}
+    for key in sorted(resources):
+        if key.startswith("node:") and not key.startswith("node:__") and not _is_ip(key[5:]):
+            return key[5:]
+    if resources.get("GPU", 0) > 0:
+        return "ray-" + str(info.get("NodeID", ""))[:8]
+    return None
+
+
+class _Agent:
+    """The daemon's handle on one node's agent."""
+
+    def __init__(self, name: str, ray_node: str) -> None:
+        self.name = name
+        self.ray_node = ray_node
+        self.actor: Any = None
+        self.boot = ""
+        self.scope = anyio.CancelScope()
+        self.ready = anyio.Event()
+
+
+class RayExecutor(Executor):
+    """The engine's executor on a cluster (see the module's docstring)."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        node: str,
+        gpus: str,
+        state: Callable[[], ClusterState | None],
+        namespace: str,
+    ) -> None:
+        super().__init__(state_dir, node=node)
+        self.state_dir = Path(state_dir)
+        self.gpus_option = gpus or "nvml"
+        self._state = state
+        self.namespace = namespace
+        self._agents: dict[str, _Agent] = {}
+        self._remote_jobs: dict[int, str] = {}  # job -> node, for jobs launched or adopted remotely
+        self._send_up: Callable[[Message], Awaitable[None]] | None = None
+        self._pulling: dict[int, anyio.Lock] = {}  # job -> held while its output is copied
+
+    # --- the engine's interface ----------------------------------------------
+
+    def recover(
+        self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
+    ) -> list[Message]:
+        """Jobs of the daemon's own node are recovered now; a remote node's
+        when its agent answers (``_join``), or are lost with it."""
+        local = {job: value for job, value in running.items() if self._node_of(job) == self.node}
+        return super().recover(local, {j: a for j, a in (attempts or {}).items() if j in local})
+
+    async def launch(self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0) -> ProcessStarted:
+        node = self._node_of(job)
+        if node == self.node:
+            return await super().launch(job, spec, gpu_ids, attempt=attempt)
+        agent = await self._connected(node)
+        self._remote_jobs[job] = node
+        with anyio.fail_after(_CALL_TIMEOUT_S):
+            kind, value = await agent.actor.launch.remote(job, spec, gpu_ids, attempt)
+        if kind == "already":
+            raise AlreadyLaunched(value)
+        if kind == "failed":
+            raise LaunchError(value)
+        started: ProcessStarted = value
+        return ProcessStarted(job=job, pid=started.pid, start_time=started.start_time,
+                              log_path=str(self.log_path(job)))
+
+    async def _connected(self, node: str) -> _Agent:
+        """The node's agent once it has joined (a restarted daemon places on
+        the nodes its log knows before their agents answer again)."""
+        with anyio.move_on_after(_CALL_TIMEOUT_S * 2):
+            while True:
+                agent = self._agents.get(node)
+                if agent is not None and agent.actor is not None and agent.ready.is_set():
+                    return agent
+                await anyio.sleep(0.05)
+        raise LaunchError(f"node {node} is not connected")
+
+    async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
+        node = self._remote_jobs.get(job) or self._node_of(job)
+        agent = self._agents.get(node) if node != self.node else None
+        if agent is None or agent.actor is None:
+            await super().signal(job, grace_s, signum)
+            return
+        with contextlib.suppress(Exception):  # the node is gone: its loss is reported apart
+            await agent.actor.signal.remote(job, grace_s, signum)
+
+    async def run(
+        self,
+        send: Callable[[Message], Awaitable[None]],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self._send_up = send
+        async with anyio.create_task_group() as tg:
+            await tg.start(super().run, send)
+            tg.start_soon(self._watch_cluster, tg)
+            tg.start_soon(self._mirror_loop)
+            task_status.started()
+
+    # --- nodes --------------------------------------------------------------------
+
+    def _node_of(self, job: int) -> str:
+        state = self._state()
+        if state is None or job not in state.jobs or not state.jobs[job].node:
+            return self.node
+        return state.jobs[job].node
+
+    def nodes(self) -> dict[str, _Agent]:
+        return dict(self._agents)
+
+    async def _watch_cluster(self, tg: anyio.abc.TaskGroup) -> None:
+        import ray
+
+        assert self._send_up is not None
+        send = self._send_up
+        lost = False
+        first = True
+        while True:
+            try:
+                infos = await anyio.to_thread.run_sync(ray.nodes)
+            except Exception as exc:  # the GCS is unreachable
+                if not lost:
+                    lost = True
+                    await send(ClusterLink(lost=True, reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+                await anyio.sleep(_POLL_S)
+                continue
+            if lost:
+                lost = False
+                await send(ClusterLink(lost=False, reason="connected again"))
+            alive: dict[str, str] = {}
+            for info in infos:
+                name = node_name(info)
+                if name is not None and info.get("Alive"):
+                    alive[name] = info["NodeID"]
+            for name, agent in list(self._agents.items()):
+                if alive.get(name) != agent.ray_node:
+                    del self._agents[name]
+                    agent.scope.cancel()
+                    why = "Ray reports the node dead" if name not in alive else "replaced by another Ray node"
+                    await send(NodeDown(node=name, reason=why))
+            if first:  # nodes the log has up that this cluster does not have
+                first = False
+                state = self._state()
+                for name, info in sorted((state.nodes if state is not None else {}).items()):
+                    if info.state == "up" and name not in alive:
+                        await send(NodeDown(node=name, reason="not in the cluster when the daemon started"))
+            for name, ray_node in sorted(alive.items()):
+                if name not in self._agents and name != self.node:
+                    agent = self._agents[name] = _Agent(name, ray_node)
+                    tg.start_soon(self._run_agent, agent)
+            await anyio.sleep(_POLL_S)
+
+    def _make_actor(self, agent: _Agent) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from eventsched.runtime.ray_node_actor import NodeAgent
+
+        remote = ray.remote(NodeAgent)
+        return remote.options(  # type: ignore[attr-defined]
+            name=f"eventsched-node-{agent.name}",
+            namespace=self.namespace,
+            lifetime="detached",  # outlives a daemon's restart: its jobs are re-adopted
+            get_if_exists=True,
+            num_cpus=0,
+            num_gpus=0,  # the scheduler's GPU accounting, not Ray's
+            max_restarts=-1,
+            max_concurrency=64,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=agent.ray_node, soft=False),
+        ).remote(agent.name, str(self.state_dir), self.gpus_option)
+
+    async def _hello(self, agent: _Agent) -> dict[str, Any]:
+        with anyio.fail_after(120.0):  # a worker's start on a busy node takes seconds
+            hello: dict[str, Any] = await agent.actor.hello.remote()
+        return hello
+
+    def _running_on(self, node: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+        state = self._state()
+        running: dict[int, tuple[int, int]] = {}
+        attempts: dict[int, int] = {}
+        if state is None:
+            return running, attempts
+        for jid in state.running:
+            job = state.jobs[jid]
+            if job.node == node and job.state == JobState.RUNNING:
+                running[jid] = (job.pid or 0, job.start_time or 0)
+                attempts[jid] = job.attempts
+        return running, attempts
+
+    async def _join(self, agent: _Agent, restarted: bool) -> None:
+        """Tell the core the node is up, then re-adopt its jobs."""
+        assert self._send_up is not None
+        hello = await self._hello(agent)
+        if hello["boot"] != agent.boot:  # else a passing failure: the same actor, nothing to tell
+            agent.boot = hello["boot"]
+            gpus: list[GpuInfo] = hello["gpus"]
+            await self._send_up(NodeUp(node=agent.name, gpus=gpus, ray_node=agent.ray_node,
+                                       gpu_backend=hello["gpu_backend"], restarted=restarted))
+        running, attempts = self._running_on(agent.name)
+        await self._kill_strays(agent, attempts)
+        for job in running:
+            self._remote_jobs[job] = agent.name
+        if running:
+            with anyio.fail_after(_CALL_TIMEOUT_S):
+                msgs: list[Message] = await agent.actor.recover.remote(running, attempts)
+            for msg in msgs:
+                if isinstance(msg, ProcessStarted):
+                    msg = ProcessStarted(job=msg.job, pid=msg.pid, start_time=msg.start_time,
+                                         log_path=str(self.log_path(msg.job)))
+                elif isinstance(msg, (ProcessExited, ProcessLost)):
+                    await self._pull_output(agent, msg.job)
+                await self._send_up(msg)
+        agent.ready.set()
+
+    async def _kill_strays(self, agent: _Agent, current: dict[int, int]) -> None:
+        """Every attempt still alive on the node that is not its job's current
+        one there (``current``: job -> attempt, as the log has them) is killed
+        and recorded (``StrayAttemptKilled``): the node was declared gone, its
+        jobs lost and requeued, so such an attempt would run a job twice."""
+        assert self._send_up is not None
+        with anyio.fail_after(_CALL_TIMEOUT_S):
+            live: list[tuple[int, int, int]] = await agent.actor.live_attempts.remote()
+        for job, attempt, pid in live:
+            state = self._state()  # read now: a launch may have been placed since
+            if state is None:
+                return  # nothing known yet: nothing is killed
+            j = state.jobs.get(job)
+            if current.get(job) == attempt or (j is not None and j.state == JobState.RUNNING
+                                               and j.node == agent.name and j.attempts == attempt):
+                continue  # the job's running attempt here: re-adopted (or being launched)
+            if j is None:
+                why = f"job {job} is not in the log"
+            elif j.state == JobState.RUNNING and j.node == agent.name:
+                why = f"job {job} runs its attempt {j.attempts} here"
+            elif j.state == JobState.RUNNING:
+                why = f"job {job} runs on {j.node} (attempt {j.attempts})"
+            else:
+                why = f"job {job} is {j.state.value}"
+            with anyio.fail_after(_CALL_TIMEOUT_S):
+                killed: int = await agent.actor.kill_attempt.remote(job, attempt, _STRAY_GRACE_S)
+            _log.warning("node %s: killed stray attempt %d of job %d (pid %d): %s", agent.name, attempt, job, pid, why)
+            await self._send_up(StrayKilled(node=agent.name, job=job, attempt=attempt, pid=killed or pid,
+                                            reason=why))
+
+    async def _run_agent(self, agent: _Agent) -> None:
+        from ray.exceptions import RayError
+
+        assert self._send_up is not None
+        with agent.scope:
+            restarted = False
+            while True:
+                try:
+                    if agent.actor is None:
+                        agent.actor = await anyio.to_thread.run_sync(self._make_actor, agent)
+                    boot = agent.boot
+                    if not boot or restarted:
+                        await self._join(agent, restarted=bool(boot))
+                        restarted = False
+                    boot, items = await agent.actor.poll.remote(_POLL_S)
+                except (RayError, TimeoutError) as exc:
+                    # the actor died (Ray restarts it on the same node) or is
+                    # slow to start: ask again; a dead node is the watcher's to report
+                    _log.info("node %s: agent unavailable (%s); retrying", agent.name, type(exc).__name__)
+                    restarted = bool(agent.boot)
+                    await anyio.sleep(_POLL_S)
+                    continue
+                if boot != agent.boot:
+                    restarted = True  # Ray restarted the actor: re-join and re-adopt
+                    continue
+                for attempt, msg in items:
+                    job = getattr(msg, "job", -1)
+                    if not self._current(agent.name, job, attempt):
+                        continue  # an attempt this node no longer has: already counted
+                    if isinstance(msg, (ProcessExited, ProcessLost)):
+                        await self._pull_output(agent, job)
+                        self._remote_jobs.pop(job, None)
+                    await self._send_up(msg)
+
+    def _current(self, node: str, job: int, attempt: int) -> bool:
+        state = self._state()
+        if state is None:
+            return False
+        j = state.jobs.get(job)
+        return j is not None and j.state == JobState.RUNNING and j.node == node and (attempt < 0 or j.attempts == attempt)
+
+    # --- output -------------------------------------------------------------------
+
+    def _offset_file(self, job: int, node: str) -> Path:
+        return self.jobs_dir / str(job) / f".mirror-{node}"
+
+    async def _pull_output(self, agent: _Agent, job: int) -> None:
+        """Copy what the job wrote on its node since the last copy (one copy
+        at a time per job: the mirror loop and an exit may ask together)."""
+        lock = self._pulling.setdefault(job, anyio.Lock())
+        async with lock:
+            await self._pull_locked(agent, job)
+        if not lock.statistics().tasks_waiting and job not in self._remote_jobs:
+            self._pulling.pop(job, None)
+
+    async def _pull_locked(self, agent: _Agent, job: int) -> None:
+        marker = self._offset_file(job, agent.name)
+        try:
+            offset = int(marker.read_text())
+        except (OSError, ValueError):
+            offset = 0
+        while True:
+            try:
+                with anyio.fail_after(_CALL_TIMEOUT_S):
+                    data: bytes = await agent.actor.output.remote(job, offset)
+            except Exception:
+                return
+            if not data:
+                return
+            path = self.log_path(job)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            offset += len(data)
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(str(offset))
+            os.replace(tmp, marker)
+
+    async def _mirror_loop(self) -> None:
+        while True:
+            await anyio.sleep(_MIRROR_S)
+            for job, node in list(self._remote_jobs.items()):
+                agent = self._agents.get(node)
+                if agent is not None and agent.actor is not None:
+                    await self._pull_output(agent, job)
+
+    # --- GPU samples (RayGpus) -----------------------------------------------------
+
+    def sample_all(self) -> list[GpuSample]:
+        """Every connected node's samples (called in a worker thread)."""
+        import ray
+
+        state = self._state()
+        calls = []
+        for name, agent in list(self._agents.items()):
+            if agent.actor is None or not agent.ready.is_set():
+                continue
+            loads: dict[int, tuple[float, int]] = {}
+            if state is not None:
+                for gpu in state.node_gpus.get(name, ()):
+                    loads[gpu.id] = (gpu.used_milli / 1000, gpu.reserved_mib)
+            calls.append(agent.actor.sample.remote(loads))
+        out: list[GpuSample] = []
+        for ref in calls:
+            try:
+                out.extend(ray.get(ref, timeout=10.0))
+            except Exception as exc:  # a node going away: its loss is reported apart
+                _log.debug("a node's GPU sample failed: %s", exc)
+        return out
+
+
+class RayGpus:
+    """The engine's GPU backend on a cluster: the daemon's own node has none
+    of ours (a GPU machine joins as a Ray node); samples come from the agents."""
+
+    def __init__(self, executor: RayExecutor | None, node: str, address: str) -> None:
+        self.executor = executor
+        self.node = node
+        self.name = f"ray:{address}"
+
+    def discover(self) -> list[GpuInfo]:
+        return []
+
+    def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
+        return self.executor.sample_all() if self.executor is not None else []
+
+    def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,164 @@
+"""The executor of one node of a Ray cluster (issue 12), run there as an actor.
+
+``ray_cluster.py`` starts one ``NodeAgent`` per node that offers GPUs, pinned
+to it (``NodeAffinitySchedulingStrategy(soft=False)``), detached and named, so
+that it outlives a restart of the daemon that started it. It reserves no CPU
+and no GPU: Ray's GPU accounting must not fight the scheduler's, and the
+agent sets ``CUDA_VISIBLE_DEVICES`` itself, through the same ``Executor`` (and
+so the same supervisors, exit records and re-adoption) as a single machine.
+It samples the node's GPUs (NVML, or ``fake:N[:MIB]``) and hands the daemon,
+when asked, what happened since it last asked: exits, losses.
+
+This module is plain Python: the daemon wraps ``NodeAgent`` with
+``ray.remote`` (``ray_cluster.py``), so nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import (
+    GpuInfo,
+    Message,
+)
+from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.gpus import (
+    FakeBackend,
+    GpuBackend,
+    GpuSample,
+    parse_gpus_option,
+)
+
+__all__ = ["NodeAgent", "agent_state_dir"]
+
+_OUTPUT_CHUNK = 1 << 20  # most output bytes handed over per call
+
+
+def agent_state_dir(state_dir: str, node: str) -> Path:
+    """Where a node keeps its jobs' attempt records and output: under the
+    daemon's state dir path, on that node's own disk."""
+    return Path(state_dir) / "nodes" / node
+
+
+class NodeAgent:
+    """One node's executor and GPU sampler. Every method is called by the
+    daemon through Ray; messages travel as pickled msgspec structs."""
+
+    def __init__(self, node: str, state_dir: str, gpus: str) -> None:
+        self.node = node
+        self.boot = uuid.uuid4().hex  # a new one per (re)start of the actor
+        self.state_dir = agent_state_dir(state_dir, node)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.backend: GpuBackend = parse_gpus_option(gpus, node=node)
+        self.executor = Executor(self.state_dir, node=node)
+        self._outbox: list[tuple[int, Message]] = []  # (attempt, message)
+        self._attempts: dict[int, int] = {}  # job -> the attempt launched or adopted here
+        self._wake: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+
+    # --- life -------------------------------------------------------------
+
+    async def hello(self) -> dict[str, Any]:
+        """Start the executor's watcher (once per actor) and say who we are."""
+        if self._runner is None:
+            self._wake = asyncio.Event()
+            self._runner = asyncio.get_running_loop().create_task(self.executor.run(self._send))
+        return {
+            "node": self.node,
+            "boot": self.boot,
+            "pid": os.getpid(),
+            "gpus": list(self.backend.discover()),
+            "gpu_backend": self.backend.name,
+        }
+
+    async def _send(self, message: Message) -> None:
+        job = getattr(message, "job", -1)
+        self._outbox.append((self._attempts.get(job, -1), message))
+        if self._wake is not None:
+            self._wake.set()
+
+    async def poll(self, timeout_s: float) -> tuple[str, list[tuple[int, Message]]]:
+        """(this actor's boot id, what happened since the last poll): waits up
+        to ``timeout_s`` for something; (attempt, ProcessExited | ProcessLost)
+        pairs. A boot id the daemon does not know means Ray restarted the actor."""
+        if self._wake is None:  # not started (a restarted actor): say who we are at once
+            return self.boot, []
+        if not self._outbox:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        out, self._outbox = self._outbox, []
+        return self.boot, out
+
+    # --- jobs -------------------------------------------------------------
+
+    async def launch(self, job: int, spec: JobSpec, gpu_ids: list[int], attempt: int) -> tuple[str, Any]:
+        """("started", ProcessStarted) | ("already", reason) | ("failed", reason)."""
+        self._attempts[job] = attempt
+        try:
+            started = await self.executor.launch(job, spec, gpu_ids, attempt=attempt)
+        except AlreadyLaunched as exc:
+            return "already", str(exc)
+        except (LaunchError, OSError) as exc:
+            return "failed", str(exc)
+        return "started", started
+
+    async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
+        await self.executor.signal(job, grace_s, signum)
+
+    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int]) -> list[Message]:
+        """After a restart (of the daemon or of this actor): how each job the
+        log believes running here ended, or re-adopt it (``Executor.recover``).
+        Jobs this actor already watches are left as they are."""
+        watched = self.executor.running_jobs()
+        todo = {j: v for j, v in running.items() if j not in watched}
+        self._attempts.update(attempts)
+        return self.executor.recover(todo, {j: attempts[j] for j in todo if j in attempts})
+
+    def live_attempts(self) -> list[tuple[int, int, int]]:
+        """(job, attempt, job pid) of every attempt on this node's disk whose
+        supervisor is alive (``Executor.live_attempts``): when the node joins,
+        the daemon keeps its jobs' current attempts and kills the others."""
+        return self.executor.live_attempts()
+
+    async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
+        """Kill a stray attempt (SIGKILL after ``grace_s``) and wait for its
+        end; its exit is never reported. Returns its job pid, 0 if it was gone."""
+        if self._runner is None:  # the executor's watcher reaps what it kills
+            await self.hello()
+        return await self.executor.kill_attempt(job, attempt, grace_s)
+
+    def output(self, job: int, offset: int) -> bytes:
+        """The job's output from ``offset`` on (at most a chunk): the daemon
+        mirrors it into its own state dir, where ``logs -f`` reads it."""
+        try:
+            with open(self.executor.log_path(job), "rb") as f:
+                f.seek(offset)
+                return f.read(_OUTPUT_CHUNK)
+        except OSError:
+            return b""
+
+    # --- GPUs ---------------------------------------------------------------
+
+    def sample(self, loads: dict[int, tuple[float, int]]) -> list[GpuSample]:
+        """One observation per GPU; ``loads`` is what the scheduler placed on
+        each (fake GPUs report it back, as real ones would show it)."""
+        if isinstance(self.backend, FakeBackend):
+            for gpu, (share, reserved) in loads.items():
+                if 0 <= gpu < self.backend.n:
+                    self.backend.set_load(gpu, share, reserved)
+        return list(self.backend.sample(self.executor.job_processes()))
+
+    def gpus(self) -> list[GpuInfo]:
+        return list(self.backend.discover())
+
+    def ping(self) -> float:
+        return time.time()
