@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from daemon_harness import Daemon
@@ -33,6 +33,7 @@ from eventsched.domain.messages import (
     SchedulerConfig,
     Started,
     Submit,
+    Tick,
 )
 from eventsched.projections.cluster import ClusterState, nodes_view, validate_state
 from eventsched.sim.compare import compare_placements, placements
@@ -75,7 +76,7 @@ def _record(log_dir: Path) -> tuple[ClusterState, list[ev.Event]]:
             if type(eff).__name__ == "Launch":
                 feed(ProcessStarted(job=eff.job, pid=100 + eff.job))
 
-    cfg = SchedulerConfig(node="head", retry_backoff_s=0.0)
+    cfg = SchedulerConfig(node="head", retry_backoff_s=0.0, node_lost_after_s=0.0)
     feed(Started(node="head", pid=1, version="t", gpu_backend="ray", gpus=[], config=cfg))
     for node in NODES:
         run(feed(NodeUp(node=node, gpus=_gpus(2, node), ray_node=node * 2, gpu_backend="fake:2:16384")))
@@ -106,6 +107,63 @@ def test_a_node_that_dies_takes_its_jobs_to_lost_and_retries_them_elsewhere(tmp_
     view = {n["name"]: n for n in nodes_view(state)}
     assert view["gpu-b"]["state"] == "down" and view["gpu-b"]["gpus"] == 0
     assert view["gpu-a"]["state"] == "up" and view["gpu-a"]["gpus"] == 2
+
+
+def _two_nodes(lost_after_s: float) -> tuple[ClusterState, Callable[[Any, float], list[Any]]]:
+    state = ClusterState()
+    clock = [1_000.0]
+
+    def feed(msg: Any, dt: float = 1.0) -> list[Any]:
+        clock[0] += dt
+        events, effects = core.handle(state, msg, clock[0])
+        validate_state(state)
+        for eff in effects:
+            if type(eff).__name__ == "Launch":
+                core.handle(state, ProcessStarted(job=eff.job, pid=100 + eff.job), clock[0])
+        return events
+
+    cfg = SchedulerConfig(node="head", retry_backoff_s=0.0, node_lost_after_s=lost_after_s)
+    feed(Started(node="head", pid=1, version="t", gpu_backend="ray", gpus=[], config=cfg))
+    for node in NODES:
+        feed(NodeUp(node=node, gpus=_gpus(2, node), ray_node=node * 2, gpu_backend="fake:2:16384"))
+    return state, feed
+
+
+def test_a_node_back_within_the_grace_keeps_its_running_job_which_is_never_launched_twice() -> None:
+    state, feed = _two_nodes(lost_after_s=60.0)
+    feed(Submit(spec=ev.JobSpec(command=["true"], gpus=2, uid=0, user="root", node="gpu-b", retries=1)))
+    (job,) = state.running
+    events = feed(NodeDown(node="gpu-b", reason="Ray reports the node dead"))
+    assert [type(e).__name__ for e in events] == ["NodeLeft", "GpuErrored", "GpuErrored"]
+    assert state.jobs[job].state == "running"  # not lost yet: the node may come back
+    with pytest.raises(Refused, match="lost"):  # nothing new goes to a node that is gone
+        feed(Submit(spec=ev.JobSpec(command=["true"], gpus=1, uid=0, user="root", node="gpu-b")))
+    events = feed(Tick(), dt=30.0)
+    assert not any(isinstance(e, (ev.JobLost, ev.JobRequeued)) for e in events)
+    events = feed(NodeUp(node="gpu-b", gpus=_gpus(2, "gpu-b"), ray_node="new", gpu_backend="fake:2:16384"), dt=5.0)
+    assert any(isinstance(e, ev.NodeJoined) for e in events)
+    assert state.jobs[job].state == "running" and state.jobs[job].attempts == 1
+    feed(ProcessStarted(job=job, pid=100 + job))  # re-adopted: the same process, nothing new recorded
+    feed(Tick(), dt=120.0)
+    assert state.jobs[job].state == "running"
+    feed(ProcessExited(job=job, exit_code=0))
+    assert state.jobs[job].state == "succeeded" and state.jobs[job].attempts == 1
+
+
+def test_a_node_gone_longer_than_the_grace_loses_its_job_which_runs_elsewhere() -> None:
+    state, feed = _two_nodes(lost_after_s=60.0)
+    feed(Submit(spec=ev.JobSpec(command=["true"], gpus=2, uid=0, user="root", retries=1)))
+    (job,) = state.running
+    gone = state.jobs[job].node
+    feed(NodeDown(node=gone, reason="Ray reports the node dead"))
+    assert core.next_deadline(state, 1_003.0) == state.nodes[gone].since + 60.0  # the engine wakes then
+    events = feed(Tick(), dt=59.0)
+    assert not any(isinstance(e, ev.JobLost) for e in events)
+    events = feed(Tick(), dt=1.0)
+    lost = [e for e in events if isinstance(e, ev.JobLost)]
+    assert [e.job for e in lost] == [job] and f"node {gone} left: Ray reports the node dead" in lost[0].reason
+    assert state.jobs[job].state == "running" and state.jobs[job].node != gone  # requeued and placed again
+    assert state.jobs[job].attempts == 2
 
 
 def test_a_gang_larger_than_any_node_is_refused_with_the_reason(tmp_path: Path) -> None:
@@ -272,8 +330,12 @@ def _kill(pids: set[int]) -> None:
         time.sleep(0.1)
 
 
-def _ray_daemon(tmp: Path, cluster: Any, name: str) -> Daemon:
-    d = Daemon(tmp / name, gpus="fake:2:16384", extra=["--ray", cluster.address])
+def _ray_daemon(tmp: Path, cluster: Any, name: str, node_lost_after_s: float = 0.0) -> Daemon:
+    """A daemon on the cluster; a node that leaves loses its jobs after
+    ``node_lost_after_s`` (0 here unless a test is about a node coming back)."""
+    config = tmp / f"{name}.toml"
+    config.write_text(f"[scheduler]\nnode_lost_after_s = {node_lost_after_s}\n")
+    d = Daemon(tmp / name, gpus="fake:2:16384", extra=["--ray", cluster.address, "--config", str(config)])
     d.start(timeout=60)
     return d
 
@@ -426,6 +488,40 @@ def test_a_removed_node_loses_its_job_which_is_retried_elsewhere(tmp_path: Path,
     out = tmp_path / "replay"
     simulate(load_source(d.state_dir), RECORDED, out)
     assert compare_placements(d.state_dir / "log", out / "log") is None
+
+
+def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Path, ray_cluster: Any) -> None:
+    """Issue 12: a node that leaves and comes back (here: its raylet removed,
+    a new one with the same ``node:NAME`` started) before ``node_lost_after_s``
+    keeps its running job: re-adopted, launched once, its own exit code."""
+    d = _ray_daemon(tmp_path, ray_cluster, "back", node_lost_after_s=120.0)
+    ran = tmp_path / "ran.txt"
+    try:
+        ray_cluster.nodes_by_name["gpu-d"] = ray_cluster.add_node(
+            num_cpus=1, num_gpus=2, resources={"node:gpu-d": 1}, node_ip_address="127.0.0.1")
+        _wait_nodes_up(d, ("gpu-d",))
+        job = d.submit("--node", "gpu-d", "--", "sh", "-c",
+                       f'echo "$EVENTSCHED_JOB_ID" >> {ran}; sleep 12; exit 3')
+        jobs = d.wait_for(lambda js: js[job]["state"] == "running" and js[job]["pid"], 60, "running")
+        pid = jobs[job]["pid"]
+        ray_cluster.remove_node(ray_cluster.nodes_by_name.pop("gpu-d"))
+        deadline = time.monotonic() + 30
+        while _nodes(d)["gpu-d"]["state"] != "down":
+            assert time.monotonic() < deadline, "the node was never seen gone"
+            time.sleep(0.3)
+        assert d.jobs()[job]["state"] == "running" and _alive(pid)  # within the grace: not lost
+        ray_cluster.nodes_by_name["gpu-d"] = ray_cluster.add_node(
+            num_cpus=1, num_gpus=2, resources={"node:gpu-d": 1}, node_ip_address="127.0.0.1")
+        jobs = d.wait_states([job], {"failed", "succeeded", "lost"}, timeout=90)
+        assert jobs[job]["state"] == "failed" and jobs[job]["exit_code"] == 3, jobs[job]
+        kinds = [e["type"] for e in _log_events(d) if e.get("job") == job]
+        assert "JobLost" not in kinds and "JobRequeued" not in kinds
+        assert kinds.count("JobPlaced") == kinds.count("JobStarted") == 1
+        assert ran.read_text().split() == [str(job)]  # ran once
+        assert not any(e["type"] == "StrayAttemptKilled" for e in _log_events(d))
+        assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
+    finally:
+        _stop(d)
 
 
 def _log_events(d: Daemon) -> list[dict[str, Any]]:

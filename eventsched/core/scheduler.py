@@ -225,6 +225,8 @@ def next_deadline(state: ClusterState, now: float) -> float | None:
         nb = state.jobs[jid].not_before
         if nb > now:
             best = min(best, nb)
+    for due, _ in _nodes_gone_with_jobs(state):
+        best = min(best, due)
     return None if best == math.inf else best
 
 
@@ -607,6 +609,9 @@ def _tick(out: _Out, msg: m.Tick) -> None:
         out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
     for jid, since in gpu_watch.due_idle(state, out.now):  # issue 17
         out.decide(ev.JobIdle(job=jid, since=since))
+    for due, node in _nodes_gone_with_jobs(state):  # issue 12: gone too long to come back
+        if out.now >= due:
+            _lose_jobs_of_node(out, node)
     _schedule(out)
 
 
@@ -707,17 +712,32 @@ def _node_up(out: _Out, msg: m.NodeUp) -> None:
 
 
 def _node_down(out: _Out, msg: m.NodeDown) -> None:
-    """A node left or died: its running jobs end ``lost`` (requeued when
-    their retries allow), its GPUs take nothing new."""
+    """A node left or died: its GPUs take nothing new at once. Its running
+    jobs end ``lost`` (requeued when their retries allow) once it has been
+    gone ``node_lost_after_s``: a node back sooner (a restarted raylet, a
+    short partition) has them re-adopted, never launched twice."""
     state = out.state
     info = state.nodes.get(msg.node)
     if info is None or info.state == "down":
         return  # told twice, or a node we never had
     out.fact(ev.NodeLeft(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, reason=msg.reason))
-    for jid in sorted(j for j in state.running if state.jobs[j].node == msg.node):
+    for gpu in list(state.node_gpus.get(msg.node, ())):
+        if not gpu.lost:
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error=f"node {msg.node} left", lost=True))
+    if state.config.node_lost_after_s <= 0:
+        _lose_jobs_of_node(out, msg.node)
+    _schedule(out)
+
+
+def _lose_jobs_of_node(out: _Out, node: str) -> None:
+    """The running jobs of a node gone for good end ``lost``; requeued when
+    their retries allow (or their stop asked for a requeue)."""
+    state = out.state
+    reason = state.nodes[node].reason if node in state.nodes else ""
+    for jid in sorted(j for j in state.running if state.jobs[j].node == node):
         job = state.jobs[jid]
         stop_reason = job.cancel_reason
-        out.decide(ev.JobLost(job=jid, reason=f"node {msg.node} left" + (f": {msg.reason}" if msg.reason else "")))
+        out.decide(ev.JobLost(job=jid, reason=f"node {node} left" + (f": {reason}" if reason else "")))
         if stop_reason in ("preempted", "idle-requeue"):
             out.decide(ev.JobRequeued(job=jid, reason="preempted" if stop_reason == "preempted" else "idle"))
         elif not stop_reason and job.retries_used < job.spec.retries:
@@ -725,10 +745,16 @@ def _node_down(out: _Out, msg: m.NodeDown) -> None:
             out.decide(ev.JobRequeued(job=jid, reason="retry", not_before=out.now + delay))
         else:
             _cascade(out, jid)
-    for gpu in list(state.node_gpus.get(msg.node, ())):
-        if not gpu.lost:
-            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error=f"node {msg.node} left", lost=True))
-    _schedule(out)
+
+
+def _nodes_gone_with_jobs(state: ClusterState) -> list[tuple[float, str]]:
+    """(when its jobs count as lost, node) of each down node still holding
+    running jobs; a cluster has few nodes, and most are up."""
+    down = {name: info.since for name, info in state.nodes.items() if info.state == "down"}
+    if not down:
+        return []
+    holding = {state.jobs[j].node for j in state.running} & down.keys()
+    return sorted((down[name] + state.config.node_lost_after_s, name) for name in holding)
 
 
 def _cluster_link(out: _Out, msg: m.ClusterLink) -> None:

@@ -91,6 +91,10 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # what to do with an idle job while a waiting job could use its GPUs:
     # "off", "requeue" (back to the queue) or "stop" (cancelled, reason "idle")
     idle_policy: Literal["off", "requeue", "stop"] = "off"
+    # --- issue 12: several machines ----------------------------------------
+    # a node gone this long takes its running jobs to lost (then requeued by
+    # their retry policy); back sooner, they are re-adopted (0: lost at once)
+    node_lost_after_s: float = 60.0
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):

@@ -98,6 +98,7 @@ gpu_mem_policy = "warn"        # a job over its --gpu-mem: "warn", or "stop" (si
 idle_utilization_pct = 5.0     # a job whose GPUs are all at most this busy ...
 idle_after_s = 1800            # ... this long is idle (0: not looked for)
 idle_policy = "off"            # "off", "requeue" or "stop" an idle job when a waiting job could use it
+node_lost_after_s = 60         # several machines: a node gone this long loses its jobs; back sooner, re-adopted
 # host limits, enforced by the kernel
 # allowed_script_paths = ["/data3/", "/home/"]   # a job's script or program must lie here
 # max_host_mem_mib = 32768     # per job (cgroup v2, cgroup v1 as root, else RLIMIT_AS)
