@@ -314,6 +314,7 @@ def worker(socket_path: str, frames: int, seed: int) -> dict[str, Any]:
 
 # -- the HTTP API worker ------------------------------------------------------------------
 
+HTTP_TIMEOUT_S = 5.0
 HTTP_ROUTES = [("GET", "/health"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs?all=1"), ("POST", "/v1/jobs"),
                ("GET", "/v1/jobs/1"), ("DELETE", "/v1/jobs/1"), ("GET", "/v1/jobs/2/explain"),
                ("POST", "/v1/cancel"), ("GET", "/v1/status")]
@@ -369,7 +370,9 @@ def worker_http(port: int, token: str, frames: int, seed: int) -> dict[str, Any]
     stats: collections.Counter[str] = collections.Counter()
     acked: list[int] = []
     samples: list[str] = []
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    # a kept-alive connection left mid-message by a mangled exchange can wait
+    # for bytes that never come: counted as a connection error, then a new one
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
     t0 = time.monotonic()
     for _ in range(frames):
         method, path, headers, body = make_http_case(rng, token)
@@ -383,7 +386,7 @@ def worker_http(port: int, token: str, frames: int, seed: int) -> dict[str, Any]
             if len(samples) < 8:
                 samples.append(f"{type(exc).__name__} after {time.monotonic() - started:.1f}s: {method} {path[:60]} {body[:80]!r}")
             conn.close()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
             continue
         stats[f"status-{resp.status}"] += 1
         if time.monotonic() - started > 2.0:
