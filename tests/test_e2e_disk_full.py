@@ -65,3 +65,4 @@ def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
             assert jobs[j]["state"] == "succeeded" or "No space left" in jobs[j]["exit_reason"], jobs[j]
         assert len(jobs) == len(before) + len(squeezed) + 1, "refused submissions left nothing behind"
         assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
+

@@ -57,3 +57,54 @@ def test_a_full_inbox_refuses_calls_drops_samples_and_keeps_exits(tmp_path: Path
 
     anyio.run(main)
     assert replies == ["the daemon is overloaded; try again"]
+
+
+@pytest.mark.slow
+def test_an_observation_refused_by_a_full_disk_is_handled_again_once_there_is_room(tmp_path: Path) -> None:
+    """Found in CI (issue 14): a job placed on a nearly full disk could not
+    launch, and the exit saying so met the full log, was refused with its
+    batch and, having no requester to tell, was dropped: the job stayed
+    "running" with no process for ever. Now it is handled again later."""
+    import os
+    import signal
+
+    from eventsched.domain import events as ev
+    from eventsched.domain.messages import Submit
+    from eventsched.domain.states import JobState
+    from eventsched.storage.log import LogFullError
+
+    engine = make(tmp_path)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(Submit(spec=ev.JobSpec(command=["sleep", "30"], gpus=1, uid=0, user="root")))
+            with anyio.fail_after(10):
+                while engine.state is None or not engine.state.jobs[1].pid:
+                    await anyio.sleep(0.05)
+            pid = engine.state.jobs[1].pid
+            try:
+                assert engine.log is not None
+                append = engine.log.append
+                refused: list[int] = []
+
+                def full(events: list[ev.Event]) -> int:
+                    refused.append(len(events))
+                    raise LogFullError("no space left on the log's disk")
+
+                engine.log.append = full  # type: ignore[method-assign]
+                await engine.tell(ProcessExited(job=1, exit_code=3))  # as the executor says it
+                with anyio.fail_after(5):
+                    while not refused:
+                        await anyio.sleep(0.02)
+                engine.log.append = append  # type: ignore[method-assign]  # room again
+                with anyio.fail_after(5):
+                    while engine.state.jobs[1].state == JobState.RUNNING:
+                        await anyio.sleep(0.05)
+                job = engine.state.jobs[1]
+                assert (job.state, job.exit_code) == (JobState.FAILED, 3)
+            finally:
+                os.kill(pid, signal.SIGKILL)  # the test's own sleep, by its pid
+                await engine.stop()
+
+    anyio.run(main)

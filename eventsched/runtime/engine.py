@@ -60,6 +60,7 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
+RETRY_AFTER_FULL_S = 1.0  # an observation refused by a full disk is handled again this much later
 
 
 class SteadyClock:
@@ -378,11 +379,23 @@ class Engine:
                     pending.error = str(exc)
                     pending.produced = []
             self.state = await anyio.to_thread.run_sync(self._load_state)
+            # A requester is told and may try again; an observation has no one
+            # to tell (a process's exit, a node's fault, a tick): it is handled
+            # again once there may be room, or it would be lost for good. A
+            # GPU sample is not: the next one says the same.
+            again = [p.item for p in batch if p.reply is None and not isinstance(p.item, (GpuObserved, Query))]
+            if again:
+                self._tg.start_soon(self._retry_after_full, again)
             return False
         self.state.last_seq = last
         self.committed_seq = last
         self._broadcast(ev.encode_many(stamped))
         return True
+
+    async def _retry_after_full(self, items: list[Message]) -> None:
+        await anyio.sleep(RETRY_AFTER_FULL_S)
+        for item in items:
+            self._enqueue(Pending(item))
 
     def _broadcast(self, payload: bytes) -> None:
         for deliver in list(self._subscribers):
