@@ -468,6 +468,7 @@ def fuzz(frames: int, *, seed: int = 1, workers: int = 1, workdir: Path | None =
                               env=_env(state), stdout=err, stderr=err, start_new_session=True)
     figures: dict[str, Any] = {"target": "http" if http else "socket", "frames": frames, "seed": seed, "problems": []}
     problems: list[str] = figures["problems"]
+    held = ""
     try:
         deadline = time.monotonic() + 60
         while _cli(state, "health").returncode != 0:
@@ -476,7 +477,8 @@ def fuzz(frames: int, *, seed: int = 1, workers: int = 1, workdir: Path | None =
             time.sleep(0.1)
         # some accepted history the fuzzing must not change: a finished job, a held one, a paused GPU
         done = _cli(state, "submit", "--gpus", "0.5", "--", "/bin/true").stdout.strip()
-        held = _cli(state, "submit", "--gpus", "2", "--", "/bin/sleep", "600").stdout.strip()
+        # (it outlasts any run: its own end would look like a change; cancelled when done)
+        held = _cli(state, "submit", "--gpus", "2", "--", "/bin/sleep", "86400").stdout.strip()
         _cli(state, "hold", held)
         _cli(state, "pause-gpu", "1")
         t_wait = time.monotonic() + 30
@@ -567,6 +569,8 @@ def fuzz(frames: int, *, seed: int = 1, workers: int = 1, workdir: Path | None =
             problems.append(f"log verify failed: {verify.stdout.strip()} {verify.stderr.strip()}")
     finally:
         if daemon.poll() is None:
+            if held:
+                _cli(state, "cancel", held)  # the day-long sleep goes with the daemon
             daemon.send_signal(signal.SIGTERM)
             try:
                 daemon.wait(30)
