@@ -6,11 +6,11 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The browser tests drive Debian's chromium (never a downloaded browser);
 # the terminal-session tests Debian's tmux and screen; the Prometheus check
-# promtool, from Debian's prometheus package.
+# promtool, from Debian's prometheus package; the clock tests libfaketime.
 if { [ ! -x /usr/bin/chromium ] || ! command -v tmux >/dev/null || ! command -v screen >/dev/null \
-     || ! command -v promtool >/dev/null; } \
+     || ! command -v promtool >/dev/null || ! command -v faketime >/dev/null; } \
     && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium tmux screen prometheus >/dev/null) \
-    || echo "warning: could not install chromium, tmux, screen or prometheus; their tests will be skipped" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium tmux screen prometheus faketime >/dev/null) \
+    || echo "warning: could not install chromium, tmux, screen, prometheus or faketime; their tests will be skipped" >&2
 fi
 exec .venv/bin/python -m pytest "$@"
