@@ -65,6 +65,10 @@ logger = logging.getLogger("eventsched.http")
 
 LIST_PAGE = 250  # jobs per read of the daemon's state when listing
 MAX_BODY_BYTES = protocol.MAX_MESSAGE_BYTES  # the socket's bound on one request
+# An oversized body is read and thrown away up to this much before the 413 goes
+# out: clients such as urllib and requests send the whole body before reading,
+# and a server that closes early gives them EPIPE instead of the answer.
+DISCARD_BODY_BYTES = 16 * MAX_BODY_BYTES
 INSTALL_HINT = "serve --http needs the `http` extra: pip install 'eventsched[http]' (Starlette and hypercorn)"
 # the secret never travels into a job's environment (and so into the log)
 SECRET_ENV = ("EVENTSCHED_TOKEN",)
@@ -73,6 +77,18 @@ ACCOUNT_TTL_S = 60.0
 # health answers without a token: who it is does not matter
 ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())
 
+
+
+async def discard_body(request: Request) -> None:
+    """Read the rest of an oversized body into nothing, bounded."""
+    seen = 0
+    try:
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DISCARD_BODY_BYTES:
+                return
+    except Exception:  # noqa: BLE001 - the 413 goes out whatever the stream did
+        return
 
 class HttpSetupError(Exception):
     """``--http`` cannot be served as asked; str() says why, in one line."""
@@ -231,12 +247,18 @@ class Api:
     async def body(self, request: Request, kind: type[msgspec.Struct]) -> Any:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            await discard_body(request)
             raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         data = bytearray()
+        seen = 0
         async for chunk in request.stream():
-            data += chunk
-            if len(data) > MAX_BODY_BYTES:
-                raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+            seen += len(chunk)
+            if seen <= MAX_BODY_BYTES:
+                data += chunk
+            elif seen > DISCARD_BODY_BYTES:
+                break
+        if seen > MAX_BODY_BYTES:
+            raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         try:
             return msgspec.json.decode(bytes(data), type=kind)
         except msgspec.ValidationError as exc:
