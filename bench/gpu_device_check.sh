@@ -61,7 +61,10 @@ gpu_mem_policy = "stop"
 kill_grace_s = 2.0
 EOF
 step "daemon on NVML (no --gpus)"
-es serve ${GPUS:+--gpus "$GPUS"} --config "$S/config.toml" 2>"$S/daemon.log" &
+# the daemon itself in the background (not a subshell running `es`), so the
+# EXIT trap's kill reaches it; its stdout is closed so a pipe after this
+# script (| tee) ends with the script
+"$PY" -m eventsched.cli serve ${GPUS:+--gpus "$GPUS"} --config "$S/config.toml" >/dev/null 2>"$S/daemon.log" &
 DAEMON=$!
 trap 'kill $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null; cp "$S/daemon.log" "$OUT/" 2>/dev/null' EXIT
 for _ in $(seq 100); do es health >/dev/null 2>&1 && break; sleep 0.1; done
@@ -116,7 +119,7 @@ foreign_max = 0
 for line in open(sys.argv[1]):
     if " GpuSampled " not in line:
         continue
-    for job, mib in re.findall(r"(\d+): (\d+)", line.split("job_memory_mib=")[1].split(" foreign_processes=")[0]):
+    for job, mib in re.findall(r'"(\d+)":(\d+)', line.split("job_memory_mib=")[1].split(" foreign_processes=")[0]):
         most[job] = max(most.get(job, 0), int(mib))
     foreign_max = max(foreign_max, int(re.search(r"foreign_memory_mib=(-?\d+)", line).group(1)))
 print({int(k): v for k, v in sorted(most.items(), key=lambda kv: int(kv[0]))}, "largest foreign MiB:", foreign_max)
