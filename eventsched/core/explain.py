@@ -82,7 +82,10 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
     def key(job: Job) -> tuple[Any, ...]:
         return (job.order, job.id) if fifo else queue.key(job)
 
-    if len(wanted) * 64 > len(order):
+    # a rank costs about as much as looking at a few jobs of a walk: listing a
+    # 10,000-job queue in 250-job pages took 192 ms with walks beyond 1/64 of
+    # the queue, 125 ms with walks only beyond 1/4 (measured over HTTP)
+    if len(wanted) * 4 > len(order):
         return _ahead_by_walk(state, now, wanted, ((k[-1]) for k in order))
     maybe = set(state.backoff) | set(state.queued_with_deps)
     blocked = sorted(key(jobs[j]) for j in maybe if not _eligible(state, jobs[j], now))
