@@ -5,8 +5,9 @@ Starts ``eventsched serve --gpus fake:64:81920`` in a temporary state dir
 so that every later job waits, then prints:
 
 - submit rate with an empty queue and with ``--jobs`` queued (pipelined
-  ``Client.submit_many``, and one-at-a-time round trips), and their ratio
-  (target: within 20 %);
+  ``Client.submit_many``, ``--rounds`` probes at each length, each probe's
+  jobs cancelled after it; and one-at-a-time round trips), and the ratio of
+  the medians (target: within 20 %);
 - the daemon's RSS with the backlog;
 - decision time in the live daemon: a running job is cancelled and the next
   job placed; the cancel's round trip includes the decision, the commit's
@@ -67,9 +68,22 @@ def spec(i: int) -> JobSpec:
 
 
 def pipelined_rate(client: Client, start: int, n: int) -> float:
+    """Submissions/s of ``n`` pipelined jobs; they are cancelled afterwards, so
+    each probe finds the queue as long as the one before it did."""
+    specs = [spec(start + i) for i in range(n)]
     t = time.perf_counter()
-    client.submit_many([spec(start + i) for i in range(n)])
-    return n / (time.perf_counter() - t)
+    ids = client.submit_many(specs)
+    rate = n / (time.perf_counter() - t)
+    client.cancel(ids)
+    return rate
+
+
+def probe_rates(client: Client, start: int, n: int, rounds: int) -> list[float]:
+    rates = []
+    for r in range(rounds):
+        time.sleep(1.0)  # the last probe's cancel and any snapshot written
+        rates.append(pipelined_rate(client, start + r * n, n))
+    return rates
 
 
 def one_by_one(client: Client, start: int, n: int) -> list[float]:
@@ -160,7 +174,8 @@ def stop_everything(daemon: Daemon) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=100_000)
-    ap.add_argument("--probe", type=int, default=20_000, help="jobs per submit-rate measurement")
+    ap.add_argument("--probe", type=int, default=10_000, help="jobs per submit-rate measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="submit-rate measurements at each queue length")
     ap.add_argument("--decisions", type=int, default=30)
     ap.add_argument("--keep", action="store_true", help="keep the state dir")
     args = ap.parse_args()
@@ -175,20 +190,23 @@ def main() -> int:
             time.sleep(1.0)
             print(f"daemon pid {daemon.process.pid}, {GPUS} GPUs busy; RSS {rss_mib(daemon.process.pid):.0f} MiB", flush=True)
             time.sleep(SETTLE_S)
-            empty_rate = pipelined_rate(c, 0, args.probe)
+            empty_rates = probe_rates(c, 0, args.probe, args.rounds)
             empty_lat = one_by_one(c, 10_000_000, 200)
         t = time.perf_counter()
-        fill(daemon, args.jobs - args.probe - 200, args.probe)
+        fill(daemon, args.jobs - 200, args.probe * args.rounds)
         fill_s = time.perf_counter() - t
         queued = args.jobs
         with Client(daemon.socket, timeout=120) as c:
             print(f"filled to {queued:,} queued in {fill_s:.1f} s ({(args.jobs - args.probe) / fill_s:,.0f} jobs/s)", flush=True)
             # a snapshot (every 50,000 events) was just written: let its I/O settle
             time.sleep(SETTLE_S)
-            full_rate = pipelined_rate(c, 20_000_000, args.probe)
+            full_rates = probe_rates(c, 20_000_000, args.probe, args.rounds)
             full_lat = one_by_one(c, 30_000_000, 200)
-        print(f"  submit, pipelined: empty {empty_rate:,.0f}/s, {queued:,} queued {full_rate:,.0f}/s "
-              f"-> ratio {full_rate / empty_rate:.2f} (target >= 0.8)", flush=True)
+        empty_rate, full_rate = statistics.median(empty_rates), statistics.median(full_rates)
+        print(f"  submit, pipelined ({args.rounds} probes of {args.probe:,} each, median): empty {empty_rate:,.0f}/s "
+              f"({', '.join(f'{r:,.0f}' for r in empty_rates)}), {queued:,} queued {full_rate:,.0f}/s "
+              f"({', '.join(f'{r:,.0f}' for r in full_rates)}) -> ratio {full_rate / empty_rate:.2f} (target >= 0.8)",
+              flush=True)
         print(f"  submit, one at a time: empty p50 {statistics.median(empty_lat):.2f} ms p99 {pct(empty_lat, .99):.2f} ms; "
               f"queued p50 {statistics.median(full_lat):.2f} ms p99 {pct(full_lat, .99):.2f} ms "
               f"-> rate ratio {statistics.mean(empty_lat) / statistics.mean(full_lat):.2f}", flush=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import itertools
 import re
 import shlex
@@ -23,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from eventsched.domain import events as ev
+from eventsched.projections import collector
 from eventsched.projections.history_schema import (
     _GPUS_SQL,
     _JOBS_SQL,
@@ -489,42 +489,36 @@ def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], afte
     pending: Future[None] | None = None
     # The decoded events are acyclic and short-lived: the cyclic GC only
     # burns time rescanning them (halves decoding time, see bench/).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
-            try:
-                for batch in batches:
-                    if batch and batch[0].seq <= after_seq:
-                        batch = [e for e in batch if e.seq > after_seq]
-                    if not batch:
-                        continue
-                    chunk.add(batch)
-                    if chunk.count >= CHUNK_EVENTS:
-                        prepared = _prepare(chunk)
-                        chunk = _Chunk()
-                        if pending is not None:
-                            pending.result()
-                        pending = pool.submit(writer.append, prepared)
-                        if not PIPELINE:
-                            pending.result()
-                            pending = None
-                if chunk.count:
+    with collector.paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
+        try:
+            for batch in batches:
+                if batch and batch[0].seq <= after_seq:
+                    batch = [e for e in batch if e.seq > after_seq]
+                if not batch:
+                    continue
+                chunk.add(batch)
+                if chunk.count >= CHUNK_EVENTS:
                     prepared = _prepare(chunk)
+                    chunk = _Chunk()
                     if pending is not None:
                         pending.result()
                     pending = pool.submit(writer.append, prepared)
+                    if not PIPELINE:
+                        pending.result()
+                        pending = None
+            if chunk.count:
+                prepared = _prepare(chunk)
                 if pending is not None:
                     pending.result()
-                    pending = None
-                pool.submit(writer.commit).result()
-            except BaseException:
-                if pending is not None:
-                    with contextlib.suppress(BaseException):
-                        pending.result()
-                pool.submit(writer.rollback).result()
-                raise
-    finally:
-        if was_enabled:
-            gc.enable()
+                pending = pool.submit(writer.append, prepared)
+            if pending is not None:
+                pending.result()
+                pending = None
+            pool.submit(writer.commit).result()
+        except BaseException:
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    pending.result()
+            pool.submit(writer.rollback).result()
+            raise
     return writer.committed

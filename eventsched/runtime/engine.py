@@ -49,7 +49,7 @@ from eventsched.domain.messages import (
 from eventsched.domain.paths import log_dir, snapshot_dir
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import Tenant
-from eventsched.projections import snapshot
+from eventsched.projections import collector, snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import GpuBackend, significant
@@ -230,10 +230,14 @@ class Engine:
 
     def _load_state(self) -> ClusterState:
         """Newest valid snapshot plus the log's tail (or the whole log)."""
-        state = snapshot.load_latest(snapshot_dir(self.state_dir)) or ClusterState()
-        for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
-            for event in batch:
-                apply(state, event)
+        with collector.paused():
+            state = snapshot.load_latest(snapshot_dir(self.state_dir)) or ClusterState()
+            for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
+                for event in batch:
+                    apply(state, event)
+            # before the collector is back: else its first pass walks the whole
+            # state, everything made while it was off being in generation 0
+            collector.freeze_survivors()
         return state
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -268,16 +272,22 @@ class Engine:
             recovered = self.executor.recover(running, attempts)
             for message in [started, *recovered]:
                 self._enqueue(Pending(message))
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                tg.start_soon(self._main_loop)
-                tg.start_soon(self.executor.run, self.tell)
-                tg.start_soon(self._timer)
-                tg.start_soon(self._sampler)
-                task_status.started()
+            # the state is never walked by a full collection, whose pauses would
+            # grow with the backlog (issue 16; projections/collector.py)
+            with collector.freezing_after_full_collections():
+                await self._serve(task_status)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._shutdown()
+
+    async def _serve(self, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._main_loop)
+            tg.start_soon(self.executor.run, self.tell)
+            tg.start_soon(self._timer)
+            tg.start_soon(self._sampler)
+            task_status.started()
 
     async def stop(self, reason: str = "signal") -> None:
         """Record the stop, then cancel every task. Jobs keep running (X9)."""
