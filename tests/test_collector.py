@@ -1,6 +1,6 @@
-"""The cyclic collector and a big state (issue 16): the state is frozen out of
-full collections after a load and after each full pass, and new garbage
-cycles are still collected."""
+"""A big state and the loop (issue 16): the state is frozen out of the cyclic
+collector's full passes after a load and after each full pass (new garbage
+cycles are still collected), and snapshots are written by a forked child."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import gc
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from eventsched import core
 from eventsched.domain import events as ev
 from eventsched.domain.messages import Message, PauseGpu, SchedulerConfig, Started, Submit
+from eventsched.domain.paths import snapshot_dir
 from eventsched.domain.states import JobState
 from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState
@@ -99,3 +101,47 @@ def test_the_engine_loads_a_state_with_the_collector_off_and_freezes_it(tmp_path
     assert seen == [False]  # frozen before the collector came back on
     assert gc.isenabled()
     assert gc.get_freeze_count() > 2000 * 5  # every job's objects, not only the jobs
+
+
+def _fill_and_snapshot(tmp_path: Path, fork_safe: bool) -> tuple[Path, int]:
+    """An engine that snapshots every 50 events takes 120 submissions; the
+    snapshot files it left and the log's last seq."""
+    from eventsched.runtime.engine import Engine as _Engine
+
+    state_dir = tmp_path / "state"
+    engine = _Engine(state_dir, SchedulerConfig(), FakeBackend(1), snapshot_every=50)
+    engine.executor.fork_safe = fork_safe
+
+    async def main() -> int:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(PauseGpu(node="local", gpu=0))  # every job waits: no process is started
+            for _ in range(120):
+                await engine.call(Submit(spec=ev.JobSpec(command=["true"], gpus=1, uid=0, user="root")))
+            assert engine.state is not None
+            last = engine.state.last_seq
+            with anyio.fail_after(10):  # a forked writer ends on its own
+                while engine._snapshot_child is not None:
+                    await anyio.sleep(0.02)
+            if fork_safe:
+                assert engine._snapshot_child is None
+            await engine.stop()
+        return last
+
+    last = anyio.run(main)
+    return snapshot_dir(state_dir), last
+
+
+@pytest.mark.parametrize("fork_safe", [True, False], ids=["forked-writer", "on-the-loop"])
+def test_snapshots_taken_while_serving_read_back_whole(tmp_path: Path, fork_safe: bool) -> None:
+    from eventsched.projections import snapshot as snapshot_mod
+    from eventsched.storage import snapshots
+
+    directory, last = _fill_and_snapshot(tmp_path, fork_safe)
+    seqs = [seq for seq, _ in snapshots.list_snapshots(directory)]
+    assert min(seqs) <= last < max(seqs)  # one written while serving, and the one at shutdown
+    assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in directory.iterdir())  # every job's environment is in them
+    state = snapshot_mod.load_latest(directory)
+    assert state is not None and state.last_seq >= last
+    assert sum(job.state == JobState.QUEUED for job in state.jobs.values()) == 120

@@ -51,6 +51,7 @@ from eventsched.domain.states import JobState
 from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector, snapshot
 from eventsched.projections.cluster import ClusterState, apply
+from eventsched.runtime import snapshot_child
 from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import GpuBackend, significant
 from eventsched.storage import log as eventlog
@@ -160,6 +161,7 @@ class Engine:
         self._wake_at = math.inf
         self._wake_changed = anyio.Event()
         self._last_snapshot_seq = 0
+        self._snapshot_child: int | None = None  # the pid writing a snapshot
         self._stopping = False
         self._last_logged_sample: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
         self.committed_seq = 0
@@ -308,6 +310,9 @@ class Engine:
         # an append may still be running in the committer thread: let it end
         # before the log is closed under it
         self._committer.shutdown(wait=True)
+        if self._snapshot_child is not None:  # let it finish before the last one is written
+            snapshot_child.wait(self._snapshot_child)
+            self._snapshot_child = None
         if self.log is not None:
             if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
                 try:
@@ -428,12 +433,27 @@ class Engine:
 
     async def _snapshot(self) -> None:
         assert self.state is not None
+        if self._snapshot_child is not None:
+            return  # the last one is still being written: the next batch tries again
         self._last_snapshot_seq = self.state.last_seq
+        if self.executor.fork_safe:
+            pid = snapshot_child.fork_and_save(snapshot_dir(self.state_dir), self.state)
+            self._snapshot_child = pid
+            self._tg.start_soon(self._reap_snapshot, pid)
+            return
         data = snapshot.snapshot_bytes(self.state)
         try:
             await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
         except OSError as exc:  # a snapshot is an optimisation: out of fds or space costs only the next start-up
             logger.warning("could not save a snapshot: %s", exc)
+
+    async def _reap_snapshot(self, pid: int) -> None:
+        try:
+            code = await snapshot_child.reaped(pid)
+        finally:
+            self._snapshot_child = None
+        if code != 0:  # an optimisation lost: the next start-up reads more log
+            logger.warning("could not save a snapshot: its writer (pid %d) exited with %d", pid, code)
 
     # --- effects ---------------------------------------------------------
 

@@ -308,6 +308,9 @@ def _spec_cgroup(attempt_dir: Path, key: str = "cgroup", started: dict | None = 
 
 
 class Executor:
+    # the engine may fork a snapshot writer (runtime/snapshot_child.py)
+    fork_safe = True
+
     def __init__(
         self,
         state_dir: Path,

@@ -142,6 +142,8 @@ class _Agent:
 class RayExecutor(Executor):
     """The engine's executor on a cluster (see the module's docstring)."""
 
+    fork_safe = False  # gRPC's threads do not survive a fork: snapshots stay on the loop
+
     def __init__(
         self,
         state_dir: Path,
