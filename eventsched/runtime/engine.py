@@ -437,10 +437,14 @@ class Engine:
             return  # the last one is still being written: the next batch tries again
         self._last_snapshot_seq = self.state.last_seq
         if self.executor.fork_safe:
-            pid = snapshot_child.fork_and_save(snapshot_dir(self.state_dir), self.state)
-            self._snapshot_child = pid
-            self._tg.start_soon(self._reap_snapshot, pid)
-            return
+            try:
+                pid = snapshot_child.fork_and_save(snapshot_dir(self.state_dir), self.state)
+            except OSError as exc:  # no memory or processes left for a fork: on the loop, as before
+                logger.warning("cannot fork a snapshot writer (%s): writing it here", exc)
+            else:
+                self._snapshot_child = pid
+                self._tg.start_soon(self._reap_snapshot, pid)
+                return
         data = snapshot.snapshot_bytes(self.state)
         try:
             await anyio.to_thread.run_sync(snapshots.save_bytes, snapshot_dir(self.state_dir), self.state.last_seq, data)
