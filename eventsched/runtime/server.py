@@ -661,8 +661,11 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
         jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
         reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
     starts: dict[int, float] | None = None
-    if 0 < len(state.queue) <= FORECAST_QUEUE_LIMIT:
-        starts = run_forecast(working_copy(state), now, None).starts
+    queued = {job.id for job in jobs if job.state == QUEUED_STATE}
+    if queued and len(state.queue) <= FORECAST_QUEUE_LIMIT:
+        # only for the queued jobs listed: a page of ended jobs runs no forecast,
+        # and the run stops once the page's own jobs have started
+        starts = run_forecast(working_copy(state), now, queued).starts
     out = [job_json(job, reasons.get(job.id)) for job in jobs]
     for view in out:  # issue 17: null when not queued, or the queue is too long to forecast per listing
         view["estimated_start"] = starts.get(view["id"]) if starts is not None and view["state"] == "queued" else None
