@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from eventsched.core import policies
 from eventsched.core.policies import View, best_fit, first_fit
 from eventsched.domain import events as ev
+from eventsched.domain.states import JobState
 from eventsched.domain.units import FULL
 from eventsched.projections import sortedkeys
 from eventsched.projections.cluster import Job, request_of
@@ -113,3 +115,43 @@ def test_plain_fast_paths_choose_as_the_general_path(nodes: list[list[int]], gpu
     assert policies._fits(view, plain) == (best_fit(view, general) is not None)
     need = plain.milli
     assert view.candidates(plain) == [i for i, f in enumerate(view.free) if f >= need]
+
+
+def test_ended_array_tasks_are_counted_as_they_end_and_after_a_reload() -> None:
+    """`queue` folds an array into "N done" from a count kept as tasks end
+    (a listing walked every task of the array per page: issue 16)."""
+    from eventsched import core
+    from eventsched.domain.messages import (
+        Cancel,
+        PauseGpu,
+        ProcessExited,
+        SchedulerConfig,
+        Started,
+        Submit,
+    )
+    from eventsched.projections.cluster import (
+        ClusterState,
+        snapshot_bytes,
+        state_from_snapshot,
+        validate_state,
+    )
+    from eventsched.runtime.gpus import FakeBackend
+
+    state = ClusterState()
+    backend = FakeBackend(2)
+    steps: list[Any] = [
+        Started(node="local", pid=1, version="t", gpu_backend=backend.name, gpus=backend.discover(),
+                config=SchedulerConfig()),
+        Submit(spec=ev.JobSpec(command=["true"], gpus=1, uid=0, user="root"), array=[0, 1, 2, 3, 4]),
+        PauseGpu(node="local", gpu=1),
+    ]
+    for i, message in enumerate(steps):
+        core.handle(state, message, 1.0 + i)
+    array_id = next(j.spec.array_id for j in state.jobs.values())
+    running = [j.id for j in state.jobs.values() if j.state == JobState.RUNNING]
+    assert state.array_ended[array_id] == 0
+    core.handle(state, ProcessExited(job=running[0], exit_code=0), 10.0)  # one ends, the next starts
+    core.handle(state, Cancel(jobs=[array_id + 4], uid=0), 11.0)  # one queued task cancelled
+    assert state.array_ended[array_id] == 2
+    validate_state(state)  # equals a count from scratch
+    assert state_from_snapshot(snapshot_bytes(state)).array_ended[array_id] == 2

@@ -13,7 +13,13 @@ import pytest
 
 from eventsched import core
 from eventsched.domain import events as ev
-from eventsched.domain.messages import Message, PauseGpu, SchedulerConfig, Started, Submit
+from eventsched.domain.messages import (
+    Message,
+    PauseGpu,
+    SchedulerConfig,
+    Started,
+    Submit,
+)
 from eventsched.domain.paths import snapshot_dir
 from eventsched.domain.states import JobState
 from eventsched.projections import collector

@@ -14,9 +14,11 @@ is loaded, and ``validate_state`` checks that they agree.
 from __future__ import annotations
 
 import bisect
+import collections
 import heapq
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -131,6 +133,11 @@ class ClusterState:
         for usage in self.usage.values():
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
+        # array id -> its tasks that have ended: what `queue` folds an array
+        # into, without walking the array's tasks on every listing (issue 16)
+        self.array_ended: collections.Counter[int] = collections.Counter(
+            j.spec.array_id for j in self.jobs.values() if j.spec.array_index >= 0 and j.state in FINAL
+        )
         self.queued_with_deps: dict[int, None] = {}  # queued jobs with --after: maybe not eligible yet
         # running jobs with a time limit and no stop asked yet -> when it falls due;
         # the heap finds the earliest (entries that no longer match are dropped when met)
@@ -686,6 +693,20 @@ def _job_busy(state: ClusterState, e: ev.JobBusy) -> None:
     state._track_idle(job)
 
 
+def _counting_ended(handler: Callable[[ClusterState, Any], None]) -> Callable[[ClusterState, Any], None]:
+    """``handler`` (of an event that may end a job, or bring one back), keeping
+    ``ClusterState.array_ended`` in step."""
+
+    def counted(state: ClusterState, e: Any) -> None:
+        job = state.jobs.get(e.job)
+        ended = job is not None and job.state in FINAL
+        handler(state, e)
+        if job is not None and job.spec.array_index >= 0 and (job.state in FINAL) != ended:
+            state.array_ended[job.spec.array_id] += -1 if ended else 1
+
+    return counted
+
+
 _HANDLERS: dict[type, Any] = {
     ev.DaemonStarted: _daemon_started,
     ev.GpuDiscovered: _gpu_discovered,
@@ -697,13 +718,13 @@ _HANDLERS: dict[type, Any] = {
     ev.JobSubmitted: _job_submitted,
     ev.JobPlaced: _job_placed,
     ev.JobStarted: _job_started,
-    ev.JobExited: _job_exited,
+    ev.JobExited: _counting_ended(_job_exited),
     ev.JobCancelRequested: _job_cancel_requested,
-    ev.JobCancelled: _job_cancelled,
-    ev.JobRequeued: _job_requeued,
+    ev.JobCancelled: _counting_ended(_job_cancelled),
+    ev.JobRequeued: _counting_ended(_job_requeued),  # lost -> queued: no longer ended
     ev.JobHeld: _job_held,
     ev.JobReleased: _job_released,
-    ev.JobLost: _job_lost,
+    ev.JobLost: _counting_ended(_job_lost),
     ev.TenantsConfigured: _tenants_configured,
     ev.JobGpuMemoryExceeded: _job_gpu_memory_exceeded,
     ev.JobGpuMemoryWithin: _job_gpu_memory_within,
@@ -856,6 +877,7 @@ def validate_state(state: ClusterState) -> None:
     fresh.config, fresh.gpus, fresh.jobs = state.config, state.gpus, state.jobs
     fresh._derive()
     assert state.gpu_list == fresh.gpu_list, "GPU list out of order"
+    assert +state.array_ended == fresh.array_ended, "ended array tasks out of step"
     assert state.node_gpus == fresh.node_gpus, "per-node GPU lists out of step"
     assert state.capacity.same(fresh.capacity), "capacity index out of step"
     assert state.queue.shape_queue == fresh.queue.shape_queue, "per-shape queues out of step"

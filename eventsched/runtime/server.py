@@ -642,15 +642,6 @@ def list_jobs_page(state: ClusterState, include_finished: bool, now: float, afte
     return {"jobs": list_jobs(state, include_finished, now, jobs), "next": jid if jid < end else None}
 
 
-def _array_done(state: ClusterState, array_id: int) -> int:
-    """Ended tasks of an array: its tasks have consecutive ids from ``array_id``."""
-    done, jid = 0, array_id
-    while (job := state.jobs.get(jid)) is not None and job.spec.array_id == array_id and job.spec.array_index >= 0:
-        done += job.state in FINAL
-        jid += 1
-    return done
-
-
 def list_jobs(state: ClusterState, include_finished: bool, now: float, page: list[Job] | None = None) -> list[dict]:
     from eventsched.core.explain import waiting_reasons
 
@@ -669,20 +660,11 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
     out = [job_json(job, reasons.get(job.id)) for job in jobs]
     for view in out:  # issue 17: null when not queued, or the queue is too long to forecast per listing
         view["estimated_start"] = starts.get(view["id"]) if starts is not None and view["state"] == "queued" else None
-    if page is not None and any(job.spec.array_index >= 0 for job in jobs):
-        counts = {aid: _array_done(state, aid) for aid in {j.spec.array_id for j in jobs if j.spec.array_index >= 0}}
-        for view in out:
-            if view["array_id"] is not None:
-                view["array_done"] = counts[view["array_id"]]
-    elif any(job.spec.array_index >= 0 for job in jobs):
-        # each array task also says how many of its array's tasks have ended,
-        # so `queue` can fold an array into one line without --all
-        done = collections.Counter(
-            job.spec.array_id for job in state.jobs.values() if job.spec.array_index >= 0 and job.state in FINAL
-        )
-        for view in out:
-            if view["array_id"] is not None:
-                view["array_done"] = done[view["array_id"]]
+    # each array task also says how many of its array's tasks have ended, so
+    # `queue` can fold an array into one line without --all
+    for view in out:
+        if view["array_id"] is not None:
+            view["array_done"] = state.array_ended[view["array_id"]]
     return out
 
 
