@@ -239,6 +239,14 @@ def _read_message(sock: socket.socket) -> bytes | None:
     return body
 
 
+STOP_FILE = "stop"  # in the run's folder: the workers end early, and the run is checked as usual
+
+
+def _asked_to_stop() -> bool:
+    where = os.environ.get("FUZZ_STOP_FILE")
+    return bool(where) and os.path.exists(where)
+
+
 def worker(socket_path: str, frames: int, seed: int) -> dict[str, Any]:
     """Send ``frames`` cases; count outcomes; return every id acknowledged to us."""
     from eventsched.wire import protocol
@@ -256,7 +264,11 @@ def worker(socket_path: str, frames: int, seed: int) -> dict[str, Any]:
         s.connect(socket_path)
         return s
 
+    sent = 0
     for _ in range(frames):
+        if sent % 100 == 0 and _asked_to_stop():
+            break
+        sent += 1
         kind, data, whole = make_case(rng)
         stats[kind] += 1
         if not whole:  # a fragment: send it on its own connection, hang up, expect the daemon to follow
@@ -309,7 +321,8 @@ def worker(socket_path: str, frames: int, seed: int) -> dict[str, Any]:
             sock = None
     if sock is not None:
         sock.close()
-    return {"stats": dict(stats), "acked": acked, "samples": samples, "seconds": round(time.monotonic() - t0, 1)}
+    return {"stats": dict(stats), "acked": acked, "samples": samples, "seconds": round(time.monotonic() - t0, 1),
+            "sent": sent}
 
 
 # -- the HTTP API worker ------------------------------------------------------------------
@@ -374,7 +387,11 @@ def worker_http(port: int, token: str, frames: int, seed: int) -> dict[str, Any]
     # for bytes that never come: counted as a connection error, then a new one
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=HTTP_TIMEOUT_S)
     t0 = time.monotonic()
+    sent = 0
     for _ in range(frames):
+        if sent % 100 == 0 and _asked_to_stop():
+            break
+        sent += 1
         method, path, headers, body = make_http_case(rng, token)
         started = time.monotonic()
         try:
@@ -411,7 +428,8 @@ def worker_http(port: int, token: str, frames: int, seed: int) -> dict[str, Any]
                 if len(samples) < 5:
                     samples.append(f"{method} {path[:80]} -> {resp.status} {data[:200]!r}")
     conn.close()
-    return {"stats": dict(stats), "acked": acked, "samples": samples, "seconds": round(time.monotonic() - t0, 1)}
+    return {"stats": dict(stats), "acked": acked, "samples": samples, "seconds": round(time.monotonic() - t0, 1),
+            "sent": sent}
 
 
 # -- the harness (root) ----------------------------------------------------------------
@@ -504,10 +522,14 @@ def fuzz(frames: int, *, seed: int = 1, workers: int = 1, workdir: Path | None =
         procs = [subprocess.Popen(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", PYTHON, __file__, "--worker",
              *target, str(n), str(seed * 1000 + i)],
-            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": "/"}, cwd="/",
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": "/",
+                 "FUZZ_STOP_FILE": str(workdir / STOP_FILE)}, cwd="/",
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, n in enumerate(per)]
+        print(f"fuzzing: touch {workdir / STOP_FILE} to end early (the run is then checked as usual)",
+              file=sys.stderr, flush=True)
         stats: collections.Counter[str] = collections.Counter()
         acked: set[int] = set()
+        sent = 0
         for p in procs:
             out, errs = p.communicate()
             if p.returncode != 0:
@@ -516,9 +538,11 @@ def fuzz(frames: int, *, seed: int = 1, workers: int = 1, workdir: Path | None =
             result = json.loads(out.strip().splitlines()[-1])
             stats.update(result["stats"])
             acked.update(result["acked"])
+            sent += result["sent"]
             figures.setdefault("error_samples", []).extend(result["samples"])
         figures["seconds"] = round(time.monotonic() - t0, 1)
-        figures["frames_per_s"] = round(frames / max(figures["seconds"], 1e-9))
+        figures["frames_sent"] = sent
+        figures["frames_per_s"] = round(sent / max(figures["seconds"], 1e-9))
         figures["outcomes"] = dict(sorted(stats.items()))
         figures["acknowledged_jobs"] = len(acked)
         rss_after = _rss_kib(daemon.pid)
