@@ -82,3 +82,18 @@ def test_queue_limit_reason(tmp_path: Path) -> None:
         d.wait_states([running], {"running"})
         assert explain(d, waiting)["reason"]["text"] == "queue limit: 1 job running, max_running = 1"
         d.cli("cancel", str(running), str(waiting))
+
+
+def test_an_ended_jobs_story_is_its_own_and_ends_with_it(tmp_path: Path) -> None:
+    """The story of an ended job is read from its submission to its end, not
+    to the end of the log: later events change nothing in it."""
+    with Daemon(tmp_path / "state", gpus="fake:2:16384") as d:
+        done = d.submit("--gpus", "1", "--", "/bin/sh", "-c", "exit 3")
+        d.wait_states([done], {"failed"})
+        before = explain(d, done)["story"]
+        later = [d.submit("--gpus", "1", "--", "/bin/true") for _ in range(5)]
+        d.wait_states(later, {"succeeded"})
+        after = explain(d, done)["story"]
+    assert after == before
+    assert [line["type"] for line in after] == ["JobSubmitted", "JobPlaced", "JobStarted", "JobExited"]
+    assert "exit" in after[-1]["what"] and "3" in after[-1]["what"]

@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import logging
 import os
 import pwd
 import resource
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -285,8 +287,11 @@ class Server:
             reason = waiting_reason(state, job_id, self.engine.clock())
             # a queued job's forecast runs on a copy, in a thread (issue 17)
             copy = working_copy(state) if job.state == QUEUED_STATE else None
+            # an ended job's story ends with it: a month-old job reads its own
+            # days of log, not the month since (a lost job may come back)
+            until = job.ended_at if job.state in DONE_FOR_GOOD else None
             return {"job": job_json(job, reason), "reason": msgspec.to_builtins(reason), "from_seq": job.submitted_seq,
-                    "copy": copy}
+                    "until_ts": until, "copy": copy}
 
         def forecast(copy: ClusterState) -> dict[str, Any]:
             now = self.engine.clock()
@@ -297,14 +302,16 @@ class Server:
                 assumptions += " (no job has finished here yet, so each is assumed to take an hour)"
             return {"estimated_start": start, "made_at": now, "text": describe(start, now), "assumptions": assumptions}
 
-        def story(from_seq: int) -> list[dict[str, Any]]:
+        def story(from_seq: int, until_ts: float | None) -> list[dict[str, Any]]:
             batches = eventlog.read_batches(log_dir(self.engine.state_dir), from_seq=max(1, from_seq))
-            lines = job_story((e for batch in batches for e in batch), job_id)
-            return [msgspec.to_builtins(line) for line in lines]
+            events: Iterable[Event] = (e for batch in batches for e in batch)
+            if until_ts is not None:  # the log's times never go back
+                events = itertools.takewhile(lambda e: e.ts <= until_ts, events)
+            return [msgspec.to_builtins(line) for line in job_story(events, job_id)]
 
         try:
             view = await self.engine.call(Query(now_view))
-            view["story"] = await anyio.to_thread.run_sync(story, view.pop("from_seq"))
+            view["story"] = await anyio.to_thread.run_sync(story, view.pop("from_seq"), view.pop("until_ts"))
             copy = view.pop("copy")
             if copy is not None:
                 view["forecast"] = await anyio.to_thread.run_sync(forecast, copy)
@@ -615,6 +622,8 @@ def _submitted_array(_state: ClusterState, events: list[Event]) -> dict:
 
 
 QUEUED_STATE = JobState.QUEUED
+# nothing more happens to a job in these (a lost one may be requeued)
+DONE_FOR_GOOD = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 # queue --json forecasts start times while at most this many jobs wait (each
 # listing then costs a forward run of the core); explain forecasts any job
