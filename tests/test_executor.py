@@ -549,6 +549,51 @@ async def test_a_killed_zygote_leaves_jobs_running_and_launches_still_work(tmp_p
             assert await inbox.next() == ProcessExited(job=job, exit_code=None, signal=signal.SIGTERM)
 
 
+async def test_one_worker_supervises_job_after_job_and_carries_nothing_over(tmp_path: Path) -> None:
+    # a launch costs no fork when a worker is idle; the next job must not
+    # inherit the last one's directory, umask, or log
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    show = py("import os; u = os.umask(0); print('CWD=' + os.getcwd(), 'UMASK=%o' % u)")
+    ex = Executor(tmp_path / "state")
+    own_umask = os.umask(0o022)
+    os.umask(own_umask)
+    async with running(ex) as inbox:
+        await ex.launch(1, JobSpec(command=show, cwd=str(first_dir), umask=0o077), [0])
+        assert await inbox.next() == ProcessExited(job=1, exit_code=0)
+        await ex.launch(2, JobSpec(command=show, cwd=str(second_dir)), [0])
+        assert await inbox.next() == ProcessExited(job=2, exit_code=0)
+        worker = supervisor_of(tmp_path / "state", 1)
+        assert supervisor_of(tmp_path / "state", 2) == worker and alive(worker)
+        # idle, it holds neither job's directory nor log
+        await anyio.to_thread.run_sync(wait_for, lambda: os.readlink(f"/proc/{worker}/fd/1") == os.devnull)
+        assert os.readlink(f"/proc/{worker}/cwd") == "/"
+    assert ex.log_path(1).read_text().split() == [f"CWD={first_dir}", "UMASK=77"]
+    assert ex.log_path(2).read_text().split() == [f"CWD={second_dir}", f"UMASK={own_umask:o}"]
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(worker))  # stopped with run()
+
+
+async def test_workers_outlive_the_daemon_only_as_long_as_their_job(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        long = await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
+        await ex.launch(2, JobSpec(command=["true"]), [0])
+        assert await inbox.next() == ProcessExited(job=2, exit_code=0)
+        busy, idle = supervisor_of(tmp_path, 1), supervisor_of(tmp_path, 2)
+        assert busy != idle
+    # run() is over, as when the daemon stops or dies: the idle worker exits,
+    # the busy one supervises its job to the end
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(idle))
+    assert alive(busy) and alive(long.pid)
+    os.kill(long.pid, signal.SIGTERM)
+    await anyio.to_thread.run_sync(wait_for, lambda: not alive(busy))
+    # its exit is recorded, as a restarted daemon finds it
+    assert Executor(tmp_path).recover({1: (long.pid, long.start_time)}) == [
+        ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
+    ]
+
+
 async def test_many_launches_at_once_leave_no_zombie_supervisors(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     marker = tmp_path / "ran"

@@ -20,8 +20,9 @@ supervisor share nothing but files in the job's attempt directory::
 
 Creating the attempt directory is the launch's commit point: a second launch of
 the same (job, attempt) is refused, even by a restarted daemon, so nothing is
-ever launched twice. Exits are noticed with a pidfd on the supervisor (no
-polling); ``recover`` re-adopts supervisors after a restart.
+ever launched twice. Exits are noticed without polling: a pidfd on the
+supervisor, or the pipe its zygote worker closes once the exit is recorded;
+``recover`` re-adopts supervisors after a restart.
 
 Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
 otherwise the command is exec'd as an argv, never interpreted.
@@ -270,7 +271,7 @@ class _Watch:
         self.job = job
         self.attempt_dir = attempt_dir
         self.pgid = pgid  # the job's pid == its process group == its session
-        self.pidfd = pidfd  # the supervisor's
+        self.pidfd = pidfd  # readable once the exit is recorded: the supervisor's pidfd, or its worker's pipe
         self.popen = popen  # set when the supervisor is our child: reap it
         self.report = report
         self.ended = False
@@ -810,7 +811,7 @@ class Executor:
     async def _wait_exit(self, w: _Watch) -> None:
         if w.pidfd >= 0:  # -1: it was gone before we could watch it
             try:
-                await anyio.wait_readable(w.pidfd)  # the supervisor has exited
+                await anyio.wait_readable(w.pidfd)  # the supervisor exited, or its worker is done with it
             finally:
                 os.close(w.pidfd)
         if w.popen is not None:

@@ -1,8 +1,9 @@
 """Per-job supervisor: starts one job, waits for it, records how it ended.
 
-Forked, one per job, by a long-lived zygote (``supervisor.py --zygote
-SOCK_FD``, see ``zygote``) so a launch costs a fork, not an interpreter
-start-up; or, as a fallback, run cold as ``python -I -S supervisor.py JOBDIR
+Run by the workers of a long-lived zygote (``supervisor.py --zygote
+SOCK_FD``, see ``zygote``): a worker supervises one job at a time and then
+waits for the next, so a launch costs neither an interpreter start-up nor,
+mostly, a fork; or, as a fallback, run cold as ``python -I -S supervisor.py JOBDIR
 [READY_FD]``. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
 ``subprocess``) because its start-up time is part of every job's dispatch
 latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
@@ -140,13 +141,17 @@ def _allocation_failed(log_path: str, since: int) -> bool:
     return any(word in tail for word in _ALLOCATION_FAILED)
 
 
-def _tell(ready_fd: int, line: str) -> None:
+def _tell(ready_fd: int, line: str, keep: bool = False) -> None:
+    """Say ``line`` on ``ready_fd``, then close it unless ``keep`` (a worker's
+    socket to the daemon serves every launch it is given)."""
     if ready_fd < 0:
         return
     try:
         os.write(ready_fd, line.encode())
     except OSError:  # the daemon is gone: the files say it all
         pass
+    if keep:
+        return
     try:
         os.close(ready_fd)
     except OSError:
@@ -458,10 +463,13 @@ def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> 
     return pid
 
 
-def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"") -> int:
+def _supervise(
+    jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"", keep_ready: bool = False
+) -> int:
     """Be the supervisor of the job in ``jobdir``: start it, say so on
-    ``ready_fd`` (lines start with ``prefix``), wait, record its end.
-    ``plan``: the spec, sent with the zygote's request (else spec.json)."""
+    ``ready_fd`` (lines start with ``prefix``; closed after, unless
+    ``keep_ready``), wait, record its end. ``plan``: the spec, sent with the
+    zygote's request (else spec.json)."""
     # The daemon's terminal and its death must not reach us (we are its shim).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -513,7 +521,7 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: by
                 _cgroup_remove(spec[key], 0.5)
         error = str(e).replace("\n", " ")
         _record_exit(jobdir, 127, None, error)
-        _tell(ready_fd, "%serror %s\n" % (prefix, error))
+        _tell(ready_fd, "%serror %s\n" % (prefix, error), keep_ready)
         return 0
     job_pid[0] = pid
     cgroup[0] = spec.get("cgroup") or ""
@@ -532,7 +540,7 @@ def _supervise(jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: by
         ' "started_at": %r, "cgroup": %s, "memory_cgroup": %s}\n'
         % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time(), _quote(cgroup[0]), _quote(memcg)),
     )
-    _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time))
+    _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time), keep_ready)
 
     # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
     # while we kill what the job left behind in its process group, and in
@@ -568,19 +576,29 @@ def _noop(signum: int, frame: object) -> None:
     pass
 
 
+# idle workers kept for the next launches; one more that falls idle exits
+_IDLE_WORKERS = 16
+
+
 def zygote(sock_fd: int) -> int:
-    """Fork one supervisor per request, so a launch costs a fork, not a
-    Python start-up. ``sock_fd`` is a SOCK_SEQPACKET socket to the daemon;
-    one message each way per event:
+    """Hand each launch to a supervisor worker, so a launch costs neither an
+    interpreter start-up nor, most of the time, a fork. ``sock_fd`` is a
+    SOCK_SEQPACKET socket to the daemon; one message each way per event:
 
-    - daemon -> us:    ``TOKEN JOBDIR``
-    - us -> daemon:    ``TOKEN forked SUPERVISOR_PID`` with a pidfd of it
-      (SCM_RIGHTS: we reap our children, so the daemon cannot race us to
-      the pid; the pidfd still turns readable when the supervisor exits)
-    - supervisor -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``,
-      on its inherited copy of the socket, which it then closes.
+    - daemon -> us:    ``TOKEN JOBDIR`` (then NUL and the plan, if it fits)
+    - worker -> daemon: ``TOKEN forked WORKER_PID`` with the read end of a
+      pipe (SCM_RIGHTS) that turns readable (EOF) once the worker is done
+      with this launch: the exit recorded, or the worker dead;
+    - worker -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``.
 
-    EOF from the daemon (it stopped or died) ends us; the supervisors run on.
+    A worker (``_worker``) is a child of ours that supervises one job at a
+    time and then waits for the next launch; we fork one when none is idle.
+    A fresh fork costs the copies of every page the supervisor writes
+    (~0.6k page faults, ~1 ms); a worker pays them once.
+
+    EOF from the daemon (it stopped or died) ends us: idle workers read EOF
+    and exit; busy ones finish supervising their job, record its end, and
+    exit then, as a one-job supervisor would.
     """
     import gc
     import select
@@ -592,17 +610,43 @@ def zygote(sock_fd: int) -> int:
         pass
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _libc()  # loaded once here: every supervisor forked from us starts jobs with clone3 at no import cost
+    _libc()  # loaded once here: every worker forked from us starts jobs with clone3 at no import cost
     sock = socket.socket(fileno=sock_fd)
-    # SIGCHLD only wakes the loop: reaping happens there, never between a
-    # fork and the pidfd_open of its child (which must not be reaped first)
+    # SIGCHLD only wakes the loop: reaping happens there
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, _noop)
     poller = select.poll()
     poller.register(sock_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    # what exists now is never collected: forked children do not copy the
+    workers: dict[int, tuple[socket.socket, int]] = {}  # fd of our end of its socket -> (that end, its pid)
+    idle: list[socket.socket] = []  # the workers waiting for a launch
+
+    def drop(w: socket.socket) -> None:  # closing our end makes it exit once idle
+        workers.pop(w.fileno(), None)
+        poller.unregister(w.fileno())
+        if w in idle:
+            idle.remove(w)
+        w.close()
+
+    def end() -> int:
+        """The daemon is gone: idle workers exit now (reaped here, so their
+        CPU time is counted); busy ones once their job has ended."""
+        waiting = [workers[w.fileno()][1] for w in idle]
+        for w, _ in list(workers.values()):
+            w.close()
+        deadline = time.monotonic() + 1.0
+        while waiting and time.monotonic() < deadline:
+            try:
+                if os.waitpid(waiting[-1], os.WNOHANG)[0]:
+                    waiting.pop()
+                else:
+                    time.sleep(0.001)
+            except ChildProcessError:
+                waiting.pop()
+        return 0
+
+    # what exists now is never collected: forked workers do not copy the
     # pages a collection would write to
     gc.freeze()
     while True:
@@ -615,46 +659,111 @@ def zygote(sock_fd: int) -> int:
                     pass
                 _reap()
                 continue
+            if fd != sock_fd:  # a worker is idle again, or gone
+                if fd not in workers:
+                    continue
+                w = workers[fd][0]
+                try:
+                    said = w.recv(16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    said = b""
+                if said and len(idle) < _IDLE_WORKERS:
+                    idle.append(w)
+                else:
+                    drop(w)
+                continue
             try:
                 request = sock.recv(65536)
             except BlockingIOError:
                 continue
             except OSError:
-                return 0
+                return end()
             if not request:
-                return 0  # the daemon is gone: the supervisors run on
-            head, _, plan = request.partition(b"\0")  # the plan, if sent with the request
-            token, _, jobdir = head.decode(errors="surrogateescape").partition(" ")
-            try:
-                pid = os.fork()
-            except OSError as e:
-                _send(sock, "%s error cannot fork: %s" % (token, e.strerror))
-                continue
-            if pid == 0:
-                code = 127
+                return end()  # the daemon is gone: the busy workers run on
+            while idle:
+                w = idle.pop()
                 try:
-                    gc.disable()  # short-lived: no collection, no copied pages
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    os.setsid()  # its own session: the zygote's end is not its
-                    code = _supervise(jobdir, sock_fd, token + " ", True, plan)
-                except BaseException as e:  # noqa: BLE001 - tell, then die
-                    try:
-                        _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)
-                    except BaseException:  # noqa: BLE001
-                        pass
-                    _tell(sock_fd, "%s error supervisor failed: %s\n" % (token, e))
-                finally:
-                    os._exit(code)
+                    w.send(request)
+                    break
+                except OSError:  # it died idle: the next one
+                    drop(w)
+            else:
+                _fork_worker(sock, request, workers, poller, wake_r, wake_w)
+
+
+def _fork_worker(
+    sock: socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int
+) -> None:
+    """Fork a worker for ``request`` (it stays for the next ones)."""
+    import select
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError as e:
+        ours.close()
+        theirs.close()
+        token = request.partition(b" ")[0].decode(errors="replace")
+        _send(sock, "%s error cannot fork: %s" % (token, e.strerror))
+        return
+    if pid == 0:
+        code = 127
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
+            ours.close()
+            for other, _ in workers.values():  # else a sibling would not see the zygote's EOF
+                other.close()
+            os.setsid()  # its own session: the zygote's end is not its
+            code = _worker(sock, theirs, request)
+        finally:
+            os._exit(code)
+    theirs.close()
+    ours.setblocking(False)
+    workers[ours.fileno()] = (ours, pid)
+    poller.register(ours.fileno(), select.POLLIN)  # type: ignore[attr-defined]
+
+
+def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> int:
+    """Supervise one job per request, then ask ``zygote_sock`` for the next.
+    EOF there (the zygote is gone: the daemon stopped or died) ends us."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    while request:
+        head, _, plan = request.partition(b"\0")  # the plan, if sent with the request
+        token, _, jobdir = head.decode(errors="surrogateescape").partition(" ")
+        # readable (EOF) for the daemon once this launch is done with, or we die
+        done_r, done_w = os.pipe2(os.O_CLOEXEC)
+        _send(sock, "%s forked %d" % (token, os.getpid()), done_r)
+        os.close(done_r)
+        try:
+            _supervise(jobdir, sock.fileno(), token + " ", True, plan, keep_ready=True)
+        except BaseException as e:  # noqa: BLE001 - tell, then die
             try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                pidfd = -1
-            _send(sock, "%s forked %d" % (token, pid), pidfd)
-            if pidfd >= 0:
-                os.close(pidfd)
+                _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)
+            except BaseException:  # noqa: BLE001
+                pass
+            _tell(sock.fileno(), "%s error supervisor failed: %s\n" % (token, e))
+            return 127
+        os.close(done_w)
+        # back as the zygote made us: nothing of that job's stays
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.chdir("/")
+        os.umask(umask)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        try:
+            zygote_sock.send(b"idle")
+            request = zygote_sock.recv(65536)
+        except OSError:
+            return 0
+    return 0
 
 
 def _send(sock: socket.socket, text: str, fd: int = -1) -> None:
