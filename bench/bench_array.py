@@ -9,9 +9,10 @@ Prints:
     append, fdatasync, reply), without the CLI's start-up;
 (b) those 1,000 jobs drained on ``--gpus fake:4`` (4 at a time): from the CLI
     call to the last exit, against ``seq 1000 | xargs -P 4 -n 1 true`` timed in
-    the same run.
+    the same run; the median of ``--drain-repeat`` runs, each with a fresh
+    daemon and its own floor.
 
-    .venv/bin/python bench/bench_array.py [--tasks N] [--repeat R]
+    .venv/bin/python bench/bench_array.py [--tasks N] [--repeat R] [--drain-repeat D]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,8 @@ from daemon_harness import Daemon, cli_env  # noqa: E402
 
 from eventsched.domain.events import JobSpec  # noqa: E402
 
-EVENTSCHED_BIN = str(Path(sys.executable).parent / "eventsched")
+# the CLI of this Python's environment, unless EVENTSCHED names another
+EVENTSCHED_BIN = os.environ.get("EVENTSCHED") or str(Path(sys.executable).parent / "eventsched")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -90,44 +93,52 @@ def bench_ack(root: Path, tasks: int, repeat: int) -> None:
     )
 
 
-def bench_drain(root: Path, tasks: int) -> None:
+def bench_drain(root: Path, tasks: int, repeat: int) -> None:
     from eventsched.wire.client import Client
 
-    cpu0 = children_cpu()
-    start = time.perf_counter()
-    subprocess.run(f"seq {tasks} | xargs -P 4 -n 1 true", shell=True, check=True)
-    xargs_s = time.perf_counter() - start
-    xargs_cpu = children_cpu() - cpu0
-    with Daemon(root / "drain", gpus="fake:4") as d:
-        env = cli_env(d.state_dir)
-        daemon_pid = d.process.pid if d.process is not None else 0
-        cpu_before = _proc_cpu(daemon_pid)
-        with Client(d.socket) as c:
-            seq = c.ping()["seq"]
-            start = time.perf_counter()
-            out = subprocess.run([EVENTSCHED_BIN, "submit", "--array", f"0-{tasks - 1}", "--gpus", "1", "--", "true"],
-                                 env=env, check=True, capture_output=True, text=True)
-            ack_s = time.perf_counter() - start
-            pending = {int(i) for i in out.stdout.split()}
-            failed = 0
-            for batch in c.subscribe(from_seq=seq + 1):
-                for e in batch:
-                    if type(e).__name__ == "JobExited" and e.job in pending:  # type: ignore[attr-defined]
-                        pending.discard(e.job)  # type: ignore[attr-defined]
-                        failed += e.exit_code != 0  # type: ignore[attr-defined]
-                if not pending:
-                    break
-            drain_s = time.perf_counter() - start
-        daemon_cpu = _proc_cpu(daemon_pid) - cpu_before
+    ratios, drains, floors, acks, daemon_cpus, xargs_cpus, failed = [], [], [], [], [], [], 0
+    for r in range(repeat):  # a fresh daemon each, its floor timed just before
+        cpu0 = children_cpu()
+        start = time.perf_counter()
+        subprocess.run(f"seq {tasks} | xargs -P 4 -n 1 true", shell=True, check=True)
+        xargs_s = time.perf_counter() - start
+        xargs_cpus.append(children_cpu() - cpu0)
+        with Daemon(root / f"drain-{r}", gpus="fake:4") as d:
+            env = cli_env(d.state_dir)
+            daemon_pid = d.process.pid if d.process is not None else 0
+            cpu_before = _proc_cpu(daemon_pid)
+            with Client(d.socket) as c:
+                seq = c.ping()["seq"]
+                start = time.perf_counter()
+                out = subprocess.run(
+                    [EVENTSCHED_BIN, "submit", "--array", f"0-{tasks - 1}", "--gpus", "1", "--", "true"],
+                    env=env, check=True, capture_output=True, text=True,
+                )
+                acks.append(time.perf_counter() - start)
+                pending = {int(i) for i in out.stdout.split()}
+                for batch in c.subscribe(from_seq=seq + 1):
+                    for e in batch:
+                        if type(e).__name__ == "JobExited" and e.job in pending:  # type: ignore[attr-defined]
+                            pending.discard(e.job)  # type: ignore[attr-defined]
+                            failed += e.exit_code != 0  # type: ignore[attr-defined]
+                    if not pending:
+                        break
+                drain_s = time.perf_counter() - start
+            daemon_cpus.append(_proc_cpu(daemon_pid) - cpu_before)
+        drains.append(drain_s)
+        floors.append(xargs_s)
+        ratios.append(drain_s / xargs_s)
+    runs = ", ".join(f"{x:.2f}" for x in ratios)
     print(
-        f"(b) drain {tasks} `true` tasks of one array on fake:4, 4 at a time: {drain_s:.2f} s "
-        f"(acknowledged after {ack_s * 1e3:.0f} ms) vs `seq {tasks} | xargs -P 4 -n 1 true` {xargs_s:.2f} s "
-        f"= {drain_s / xargs_s:.2f}x   target <= 2.5x" + (f"  ({failed} failed!)" if failed else "")
+        f"(b) drain {tasks} `true` tasks of one array on fake:4, 4 at a time: ratio to "
+        f"`seq {tasks} | xargs -P 4 -n 1 true` median {statistics.median(ratios):.2f}x (runs: {runs}); "
+        f"drain median {statistics.median(drains):.2f} s (acknowledged after {statistics.median(acks) * 1e3:.0f} ms), "
+        f"xargs median {statistics.median(floors):.2f} s   target <= 2.5x" + (f"  ({failed} failed!)" if failed else "")
     )
     print(
-        f"    CPU: daemon {daemon_cpu / tasks * 1e3:.2f} ms/job (its own threads; supervisors and jobs not counted), "
-        f"xargs {xargs_cpu / tasks * 1e3:.2f} ms/job (xargs + every `true`); {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"    CPU: daemon {statistics.median(daemon_cpus) / tasks * 1e3:.2f} ms/job (its own threads; "
+        f"supervisors and jobs not counted), xargs {statistics.median(xargs_cpus) / tasks * 1e3:.2f} ms/job "
+        f"(xargs + every `true`); {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}"
     )
 
 
@@ -143,12 +154,13 @@ def _proc_cpu(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=10, help="runs of (a)")
+    parser.add_argument("--drain-repeat", type=int, default=3, help="runs of (b), the median printed")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         bench_ack(root, args.tasks, args.repeat)
-        bench_drain(root, args.tasks)
+        bench_drain(root, args.tasks, args.drain_repeat)
 
 
 if __name__ == "__main__":

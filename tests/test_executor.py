@@ -574,6 +574,21 @@ async def test_one_worker_supervises_job_after_job_and_carries_nothing_over(tmp_
     await anyio.to_thread.run_sync(wait_for, lambda: not alive(worker))  # stopped with run()
 
 
+async def test_a_launch_given_to_a_worker_that_died_idle_still_starts(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await ex.launch(1, JobSpec(command=["true"]), [0])
+        assert await inbox.next() == ProcessExited(job=1, exit_code=0)
+        worker = supervisor_of(tmp_path, 1)
+        os.kill(worker, signal.SIGKILL)
+        await anyio.to_thread.run_sync(wait_for, lambda: not alive(worker))
+        with anyio.fail_after(10):  # not the minute a silent supervisor is given
+            await ex.launch(2, JobSpec(command=PRINT_ENV), [1])
+            assert await inbox.next() == ProcessExited(job=2, exit_code=0)
+        assert supervisor_of(tmp_path, 2) != worker
+        assert "CVD='1'" in ex.log_path(2).read_text()
+
+
 async def test_workers_outlive_the_daemon_only_as_long_as_their_job(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     async with running(ex) as inbox:

@@ -281,14 +281,13 @@ class Cgroups:
         """Make (or reuse) the cgroup of one job attempt; its path."""
         path = os.path.join(self.parent, f"job-{job}-{attempt}")
         for _ in range(3):  # the parent may be removed at the same moment
-            os.makedirs(self.parent, 0o755, exist_ok=True)
             try:
                 os.mkdir(path, 0o755)
                 return path
             except FileExistsError:
                 return path
-            except FileNotFoundError:
-                continue
+            except FileNotFoundError:  # made on first use, and again if removed meanwhile
+                os.makedirs(self.parent, 0o755, exist_ok=True)
         raise FileNotFoundError(errno.ENOENT, "cgroup parent vanished", self.parent)
 
     def remove_parent(self) -> None:

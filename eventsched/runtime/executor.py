@@ -213,6 +213,7 @@ class _Creds(msgspec.Struct, frozen=True):
 
 _PASSWD_TTL_S = 10.0  # an NSS lookup per launch cost more than the launch's mkdirs
 _passwd_cache: dict[int, tuple[float, pwd.struct_passwd | None]] = {}
+_groups_cache: dict[tuple[str, int], tuple[float, list[int]]] = {}
 
 
 def _passwd_entry(uid: int) -> pwd.struct_passwd | None:
@@ -233,6 +234,19 @@ def _passwd_entry(uid: int) -> pwd.struct_passwd | None:
     return pw
 
 
+def _group_list(user: str, gid: int) -> list[int]:
+    """``os.getgrouplist`` (it reads /etc/group), remembered like ``_passwd_entry``."""
+    now = time.monotonic()
+    hit = _groups_cache.get((user, gid))
+    if hit is not None and hit[0] > now:
+        return list(hit[1])
+    groups = os.getgrouplist(user, gid)
+    if len(_groups_cache) > 4096:
+        _groups_cache.clear()
+    _groups_cache[(user, gid)] = (now + _PASSWD_TTL_S, groups)
+    return list(groups)
+
+
 def _credentials(spec: JobSpec) -> _Creds | None:
     """X7: whom to run as. None = keep the daemon's identity (not root, or
     a spec without an owner, which only in-process callers can build)."""
@@ -245,7 +259,7 @@ def _credentials(spec: JobSpec) -> _Creds | None:
     if spec.groups:
         groups = list(spec.groups)
     elif pw is not None:
-        groups = os.getgrouplist(pw.pw_name, gid)
+        groups = _group_list(pw.pw_name, gid)
     else:
         groups = [gid]
     home = spec.home or (pw.pw_dir if pw else "/")

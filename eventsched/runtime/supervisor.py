@@ -621,8 +621,12 @@ def zygote(sock_fd: int) -> int:
     poller.register(wake_r, select.POLLIN)
     workers: dict[int, tuple[socket.socket, int]] = {}  # fd of our end of its socket -> (that end, its pid)
     idle: list[socket.socket] = []  # the workers waiting for a launch
+    holding: dict[int, str] = {}  # fd of a busy worker -> the token of the launch it was given
 
     def drop(w: socket.socket) -> None:  # closing our end makes it exit once idle
+        token = holding.pop(w.fileno(), None)
+        if token is not None:  # it died with a launch: if it never answered, this is the answer
+            _send(sock, "%s error the supervisor died before starting the job" % token)
         workers.pop(w.fileno(), None)
         poller.unregister(w.fileno())
         if w in idle:
@@ -650,7 +654,9 @@ def zygote(sock_fd: int) -> int:
     # pages a collection would write to
     gc.freeze()
     while True:
-        for fd, _ in poller.poll():
+        # workers first: one that said "idle" before its last job's end was
+        # seen (and the next launch sent) takes that launch, rather than a fork
+        for fd, _ in sorted(poller.poll(), key=lambda event: event[0] == sock_fd):
             if fd == wake_r:
                 try:
                     while os.read(wake_r, 4096):
@@ -669,6 +675,8 @@ def zygote(sock_fd: int) -> int:
                     continue
                 except OSError:
                     said = b""
+                if said:
+                    holding.pop(fd, None)
                 if said and len(idle) < _IDLE_WORKERS:
                     idle.append(w)
                 else:
@@ -682,21 +690,26 @@ def zygote(sock_fd: int) -> int:
                 return end()
             if not request:
                 return end()  # the daemon is gone: the busy workers run on
+            token = request.partition(b" ")[0].decode(errors="replace")
             while idle:
                 w = idle.pop()
                 try:
                     w.send(request)
+                    holding[w.fileno()] = token
                     break
                 except OSError:  # it died idle: the next one
                     drop(w)
             else:
-                _fork_worker(sock, request, workers, poller, wake_r, wake_w)
+                fd = _fork_worker(sock, request, workers, poller, wake_r, wake_w)
+                if fd >= 0:
+                    holding[fd] = token
 
 
 def _fork_worker(
     sock: socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int
-) -> None:
-    """Fork a worker for ``request`` (it stays for the next ones)."""
+) -> int:
+    """Fork a worker for ``request`` (it stays for the next ones); the fd of
+    our end of its socket, -1 if it could not be forked (the daemon is told)."""
     import select
     import socket
 
@@ -708,7 +721,7 @@ def _fork_worker(
         theirs.close()
         token = request.partition(b" ")[0].decode(errors="replace")
         _send(sock, "%s error cannot fork: %s" % (token, e.strerror))
-        return
+        return -1
     if pid == 0:
         code = 127
         try:
@@ -727,6 +740,7 @@ def _fork_worker(
     ours.setblocking(False)
     workers[ours.fileno()] = (ours, pid)
     poller.register(ours.fileno(), select.POLLIN)  # type: ignore[attr-defined]
+    return ours.fileno()
 
 
 def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> int:
@@ -751,7 +765,14 @@ def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> 
                 pass
             _tell(sock.fileno(), "%s error supervisor failed: %s\n" % (token, e))
             return 127
-        os.close(done_w)
+        try:
+            # before the daemon learns the job ended, so that its next launch
+            # finds us idle (it waits in our socket while we tidy up)
+            zygote_sock.send(b"idle")
+        except OSError:
+            return 0
+        finally:
+            os.close(done_w)
         # back as the zygote made us: nothing of that job's stays
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir("/")
@@ -759,7 +780,6 @@ def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> 
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         try:
-            zygote_sock.send(b"idle")
             request = zygote_sock.recv(65536)
         except OSError:
             return 0

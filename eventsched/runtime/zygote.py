@@ -141,7 +141,7 @@ class Zygote:
                 for fd in fds[1:]:
                     os.close(fd)
             else:
-                req.result = rest.strip()
+                req.result = req.result or rest.strip()  # the first answer stands (a dead worker's zygote may add one)
                 for fd in fds:
                     os.close(fd)
 
