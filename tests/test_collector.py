@@ -151,3 +151,70 @@ def test_snapshots_taken_while_serving_read_back_whole(tmp_path: Path, fork_safe
     state = snapshot_mod.load_latest(directory)
     assert state is not None and state.last_seq >= last
     assert sum(job.state == JobState.QUEUED for job in state.jobs.values()) == 120
+
+
+def _slow_save(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Snapshot writers (forked: they run this copy too) take ``seconds``."""
+    import time
+
+    from eventsched.projections import snapshot as snapshot_mod
+
+    original = snapshot_mod.save
+
+    def slow(directory: object, state: ClusterState) -> Path:
+        time.sleep(seconds)
+        return original(directory, state)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(snapshot_mod, "save", slow)
+
+
+def test_a_snapshot_writer_does_not_keep_the_log_locked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a daemon stopped (or killed) while its forked writer still runs must be
+    # able to start again at once, not find "another writer" holding the log
+    import os
+    import time
+
+    from eventsched.runtime import snapshot_child
+
+    _slow_save(monkeypatch, 3.0)
+    writer = eventlog.LogWriter.open(tmp_path / "log")
+    pid = snapshot_child.fork_and_save(tmp_path / "snapshots", ClusterState())
+    try:
+        writer.close()  # the daemon is gone; its writer is not
+        deadline = time.monotonic() + 5
+        while sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")) != [0, 1, 2]:
+            assert time.monotonic() < deadline, "the writer kept the parent's descriptors"
+            time.sleep(0.01)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still writing
+        eventlog.LogWriter.open(tmp_path / "log").close()
+    finally:
+        assert snapshot_child.wait(pid) == 0
+
+
+def test_stopping_waits_for_the_snapshot_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eventsched.projections import snapshot as snapshot_mod
+
+    _slow_save(monkeypatch, 1.0)
+    state_dir = tmp_path / "state"
+    engine = Engine(state_dir, SchedulerConfig(), FakeBackend(1), snapshot_every=20)
+    engine.executor.fork_safe = True
+    children: list[int] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(PauseGpu(node="local", gpu=0))
+            for _ in range(30):
+                await engine.call(Submit(spec=ev.JobSpec(command=["true"], gpus=1, uid=0, user="root")))
+            assert engine._snapshot_child is not None  # still writing
+            children.append(engine._snapshot_child)
+            await engine.stop()
+
+    anyio.run(main)
+    # stopped only once the writer was reaped, and the shutdown's snapshot is the newest
+    import os
+
+    with pytest.raises(ChildProcessError):
+        os.waitpid(children[0], os.WNOHANG)
+    state = snapshot_mod.load_latest(snapshot_dir(state_dir))
+    assert state is not None and sum(job.state == JobState.QUEUED for job in state.jobs.values()) == 30

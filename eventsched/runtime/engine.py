@@ -452,10 +452,10 @@ class Engine:
             logger.warning("could not save a snapshot: %s", exc)
 
     async def _reap_snapshot(self, pid: int) -> None:
-        try:
-            code = await snapshot_child.reaped(pid)
-        finally:
-            self._snapshot_child = None
+        # cancelled (the daemon is stopping): the child stays recorded, and
+        # _shutdown waits for it before writing the last snapshot
+        code = await snapshot_child.reaped(pid)
+        self._snapshot_child = None
         if code != 0:  # an optimisation lost: the next start-up reads more log
             logger.warning("could not save a snapshot: its writer (pid %d) exited with %d", pid, code)
 

@@ -47,6 +47,10 @@ def fork_and_save(directory: Path, state: ClusterState) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         gc.disable()  # a collection would touch, and so copy, every page of the state
+        # None of the parent's descriptors: above all not the log's lock,
+        # which would outlive a daemon that stops (or dies) meanwhile and
+        # refuse its restart ("locked by another writer").
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         snapshot.save(directory, state)
         status = 0
     finally:
