@@ -295,6 +295,83 @@ def test_damage_in_sealed_segment_refuses_even_at_its_end(tmp_path: Path) -> Non
         assert w.next_seq == 5
 
 
+def _runs_of_scan(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The segments whose every frame an open walks, in order."""
+    walked: list[str] = []
+    original = log.SegmentScan.run
+
+    def run(self: log.SegmentScan) -> log.SegmentScan:
+        walked.append(self.path)
+        return original(self)
+
+    monkeypatch.setattr(log.SegmentScan, "run", run)
+    return walked
+
+
+def test_a_restart_walks_only_the_last_segment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "log"
+    write_log(d, [3] * 6, segment_bytes=1)  # six segments, five of them sealed
+    segs = [str(p) for p in seg_files(d)]
+    walked = _runs_of_scan(monkeypatch)
+    LogWriter.open(d).close()  # the first open checks every frame, and remembers the sealed ones
+    assert walked == segs
+    walked.clear()
+    with LogWriter.open(d, segment_bytes=1) as w:
+        assert w.next_seq == 19
+        for _ in range(3):
+            w.append(events(w.next_seq, 2))  # new segments: the sixth is sealed now
+    assert walked == segs[-1:]
+    now = [str(p) for p in seg_files(d)]
+    assert len(now) > len(segs)
+    walked.clear()
+    LogWriter.open(d).close()
+    assert walked == now[len(segs) - 1:]  # the newly sealed ones, once, and the last
+    assert_log(d, 24)
+
+
+def test_a_sealed_segment_changed_after_its_check_is_checked_again(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    write_log(d, [4, 4, 4], segment_bytes=1)
+    LogWriter.open(d).close()
+    middle = seg_files(d)[1]
+    data = bytearray(middle.read_bytes())
+    data[-2] ^= 0x10  # the write changes its mtime
+    middle.write_bytes(bytes(data))
+    with pytest.raises(LogCorruptError) as info:
+        LogWriter.open(d)
+    assert info.value.segment == str(middle)
+
+
+def test_damage_that_keeps_size_and_mtime_is_found_by_readers(tmp_path: Path) -> None:
+    # the price of not walking sealed segments at each open (bit rot keeps
+    # both): the damage is found where events are read, and by log verify
+    d = tmp_path / "log"
+    write_log(d, [4, 4, 4], segment_bytes=1)
+    LogWriter.open(d).close()
+    middle = seg_files(d)[1]
+    before = middle.stat()
+    data = bytearray(middle.read_bytes())
+    data[-2] ^= 0x10
+    middle.write_bytes(bytes(data))
+    os.utime(middle, ns=(before.st_atime_ns, before.st_mtime_ns))
+    LogWriter.open(d).close()
+    with pytest.raises(LogCorruptError):
+        list(log.read(d))
+    assert logtools.verify(d) != 0
+
+
+def test_an_unreadable_verified_list_costs_only_a_full_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "log"
+    write_log(d, [2, 2, 2], segment_bytes=1)
+    (d / log.VERIFIED_NAME).write_bytes(b"\xff garbage\n00000000000000000001.seg x y z\n")
+    walked = _runs_of_scan(monkeypatch)
+    with LogWriter.open(d) as w:
+        assert w.next_seq == 7
+    assert walked == [str(p) for p in seg_files(d)]
+    assert len((d / log.VERIFIED_NAME).read_text().splitlines()) == 2  # written anew
+    assert stat.S_IMODE((d / log.VERIFIED_NAME).stat().st_mode) == 0o600
+
+
 def test_missing_segment_is_a_gap(tmp_path: Path) -> None:
     d = tmp_path / "log"
     write_log(d, [2, 2, 2], segment_bytes=1)
