@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from daemon_harness import Daemon, cli_env  # noqa: E402
+from daemon_harness import Daemon, await_exits, cli_env  # noqa: E402
 
 from eventsched.domain.events import JobSpec  # noqa: E402
 
@@ -115,14 +115,7 @@ def bench_drain(root: Path, tasks: int, repeat: int) -> None:
                     env=env, check=True, capture_output=True, text=True,
                 )
                 acks.append(time.perf_counter() - start)
-                pending = {int(i) for i in out.stdout.split()}
-                for batch in c.subscribe(from_seq=seq + 1):
-                    for e in batch:
-                        if type(e).__name__ == "JobExited" and e.job in pending:  # type: ignore[attr-defined]
-                            pending.discard(e.job)  # type: ignore[attr-defined]
-                            failed += e.exit_code != 0  # type: ignore[attr-defined]
-                    if not pending:
-                        break
+                failed += await_exits(c, seq + 1, [int(i) for i in out.stdout.split()])
                 drain_s = time.perf_counter() - start
             daemon_cpus.append(_proc_cpu(daemon_pid) - cpu_before)
         drains.append(drain_s)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from daemon_harness import Daemon, cli_env  # noqa: E402
+from daemon_harness import Daemon, await_exits, cli_env  # noqa: E402
 
 from eventsched.domain.events import JobSpec  # noqa: E402
 from eventsched.wire import protocol  # noqa: E402
@@ -209,15 +209,7 @@ def bench_drain(root: Path, n: int, repeat: int = 1) -> None:
                 start = time.perf_counter()
                 # one pipelined batch, as a script submitting a sweep would
                 ids = c.submit_many([JobSpec(command=["true"], gpus=1.0, cwd="/tmp") for _ in range(n)])
-                pending = set(ids)
-                failed = 0
-                for batch in c.subscribe(from_seq=seq + 1):
-                    for e in batch:
-                        if type(e).__name__ == "JobExited" and e.job in pending:  # type: ignore[attr-defined]
-                            pending.discard(e.job)  # type: ignore[attr-defined]
-                            failed += e.exit_code != 0  # type: ignore[attr-defined]
-                    if not pending:
-                        break
+                failed = await_exits(c, seq + 1, ids)
                 drain_s = time.perf_counter() - start
         ours_cpu = _children_cpu() - cpu0
         assert not failed, f"{failed} jobs failed"

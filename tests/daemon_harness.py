@@ -129,3 +129,18 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def await_exits(client: Any, from_seq: int, jobs: set[int] | list[int]) -> int:
+    """Follow ``client``'s event stream from ``from_seq`` until every one of
+    ``jobs`` has exited; how many of them failed (a non-zero exit code)."""
+    pending = set(jobs)
+    failed = 0
+    for batch in client.subscribe(from_seq=from_seq):
+        for e in batch:
+            if type(e).__name__ == "JobExited" and e.job in pending:
+                pending.discard(e.job)
+                failed += e.exit_code != 0
+        if not pending:
+            return failed
+    return failed
