@@ -589,6 +589,33 @@ async def test_a_launch_given_to_a_worker_that_died_idle_still_starts(tmp_path: 
         assert "CVD='1'" in ex.log_path(2).read_text()
 
 
+async def test_an_answer_whose_pipe_was_dropped_still_reports_the_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # out of descriptors, the kernel drops the pipe a worker sends: the job
+    # itself is watched, and its worker's record read once written
+    import socket as _socket
+
+    from eventsched.runtime import zygote
+
+    real = _socket.recv_fds
+
+    def dropping(sock: _socket.socket, bufsize: int, maxfds: int, flags: int = 0) -> tuple:
+        data, fds, msg_flags, addr = real(sock, bufsize, maxfds, flags)
+        for fd in fds:
+            os.close(fd)
+        return data, [], msg_flags, addr
+
+    monkeypatch.setattr(zygote.socket, "recv_fds", dropping)
+    ex = Executor(tmp_path)
+    async with running(ex) as inbox:
+        await ex.launch(1, JobSpec(command=["sh", "-c", "sleep 0.5; exit 3"]), [0])
+        await ex.launch(2, JobSpec(command=["true"]), [0])
+        with anyio.fail_after(20):
+            exits = {m.job: m for m in [await inbox.next(), await inbox.next()]}
+    assert exits == {1: ProcessExited(job=1, exit_code=3), 2: ProcessExited(job=2, exit_code=0)}
+
+
 async def test_workers_outlive_the_daemon_only_as_long_as_their_job(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     async with running(ex) as inbox:

@@ -269,7 +269,9 @@ def _credentials(spec: JobSpec) -> _Creds | None:
 class _Watch:
     """A supervisor the executor waits on (launched here or adopted)."""
 
-    __slots__ = ("job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "_event")
+    __slots__ = (
+        "job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "of_job", "_event"
+    )
 
     def __init__(
         self,
@@ -291,6 +293,9 @@ class _Watch:
         self.ended = False
         self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
         self.memcg = memcg  # its cgroup v1 memory directory (host memory limit); "" = none
+        # pidfd is the job's own (no pipe came from its worker): its exit is
+        # recorded a moment after it turns readable, by a worker that lives on
+        self.of_job = False
         self._event: anyio.Event | None = None  # made lazily: recover() runs outside a loop
 
     def event(self) -> anyio.Event:
@@ -596,10 +601,11 @@ class Executor:
             w: _Watch | None = None
             if req.pidfd >= 0:
                 w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup, memcg=memcg)
-            else:  # the zygote died before sending it: find the supervisor by its pid file
-                started = _read_json(attempt_dir / "pid")
-                w = self._adopt(job, attempt_dir, started) if started else None
-                w = w or _Watch(job, attempt_dir, pid, -1, None, cgroup=cgroup, memcg=memcg)  # gone: read its exit now
+            else:
+                # No pipe came with the answer (out of descriptors: the kernel
+                # drops it). Its worker lives on after the job: watch the job.
+                w = _Watch(job, attempt_dir, pid, _job_pidfd(pid, start_time), None, cgroup=cgroup, memcg=memcg)
+                w.of_job = True
             self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         if req.pidfd >= 0:  # not our child: the zygote reaps it
@@ -831,6 +837,8 @@ class Executor:
         if w.popen is not None:
             w.popen.wait()  # our child, already exited: reap the zombie
         ended = _read_json(w.attempt_dir / "exit")
+        if w.of_job:
+            ended = await _exit_record(w.attempt_dir, ended)
         if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
             await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
         if w.memcg and os.path.isdir(w.memcg):
@@ -877,6 +885,36 @@ class Executor:
                 if stat is not None and stat[1] in sessions:
                     pids.setdefault(int(name), sessions[stat[1]])
         return pids
+
+
+def _job_pidfd(pid: int, start_time: int) -> int:
+    """A pidfd of the job ``pid`` (started at ``start_time``); -1 if it is
+    gone already, or none can be opened."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return -1
+    stat = _proc_stat(pid)  # after opening: if it is the job now, the pidfd is the job's
+    if stat is None or stat[2] != start_time:
+        os.close(fd)
+        return -1
+    return fd
+
+
+async def _exit_record(attempt_dir: Path, ended: dict | None) -> dict | None:
+    """The job has ended, or could not be watched: its exit record, once its
+    worker has written it (it empties the job's cgroup first: up to ~10 s)."""
+    started = _read_json(attempt_dir / "pid") or {}
+    deadline = anyio.current_time() + 30.0
+    while ended is None and anyio.current_time() < deadline:
+        stat = _proc_stat(int(started.get("pid", 0))) if started else None
+        if stat is not None and stat[2] == started.get("start_time") and stat[0] != "Z":
+            deadline = anyio.current_time() + 30.0  # still running (it had no pidfd): no hurry
+            await anyio.sleep(0.05)
+        else:
+            await anyio.sleep(0.01)
+        ended = _read_json(attempt_dir / "exit")
+    return ended
 
 
 HOST_MEMORY_LIMIT = "host memory limit"  # ProcessExited.reason of a job killed for its memory limit
