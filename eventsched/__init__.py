@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
+import os as _os  # already loaded by the interpreter: free
+
+if _os.environ.get("EVENTSCHED_PURE", "") not in ("", "0"):  # the .py sources, not mypyc's build
+    from eventsched._compiled import prefer_sources
+
+    prefer_sources()
+
 # public name -> the module that defines it
 _API = {
     "Client": "eventsched.wire.client",

@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 from eventsched.core import policies
 from eventsched.core.policies import View, best_fit, first_fit
 from eventsched.domain import events as ev
+from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import JobState
 from eventsched.domain.units import FULL
 from eventsched.projections import sortedkeys
-from eventsched.projections.cluster import Job, request_of
+from eventsched.projections.cluster import Gpu, Job, request_of
+from eventsched.projections.model import Capacity
 from eventsched.projections.sortedkeys import SortedKeys
 
 # --- SortedKeys ------------------------------------------------------------------
@@ -71,23 +73,9 @@ def test_sorted_keys_rebuilt_from_unsorted_input() -> None:
 
 def _view(nodes: list[list[int]]) -> View:
     """A view of GPUs on several nodes with the given free shares."""
-    view = object.__new__(View)
-    view.default_node = "n0"
-    view.node, view.id, view.free, view.mem = [], [], [], []
-    view.index, view.node_idx, view.nodes = {}, {}, []
-    for n, shares in enumerate(nodes):
-        name = f"n{n}"
-        view.nodes.append(name)
-        view.node_idx[name] = []
-        for gid, free in enumerate(shares):
-            i = len(view.free)
-            view.node.append(name)
-            view.id.append(gid)
-            view.free.append(free)
-            view.mem.append(81_920)
-            view.index[(name, gid)] = i
-            view.node_idx[name].append(i)
-    return view
+    gpus = [Gpu(node=f"n{n}", id=gid, memory_total_mib=81_920, used_milli=FULL - free)
+            for n, shares in enumerate(nodes) for gid, free in enumerate(shares)]
+    return View(Capacity(gpus, SchedulerConfig()), "n0")
 
 
 def _job(gpus: float, pinned_to: list[int] | None = None) -> Job:

@@ -181,7 +181,7 @@ def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None =
         return {}
     ahead = _ahead_of(state, now, {j.id for j in waiting if j.state == JobState.QUEUED})
     blocked = {f"{g.node}:{g.id}": why for g in state.gpu_list if (why := unusable_reason(g, state)) is not None}
-    view = View(state)
+    view = View.of(state)
     fits: dict[Any, bool] = {}  # by shape: equal shapes fit or fail together
     ctx = _Context(state, now, view)
     out: dict[int, Reason] = {}

@@ -21,12 +21,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-import msgspec
-
 from eventsched.core.fgd import fragmentation
+from eventsched.core.placement import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
+from eventsched.projections.model import Capacity
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 SUCCEEDED = JobState.SUCCEEDED
@@ -37,14 +37,6 @@ DEFAULT_POLICY = "best-fit"
 # reference policies only a replay can run (they need what a daemon cannot know)
 REPLAY_ONLY = {"sjf-oracle": "it knows each job's true duration, which only a replay of a recording or trace has"}
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
-
-
-class Placement(msgspec.Struct, frozen=True, kw_only=True):
-    job: int
-    node: str
-    gpu_ids: list[int]
-    share: float  # of each GPU (1.0 for whole GPUs, 0.0 for CPU-only jobs)
-    mem: int  # MiB reserved on each GPU
 
 
 class Policy(Protocol):
@@ -59,22 +51,24 @@ class View:
     the resulting JobPlaced events.
     """
 
-    def __init__(self, state: ClusterState) -> None:
-        cap = state.capacity  # kept up to date by the projection
-        self.default_node = state.node
+    def __init__(self, cap: Capacity, default_node: str, free: list[int] | None = None,
+                 mem: list[int] | None = None) -> None:
+        self.cap = cap
+        self.default_node = default_node
         # shared, never changed here
         self.node, self.id, self.index = cap.node, cap.id, cap.index
         self.nodes, self.node_idx = cap.nodes, cap.node_idx
         # copied: the decision subtracts its own placements
-        self.free = list(cap.free)
-        self.mem = list(cap.mem)
+        self.free = list(cap.free) if free is None else free
+        self.mem = list(cap.mem) if mem is None else mem
+
+    @classmethod
+    def of(cls, state: ClusterState) -> View:
+        """The state's free capacity now (kept up to date by the projection)."""
+        return cls(state.capacity, state.node)
 
     def copy(self) -> View:
-        other = object.__new__(View)
-        other.__dict__.update(self.__dict__)
-        other.free = list(self.free)
-        other.mem = list(self.mem)
-        return other
+        return View(self.cap, self.default_node, list(self.free), list(self.mem))
 
     def max_free(self) -> int:
         free = self.free
@@ -403,7 +397,7 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     slots = _slots(state)
     if slots <= 0:
         return None
-    view = View(state)
+    view = View.of(state)
     smallest = state.queue.min_milli()
     if smallest > 0 and view.max_free() < smallest:
         return None

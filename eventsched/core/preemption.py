@@ -89,7 +89,7 @@ def plan(state: ClusterState, now: float) -> Preemption | None:
         return None
     # fewest, lowest, most recently started first
     chosen.sort(key=lambda c: (c[0].spec.priority, -(c[0].started_at or 0.0), -c[0].id))
-    view = View(state)
+    view = View.of(state)
     taken: list[tuple[Job, str]] = []
     for victim, rule in chosen:
         _give_back(view, victim)

@@ -51,7 +51,7 @@ QUEUED = JobState.QUEUED
 RUNNING = JobState.RUNNING
 SUCCEEDED = JobState.SUCCEEDED
 
-__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED", "StrayKilled"]
+__all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
 
 LIVE_FOR_DEDUP = frozenset({QUEUED, RUNNING, SUCCEEDED, HELD, PREEMPTED})
 
@@ -761,19 +761,7 @@ def _cluster_link(out: _Out, msg: m.ClusterLink) -> None:
     out.fact(ev.ClusterDisconnected(ts=out.now, cause="ray", reason=msg.reason, lost=msg.lost))
 
 
-class StrayKilled(m.Message, frozen=True):
-    """Issue 12: a node that came back still ran an attempt that is not its
-    job's current one there; the executor killed it (``pid``: its job
-    process). Kept here, next to its one handler, until messages.py takes it."""
-
-    node: str
-    job: int
-    attempt: int
-    pid: int = 0
-    reason: str = ""
-
-
-def _stray_killed(out: _Out, msg: StrayKilled) -> None:
+def _stray_killed(out: _Out, msg: m.StrayKilled) -> None:
     """A fact only: the job's own state is the log's already (it was lost,
     requeued, ran elsewhere or ended); nothing else changes."""
     out.fact(ev.StrayAttemptKilled(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, job=msg.job,
@@ -784,7 +772,7 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.NodeUp: _node_up,
     m.NodeDown: _node_down,
     m.ClusterLink: _cluster_link,
-    StrayKilled: _stray_killed,
+    m.StrayKilled: _stray_killed,
     m.Started: _started,
     m.Stopping: _stopping,
     m.Submit: _submit,

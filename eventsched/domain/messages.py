@@ -20,6 +20,7 @@ __all__ = [
     "NodeUp",
     "NodeDown",
     "ClusterLink",
+    "StrayKilled",
     "Started",
     "GpuInfo",
     "Submit",
@@ -268,6 +269,18 @@ class ClusterLink(Message, frozen=True):
     """Issue 12: the connection to the cluster was lost (or is back)."""
 
     lost: bool
+    reason: str = ""
+
+
+class StrayKilled(Message, frozen=True):
+    """Issue 12: a node that came back still ran an attempt that is not its
+    job's current one there; the executor killed it (``pid``: its job
+    process)."""
+
+    node: str
+    job: int
+    attempt: int
+    pid: int = 0
     reason: str = ""
 
 

@@ -43,6 +43,7 @@ from eventsched.projections.model import (
     runtime_key,
     usable,
 )
+from eventsched.projections.records import NodeInfo, StateSnapshot
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 QUEUED = JobState.QUEUED
@@ -69,18 +70,6 @@ __all__ = [
     "validate_state",
 ]
 
-
-
-class NodeInfo(msgspec.Struct, kw_only=True):
-    """Issue 12: one node of a cluster: ``up`` or ``down`` since ``since``."""
-
-    name: str
-    state: str = "up"
-    since: float = 0.0
-    ray_node: str = ""
-    gpu_backend: str = ""
-    reason: str = ""  # why it went down
-    restarts: int = 0  # of its executor actor
 
 
 class ClusterState:
@@ -768,31 +757,13 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
 # --- snapshots --------------------------------------------------------------------
 
 
-class _Snapshot(msgspec.Struct, kw_only=True):
-    version: int = 1
-    last_seq: int
-    node: str
-    policy: str
-    config: SchedulerConfig
-    gpus: list[Gpu]
-    jobs: list[Job]
-    next_job_id: int
-    next_order: int
-    recent_shapes: list[tuple[int, int]]
-    runtime_by_key: list[tuple[str, str, int, int]]
-    runtimes_ms: list[int]
-    tenants: dict[str, Tenant] = {}
-    recent_usage: list[tuple[str, float, float]] = []  # (tenant, GPU-seconds decayed, as of)
-    nodes: list[NodeInfo] = []  # issue 12: a cluster's nodes
-
-
 _snap_encoder = msgspec.msgpack.Encoder()
-_snap_decoder = msgspec.msgpack.Decoder(_Snapshot)
+_snap_decoder = msgspec.msgpack.Decoder(StateSnapshot)
 
 
 def snapshot_bytes(state: ClusterState) -> bytes:
     """The state's facts as msgpack (indices are rebuilt on load)."""
-    snap = _Snapshot(
+    snap = StateSnapshot(
         last_seq=state.last_seq,
         node=state.node,
         policy=state.policy,

@@ -1,7 +1,7 @@
-"""What the allocation state is made of: GPUs and jobs as the scheduler sees
-them, and the indices kept beside them so that a decision never walks every
-GPU or every queued job (``Capacity``, ``QueueIndex``, ``RuntimeStats``).
-``cluster.ClusterState`` holds them; only its fold changes them."""
+"""The indices kept beside the allocation state's records (``records``: GPUs
+and jobs) so that a decision never walks every GPU or every queued job
+(``Capacity``, ``QueueIndex``, ``RuntimeStats``). ``cluster.ClusterState``
+holds them; only its fold changes them."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import bisect
 import math
 from typing import Any
 
-import msgspec
-
 from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
-from eventsched.domain.states import IllegalTransition, JobState
-from eventsched.domain.tenants import DEFAULT_TENANT
+from eventsched.domain.states import IllegalTransition
 from eventsched.domain.units import FULL
+from eventsched.projections.records import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [
@@ -25,114 +23,6 @@ __all__ = [
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
-
-
-class Gpu(msgspec.Struct, kw_only=True):
-    node: str
-    id: int
-    uuid: str = ""
-    model: str = ""
-    memory_total_mib: int = 0
-    paused: bool = False
-    lost: bool = False
-    error: str = ""
-    # last sample (None until the first one)
-    sampled_at: float | None = None
-    utilization: float | None = None
-    memory_used_mib: int | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
-    foreign_memory_mib: int = -1
-    # what the scheduler placed here
-    used_milli: int = 0
-    reserved_mib: int = 0
-    jobs: list[int] = []
-    # issue 17, from the last sample: since when its utilisation has been at
-    # most idle_utilization_pct (None: busy now, or never sampled), the memory
-    # each job holds here, and the processes of no job
-    low_since: float | None = None
-    job_memory_mib: dict[int, int] = {}
-    foreign_processes: list[ev.GpuProcess] = []
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.node, self.id)
-
-    @property
-    def allocated(self) -> float:
-        return self.used_milli / FULL
-
-    def free_memory_mib(self) -> int:
-        """Memory a new job may reserve: what neither our reservations, the
-        observed use of our jobs, nor processes outside the scheduler hold."""
-        used = self.memory_used_mib or 0
-        if self.foreign_memory_mib >= 0:
-            foreign = self.foreign_memory_mib
-            ours = max(0, used - foreign)
-        else:
-            foreign = 0
-            ours = used
-        return self.memory_total_mib - foreign - max(self.reserved_mib, ours)
-
-
-class Job(msgspec.Struct, kw_only=True):
-    id: int
-    spec: ev.JobSpec
-    state: JobState = JobState.QUEUED
-    count: int = 1  # GPUs asked for (0 = CPU only)
-    milli: int = FULL  # share of each of them
-    order: int = 0  # queue position (FIFO key); a requeue moves it to the back
-    submitted_at: float = 0.0
-    started_at: float | None = None
-    ended_at: float | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    reason: str = ""
-    node: str = ""
-    gpu_ids: list[int] = []
-    mem_mib: int = 0  # reserved on each GPU
-    policy: str = ""
-    pid: int | None = None
-    start_time: int = 0
-    log_path: str = ""
-    attempts: int = 0  # times placed
-    retries_used: int = 0
-    not_before: float = 0.0
-    cancel_reason: str = ""  # set while a stop was requested for a running job
-    submitted_seq: int = 0  # where its story starts in the log (explain)
-    queued_at: float = 0.0  # since when it waits (aging); a preempted job keeps its own
-    # when it should end, as predicted when it started (gang reservations read
-    # this instead of predicting every running job at every decision)
-    predicted_end: float = 0.0
-    preemptions: int = 0  # times it was preempted (and requeued)
-    # issue 17, this attempt: the most GPU memory seen on one of its GPUs;
-    # whether it is over its --gpu-mem now (JobGpuMemoryExceeded); since when
-    # it has been idle (JobIdle; None: not idle)
-    gpu_mem_peak_mib: int = 0
-    gpu_mem_over: bool = False
-    idle_since: float | None = None
-
-    @property
-    def shape(self) -> tuple[Any, ...]:
-        """What placement depends on: equal shapes fit or fail together. The
-        tenant (quotas) and a capped array (%K) are part of it, so that a
-        shape held back by its quota or cap is held back whole."""
-        s = self.spec
-        ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
-        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
-
-    @property
-    def tenant(self) -> str:
-        return self.spec.tenant or DEFAULT_TENANT
-
-    def time_limit(self, default: float | None) -> float | None:
-        """The tighter of the job's own limit and ``default`` (None: no limit)."""
-        own = self.spec.time_limit_s
-        own = own if own is not None and own > 0 else None
-        default = default if default is not None and default > 0 else None
-        if own is None or default is None:
-            return own if default is None else default
-        return min(own, default)
 
 
 def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
@@ -184,9 +74,8 @@ class Capacity:
 
     def same(self, other: Capacity) -> bool:
         """Equal capacity (the no-fit memo is a cache, not part of it)."""
-        mine, theirs = dict(vars(self)), dict(vars(other))
-        del mine["no_fit"], theirs["no_fit"]
-        return mine == theirs
+        return (self.node, self.id, self.free, self.mem, self.index, self.nodes, self.node_idx) == (
+            other.node, other.id, other.free, other.mem, other.index, other.nodes, other.node_idx)
 
 
 def fit_summary(gpus: list[Gpu], mem_mib: int) -> tuple[int, int, int]:

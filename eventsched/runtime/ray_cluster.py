@@ -44,7 +44,6 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from eventsched.core.scheduler import StrayKilled
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
     ClusterLink,
@@ -55,6 +54,7 @@ from eventsched.domain.messages import (
     ProcessExited,
     ProcessLost,
     ProcessStarted,
+    StrayKilled,
 )
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import ClusterState

@@ -73,6 +73,7 @@ from eventsched.domain.states import FINAL, JobState
 from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState, runtime_key
+from eventsched.sim.result import ReplayResult
 from eventsched.sim.sources import (
     _END,
     _REC,
@@ -89,22 +90,6 @@ __all__ = ["RECORDED", "ReplayResult", "simulate"]
 RECORDED = "recorded"  # policy name meaning "as the log says, policy changes included"
 SIGTERM = 15
 FLUSH_EVENTS = 65_536  # events per frame of a replay's log (one fdatasync each)
-
-
-class ReplayResult(msgspec.Struct, kw_only=True):
-    policy: str
-    source: str
-    state_dir: str  # holds log/; open_history(state_dir) queries it
-    jobs: int
-    events: int
-    placements: int
-    refused: int
-    estimated_runtimes: int  # jobs that ran here but never in the recording
-    unfinished: int  # jobs neither finished nor cancelled when the replay ended
-    sim_start: float
-    sim_end: float
-    wall_s: float
-    notes: list[str] = []
 
 
 # --- the simulator ----------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""The modules ``setup.py`` compiles with mypyc, and how to run their .py
+sources instead.
+
+Compiled, the core's per-event path runs about 1.5x faster; the sources stay
+the reference. ``EVENTSCHED_PURE=1`` in the environment makes every process
+that imports eventsched load the sources (``prefer_sources``): for a debugger,
+a profiler that should see Python frames, or the test that checks both builds
+decide alike. Standard library only: ``setup.py`` reads ``SOURCES`` from this
+file before anything is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = ["SOURCES", "MODULES", "prefer_sources", "compiled", "stale"]
+
+SOURCES = (
+    "eventsched/domain/states.py",
+    "eventsched/projections/sortedkeys.py",
+    "eventsched/projections/model.py",
+    "eventsched/projections/cluster.py",
+    "eventsched/core/policies.py",
+    "eventsched/core/scheduler.py",
+    "eventsched/sim/simulator.py",
+)
+MODULES = tuple(s.removesuffix(".py").replace("/", ".") for s in SOURCES)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules' .py files ahead of their extensions."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name not in MODULES:
+            return None
+        source = os.path.join(_ROOT, *name.split(".")) + ".py"
+        return importlib.util.spec_from_file_location(name, source)
+
+
+def prefer_sources() -> None:
+    if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+        sys.meta_path.insert(0, _SourceFirst())
+
+
+def _extension(source: str) -> str | None:
+    """The compiled module built in place beside ``source``, if any."""
+    folder, stem = os.path.split(os.path.join(_ROOT, source.removesuffix(".py")))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(folder, stem + suffix)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def compiled() -> list[str]:
+    """The modules this process imported from a compiled extension."""
+    out = []
+    for name in MODULES:
+        spec = getattr(sys.modules.get(name), "__spec__", None)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            out.append(name)
+    return out
+
+
+def stale() -> list[str]:
+    """Sources edited after their compiled module was built: until the build
+    runs again (``scripts/setup.sh``), Python would import the old code."""
+    out = []
+    for source in SOURCES:
+        ext = _extension(source)
+        if ext is not None and os.path.getmtime(os.path.join(_ROOT, source)) > os.path.getmtime(ext):
+            out.append(source)
+    return out

@@ -1,0 +1,43 @@
+"""Build: the scheduler's hot path compiled with mypyc, when it can be.
+
+The modules below are the core's per-event path (the fold, the policies, the
+transition table) and the replay loop around it. Compiled, a replay and every
+daemon decision run about 1.5x faster (bench/bench_replay.py,
+bench/bench_backlog.py). They are plain, type-checked Python either way:
+
+- ``EVENTSCHED_PURE=1`` at build time installs them uncompiled;
+- a build that fails (no C compiler, no Python headers) warns and installs
+  them uncompiled (``optional``);
+- ``EVENTSCHED_PURE=1`` at run time imports the .py sources even where the
+  compiled modules are installed (``eventsched/__init__.py``): for a debugger,
+  and for the test that compares both (tests/test_compiled.py).
+
+Everything else is configured in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+
+from setuptools import setup
+
+# read, not imported: nothing of eventsched is importable before the build
+COMPILED = list(runpy.run_path("eventsched/_compiled.py")["SOURCES"])
+
+
+def _extensions() -> list:
+    if os.environ.get("EVENTSCHED_PURE", "") not in ("", "0"):
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:  # a build without build isolation and without mypy
+        print("eventsched: mypy is not installed; installing the pure-Python modules")
+        return []
+    extensions = mypycify(COMPILED, opt_level="3")
+    for ext in extensions:
+        ext.optional = True  # no compiler: warn, and install the .py sources alone
+    return extensions
+
+
+setup(ext_modules=_extensions())
