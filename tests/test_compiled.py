@@ -68,3 +68,21 @@ def test_compiled_and_source_builds_replay_alike(tmp_path: Path, workload: str) 
         source = [e for batch in eventlog.read_batches(tmp_path / "source" / p / "log") for e in batch]
         assert len(compiled) > 4_000, p  # every job submitted, placed, started and ended
         assert compiled == source, p
+
+
+def test_a_source_edited_after_its_build_is_named_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.machinery
+
+    source = tmp_path / "eventsched" / "core" / "scheduler.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("x = 1\n")
+    ext = source.with_name("scheduler" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    ext.write_bytes(b"")
+    monkeypatch.setattr(_compiled, "_ROOT", str(tmp_path))
+    os.utime(source, (1_000, 1_000))
+    os.utime(ext, (2_000, 2_000))
+    assert _compiled.stale() == []  # built after its last edit
+    os.utime(source, (3_000, 3_000))
+    assert _compiled.stale() == ["eventsched/core/scheduler.py"]
+    ext.unlink()
+    assert _compiled.stale() == []  # nothing compiled: the source is what runs

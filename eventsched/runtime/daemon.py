@@ -96,6 +96,12 @@ def serve(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    from eventsched import _compiled
+
+    if stale := _compiled.stale():  # a checkout edited since its build: say which code runs
+        logging.getLogger("eventsched.daemon").warning(
+            "compiled modules are older than their sources (%s): the old code runs until scripts/setup.sh "
+            "rebuilds them (or serve with EVENTSCHED_PURE=1)", ", ".join(stale))
     try:
         config, state_dir, socket_path = resolve(args)
     except (ConfigError, UnitError) as exc:
