@@ -28,6 +28,7 @@ SOURCES = (
     "eventsched/projections/sortedkeys.py",
     "eventsched/projections/model.py",
     "eventsched/projections/cluster.py",
+    "eventsched/core/fgd.py",
     "eventsched/core/policies.py",
     "eventsched/core/scheduler.py",
     "eventsched/sim/simulator.py",

@@ -85,7 +85,7 @@ def test_vectorised_fragmentation_matches_reference() -> None:
     cpu = np.array([rnd.randrange(0, 10000) for _ in range(200)])
     model = np.array([rnd.randrange(2) for _ in range(200)])
     got = table.frag(free, cpu, model)
-    want = [node_fragmentation(list(f[:4] if i < 50 else f), int(c), models[m], types)
+    want = [node_fragmentation([int(x) for x in (f[:4] if i < 50 else f)], int(c), models[m], types)
             for i, (f, c, m) in enumerate(zip(free, cpu, model))]
     assert got == pytest.approx(want)
 

@@ -15,8 +15,9 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-import msgspec
 import numpy as np
+
+from eventsched.core.tasktype import TaskType
 
 FULL = 1000  # milli-GPU in one whole GPU
 
@@ -79,16 +80,6 @@ def fgd_score(delta_milli: float) -> int:
 
 
 # --- node level, with CPU and GPU-model constraints (the FGD experiment) -----
-
-
-class TaskType(msgspec.Struct, frozen=True, kw_only=True):
-    """One type of the target workload M: a pod shape and its popularity p_m."""
-
-    cpu_milli: int
-    num_gpu: int
-    gpu_milli: int  # per GPU; 0 for CPU-only types
-    spec: tuple[str, ...] = ()  # allowed GPU models; empty = any
-    popularity: float
 
 
 def target_workload(
