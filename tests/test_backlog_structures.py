@@ -143,3 +143,33 @@ def test_ended_array_tasks_are_counted_as_they_end_and_after_a_reload() -> None:
     assert state.array_ended[array_id] == 2
     validate_state(state)  # equals a count from scratch
     assert state_from_snapshot(snapshot_bytes(state)).array_ended[array_id] == 2
+
+
+# --- shortest-job-first: resuming a runtime group after the last job seen ------------
+
+entries_st = st.lists(st.tuples(st.sampled_from([-2, -1, 0, -1.5]), st.integers(0, 50)), max_size=60, unique=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries_st, st.sampled_from([60.0, 600.0, 3600.0]), st.sampled_from([-2, -1, 0, -1.5]),
+       st.sampled_from([60.0, 600.0, 3600.0]), st.integers(-1, 51))
+def test_a_runtime_group_resumes_exactly_after_the_last_job_seen(
+    raw: list[tuple[float, int]], pred: float, last_np: float, last_pred: float, last_order: int
+) -> None:
+    """``_after`` on a blocked group gives the entries the sorted list's
+    ``bisect_right`` on the SJF key gave (the old code)."""
+    entries = sorted((np_, order, 1000 + order) for np_, order in raw)
+    last = (last_np, last_pred, last_order, 1000 + last_order)
+    old = entries[bisect.bisect_right(entries, last, key=lambda e: (e[0], pred, e[1], e[2])):]
+    group: SortedKeys[tuple[float, int, int]] = SortedKeys()
+    for e in entries[::-1]:  # inserted out of order, as a queue fills
+        group.add(e)
+    assert list(policies._after(group, pred, last)) == old
+
+
+def test_iter_from_crosses_blocks() -> None:
+    keys = SortedKeys(range(0, 5_000, 2))  # several blocks
+    assert list(keys.iter_from(1_001)) == list(range(1_002, 5_000, 2))
+    assert list(keys.iter_from(1_002)) == list(range(1_002, 5_000, 2))
+    assert list(keys.iter_from(1_002, after=True)) == list(range(1_004, 5_000, 2))
+    assert list(keys.iter_from(10_000)) == [] and list(keys.iter_from(-1)) == list(range(0, 5_000, 2))

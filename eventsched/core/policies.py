@@ -27,6 +27,7 @@ from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
 from eventsched.projections.model import Capacity
+from eventsched.projections.sortedkeys import SortedKeys
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 SUCCEEDED = JobState.SUCCEEDED
@@ -741,22 +742,23 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
 
 # (-priority, prediction, order, id): the order shortest-job-first scans in
 SjfKey = tuple[float, float, int, int]
-# a sorted group of queued jobs with one prediction: (shape, prediction, entries, start)
-Group = tuple[Any, float, list[tuple[float, int, int]], int]
+# a sorted group of queued jobs with one prediction: (shape, prediction, its
+# entries (-priority, order, id) in order, from where the merge starts)
+Group = tuple[Any, float, Iterator[tuple[float, int, int]]]
 
 
 def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callable[[], bool]) -> Iterator[int]:
     """Queued job ids by (-priority, predicted runtime, order), merged lazily.
 
     Until the scan has its head it wants every job: merge the per-runtime-key
-    lists (one prediction each). From then on it wants only the shapes in
+    groups (one prediction each). From then on it wants only the shapes in
     ``live``: keep walking the whole order while the jobs it skips cost less
-    than merging the live shapes' own (shape, runtime key) lists would, then
+    than merging the live shapes' own (shape, runtime key) groups would, then
     merge those from after the last job seen, so a long run of jobs whose
     shape cannot fit is never walked.
     """
     q, predict = state.queue, state.stats.predict
-    whole = _merge([(None, predict(r, DEFAULT_RUNTIME_S), e, 0) for r, e in q.by_rkey.items()], lambda shape: True)
+    whole = _merge([(None, predict(r, DEFAULT_RUNTIME_S), iter(e)) for r, e in q.by_rkey.items()], lambda shape: True)
     last: SjfKey | None = None
     for last in whole:
         yield last[3]
@@ -774,39 +776,46 @@ def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callab
                 break
     else:
         return
-    part = [(shape, p, e, _after(e, p, last)) for shape in live
+    part = [(shape, p, _after(e, p, last)) for shape in live
             for r, e in q.shape_rkey[shape].items() for p in (predict(r, DEFAULT_RUNTIME_S),)]
     for key in _merge(part, live.__contains__):
         yield key[3]
 
 
-def _after(entries: list[tuple[float, int, int]], pred: float, last: SjfKey) -> int:
-    """Position of the first of ``entries`` (all predicted ``pred``) after ``last``."""
-    return bisect.bisect_right(entries, last, key=lambda e: (e[0], pred, e[1], e[2]))
+def _after(entries: SortedKeys[tuple[float, int, int]], pred: float, last: SjfKey) -> Iterator[tuple[float, int, int]]:
+    """The ``entries`` (all predicted ``pred``) whose SJF keys (-priority,
+    pred, order, id) come after ``last``, in order. Within one group the
+    prediction is fixed, so that is a search on (-priority, order, id)."""
+    np_, lp, o, j = last
+    if pred > lp:  # every entry of the same priority comes after
+        return entries.iter_from((np_,))
+    if pred < lp:  # only entries of a lower priority do
+        return entries.iter_from((np_, math.inf))
+    return entries.iter_from((np_, o, j), after=True)
 
 
 def _merge(groups: list[Group], wanted: Callable[[Any], bool]) -> Iterator[SjfKey]:
     """The keys of ``groups`` in order; a group whose shape is not ``wanted``
     when it comes up is dropped whole (shapes are never wanted again)."""
-    # (key..., group, position): ids are unique, so group and position are never compared
-    heap = [(*_key(e, p, pos), g, pos) for g, (_, p, e, pos) in enumerate(groups) if pos < len(e)]
+    # (key..., group): ids are unique, so the group is never compared
+    heap: list[tuple[float, float, int, int, int]] = []
+    for g, (_, p, entries) in enumerate(groups):
+        e = next(entries, None)
+        if e is not None:
+            heap.append((e[0], p, e[1], e[2], g))
     heapq.heapify(heap)
     while heap:
-        np_, pred, o, j, g, pos = heap[0]
-        shape, _, entries, _ = groups[g]
+        np_, pred, o, j, g = heap[0]
+        shape, _, entries = groups[g]
         if not wanted(shape):
             heapq.heappop(heap)
             continue
         yield (np_, pred, o, j)
-        if pos + 1 < len(entries):
-            heapq.heapreplace(heap, (*_key(entries, pred, pos + 1), g, pos + 1))
+        e = next(entries, None)
+        if e is not None:
+            heapq.heapreplace(heap, (e[0], pred, e[1], e[2], g))
         else:
             heapq.heappop(heap)
-
-
-def _key(entries: list[tuple[float, int, int]], pred: float, pos: int) -> SjfKey:
-    np_, o, j = entries[pos]
-    return (np_, pred, o, j)
 
 
 def _reservation(

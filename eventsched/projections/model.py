@@ -5,7 +5,6 @@ holds them; only its fold changes them."""
 
 from __future__ import annotations
 
-import bisect
 import math
 from typing import Any
 
@@ -109,9 +108,10 @@ class QueueIndex:
     """Queued jobs in the orders policies scan them, kept sorted incrementally.
 
     ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
-    Both are ``SortedKeys`` (blocked: an insertion or removal moves one block,
-    not the whole queue); the per-shape and per-runtime-key lists are short
-    enough for bisect.insort (a memmove in C). A decision never re-sorts.
+    These, the per-shape queues and the per-runtime-key groups are all
+    ``SortedKeys`` (blocked: an insertion or removal moves one block, not the
+    whole queue; one user's sweep can be one runtime key for most of a
+    100,000-job queue). A decision never re-sorts.
     ``by_shape`` groups jobs that fit or fail together, so a decision can tell
     up front that nothing in a long queue fits; ``shape_queue`` holds each
     shape's jobs as (-priority, order, id), so a decision merges the heads of
@@ -134,8 +134,8 @@ class QueueIndex:
         # runtime-prediction key (and shape -> key) -> (-priority, order, id):
         # shortest-job-first merges these groups, each with one prediction
         self.rkey_of: dict[int, tuple[str, str]] = {}
-        self.by_rkey: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
-        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], list[tuple[float, int, int]]]] = {}
+        self.by_rkey: dict[tuple[str, str], SortedKeys[tuple[float, int, int]]] = {}
+        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]] = {}
 
     def __len__(self) -> int:
         return len(self.by_order)
@@ -161,9 +161,8 @@ class QueueIndex:
         lane.add(key)
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
-        bisect.insort(self.by_rkey.setdefault(rkey, []), key)
-        groups = self.shape_rkey.setdefault(shape, {})
-        bisect.insort(groups.setdefault(rkey, []), key)
+        _group(self.by_rkey, rkey).add(key)
+        _group(self.shape_rkey.setdefault(shape, {}), rkey).add(key)
 
     def remove(self, job: Job) -> None:
         key: Any = self.key(job)  # boxed once (see add)
@@ -196,10 +195,21 @@ class QueueIndex:
         return min(self.milli_counts, default=FULL + 1)
 
 
-def _drop(groups: dict[Any, list[tuple[float, int, int]]], name: Any, key: Any) -> None:
-    """Remove ``key`` from the sorted list ``groups[name]`` (and the list once empty)."""
+def _group(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any) -> SortedKeys[tuple[float, int, int]]:
+    """``groups[name]``, made empty if there is none. Blocked, not a plain
+    sorted list: a job of high priority goes near the front of a group that
+    may hold most of a 100,000-job queue, and a list would move every entry
+    behind it on each submission and each placement."""
+    group = groups.get(name)
+    if group is None:
+        group = groups[name] = SortedKeys()
+    return group
+
+
+def _drop(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any, key: Any) -> None:
+    """Remove ``key`` from the group ``groups[name]`` (and the group once empty)."""
     group = groups[name]
-    del group[bisect.bisect_left(group, key)]
+    group.remove(key)
     if not group:
         del groups[name]
 

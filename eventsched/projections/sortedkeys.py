@@ -1,5 +1,6 @@
 """A sorted list kept in blocks, for the indices that hold one entry per
-queued job or finished run (issue 16).
+queued job or finished run (issue 16): the queue's orders, its groups by
+runtime key, the runtime history.
 
 A plain list kept sorted with ``bisect.insort`` moves every entry after the
 insertion or removal point: with 50,000 queued jobs, placing the job at the
@@ -78,6 +79,18 @@ class SortedKeys(Generic[K]):
         if i < len(self._blocks):
             below += bisect.bisect_left(self._blocks[i], key)
         return below
+
+    def iter_from(self, key: Any, after: bool = False) -> Iterator[K]:
+        """The keys from the first one at or above ``key`` (above, with
+        ``after``) to the end, in order: O(log n) to start. The keys must not
+        change while the iterator is read."""
+        blocks, maxes = self._blocks, self._maxes
+        find = bisect.bisect_right if after else bisect.bisect_left
+        i = find(maxes, key)
+        if i == len(blocks):
+            return iter(())
+        j = find(blocks[i], key)
+        return chain(blocks[i][j:], chain.from_iterable(blocks[i + 1:]))
 
     def add(self, key: K) -> None:
         blocks, maxes = self._blocks, self._maxes
