@@ -41,7 +41,10 @@ fi
 stamp=.venv/.eventsched-install
 want=$(cat pyproject.toml setup.py eventsched/_compiled.py $(sed -n 's/^    "\(eventsched\/.*\.py\)",$/\1/p' eventsched/_compiled.py) \
        | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c 'import eventsched' 2>/dev/null; then
+# (a compiled module older than its source, as after a checkout that rewrote
+# the file unchanged, is rebuilt too: the tests refuse to run it)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && .venv/bin/python -c 'import sys; from eventsched import _compiled; sys.exit(bool(_compiled.stale()))' 2>/dev/null; then
   exit 0
 fi
 log=$(mktemp)

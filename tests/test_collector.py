@@ -218,3 +218,14 @@ def test_stopping_waits_for_the_snapshot_writer(tmp_path: Path, monkeypatch: pyt
         os.waitpid(children[0], os.WNOHANG)
     state = snapshot_mod.load_latest(snapshot_dir(state_dir))
     assert state is not None and sum(job.state == JobState.QUEUED for job in state.jobs.values()) == 30
+
+
+def test_young_passes_are_fewer_inside_and_as_before_after(clean_collector: None) -> None:
+    before = gc.get_threshold()
+    with collector.fewer_young_passes(5_000):
+        assert gc.get_threshold() == (5_000, *before[1:])
+        passes = gc.get_stats()[0]["collections"]
+        garbage = [[i] for i in range(4_000)]  # fewer allocations than a pass waits for
+        assert gc.get_stats()[0]["collections"] - passes <= 1
+        del garbage
+    assert gc.get_threshold() == before

@@ -16,6 +16,13 @@ of 25-680 ms with the loop stopped, freeing 0-5 objects each, about one per
   left: each full pass then walks only what was made since the last one, so
   its pause no longer grows with the backlog.
 
+- ``fewer_young_passes()``: while serving, a young pass comes every 10,000
+  allocations instead of 700. A young pass has a cost beyond the objects it
+  walks that grows with the state: with 100,000 jobs queued, 156 passes per
+  10,000 submissions took 76 ms against 15 ms with an empty queue (in-process,
+  compiled core), a third of the submission rate; 11 larger passes take
+  26 ms against 20 ms. Young garbage waits a little longer to be found.
+
 The price: a reference cycle among frozen objects that later becomes garbage
 is never collected. The state makes next to none (see above); asyncio's
 transports break theirs when a connection closes.
@@ -27,7 +34,9 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["paused", "freeze_survivors", "freezing_after_full_collections"]
+__all__ = ["paused", "freeze_survivors", "freezing_after_full_collections", "fewer_young_passes"]
+
+YOUNG_PASS_EVERY = 10_000  # allocations between young passes while serving (CPython: 700)
 
 
 @contextmanager
@@ -61,3 +70,15 @@ def freezing_after_full_collections() -> Iterator[None]:
         yield
     finally:
         gc.callbacks.remove(_freeze_after_full)
+
+
+@contextmanager
+def fewer_young_passes(every: int = YOUNG_PASS_EVERY) -> Iterator[None]:
+    """Inside, a young pass every ``every`` allocations (the older
+    generations' thresholds unchanged)."""
+    before = gc.get_threshold()
+    gc.set_threshold(every, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)

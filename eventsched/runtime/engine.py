@@ -275,8 +275,9 @@ class Engine:
             for message in [started, *recovered]:
                 self._enqueue(Pending(message))
             # the state is never walked by a full collection, whose pauses would
-            # grow with the backlog (issue 16; projections/collector.py)
-            with collector.freezing_after_full_collections():
+            # grow with the backlog, and young passes are fewer (issue 16;
+            # projections/collector.py)
+            with collector.freezing_after_full_collections(), collector.fewer_young_passes():
                 await self._serve(task_status)
         finally:
             with anyio.CancelScope(shield=True):
