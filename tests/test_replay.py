@@ -457,3 +457,21 @@ def test_a_restart_that_requeued_a_never_launched_job_replays_exactly(tmp_path: 
 
     replay = simulate(load_source(tmp_path / "rec"), "recorded", tmp_path / "replay")
     assert compare_placements(log_dir, tmp_path / "replay" / "log") is None, replay
+
+
+def test_the_worked_synthetic_replay_is_reproducible() -> None:
+    """replays/synthetic's committed comparison is what every policy does
+    today: a change to any policy's decisions shows here, and the example
+    is rerun (``sh replays/synthetic/run.sh``) with it."""
+    here = Path(__file__).resolve().parent.parent / "replays" / "synthetic"
+    policies = ["fifo", "priority", "best-fit", "sjf-backfill", "fgd"]
+    argv = [sys.executable, "-m", "eventsched.cli", "replay", str(here / "workload.csv"), "--gpus", "fake:8:81920",
+            "--json", *(a for p in policies for a in ("--policy", p))]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = {r["policy"]: r for r in json.loads(out.stdout)["replays"]}
+    want = {r["policy"]: r for r in json.loads((here / "comparison.json").read_text())["replays"]}
+    assert list(got) == policies == list(want)
+    for p in policies:
+        for figure in ("events", "finished", "mean_wait_s", "p95_wait_s", "makespan_s", "fragmentation"):
+            assert got[p][figure] == want[p][figure], (p, figure)

@@ -885,11 +885,23 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
                 continue
             free = [view.free[i] for i in members]
             before = frag(free)
-            options = [on[: job.count]] if job.count > 1 or job.milli == FULL else [[i] for i in on]
+            if job.count > 1 or job.milli == FULL:
+                options = [on[: job.count]]
+            else:
+                # a share of one GPU: the node's fragmentation after it depends
+                # only on that GPU's free share, and ties go to the lowest
+                # index, so score each distinct share once, at its lowest GPU
+                lowest: dict[int, int] = {}
+                for i in on:
+                    f = view.free[i]
+                    if i < lowest.get(f, i + 1):
+                        lowest[f] = i
+                options = [[i] for i in lowest.values()]
+            at = {m: p for p, m in enumerate(members)}
             for idxs in options:
                 after = list(free)
                 for i in idxs:
-                    after[members.index(i)] -= job.milli
+                    after[at[i]] -= job.milli
                 key = (frag(after) - before, idxs[0])
                 if best is None or key < best:
                     best, pick = key, idxs
