@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from eventsched.core.tasktype import TaskType
+from eventsched.core.records import TaskType
 
 FULL = 1000  # milli-GPU in one whole GPU
 
