@@ -9,9 +9,12 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eventsched.core.fgd import (
     FragTable,
+    NodeFragments,
     TaskType,
     fgd_score,
     fragmentation,
@@ -88,6 +91,29 @@ def test_vectorised_fragmentation_matches_reference() -> None:
     want = [node_fragmentation([int(x) for x in (f[:4] if i < 50 else f)], int(c), models[m], types)
             for i, (f, c, m) in enumerate(zip(free, cpu, model))]
     assert got == pytest.approx(want)
+
+
+_shares = st.sampled_from([0, 1, 100, 125, 250, 499, 500, 750, 999, 1000])
+_workloads = st.lists(
+    st.tuples(st.integers(0, 4), st.sampled_from([0, 125, 250, 500, 750, 1000]),
+              st.floats(0.001, 1.0, allow_nan=False)), min_size=1, max_size=7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(free=st.lists(_shares, min_size=1, max_size=16), workload=_workloads, data=st.data())
+def test_a_node_summed_up_per_type_scores_exactly_as_the_full_pass(
+        free: list[int], workload: list[tuple[int, int, float]], data: st.DataObject) -> None:
+    """The fgd policy scores placements with NodeFragments: every score, and
+    so every decision, must be the very float fragmentation() gives."""
+    frags = NodeFragments(free, workload)
+    assert frags.value() == fragmentation(free, workload)
+    milli = data.draw(st.sampled_from([1, 125, 250, 500, 1000]))
+    room = [i for i, f in enumerate(free) if f >= milli]
+    taken = data.draw(st.lists(st.sampled_from(room), unique=True, max_size=4)) if room else []
+    after = list(free)
+    for i in taken:
+        after[i] -= milli
+    assert frags.after([free[i] for i in taken], milli) == fragmentation(after, workload)
 
 
 def test_fgd_score_prefers_placements_that_reduce_fragmentation() -> None:

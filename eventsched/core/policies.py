@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from eventsched.core.fgd import fragmentation
+from eventsched.core.fgd import NodeFragments
 from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
@@ -308,6 +308,8 @@ class Limits:
                 left = self.arrays[spec.array_id] = spec.array_cap - self.state.array_running.get(spec.array_id, 0)
             if left <= 0:
                 return "array-cap"
+        if not self.state.tenants:
+            return None  # no quotas at all (tenant_left would answer None for each)
         q = self._tenant_left(job.tenant)
         if q is not None and (q[0] < job.count * job.milli or q[1] < job.count * spec.gpu_mem_mib or q[2] < 1):
             return "quota"
@@ -316,7 +318,7 @@ class Limits:
     def take(self, job: Job) -> None:
         if job.spec.array_cap:
             self.arrays[job.spec.array_id] -= 1
-        q = self._tenant_left(job.tenant)
+        q = self._tenant_left(job.tenant) if self.state.tenants else None
         if q is not None:
             q[0] -= job.count * job.milli
             q[1] -= job.count * job.spec.gpu_mem_mib
@@ -860,17 +862,6 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
     workload = [(k, m, n / total) for (k, m), n in sorted(state.shape_counts.items())] if total else []
     if not workload:
         return best_fit_policy(state, now)
-    # A node's fragmentation depends only on the multiset of its GPUs' free
-    # shares; many nodes (all free, all full) share one, so score each once.
-    memo: dict[tuple[int, ...], float] = {}
-
-    def frag(free: list[int]) -> float:
-        key = tuple(sorted(free))
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = fragmentation(free, workload)
-        return hit
-
     def choose(view: View, job: Job, exclude: frozenset[int]) -> list[int] | None:
         if job.count == 0:
             return []
@@ -879,12 +870,14 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
             return None
         best: tuple[float, int] | None = None
         pick: list[int] | None = None
+        free = view.free
         for node, on in view.by_node(cands).items():
-            members = view.node_idx[node]
             if len(on) < job.count:
                 continue
-            free = [view.free[i] for i in members]
-            before = frag(free)
+            # the node summed up per task type once; each placement's effect on it is then
+            # a few additions per type (NodeFragments), not a pass over the node's GPUs
+            node_frags = NodeFragments([free[i] for i in view.node_idx[node]], workload)
+            before = node_frags.value()
             if job.count > 1 or job.milli == FULL:
                 options = [on[: job.count]]
             else:
@@ -893,16 +886,12 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
                 # index, so score each distinct share once, at its lowest GPU
                 lowest: dict[int, int] = {}
                 for i in on:
-                    f = view.free[i]
+                    f = free[i]
                     if i < lowest.get(f, i + 1):
                         lowest[f] = i
                 options = [[i] for i in lowest.values()]
-            at = {m: p for p, m in enumerate(members)}
             for idxs in options:
-                after = list(free)
-                for i in idxs:
-                    after[at[i]] -= job.milli
-                key = (frag(after) - before, idxs[0])
+                key = (node_frags.after([free[i] for i in idxs], job.milli) - before, idxs[0])
                 if best is None or key < best:
                     best, pick = key, idxs
         return pick
