@@ -62,10 +62,12 @@ def plan(state: ClusterState, now: float) -> Preemption | None:
     jobs, cfg = state.jobs, state.config
     if state.being_preempted:
         return None  # one preemption at a time: let the last one finish first
+    tenants = [name for name, tenant in state.tenants.items() if tenant.preemptible]
+    if not state.running_preemptible and not tenants:
+        return None  # the common case, asked after every event: answer it without copying
     ids = dict(state.running_preemptible)
-    for name, tenant in state.tenants.items():
-        if tenant.preemptible:
-            ids.update(state.running_of_tenant.get(name, {}))
+    for name in tenants:
+        ids.update(state.running_of_tenant.get(name, {}))
     maybe = [jobs[j] for j in ids if not jobs[j].cancel_reason]
     if not maybe:
         return None  # the common case: nothing may be preempted (kept by the projection)

@@ -192,13 +192,14 @@ class ClusterState:
     def _hold(self, job: Job, sign: int) -> None:
         """Count a job's resources in (+1) or out of (-1) its tenant's usage
         and its array's running tasks."""
-        usage = self.usage.get(job.tenant)
+        tenant = job.tenant
+        usage = self.usage.get(tenant)
         if usage is None:
-            usage = self.usage[job.tenant] = TenantUsage()
+            usage = self.usage[tenant] = TenantUsage()
         usage.milli += sign * job.count * job.milli
         usage.mem += sign * job.count * job.mem_mib
         usage.jobs += sign
-        mine = self.running_of_tenant.setdefault(job.tenant, {})
+        mine = self.running_of_tenant.setdefault(tenant, {})
         if sign > 0:
             mine[job.id] = None
             if job.spec.preemptible:
@@ -206,7 +207,7 @@ class ClusterState:
         else:
             mine.pop(job.id, None)
             if not mine:
-                del self.running_of_tenant[job.tenant]
+                del self.running_of_tenant[tenant]
             self.running_preemptible.pop(job.id, None)
             self.being_preempted.pop(job.id, None)
         if job.spec.array_cap:

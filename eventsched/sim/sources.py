@@ -44,6 +44,7 @@ from eventsched.domain.messages import (
     Submit,
 )
 from eventsched.domain.settings import settings_from_dict
+from eventsched.projections import collector
 from eventsched.projections.cluster import runtime_key
 from eventsched.storage import log as eventlog
 
@@ -119,6 +120,13 @@ def _log_dir_of(path: Path) -> Path | None:
 
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
+    # A workload is a few objects per job that make no cycles: young
+    # collections would walk them again and again (100,000 jobs: 1.4 -> 0.5 s).
+    with collector.paused():
+        return _load(source, gpus=gpus, seed=seed, nodes=nodes)
+
+
+def _load(source: str | os.PathLike[str], *, gpus: str | None, seed: int, nodes: int) -> Workload:
     path = Path(source)
     if path.is_dir():
         log_dir = _log_dir_of(path)
