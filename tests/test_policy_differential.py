@@ -39,6 +39,7 @@ from eventsched.projections.cluster import (
     runtime_key,
     validate_state,
 )
+from eventsched.projections.model import time_limit_of
 
 # --- the old scan, verbatim but for names --------------------------------------
 
@@ -104,7 +105,7 @@ def _reference_sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         p = pred_cache.get(key)
         if p is None:
             p = pred_cache[key] = state.stats.predict(key, policies.DEFAULT_RUNTIME_S)
-        limit = job.time_limit(state.config.default_time_limit_s)
+        limit = time_limit_of(job, state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
 
     live = _reference_fitting_shapes(state, view, policies.best_fit)
@@ -122,7 +123,7 @@ def _reference_sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         for jid in state.running:
             r = jobs[jid]
             p = predict(runtime_key(r.spec), policies.DEFAULT_RUNTIME_S)
-            limit = r.time_limit(default)
+            limit = time_limit_of(r, default)
             if limit is not None:
                 p = min(p, limit)
             node = r.node

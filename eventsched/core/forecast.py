@@ -28,7 +28,7 @@ from eventsched.projections.cluster import (
     runtime_key,
     state_from_snapshot,
 )
-from eventsched.projections.model import TenantUsage
+from eventsched.projections.model import TenantUsage, time_limit_of
 
 _ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.HELD)
 
@@ -49,7 +49,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
 
 def _predicted(state: ClusterState, job: Job) -> float:
     p = state.stats.predict(runtime_key(job.spec), DEFAULT_RUNTIME_S)
-    limit = job.time_limit(state.config.default_time_limit_s)
+    limit = time_limit_of(job, state.config.default_time_limit_s)
     return min(p, limit) if limit is not None else p
 
 

@@ -26,7 +26,7 @@ from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
-from eventsched.projections.model import Capacity
+from eventsched.projections.model import Capacity, time_limit_of
 from eventsched.projections.sortedkeys import SortedKeys
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
@@ -514,7 +514,7 @@ class _Reservation:
         if not self.gpus.intersection(idxs):
             return False
         spec = self.state.stats
-        limit = job.time_limit(self.state.config.default_time_limit_s)
+        limit = time_limit_of(job, self.state.config.default_time_limit_s)
         key = runtime_key(job.spec)
         if key in spec.by_key:
             pred = spec.predict(key, DEFAULT_RUNTIME_S)
@@ -549,10 +549,16 @@ def _running_ends(state: ClusterState, view: View, now: float,
     out = []
     jobs = state.jobs
     index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
+    known: dict[tuple[str, str], float] = {}  # running jobs share few runtime keys
     for jid in state.running:
         r = jobs[jid]
-        p = pred(r) if pred is not None else predict(runtime_key(r.spec), DEFAULT_RUNTIME_S)
-        limit = r.time_limit(default)
+        if pred is not None:
+            p = pred(r)
+        else:
+            key = runtime_key(r.spec)
+            hit = known.get(key)
+            p = known[key] = predict(key, DEFAULT_RUNTIME_S) if hit is None else hit
+        limit = time_limit_of(r, default)
         if limit is not None:
             p = min(p, limit)
         node = r.node
@@ -653,7 +659,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         p = pred_cache.get(key)
         if p is None:
             p = pred_cache[key] = state.stats.predict(key, DEFAULT_RUNTIME_S)
-        limit = job.time_limit(state.config.default_time_limit_s)
+        limit = time_limit_of(job, state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
 
     return _sjf(state, now, pred, lambda live, has_head: _sjf_order(state, live, has_head), None)

@@ -41,6 +41,7 @@ from eventsched.projections.model import (
     fit_summary,
     request_of,
     runtime_key,
+    time_limit_of,
     usable,
 )
 from eventsched.projections.records import NodeInfo, StateSnapshot
@@ -227,7 +228,7 @@ class ClusterState:
 
     def _track_deadline(self, job: Job) -> None:
         """Record when ``job``'s time limit falls due (or that none does)."""
-        limit = job.time_limit(self.config.default_time_limit_s)
+        limit = time_limit_of(job, self.config.default_time_limit_s)
         if job.state != RUNNING or job.cancel_reason or limit is None or job.started_at is None:
             self.deadlines.pop(job.id, None)
             return
@@ -550,7 +551,7 @@ def _predict_end(state: ClusterState, job: Job, start: float) -> None:
     """Set ``job.predicted_end``: ``start`` plus its predicted runtime (F14),
     capped by its time limit; keep ``state.ends`` in step."""
     p = state.stats.predict(runtime_key(job.spec), DEFAULT_RUNTIME_S)
-    limit = job.time_limit(state.config.default_time_limit_s)
+    limit = time_limit_of(job, state.config.default_time_limit_s)
     _forget_end(state, job)
     job.predicted_end = start + (min(p, limit) if limit is not None else p)
     bisect.insort(state.ends, (job.predicted_end, job.id))

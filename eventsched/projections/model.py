@@ -17,7 +17,7 @@ from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [
     "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
-    "QueueIndex", "RuntimeStats", "TenantUsage",
+    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of",
 ]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
@@ -97,6 +97,18 @@ def request_of(spec: ev.JobSpec) -> tuple[int, int]:
     if g < 1:
         return (1, max(1, round(g * FULL)))
     return (int(g), FULL)
+
+
+def time_limit_of(job: Job, default: float | None) -> float | None:
+    """The tighter of the job's own limit and ``default`` (None: no limit).
+    Here, compiled, rather than a method of the interpreted record: running
+    jobs' limits are read in every reservation."""
+    own = job.spec.time_limit_s
+    own = own if own is not None and own > 0 else None
+    default = default if default is not None and default > 0 else None
+    if own is None or default is None:
+        return own if default is None else default
+    return min(own, default)
 
 
 def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:

@@ -120,15 +120,6 @@ class Job(msgspec.Struct, kw_only=True):
     def tenant(self) -> str:
         return self.spec.tenant or DEFAULT_TENANT
 
-    def time_limit(self, default: float | None) -> float | None:
-        """The tighter of the job's own limit and ``default`` (None: no limit)."""
-        own = self.spec.time_limit_s
-        own = own if own is not None and own > 0 else None
-        default = default if default is not None and default > 0 else None
-        if own is None or default is None:
-            return own if default is None else default
-        return min(own, default)
-
 
 
 class NodeInfo(msgspec.Struct, kw_only=True):
