@@ -38,6 +38,12 @@ run (``bench/builds.py bench/bench_backlog.py --skip-core``): 0.8x 12.3 ->
 8.6 s, 4x 18.6 -> 13.4 s, ratio 1.5x -> 1.6x. Core decision after an exit,
 compiled, p99: best-fit 0.20 ms, fgd 0.31-0.35 ms, sjf-backfill 0.66-0.70 ms.
 The 4x replay is still over 10 s.
+
+Round four, against the tree before it in the same runs (3 runs, compiled,
+the CSV's loading included as in ``replay_s``): 0.8x 8.6-9.4 -> 7.6-8.3 s,
+4x 13.4-13.7 -> 12.5-13.1 s, ratio 1.6x. Most of it is loading: 100,000 CSV
+jobs took 1.2-1.4 s while the cyclic collector walked them again and again,
+0.6 s with it paused (``sim/sources.load_source``).
 """
 
 from __future__ import annotations
