@@ -23,7 +23,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import JobState
 from eventsched.domain.units import FULL
-from eventsched.projections import sortedkeys
+from eventsched.projections import model, sortedkeys
 from eventsched.projections.cluster import Gpu, Job, request_of
 from eventsched.projections.model import Capacity
 from eventsched.projections.sortedkeys import SortedKeys
@@ -173,3 +173,46 @@ def test_iter_from_crosses_blocks() -> None:
     assert list(keys.iter_from(1_002)) == list(range(1_002, 5_000, 2))
     assert list(keys.iter_from(1_002, after=True)) == list(range(1_004, 5_000, 2))
     assert list(keys.iter_from(10_000)) == [] and list(keys.iter_from(-1)) == list(range(0, 5_000, 2))
+
+
+# --- the queue's orders built on demand --------------------------------------------
+
+queue_ops = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from([0.25, 1.0, 2.0]),
+                               st.integers(-1, 1), st.sampled_from(["a", "b"])), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(queue_ops, st.integers(0, 120), st.integers(0, 120))
+def test_orders_built_on_demand_equal_orders_kept_from_the_start(
+        steps: list[tuple[bool, int, float, int, str]], orders_at: int, groups_at: int) -> None:
+    """A queue asked for its priority and submission orders and its runtime
+    groups at some point, then kept in step, holds exactly what a queue that
+    builds them only at the end does, and what sorting the jobs gives."""
+    late, early = model.QueueIndex(), model.QueueIndex()
+    jobs: dict[int, Job] = {}
+    for step, (add, jid, gpus, prio, name) in enumerate(steps):
+        if step == orders_at:
+            assert early.by_priority == sorted(early.by_priority)  # built now, kept in step after
+            assert len(early.by_order) == len(jobs)
+        if step == groups_at:
+            assert sum(map(len, early.by_rkey.values())) == len(jobs)
+        if add and jid not in jobs:
+            count, milli = request_of(ev.JobSpec(command=["x"], gpus=gpus))
+            job = Job(id=jid, spec=ev.JobSpec(command=["x"], gpus=gpus, priority=prio, name=name),
+                      count=count, milli=milli, order=step)
+            jobs[jid] = job
+            late.add(job)
+            early.add(job)
+        elif not add and jid in jobs:
+            job = jobs.pop(jid)
+            late.remove(job)
+            early.remove(job)
+    expected = sorted((-j.spec.priority, j.order, j.id) for j in jobs.values())
+    assert len(late) == len(early) == len(jobs)
+    assert list(late.by_priority) == list(early.by_priority) == expected
+    assert list(late.by_order) == list(early.by_order) == sorted((j.order, j.id) for j in jobs.values())
+    assert late.by_rkey == early.by_rkey
+    assert late.shape_rkey == early.shape_rkey
+    assert {r: list(keys) for r, keys in late.by_rkey.items()} == {
+        r: sorted(k for k in expected if model.runtime_key(jobs[k[2]].spec) == r)
+        for r in {model.runtime_key(j.spec) for j in jobs.values()}}

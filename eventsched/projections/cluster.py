@@ -854,6 +854,10 @@ def validate_state(state: ClusterState) -> None:
     assert state.node_gpus == fresh.node_gpus, "per-node GPU lists out of step"
     assert state.capacity.same(fresh.capacity), "capacity index out of step"
     assert state.queue.shape_queue == fresh.queue.shape_queue, "per-shape queues out of step"
+    # the orders built on demand: built here if they were not (and kept in step from then on)
+    assert state.queue.by_priority == fresh.queue.by_priority, "priority order out of step"
+    assert state.queue.by_order == fresh.queue.by_order, "submission order out of step"
+    assert state.queue.by_rkey == fresh.queue.by_rkey, "runtime groups out of step"
     assert state.queue.shape_rkey == fresh.queue.shape_rkey, "per-shape runtime groups out of step"
     assert state.deadlines == fresh.deadlines, f"deadlines {state.deadlines} != {fresh.deadlines}"
     assert set(state.deadlines.items()) <= set((j, d) for d, j in state._due), "a deadline missing from the heap"

@@ -119,15 +119,23 @@ def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
 class QueueIndex:
     """Queued jobs in the orders policies scan them, kept sorted incrementally.
 
-    ``by_priority``: (-priority, order, id); ``by_order``: (order, id).
-    These, the per-shape queues and the per-runtime-key groups are all
-    ``SortedKeys`` (blocked: an insertion or removal moves one block, not the
-    whole queue; one user's sweep can be one runtime key for most of a
-    100,000-job queue). A decision never re-sorts.
-    ``by_shape`` groups jobs that fit or fail together, so a decision can tell
-    up front that nothing in a long queue fits; ``shape_queue`` holds each
-    shape's jobs as (-priority, order, id), so a decision merges the heads of
-    the shapes that fit instead of walking past the jobs of those that do not.
+    ``shape_queue`` holds each shape's jobs as (-priority, order, id), so a
+    decision merges the heads of the shapes that fit instead of walking past
+    the jobs of those that do not; ``by_shape`` groups jobs that fit or fail
+    together, so a decision can tell up front that nothing in a long queue
+    fits. Every policy reads these.
+
+    The other orders are built the first time something asks for them, then
+    kept in step: ``by_priority`` (-priority, order, id) and ``by_order``
+    (order, id) for fifo, the oracle and ``explain``'s ranks; ``by_rkey`` and
+    ``shape_rkey``, the queue grouped by runtime key (and by shape and
+    runtime key), for shortest-job-first. A daemon or a replay that never
+    asks pays nothing for them per submission and placement (they were four
+    of the five sorted insertions and removals of every queued job).
+
+    All are ``SortedKeys`` (blocked: an insertion or removal moves one block,
+    not the whole queue; one user's sweep can be one runtime key for most of
+    a 100,000-job queue). A decision never re-sorts.
     """
 
     def __init__(self, aging_per_hour: float = 0.0) -> None:
@@ -135,34 +143,77 @@ class QueueIndex:
         # waiting jobs the difference does not change with time, so the
         # static key ``aging x queued_at / 3600 - priority`` orders them for good
         self.aging = aging_per_hour / 3600.0
-        # (blocked sorted lists: a placement at the head of a long queue
-        # moves one block, not the whole queue)
-        self.by_priority: SortedKeys[tuple[float, int, int]] = SortedKeys()
-        self.by_order: SortedKeys[tuple[int, int]] = SortedKeys()
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
         self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
-        # runtime-prediction key (and shape -> key) -> (-priority, order, id):
-        # shortest-job-first merges these groups, each with one prediction
-        self.rkey_of: dict[int, tuple[str, str]] = {}
-        self.by_rkey: dict[tuple[str, str], SortedKeys[tuple[float, int, int]]] = {}
-        self.shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]] = {}
+        self.rkey_of: dict[int, tuple[str, str]] = {}  # runtime-prediction key of each queued job
+        # built on demand (see the class docstring)
+        self._orders = False
+        self._by_priority: SortedKeys[tuple[float, int, int]] = SortedKeys()
+        self._by_order: SortedKeys[tuple[int, int]] = SortedKeys()
+        self._groups = False
+        self._by_rkey: dict[tuple[str, str], SortedKeys[tuple[float, int, int]]] = {}
+        self._shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]] = {}
 
     def __len__(self) -> int:
-        return len(self.by_order)
+        return len(self.shape_of)
 
     def key(self, job: Job) -> tuple[float, int, int]:
         """The job's place in priority order: (aged -priority, order, id)."""
         return (self.aging * job.queued_at - job.spec.priority if self.aging else -job.spec.priority, job.order, job.id)
 
+    def _keys(self) -> list[Any]:
+        """Every queued job's key (the objects the shapes' queues hold)."""
+        return [key for lane in self.shape_queue.values() for key in lane]
+
+    @property
+    def by_priority(self) -> SortedKeys[tuple[float, int, int]]:
+        self._build_orders()
+        return self._by_priority
+
+    @property
+    def by_order(self) -> SortedKeys[tuple[int, int]]:
+        self._build_orders()
+        return self._by_order
+
+    def _build_orders(self) -> None:
+        if not self._orders:
+            keys = self._keys()
+            self._by_priority = SortedKeys(keys)
+            self._by_order = SortedKeys([(k[1], k[2]) for k in keys])
+            self._orders = True
+
+    @property
+    def by_rkey(self) -> dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]:
+        self._build_groups()
+        return self._by_rkey
+
+    @property
+    def shape_rkey(self) -> dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]]:
+        self._build_groups()
+        return self._shape_rkey
+
+    def _build_groups(self) -> None:
+        if self._groups:
+            return
+        by_rkey: dict[tuple[str, str], list[Any]] = {}
+        shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], list[Any]]] = {}
+        for shape, lane in self.shape_queue.items():
+            mine = shape_rkey.setdefault(shape, {})
+            for key in lane:
+                rkey = self.rkey_of[key[2]]
+                by_rkey.setdefault(rkey, []).append(key)
+                mine.setdefault(rkey, []).append(key)
+        self._by_rkey = {r: SortedKeys(keys) for r, keys in by_rkey.items()}
+        self._shape_rkey = {s: {r: SortedKeys(keys) for r, keys in groups.items()} for s, groups in shape_rkey.items()}
+        self._groups = True
+
     def add(self, job: Job) -> None:
-        # one tuple shared by the four indices below: compiled (mypyc), a
+        # one tuple shared by every index below: compiled (mypyc), a
         # tuple[float, int, int] is a C struct, boxed anew for each container
         # it goes into, which cost 0.8 KB per queued job
         key: Any = self.key(job)
-        self.by_priority.add(key)
-        self.by_order.add((job.order, job.id))
         self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
         shape = job.shape
         self.shape_of[job.id] = shape
@@ -173,34 +224,43 @@ class QueueIndex:
         lane.add(key)
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
-        _group(self.by_rkey, rkey).add(key)
-        _group(self.shape_rkey.setdefault(shape, {}), rkey).add(key)
+        if self._orders:
+            self._by_priority.add(key)
+            self._by_order.add((job.order, job.id))
+        if self._groups:
+            _group(self._by_rkey, rkey).add(key)
+            _group(self._shape_rkey.setdefault(shape, {}), rkey).add(key)
 
     def remove(self, job: Job) -> None:
-        key: Any = self.key(job)  # boxed once (see add)
-        if not self.by_priority.remove(key):
+        shape = self.shape_of.get(job.id)
+        if shape is None:
             raise IllegalTransition(f"job {job.id} is not in the queue")
-        self.by_order.remove((job.order, job.id))
+        key: Any = self.key(job)  # boxed once (see add)
+        lane = self.shape_queue[shape]
+        if not lane.remove(key):
+            raise IllegalTransition(f"job {job.id} is not in the queue at its place")
+        if not lane:
+            del self.shape_queue[shape]
+        del self.shape_of[job.id]
         n = self.milli_counts[job.milli] - 1
         if n:
             self.milli_counts[job.milli] = n
         else:
             del self.milli_counts[job.milli]
-        shape = self.shape_of.pop(job.id)
         members = self.by_shape[shape]
         del members[job.id]
         if not members:
             del self.by_shape[shape]
-        lane = self.shape_queue[shape]
-        lane.remove(key)
-        if not lane:
-            del self.shape_queue[shape]
         rkey = self.rkey_of.pop(job.id)
-        _drop(self.by_rkey, rkey, key)
-        groups = self.shape_rkey[shape]
-        _drop(groups, rkey, key)
-        if not groups:
-            del self.shape_rkey[shape]
+        if self._orders:
+            self._by_priority.remove(key)
+            self._by_order.remove((job.order, job.id))
+        if self._groups:
+            _drop(self._by_rkey, rkey, key)
+            groups = self._shape_rkey[shape]
+            _drop(groups, rkey, key)
+            if not groups:
+                del self._shape_rkey[shape]
 
     def min_milli(self) -> int:
         """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
