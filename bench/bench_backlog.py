@@ -40,10 +40,13 @@ compiled, p99: best-fit 0.20 ms, fgd 0.31-0.35 ms, sjf-backfill 0.66-0.70 ms.
 The 4x replay is still over 10 s.
 
 Round four, against the tree before it in the same runs (3 runs, compiled,
-the CSV's loading included as in ``replay_s``): 0.8x 8.6-9.4 -> 7.6-8.3 s,
-4x 13.4-13.7 -> 12.5-13.1 s, ratio 1.6x. Most of it is loading: 100,000 CSV
-jobs took 1.2-1.4 s while the cyclic collector walked them again and again,
-0.6 s with it paused (``sim/sources.load_source``).
+the CSV's loading included as in ``replay_s``): 0.8x 8.4-8.7 -> 7.2-7.5 s,
+4x 13.3-14.3 -> 11.3-11.6 s, ratio 1.5-1.6x. Loading 100,000 CSV jobs took
+1.2-1.4 s while the cyclic collector walked them again and again, 0.6 s with
+it paused (``sim/sources.load_source``); the queue's priority and submission
+orders and its runtime groups are built only when something asks for them
+(fifo, a listing, sjf), which saves four of the five sorted insertions and
+removals per queued job under the other policies. Still over 10 s.
 """
 
 from __future__ import annotations

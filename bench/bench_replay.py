@@ -20,13 +20,14 @@ best-fit 10.9-11.2 -> 7.2-7.3 s, fifo 10.2 -> 6.6 s, sjf-backfill 14.4 ->
 9.9 s, fgd 18.2 -> 12.6 s (with core/fgd.py compiled too), 11.8 s once fgd
 scores a share of one GPU once per distinct free share.
 
-Round four, compiled, against the tree before it in the same runs (3 runs,
-alternating): fgd 12.1-12.4 -> 8.5-8.9 s (a node summed up per task type
+Round four, compiled, against the tree before it in the same runs (5-9 runs,
+alternating): fgd 12.1-12.8 -> 8.3-8.9 s (a node summed up per task type
 once per job, each candidate placement scored by a few additions per type:
-``core/fgd.py`` ``NodeFragments``), sjf-backfill 10.1-10.5 -> 9.7-10.3 s
+``core/fgd.py`` ``NodeFragments``), sjf-backfill 10.1-10.8 -> 9.7-10.7 s
 (time limits read by compiled code, one prediction per runtime key per
-reservation), best-fit 7.50-7.54 -> 7.2-7.6 s. Same events for every policy
-on this workload and on the Alibaba sample.
+reservation; under 10 s in 5 of 9 runs), best-fit 7.4-7.8 -> 6.9-8.4 s
+(median 7.5 -> 7.2). Same events for best-fit, sjf-backfill and fgd on this
+workload and on the Alibaba sample.
 """
 
 from __future__ import annotations
