@@ -31,6 +31,7 @@ from __future__ import (
 )
 
 import _signal as signal  # not `signal`: its enum import costs ~4 ms
+import errno
 import os
 import sys
 import time
@@ -358,10 +359,7 @@ def _spawn(spec: dict) -> int:
         os.umask(spec["umask"])  # ours too: it only narrows our own files' modes
     argv, env = spec["argv"], spec["env"]
     argv0 = argv[0]
-    if "/" in argv0:
-        paths = [argv0]
-    else:  # the job's PATH, as execvpe would search it
-        paths = [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
+    paths = _exec_paths(argv0, env)
     saved: OSError | None = None
     last: OSError = FileNotFoundError(argv0)
     for path in paths:
@@ -435,10 +433,93 @@ def _child(spec: dict, errw: int, switch: bool, limits: list[tuple[int, int, int
             os._exit(127)
 
 
+_native_handle: list = []  # [the _spawn module, or None] once looked for
+
+
+def _native() -> object | None:
+    """``_spawn`` (built from _spawn.c beside us), whose spawn() starts a job
+    in its cgroup without copying our memory; None where it was not built,
+    has no spawn() on this architecture, or EVENTSCHED_SPAWN=fork asks for
+    the fork path. Loaded by path: ``-I`` keeps our directory off sys.path."""
+    if not _native_handle:
+        module = None
+        if os.environ.get("EVENTSCHED_SPAWN", "") != "fork":
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            try:
+                import _spawn  # type: ignore[import-not-found]
+
+                module = _spawn if hasattr(_spawn, "spawn") else None
+            except ImportError:
+                pass
+            finally:
+                del sys.path[0]
+        _native_handle.append(module)
+    return _native_handle[0]
+
+
+def _exec_paths(argv0: str, env: dict[str, str]) -> list[str]:
+    """Where execvp would look for ``argv0``: itself, or each of the job's PATH."""
+    if "/" in argv0:
+        return [argv0]
+    return [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
+
+
+def _native_spawn(native: object, spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int:
+    """_fork_exec's work done by _spawn.spawn: the same steps, the same
+    messages, no copy of our memory. Returns the job's pid once it has exec'd."""
+    argv, env = spec["argv"], spec["env"]
+    argv0 = argv[0]
+    try:
+        envp = []
+        for key, value in env.items():
+            if not key or "=" in key:
+                raise ValueError("illegal environment variable name")
+            envp.append(os.fsencode(key + "=" + value))
+        paths = [os.fsencode(p) for p in _exec_paths(argv0, env)]
+        args = [os.fsencode(a) for a in argv]
+        cwd = os.fsencode(spec.get("cwd") or "/")
+    except (ValueError, TypeError) as e:  # e.g. a NUL byte in an argument
+        raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
+    memcg = spec.get("memory_cgroup") or ""
+    identity = (spec["uid"], spec["gid"], spec.get("groups") or []) if switch and spec.get("uid") is not None else None
+    fd = -1
+    if spec.get("cgroup"):
+        try:
+            fd = os.open(spec["cgroup"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise _Failed("cannot join cgroup %s: %s" % (spec["cgroup"], e.strerror))
+    try:
+        pid, step, err = native.spawn(  # type: ignore[attr-defined]
+            paths, args, envp, fd, os.fsencode(os.path.join(memcg, "cgroup.procs")) if memcg else None,
+            cwd, spec.get("umask", -1), _JOB_DEFAULT_SIGNALS, limits, identity,
+        )
+    except OSError as e:  # clone3 itself: no process was made
+        raise _Failed("cannot fork: %s" % e.strerror)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if pid > 0:
+        return pid
+    if step == "execute" and err == errno.ENOENT and "/" not in argv0:
+        raise _Failed("command not found: %s" % argv0)
+    # worded as _child words them
+    doing = {
+        "join memory cgroup": "join cgroup %s" % memcg,
+        "set resource limits": "set resource limits",
+        "switch identity": "switch to uid %s gid %s" % (spec.get("uid"), spec.get("gid")),
+        "change directory": "change to directory %s" % (spec.get("cwd") or "/"),
+        "execute": "execute %s" % argv0,
+    }.get(step, "start the job")  # signals, setsid, descriptors, umask
+    raise _Failed("cannot %s: %s" % (doing, os.strerror(err)))
+
+
 def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int:
     """Start the job in a forked child that joins its cgroup, sets its
     limits and switches identity (if ``switch``: root daemon, job of another
     user) first. Returns its pid once it has exec'd."""
+    native = _native()
+    if native is not None:
+        return _native_spawn(native, spec, switch, limits)
     errr, errw = os.pipe2(os.O_CLOEXEC)
     born = _fork_into_cgroup(spec["cgroup"]) if spec.get("cgroup") else None
     try:
@@ -611,6 +692,7 @@ def zygote(sock_fd: int) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _libc()  # loaded once here: every worker forked from us starts jobs with clone3 at no import cost
+    _native()
     sock = socket.socket(fileno=sock_fd)
     # SIGCHLD only wakes the loop: reaping happens there
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
