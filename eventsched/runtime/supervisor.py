@@ -77,6 +77,16 @@ def _proc_start_time(pid: int) -> int:
     return int(data[data.rindex(b")") + 2 :].split()[19])
 
 
+_own_start: list[tuple[int, int]] = []  # [(our pid, our start time)]: a worker's never changes
+
+
+def _own_start_time() -> int:
+    pid = os.getpid()
+    if not _own_start or _own_start[0][0] != pid:  # a fork is a new process
+        _own_start[:] = [(pid, _proc_start_time(pid))]
+    return _own_start[0][1]
+
+
 def _write_atomic(jobdir: str, name: str, text: str) -> None:
     tmp = os.path.join(jobdir, "." + name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -313,6 +323,8 @@ def _cgroup_populated(path: str) -> bool:
 def _cgroup_empty(path: str, timeout_s: float = 10.0) -> None:
     """Kill everything left in the job's cgroup and wait (bounded) until it
     is empty, so the GPUs are free when the exit is recorded."""
+    if not _cgroup_populated(path):  # most jobs leave nothing behind: nothing to kill
+        return
     try:
         fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -619,7 +631,7 @@ def _supervise(
         "pid",
         '{"pid": %d, "start_time": %d, "supervisor_pid": %d, "supervisor_start_time": %d,'
         ' "started_at": %r, "cgroup": %s, "memory_cgroup": %s}\n'
-        % (pid, start_time, os.getpid(), _proc_start_time(os.getpid()), time.time(), _quote(cgroup[0]), _quote(memcg)),
+        % (pid, start_time, os.getpid(), _own_start_time(), time.time(), _quote(cgroup[0]), _quote(memcg)),
     )
     _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time), keep_ready)
 
