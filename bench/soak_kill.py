@@ -233,12 +233,13 @@ def _running_attempts(state: Path) -> list[tuple[int, dict[str, Any]]]:
     for job in names[:200]:  # the newest: the others ended long ago (and a scan of all grows with the soak)
         job_dir = jobs_dir / str(job)
         for attempt in job_dir.iterdir():
-            pid_file, exit_file = attempt / "pid", attempt / "exit"
-            if pid_file.exists() and not exit_file.exists():
-                try:
-                    out.append((int(job_dir.name), json.loads(pid_file.read_text())))
-                except (ValueError, OSError):
-                    pass
+            try:  # a pid line and no exit line yet (runtime/supervisor.py)
+                records = [json.loads(line) for line in (attempt / "record").read_text().splitlines()]
+            except (ValueError, OSError):
+                continue
+            started = [r for r in records if "pid" in r]
+            if started and not any("exit_code" in r for r in records):
+                out.append((int(job_dir.name), started[0]))
     return out
 
 

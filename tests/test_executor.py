@@ -101,6 +101,19 @@ async def run_job(ex: Executor, job: int, spec: JobSpec, gpu_ids: list[int]) -> 
     return exited, ex.log_path(job).read_text()
 
 
+def records(attempt: Path) -> list[dict]:
+    """The whole lines of an attempt's record file: its pid line, then its exit line."""
+    try:
+        text = (attempt / "record").read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
+def pid_record(attempt: Path) -> dict:
+    return records(attempt)[0]
+
+
 def wait_for(cond, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -348,7 +361,7 @@ async def test_a_killed_supervisor_makes_the_job_lost(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     async with running(ex) as inbox:
         started = await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
-        sup = json.loads((tmp_path / "jobs/1/0/pid").read_text())["supervisor_pid"]
+        sup = pid_record(tmp_path / "jobs/1/0")["supervisor_pid"]
         os.kill(sup, signal.SIGKILL)
         msg = await inbox.next()
     assert isinstance(msg, ProcessLost) and msg.job == 1 and str(started.pid) in msg.reason
@@ -359,7 +372,7 @@ async def test_stopping_a_supervisor_stops_its_job_and_records_it(tmp_path: Path
     ex = Executor(tmp_path)
     async with running(ex) as inbox:
         await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
-        sup = json.loads((tmp_path / "jobs/1/0/pid").read_text())["supervisor_pid"]
+        sup = pid_record(tmp_path / "jobs/1/0")["supervisor_pid"]
         os.kill(sup, signal.SIGTERM)
         assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
 
@@ -422,7 +435,7 @@ async def test_jobs_survive_a_killed_daemon_and_are_recovered(tmp_path: Path) ->
     daemon = subprocess.Popen([PY, "-c", DAEMON, str(state), json.dumps(jobs)], stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(daemon.stdout.readline())
-        wait_for(lambda: (state / "jobs/1/0/exit").exists())
+        wait_for(lambda: len(records(state / "jobs/1/0")) == 2)  # pid, exit
     finally:
         daemon.kill()
         daemon.wait()
@@ -469,13 +482,19 @@ async def test_adopted_job_can_be_signalled(tmp_path: Path) -> None:
         assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
 
 
-def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["record", "record-torn-exit", "pid-file"])
+def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path, layout: str) -> None:
     attempt = tmp_path / "jobs/1/0"
     attempt.mkdir(parents=True)
-    # a supervisor that recorded a start, then died without an exit record
-    (attempt / "pid").write_text(
-        json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
-    )
+    # a supervisor that recorded a start, then died without an exit record:
+    # in the record file (its exit line cut short, if torn), or in the
+    # pid file of an attempt started by an older version
+    started = json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
+    if layout == "pid-file":
+        (attempt / "pid").write_text(started)
+    else:
+        torn = '{"exit_code": 0, "signal": nu' if layout == "record-torn-exit" else ""
+        (attempt / "record").write_text(started + "\n" + torn)
     (tmp_path / "jobs/2/0").mkdir(parents=True)  # died before starting its job
     msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
     assert [type(m) for m in msgs] == [ProcessLost, ProcessLost]
@@ -508,7 +527,7 @@ def zombie_children(ppid: int) -> list[int]:
 
 
 def supervisor_of(state: Path, job: int) -> int:
-    return json.loads((state / f"jobs/{job}/0/pid").read_text())["supervisor_pid"]
+    return pid_record(state / f"jobs/{job}/0")["supervisor_pid"]
 
 
 async def test_launches_are_forked_by_one_zygote_in_its_own_session(tmp_path: Path) -> None:

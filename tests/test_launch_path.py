@@ -59,10 +59,12 @@ async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
     assert ex.log_path(7).read_text() == "7\n"
     # created by the supervisor, as the daemon would: private to the job's owner
     assert stat.S_IMODE(ex.log_path(7).stat().st_mode) == 0o600
-    started = json.loads((attempt / "pid").read_text())
+    # one record file, a line per record: the pid line, then the exit line
+    started, ended = (json.loads(line) for line in (attempt / "record").read_text().splitlines())
     assert {"cgroup", "memory_cgroup"} <= started.keys()
     assert started["cgroup"] == (f"{ex._cgroups.parent}/job-7-0" if ex._cgroups else "")
-    assert json.loads((attempt / "exit").read_text())["exit_code"] == 0
+    assert ended["exit_code"] == 0
+    assert sorted(p.name for p in attempt.iterdir()) == ["record"]
 
 
 async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: Path) -> None:
@@ -82,7 +84,7 @@ async def test_a_failed_start_is_still_recorded(tmp_path: Path) -> None:
     async with running(ex):
         with pytest.raises(Exception, match="command not found"):
             await ex.launch(9, JobSpec(command=["no-such-command-eventsched"]), [0])
-    ended = json.loads((tmp_path / "jobs/9/0/exit").read_text())
+    ended = json.loads((tmp_path / "jobs/9/0/record").read_text())  # the exit line alone: it never started
     assert ended["exit_code"] == 127 and "command not found" in ended["error"]
 
 

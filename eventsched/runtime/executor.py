@@ -176,7 +176,7 @@ def job_env(
 
 
 def _read_json(path: Path) -> dict | None:
-    try:  # os.open/os.read: a pid or exit record per job, without io's layers
+    try:  # os.open/os.read: a file per job (spec.json, an old attempt's records), without io's layers
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
@@ -190,6 +190,45 @@ def _read_json(path: Path) -> dict | None:
         return msgspec.json.decode(b"".join(chunks))
     except msgspec.DecodeError:
         return None
+
+
+def _read_records(attempt_dir: Path) -> tuple[dict | None, dict | None]:
+    """(pid record, exit record) of an attempt, each None until written: the
+    lines of its ``record`` file (runtime/supervisor.py), or, for an attempt
+    started before that file existed, its ``pid`` and ``exit`` files."""
+    try:
+        fd = os.open(attempt_dir / "record", os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _read_json(attempt_dir / "pid"), _read_json(attempt_dir / "exit")
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    started = ended = None
+    for line in b"".join(chunks).split(b"\n")[:-1]:  # whole lines only: the last may be half-written
+        try:
+            record = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if started is None and "pid" in record:
+            started = record
+        elif ended is None and "exit_code" in record:
+            ended = record
+    return started, ended
+
+
+def _append_record(attempt_dir: Path, record: dict) -> None:
+    """An exit line written by the daemon itself (a launch that failed before
+    any supervisor could), as a supervisor writes one."""
+    fd = os.open(attempt_dir / "record", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, msgspec.json.encode(record) + b"\n")
+    finally:
+        os.close(fd)
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -503,9 +542,7 @@ class Executor:
                 _cg.remove(memcg)
             # recorded like a supervisor would, so a restart reads "launch-failed"
             with contextlib.suppress(OSError):
-                (attempt_dir / "exit").write_bytes(
-                    msgspec.json.encode({"exit_code": 127, "signal": None, "error": reason})
-                )
+                _append_record(attempt_dir, {"exit_code": 127, "signal": None, "error": reason})
             raise LaunchError(reason) from None
         if handed is not None:
             return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup, memcg=memcg)
@@ -663,8 +700,7 @@ class Executor:
             if attempt_dir is None:
                 out.append(NeverLaunched(job=job, reason="the daemon stopped before launching it"))
                 continue
-            started = _read_json(attempt_dir / "pid")
-            ended = _read_json(attempt_dir / "exit")
+            started, ended = _read_records(attempt_dir)
             if ended is None and started is not None:
                 w = self._adopt(job, attempt_dir, started)
                 if w is not None:
@@ -672,7 +708,7 @@ class Executor:
                         out.append(self._started(job, started))
                     self._watch(w)
                     continue
-                ended = _read_json(attempt_dir / "exit")  # it may have just finished
+                ended = _read_records(attempt_dir)[1]  # it may have just finished
             if ended is not None:
                 if started is not None and known_pid == 0:
                     out.append(self._started(job, started))
@@ -706,8 +742,8 @@ class Executor:
                 continue
             for aname in sorted(tries, key=int):
                 attempt_dir = self.jobs_dir / jname / aname
-                started = _read_json(attempt_dir / "pid")
-                if started is None or _read_json(attempt_dir / "exit") is not None:
+                started, ended = _read_records(attempt_dir)
+                if started is None or ended is not None:
                     continue
                 w = self._adopt(int(jname), attempt_dir, started)
                 if w is not None:
@@ -721,8 +757,8 @@ class Executor:
         (a little longer) for its supervisor to end. Its exit is not reported.
         Returns the job's pid, 0 when it was not alive."""
         attempt_dir = self.jobs_dir / str(job) / str(attempt)
-        started = _read_json(attempt_dir / "pid")
-        if started is None or _read_json(attempt_dir / "exit") is not None:
+        started, ended = _read_records(attempt_dir)
+        if started is None or ended is not None:
             return 0
         w = self._adopt(job, attempt_dir, started)
         if w is None:
@@ -836,7 +872,7 @@ class Executor:
                 os.close(w.pidfd)
         if w.popen is not None:
             w.popen.wait()  # our child, already exited: reap the zombie
-        ended = _read_json(w.attempt_dir / "exit")
+        ended = _read_records(w.attempt_dir)[1]
         if w.of_job:
             ended = await _exit_record(w.attempt_dir, ended)
         if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
@@ -904,7 +940,7 @@ def _job_pidfd(pid: int, start_time: int) -> int:
 async def _exit_record(attempt_dir: Path, ended: dict | None) -> dict | None:
     """The job has ended, or could not be watched: its exit record, once its
     worker has written it (it empties the job's cgroup first: up to ~10 s)."""
-    started = _read_json(attempt_dir / "pid") or {}
+    started = _read_records(attempt_dir)[0] or {}
     deadline = anyio.current_time() + 30.0
     while ended is None and anyio.current_time() < deadline:
         stat = _proc_stat(int(started.get("pid", 0))) if started else None
@@ -913,7 +949,7 @@ async def _exit_record(attempt_dir: Path, ended: dict | None) -> dict | None:
             await anyio.sleep(0.05)
         else:
             await anyio.sleep(0.01)
-        ended = _read_json(attempt_dir / "exit")
+        ended = _read_records(attempt_dir)[1]
     return ended
 
 
