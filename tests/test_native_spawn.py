@@ -140,3 +140,15 @@ async def test_a_failed_start_says_the_same_either_way(
     command = [str(plain) if c == "NOT_EXECUTABLE" else c for c in command]
     seen = await _both_ways(tmp_path, monkeypatch, JobSpec(command=command, cwd=cwd))
     assert seen["native"] == seen["fork"] == ("error", expected.format(path=plain))
+
+
+def test_a_kernel_without_clone3_into_a_cgroup_falls_back_to_the_fork(monkeypatch: pytest.MonkeyPatch) -> None:
+    class OldKernel:  # clone3 before Linux 5.7: CLONE_INTO_CGROUP is an unknown flag
+        @staticmethod
+        def spawn(*args: object) -> tuple[int, str, int]:
+            raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(supervisor, "_native_handle", [OldKernel])
+    spec = {"argv": ["true"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "cgroup": ""}
+    assert supervisor._native_spawn(OldKernel, spec, False, []) is None  # the caller forks instead
+    assert supervisor._native() is None  # and never tries again

@@ -477,9 +477,10 @@ def _exec_paths(argv0: str, env: dict[str, str]) -> list[str]:
     return [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
 
 
-def _native_spawn(native: object, spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int:
+def _native_spawn(native: object, spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int | None:
     """_fork_exec's work done by _spawn.spawn: the same steps, the same
-    messages, no copy of our memory. Returns the job's pid once it has exec'd."""
+    messages, no copy of our memory. Returns the job's pid once it has exec'd,
+    or None where clone3 itself failed (the caller forks instead)."""
     argv, env = spec["argv"], spec["env"]
     argv0 = argv[0]
     try:
@@ -507,7 +508,9 @@ def _native_spawn(native: object, spec: dict, switch: bool, limits: list[tuple[i
             cwd, spec.get("umask", -1), _JOB_DEFAULT_SIGNALS, limits, identity,
         )
     except OSError as e:  # clone3 itself: no process was made
-        raise _Failed("cannot fork: %s" % e.strerror)
+        if e.errno in (errno.ENOSYS, errno.EINVAL, errno.E2BIG):  # a kernel before 5.7: never again
+            _native_handle[:] = [None]
+        return None  # the fork path says what is wrong, if anything is
     finally:
         if fd >= 0:
             os.close(fd)
@@ -532,7 +535,9 @@ def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> 
     user) first. Returns its pid once it has exec'd."""
     native = _native()
     if native is not None:
-        return _native_spawn(native, spec, switch, limits)
+        pid = _native_spawn(native, spec, switch, limits)
+        if pid is not None:
+            return pid
     errr, errw = os.pipe2(os.O_CLOEXEC)
     born = _fork_into_cgroup(spec["cgroup"]) if spec.get("cgroup") else None
     try:
