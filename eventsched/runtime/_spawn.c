@@ -226,7 +226,7 @@ PyDoc_STRVAR(spawn_doc,
 "(pid, \"\", 0) once it runs; (-1, step, errno) when ``step`` failed (the child,\n"
 "if any, is already reaped); raises OSError when clone3 itself fails.");
 
-static PyObject *spawn(PyObject *self, PyObject *args)
+static PyObject *spawn(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *paths_o, *argv_o, *envp_o, *memcg_o, *signals_o, *rlimits_o, *identity_o;
     const char *cwd;
@@ -381,9 +381,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_spawn",
-    "posix_spawn into a cgroup (clone3 CLONE_VM|CLONE_VFORK|CLONE_INTO_CGROUP); see _spawn.c.",
-    -1, methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_spawn",
+    .m_doc = "posix_spawn into a cgroup (clone3 CLONE_VM|CLONE_VFORK|CLONE_INTO_CGROUP); see _spawn.c.",
+    .m_size = -1,
+    .m_methods = methods,
 };
 
 PyMODINIT_FUNC PyInit__spawn(void) { return PyModule_Create(&module); }
