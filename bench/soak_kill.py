@@ -233,8 +233,10 @@ def _running_attempts(state: Path) -> list[tuple[int, dict[str, Any]]]:
     for job in names[:200]:  # the newest: the others ended long ago (and a scan of all grows with the soak)
         job_dir = jobs_dir / str(job)
         for attempt in job_dir.iterdir():
+            if not attempt.name.isdigit():
+                continue  # output.log, N.spec.json
             try:  # a pid line and no exit line yet (runtime/supervisor.py)
-                records = [json.loads(line) for line in (attempt / "record").read_text().splitlines()]
+                records = [json.loads(line) for line in attempt.read_text().splitlines()]
             except (ValueError, OSError):
                 continue
             started = [r for r in records if "pid" in r]

@@ -102,9 +102,9 @@ async def run_job(ex: Executor, job: int, spec: JobSpec, gpu_ids: list[int]) -> 
 
 
 def records(attempt: Path) -> list[dict]:
-    """The whole lines of an attempt's record file: its pid line, then its exit line."""
+    """The whole lines of an attempt's file: its pid line, then its exit line."""
     try:
-        text = (attempt / "record").read_text()
+        text = attempt.read_text()
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.split("\n")[:-1]]
@@ -482,20 +482,22 @@ async def test_adopted_job_can_be_signalled(tmp_path: Path) -> None:
         assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
 
 
-@pytest.mark.parametrize("layout", ["record", "record-torn-exit", "pid-file"])
+@pytest.mark.parametrize("layout", ["attempt-file", "attempt-file-torn-exit", "old-record-dir", "old-pid-file"])
 def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path, layout: str) -> None:
     attempt = tmp_path / "jobs/1/0"
-    attempt.mkdir(parents=True)
+    attempt.parent.mkdir(parents=True)
     # a supervisor that recorded a start, then died without an exit record:
-    # in the record file (its exit line cut short, if torn), or in the
-    # pid file of an attempt started by an older version
+    # in the attempt file (its exit line cut short, if torn), or in the
+    # attempt directory of an older version (a record file, or a pid file)
     started = json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
-    if layout == "pid-file":
-        (attempt / "pid").write_text(started)
+    if layout.startswith("old-"):
+        attempt.mkdir()
+        (attempt / ("pid" if layout == "old-pid-file" else "record")).write_text(started + "\n")
     else:
-        torn = '{"exit_code": 0, "signal": nu' if layout == "record-torn-exit" else ""
-        (attempt / "record").write_text(started + "\n" + torn)
-    (tmp_path / "jobs/2/0").mkdir(parents=True)  # died before starting its job
+        torn = '{"exit_code": 0, "signal": nu' if layout.endswith("torn-exit") else ""
+        attempt.write_text(started + "\n" + torn)
+    (tmp_path / "jobs/2").mkdir(parents=True)  # died before starting its job
+    (tmp_path / "jobs/2/0").touch()
     msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
     assert [type(m) for m in msgs] == [ProcessLost, ProcessLost]
     assert "999999" in msgs[0].reason

@@ -55,16 +55,17 @@ async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
     exited = await _run(ex, 7, JobSpec(command=[sys.executable, "-S", "-c", code]))
     assert exited.exit_code == 0
     attempt = tmp_path / "jobs/7/0"
-    assert not (attempt / "spec.json").exists()
+    assert not (tmp_path / "jobs/7/0.spec.json").exists()
     assert ex.log_path(7).read_text() == "7\n"
     # created by the supervisor, as the daemon would: private to the job's owner
     assert stat.S_IMODE(ex.log_path(7).stat().st_mode) == 0o600
-    # one record file, a line per record: the pid line, then the exit line
-    started, ended = (json.loads(line) for line in (attempt / "record").read_text().splitlines())
+    # the attempt is one file, a line per record: the pid line, then the exit line
+    started, ended = (json.loads(line) for line in attempt.read_text().splitlines())
     assert {"cgroup", "memory_cgroup"} <= started.keys()
     assert started["cgroup"] == (f"{ex._cgroups.parent}/job-7-0" if ex._cgroups else "")
     assert ended["exit_code"] == 0
-    assert sorted(p.name for p in attempt.iterdir()) == ["record"]
+    assert sorted(p.name for p in attempt.parent.iterdir()) == ["0", "output.log"]
+    assert stat.S_IMODE(attempt.stat().st_mode) == 0o600
 
 
 async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: P
     exited = await _run(ex, 8, spec)
     assert exited.exit_code == 0
     assert ex.log_path(8).read_text() == f"{len(big)}\n"
-    spec_file = tmp_path / "jobs/8/0/spec.json"
+    spec_file = tmp_path / "jobs/8/0.spec.json"  # beside the attempt file
     assert spec_file.exists() and stat.S_IMODE(spec_file.stat().st_mode) == 0o600
 
 
@@ -84,15 +85,22 @@ async def test_a_failed_start_is_still_recorded(tmp_path: Path) -> None:
     async with running(ex):
         with pytest.raises(Exception, match="command not found"):
             await ex.launch(9, JobSpec(command=["no-such-command-eventsched"]), [0])
-    ended = json.loads((tmp_path / "jobs/9/0/record").read_text())  # the exit line alone: it never started
+    ended = json.loads((tmp_path / "jobs/9/0").read_text())  # the exit line alone: it never started
     assert ended["exit_code"] == 127 and "command not found" in ended["error"]
 
 
-def test_the_cgroup_comes_from_the_pid_record_else_spec_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("old_directory", [False, True])
+def test_the_cgroup_comes_from_the_pid_record_else_spec_json(tmp_path: Path, old_directory: bool) -> None:
     attempt = tmp_path / "jobs/1/0"
-    attempt.mkdir(parents=True)
+    attempt.parent.mkdir(parents=True)
+    if old_directory:  # an attempt launched by an older version
+        attempt.mkdir()
+        spec_file = attempt / "spec.json"
+    else:
+        attempt.touch()
+        spec_file = tmp_path / "jobs/1/0.spec.json"
     assert _spec_cgroup(attempt) == ""
-    (attempt / "spec.json").write_text(json.dumps({"cgroup": "/sys/fs/cgroup/x/job-1-0"}))
+    spec_file.write_text(json.dumps({"cgroup": "/sys/fs/cgroup/x/job-1-0"}))
     assert _spec_cgroup(attempt) == "/sys/fs/cgroup/x/job-1-0"
     assert _spec_cgroup(attempt, started={"pid": 1}) == "/sys/fs/cgroup/x/job-1-0"  # an older record
     started = {"pid": 1, "cgroup": "/sys/fs/cgroup/y/job-1-0", "memory_cgroup": ""}

@@ -8,17 +8,22 @@ costs a fork rather than an interpreter start-up; without it (before ``run``,
 or if it cannot be started) a supervisor is started cold. A dead zygote is
 replaced at the next launch; the supervisors it forked run on, and so do they
 when the daemon dies (the zygote then reads EOF and exits). The executor and a
-supervisor share nothing but files in the job's attempt directory::
+supervisor share nothing but the job's files::
 
     <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
-    <state_dir>/jobs/<job>/<attempt>/          created with mkdir: "this attempt was launched"
-        spec.json   argv, env, cwd, credentials       (executor -> supervisor; only
-                    for a cold start or a plan too big to travel with the
-                    zygote's request, which carries it otherwise)
-        pid         job pid + /proc start time, cgroups (supervisor, atomic)
-        exit        exit code or signal, end time       (supervisor, atomic)
+    <state_dir>/jobs/<job>/<attempt>           created with O_EXCL: "this attempt was launched";
+                    then its record, a JSON object per line, each appended in one
+                    write by the supervisor: the pid line (job pid + /proc start
+                    time, cgroups) once the job runs, the exit line (exit code or
+                    signal, end time) once it has ended
+    <state_dir>/jobs/<job>/<attempt>.spec.json argv, env, cwd, credentials (executor ->
+                    supervisor; only for a cold start or a plan too big to travel
+                    with the zygote's request, which carries it otherwise)
 
-Creating the attempt directory is the launch's commit point: a second launch of
+(An attempt launched by an older version is a directory holding ``record``,
+or ``pid`` and ``exit``, and ``spec.json``; it is read as before.)
+
+Creating the attempt file is the launch's commit point: a second launch of
 the same (job, attempt) is refused, even by a restarted daemon, so nothing is
 ever launched twice. Exits are noticed without polling: a pidfd on the
 supervisor, or the pipe its zygote worker closes once the exit is recorded;
@@ -44,6 +49,7 @@ import os
 import pwd
 import shlex
 import signal as _signal
+import stat
 import subprocess
 import sys
 import time
@@ -192,14 +198,20 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def _read_records(attempt_dir: Path) -> tuple[dict | None, dict | None]:
+def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     """(pid record, exit record) of an attempt, each None until written: the
-    lines of its ``record`` file (runtime/supervisor.py), or, for an attempt
-    started before that file existed, its ``pid`` and ``exit`` files."""
+    lines of its file ``jobs/ID/ATTEMPT`` (runtime/supervisor.py). An attempt
+    launched by an older version is a directory: its ``record`` file, or its
+    ``pid`` and ``exit`` files."""
     try:
-        fd = os.open(attempt_dir / "record", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(attempt_path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return _read_json(attempt_dir / "pid"), _read_json(attempt_dir / "exit")
+        return None, None
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        if os.path.exists(attempt_path / "record"):
+            return _read_records(attempt_path / "record")
+        return _read_json(attempt_path / "pid"), _read_json(attempt_path / "exit")
     try:
         chunks = []
         while chunk := os.read(fd, 65536):
@@ -221,10 +233,10 @@ def _read_records(attempt_dir: Path) -> tuple[dict | None, dict | None]:
     return started, ended
 
 
-def _append_record(attempt_dir: Path, record: dict) -> None:
+def _append_record(attempt_path: Path, record: dict) -> None:
     """An exit line written by the daemon itself (a launch that failed before
     any supervisor could), as a supervisor writes one."""
-    fd = os.open(attempt_dir / "record", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(attempt_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     try:
         os.write(fd, msgspec.json.encode(record) + b"\n")
     finally:
@@ -309,13 +321,13 @@ class _Watch:
     """A supervisor the executor waits on (launched here or adopted)."""
 
     __slots__ = (
-        "job", "attempt_dir", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "of_job", "_event"
+        "job", "attempt_path", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "of_job", "_event"
     )
 
     def __init__(
         self,
         job: int,
-        attempt_dir: Path,
+        attempt_path: Path,
         pgid: int,
         pidfd: int,
         popen: subprocess.Popen | None,
@@ -324,7 +336,7 @@ class _Watch:
         memcg: str = "",
     ) -> None:
         self.job = job
-        self.attempt_dir = attempt_dir
+        self.attempt_path = attempt_path
         self.pgid = pgid  # the job's pid == its process group == its session
         self.pidfd = pidfd  # readable once the exit is recorded: the supervisor's pidfd, or its worker's pipe
         self.popen = popen  # set when the supervisor is our child: reap it
@@ -349,18 +361,27 @@ class _Watch:
         self.event().set()
 
 
-def _write_spec(attempt_dir: Path, data: bytes) -> None:
+def _spec_path(attempt_path: Path) -> Path:
+    """Where a plan the zygote's request cannot carry is written: beside the
+    attempt, ``jobs/ID/ATTEMPT.spec.json`` (inside it for an older version's
+    attempt directory)."""
+    if attempt_path.is_dir():
+        return attempt_path / "spec.json"
+    return attempt_path.with_name(attempt_path.name + ".spec.json")
+
+
+def _write_spec(attempt_path: Path, data: bytes) -> None:
     # 0o600: the environment may hold the user's secrets
-    spec_fd = os.open(attempt_dir / "spec.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    spec_fd = os.open(_spec_path(attempt_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(spec_fd, "wb") as f:
         f.write(data)
 
 
-def _spec_cgroup(attempt_dir: Path, key: str = "cgroup", started: dict | None = None) -> str:
+def _spec_cgroup(attempt_path: Path, key: str = "cgroup", started: dict | None = None) -> str:
     """The cgroup an attempt was launched into (from its pid record, else
     its spec.json), or ""; ``key="memory_cgroup"``: its cgroup v1 memory
     directory."""
-    plan = started if started is not None and key in started else _read_json(attempt_dir / "spec.json")
+    plan = started if started is not None and key in started else _read_json(_spec_path(attempt_path))
     cg = plan.get(key) if isinstance(plan, dict) else None
     # only ever a job's own cgroup, which is killed and removed by path
     return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
@@ -459,14 +480,16 @@ class Executor:
             raise LaunchError(str(e)) from None
         creds = _credentials(spec)
         job_dir = self.jobs_dir / str(job)
-        attempt_dir = job_dir / str(attempt)
+        attempt_path = job_dir / str(attempt)
         try:
             job_dir.mkdir(mode=0o711 if creds else 0o700, exist_ok=True)
-            os.mkdir(attempt_dir, 0o700)  # the commit point: launched
+            # the commit point: launched. The attempt is one file, its
+            # supervisor's record (an inode costs 0.06-0.3 ms on ext4)
+            os.close(os.open(attempt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except FileExistsError:
             raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
         except OSError as e:
-            raise LaunchError(f"cannot create {attempt_dir}: {e.strerror}") from None
+            raise LaunchError(f"cannot create {attempt_path}: {e.strerror}") from None
 
         cgroup = ""
         if self._cgroups is not None:
@@ -518,20 +541,20 @@ class Executor:
             data = msgspec.json.encode(plan)
             inline = len(data) <= INLINE_SPEC_BYTES
             if not inline:
-                _write_spec(attempt_dir, data)
+                _write_spec(attempt_path, data)
             # the supervisor forked by the zygote creates (and chowns) the
             # log itself, off the daemon's loop; a cold one is handed it open
-            handed = self._hand_to_zygote(attempt_dir, data if inline else None)
+            handed = self._hand_to_zygote(attempt_path, data if inline else None)
             if handed is None:
                 if inline:
-                    _write_spec(attempt_dir, data)
+                    _write_spec(attempt_path, data)
                 log_fd = os.open(
                     log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
                 )
                 try:
                     if creds:  # the job writes its own log as itself
                         os.fchown(log_fd, creds.uid, creds.gid)
-                    popen, ready_r = self._cold_start(attempt_dir, log_fd)
+                    popen, ready_r = self._cold_start(attempt_path, log_fd)
                 finally:
                     os.close(log_fd)
         except OSError as e:
@@ -542,10 +565,10 @@ class Executor:
                 _cg.remove(memcg)
             # recorded like a supervisor would, so a restart reads "launch-failed"
             with contextlib.suppress(OSError):
-                _append_record(attempt_dir, {"exit_code": 127, "signal": None, "error": reason})
+                _append_record(attempt_path, {"exit_code": 127, "signal": None, "error": reason})
             raise LaunchError(reason) from None
         if handed is not None:
-            return await self._zygote_started(job, attempt_dir, *handed, cgroup=cgroup, memcg=memcg)
+            return await self._zygote_started(job, attempt_path, *handed, cgroup=cgroup, memcg=memcg)
 
         pidfd = os.pidfd_open(popen.pid)
         try:
@@ -558,24 +581,24 @@ class Executor:
         words = line.split(" ", 1) if line else []
         if words and words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
-            self._watch(_Watch(job, attempt_dir, pid, pidfd, popen, cgroup=cgroup, memcg=memcg))
+            self._watch(_Watch(job, attempt_path, pid, pidfd, popen, cgroup=cgroup, memcg=memcg))
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         # Failed: reap the supervisor in the background, report nothing more.
         if cgroup:  # the supervisor removes it too; the job never ran in it
             _cg.remove(cgroup)
         if memcg:
             _cg.remove(memcg)
-        self._watch(_Watch(job, attempt_dir, 0, pidfd, popen, report=False, cgroup=cgroup, memcg=memcg))
+        self._watch(_Watch(job, attempt_path, 0, pidfd, popen, report=False, cgroup=cgroup, memcg=memcg))
         if words and words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
 
-    def _cold_start(self, attempt_dir: Path, log_fd: int) -> tuple[subprocess.Popen, int]:
+    def _cold_start(self, attempt_path: Path, log_fd: int) -> tuple[subprocess.Popen, int]:
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             os.set_blocking(ready_w, True)
             popen = subprocess.Popen(
-                [self._python, "-I", "-S", SUPERVISOR, os.path.abspath(attempt_dir), str(ready_w)],
+                [self._python, "-I", "-S", SUPERVISOR, os.path.abspath(attempt_path), str(ready_w)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
@@ -592,7 +615,7 @@ class Executor:
         return popen, ready_r
 
     def _hand_to_zygote(
-        self, attempt_dir: Path, spec: bytes | None = None
+        self, attempt_path: Path, spec: bytes | None = None
     ) -> tuple[Zygote, int, ZygoteRequest] | None:
         """Give the launch to the zygote (restarted if it died); None = the
         caller starts the supervisor cold. Only while ``run`` is active: the
@@ -609,7 +632,7 @@ class Executor:
                     z = self._zygote = Zygote(self._python)
                 except OSError:
                     return None
-            handed = z.submit(attempt_dir, spec)
+            handed = z.submit(attempt_path, spec)
             if handed is not None:
                 return (z, *handed)
             z.retire()  # it took nothing: safe to hand over again
@@ -619,7 +642,7 @@ class Executor:
     async def _zygote_started(
         self,
         job: int,
-        attempt_dir: Path,
+        attempt_path: Path,
         z: Zygote,
         token: int,
         req: ZygoteRequest,
@@ -637,11 +660,11 @@ class Executor:
             pid, start_time = (int(x) for x in words[1].split())
             w: _Watch | None = None
             if req.pidfd >= 0:
-                w = _Watch(job, attempt_dir, pid, req.pidfd, None, cgroup=cgroup, memcg=memcg)
+                w = _Watch(job, attempt_path, pid, req.pidfd, None, cgroup=cgroup, memcg=memcg)
             else:
                 # No pipe came with the answer (out of descriptors: the kernel
                 # drops it). Its worker lives on after the job: watch the job.
-                w = _Watch(job, attempt_dir, pid, _job_pidfd(pid, start_time), None, cgroup=cgroup, memcg=memcg)
+                w = _Watch(job, attempt_path, pid, _job_pidfd(pid, start_time), None, cgroup=cgroup, memcg=memcg)
                 w.of_job = True
             self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
@@ -690,31 +713,31 @@ class Executor:
         so an earlier attempt's exit is never taken for the current one's."""
         out: list[Message] = []
         for job, (known_pid, _start) in sorted(running.items()):
-            attempt_dir: Path | None
+            attempt_path: Path | None
             if attempts is not None and job in attempts:
-                attempt_dir = self.jobs_dir / str(job) / str(attempts[job])
-                if not attempt_dir.is_dir():
-                    attempt_dir = None
+                attempt_path = self.jobs_dir / str(job) / str(attempts[job])
+                if not os.path.lexists(attempt_path):
+                    attempt_path = None
             else:
-                attempt_dir = self._latest_attempt(job)
-            if attempt_dir is None:
+                attempt_path = self._latest_attempt(job)
+            if attempt_path is None:
                 out.append(NeverLaunched(job=job, reason="the daemon stopped before launching it"))
                 continue
-            started, ended = _read_records(attempt_dir)
+            started, ended = _read_records(attempt_path)
             if ended is None and started is not None:
-                w = self._adopt(job, attempt_dir, started)
+                w = self._adopt(job, attempt_path, started)
                 if w is not None:
                     if known_pid == 0:
                         out.append(self._started(job, started))
                     self._watch(w)
                     continue
-                ended = _read_records(attempt_dir)[1]  # it may have just finished
+                ended = _read_records(attempt_path)[1]  # it may have just finished
             if ended is not None:
                 if started is not None and known_pid == 0:
                     out.append(self._started(job, started))
                 out.append(_exited(job, ended))
             elif started is not None:
-                self._clear_cgroup(attempt_dir, started)
+                self._clear_cgroup(attempt_path, started)
                 out.append(
                     ProcessLost(
                         job=job,
@@ -741,11 +764,11 @@ class Executor:
             except OSError:
                 continue
             for aname in sorted(tries, key=int):
-                attempt_dir = self.jobs_dir / jname / aname
-                started, ended = _read_records(attempt_dir)
+                attempt_path = self.jobs_dir / jname / aname
+                started, ended = _read_records(attempt_path)
                 if started is None or ended is not None:
                     continue
-                w = self._adopt(int(jname), attempt_dir, started)
+                w = self._adopt(int(jname), attempt_path, started)
                 if w is not None:
                     os.close(w.pidfd)
                     out.append((int(jname), int(aname), int(started["pid"])))
@@ -756,11 +779,11 @@ class Executor:
         cgroup, else its process group, SIGKILL after ``grace_s``, and wait
         (a little longer) for its supervisor to end. Its exit is not reported.
         Returns the job's pid, 0 when it was not alive."""
-        attempt_dir = self.jobs_dir / str(job) / str(attempt)
-        started, ended = _read_records(attempt_dir)
+        attempt_path = self.jobs_dir / str(job) / str(attempt)
+        started, ended = _read_records(attempt_path)
         if started is None or ended is not None:
             return 0
-        w = self._adopt(job, attempt_dir, started)
+        w = self._adopt(job, attempt_path, started)
         if w is None:
             return 0
         w.report = False  # a stray's end is not the job's: nothing to count
@@ -794,7 +817,7 @@ class Executor:
             job=job, pid=started["pid"], start_time=started["start_time"], log_path=str(self.log_path(job))
         )
 
-    def _adopt(self, job: int, attempt_dir: Path, started: dict) -> _Watch | None:
+    def _adopt(self, job: int, attempt_path: Path, started: dict) -> _Watch | None:
         spid = started["supervisor_pid"]
         try:
             pidfd = os.pidfd_open(spid)
@@ -806,18 +829,18 @@ class Executor:
             os.close(pidfd)
             return None
         return _Watch(
-            job, attempt_dir, started["pid"], pidfd, None,
-            cgroup=_spec_cgroup(attempt_dir, started=started),
-            memcg=_spec_cgroup(attempt_dir, "memory_cgroup", started),
+            job, attempt_path, started["pid"], pidfd, None,
+            cgroup=_spec_cgroup(attempt_path, started=started),
+            memcg=_spec_cgroup(attempt_path, "memory_cgroup", started),
         )
 
-    def _clear_cgroup(self, attempt_dir: Path, started: dict | None = None) -> None:
+    def _clear_cgroup(self, attempt_path: Path, started: dict | None = None) -> None:
         """The supervisor is gone without recording an exit: whatever is
         left of the job must not keep its GPUs once it is reported lost."""
-        cg = _spec_cgroup(attempt_dir, started=started)
+        cg = _spec_cgroup(attempt_path, started=started)
         if cg and os.path.isdir(cg):
             _clear(cg, True)
-        memcg = _spec_cgroup(attempt_dir, "memory_cgroup", started)
+        memcg = _spec_cgroup(attempt_path, "memory_cgroup", started)
         if memcg and os.path.isdir(memcg):
             _clear(memcg, True)
 
@@ -872,9 +895,9 @@ class Executor:
                 os.close(w.pidfd)
         if w.popen is not None:
             w.popen.wait()  # our child, already exited: reap the zombie
-        ended = _read_records(w.attempt_dir)[1]
+        ended = _read_records(w.attempt_path)[1]
         if w.of_job:
-            ended = await _exit_record(w.attempt_dir, ended)
+            ended = await _exit_record(w.attempt_path, ended)
         if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
             await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
         if w.memcg and os.path.isdir(w.memcg):
@@ -937,10 +960,10 @@ def _job_pidfd(pid: int, start_time: int) -> int:
     return fd
 
 
-async def _exit_record(attempt_dir: Path, ended: dict | None) -> dict | None:
+async def _exit_record(attempt_path: Path, ended: dict | None) -> dict | None:
     """The job has ended, or could not be watched: its exit record, once its
     worker has written it (it empties the job's cgroup first: up to ~10 s)."""
-    started = _read_records(attempt_dir)[0] or {}
+    started = _read_records(attempt_path)[0] or {}
     deadline = anyio.current_time() + 30.0
     while ended is None and anyio.current_time() < deadline:
         stat = _proc_stat(int(started.get("pid", 0))) if started else None
@@ -949,7 +972,7 @@ async def _exit_record(attempt_dir: Path, ended: dict | None) -> dict | None:
             await anyio.sleep(0.05)
         else:
             await anyio.sleep(0.01)
-        ended = _read_records(attempt_dir)[1]
+        ended = _read_records(attempt_path)[1]
     return ended
 
 

@@ -3,24 +3,25 @@
 Run by the workers of a long-lived zygote (``supervisor.py --zygote
 SOCK_FD``, see ``zygote``): a worker supervises one job at a time and then
 waits for the next, so a launch costs neither an interpreter start-up nor,
-mostly, a fork; or, as a fallback, run cold as ``python -I -S supervisor.py JOBDIR
+mostly, a fork; or, as a fallback, run cold as ``python -I -S supervisor.py ATTEMPT
 [READY_FD]``. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
 ``subprocess``) because its start-up time is part of every job's dispatch
 latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
-own session and talks to the daemon only through files in JOBDIR (plus one
-line on READY_FD, if given, so a live daemon learns the pid without polling):
+own session and talks to the daemon only through the attempt's files (plus
+one line on READY_FD, if given, so a live daemon learns the pid without polling):
 
-- reads  ``JOBDIR/spec.json`` (or gets the same with the zygote's request):
+- reads  ``ATTEMPT.spec.json`` (or gets the same with the zygote's request):
   argv, env, cwd, uid/gid/groups (null = keep),
   cgroup (a cgroup v2 directory the job joins before exec; absent = none),
   memory_cgroup (a cgroup v1 memory directory it joins too; issue 11),
   memory_limit (how its host memory is limited, so an exit for the limit
   is told from any other: ``"oom": true`` in the exit record),
   umask and rlimits (already clamped by the daemon; clamped again here)
-- appends to ``JOBDIR/record``, one JSON object per line, each in one write:
+- appends to ``ATTEMPT`` (``jobs/ID/N``, the file whose creation by the daemon
+  was the launch's commit point), one JSON object per line, each in one write:
   the pid line once the job has exec'd (with the job's cgroups, for a
   restarted daemon to clear), the exit line when it has ended. One file per
-  attempt, not a file per record made by rename: on this ext4 each inode
+  attempt, not a directory with a file per record: on this ext4 each inode
   costs 0.06-0.3 ms of CPU (``docs/launch-path.md``)
 
 Its own stdout/stderr are the job's log (opened by the executor for a cold
@@ -89,19 +90,19 @@ def _own_start_time() -> int:
     return _own_start[0][1]
 
 
-def _append_record(jobdir: str, line: str) -> None:
-    """One line of ``JOBDIR/record`` in one write (O_APPEND): a reader takes
-    only whole lines, so it never sees half of one."""
-    fd = os.open(os.path.join(jobdir, "record"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def _append_record(attempt: str, line: str) -> None:
+    """One line of the attempt's record in one write (O_APPEND): a reader
+    takes only whole lines, so it never sees half of one."""
+    fd = os.open(attempt, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
 
 
-def _record_exit(jobdir: str, exit_code: int | None, sig: int | None, error: str = "", oom: bool = False) -> None:
+def _record_exit(attempt: str, exit_code: int | None, sig: int | None, error: str = "", oom: bool = False) -> None:
     _append_record(
-        jobdir,
+        attempt,
         '{"exit_code": %s, "signal": %s, "ended_at": %r, "error": %s, "oom": %s}\n'
         % (
             "null" if exit_code is None else int(exit_code),
@@ -563,9 +564,9 @@ def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> 
 
 
 def _supervise(
-    jobdir: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"", keep_ready: bool = False
+    attempt: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"", keep_ready: bool = False
 ) -> int:
-    """Be the supervisor of the job in ``jobdir``: start it, say so on
+    """Be the supervisor of the job whose attempt file is ``attempt``: start it, say so on
     ``ready_fd`` (lines start with ``prefix``; closed after, unless
     ``keep_ready``), wait, record its end. ``plan``: the spec, sent with the
     zygote's request (else spec.json)."""
@@ -588,9 +589,9 @@ def _supervise(
 
     if ready_fd >= 0:  # the job must not inherit it
         os.set_inheritable(ready_fd, False)
-    jobdir = os.path.abspath(jobdir)  # _spawn changes our directory
+    attempt = os.path.abspath(attempt)  # _spawn changes our directory
     if not plan:
-        with open(os.path.join(jobdir, "spec.json"), "rb") as f:
+        with open(attempt + ".spec.json", "rb") as f:
             plan = f.read()
     spec = _loads(plan.decode())
     if open_log:  # our stdout/stderr become the job's log, as in a cold start
@@ -619,7 +620,7 @@ def _supervise(
             if spec.get(key):
                 _cgroup_remove(spec[key], 0.5)
         error = str(e).replace("\n", " ")
-        _record_exit(jobdir, 127, None, error)
+        _record_exit(attempt, 127, None, error)
         _tell(ready_fd, "%serror %s\n" % (prefix, error), keep_ready)
         return 0
     job_pid[0] = pid
@@ -633,7 +634,7 @@ def _supervise(
     # with the cgroups, which a restarted daemon clears if we die (spec.json
     # may not exist: the zygote passes the plan in its request)
     _append_record(
-        jobdir,
+        attempt,
         '{"pid": %d, "start_time": %d, "supervisor_pid": %d, "supervisor_start_time": %d,'
         ' "started_at": %r, "cgroup": %s, "memory_cgroup": %s}\n'
         % (pid, start_time, os.getpid(), _own_start_time(), time.time(), _quote(cgroup[0]), _quote(memcg)),
@@ -664,9 +665,9 @@ def _supervise(
     if memcg:
         _cgroup_remove(memcg)
     if code < 0:
-        _record_exit(jobdir, None, -code, oom=oom)
+        _record_exit(attempt, None, -code, oom=oom)
     else:
-        _record_exit(jobdir, code, None, oom=oom)
+        _record_exit(attempt, code, None, oom=oom)
     return 0
 
 
@@ -683,7 +684,7 @@ def zygote(sock_fd: int) -> int:
     interpreter start-up nor, most of the time, a fork. ``sock_fd`` is a
     SOCK_SEQPACKET socket to the daemon; one message each way per event:
 
-    - daemon -> us:    ``TOKEN JOBDIR`` (then NUL and the plan, if it fits)
+    - daemon -> us:    ``TOKEN ATTEMPT`` (then NUL and the plan, if it fits)
     - worker -> daemon: ``TOKEN forked WORKER_PID`` with the read end of a
       pipe (SCM_RIGHTS) that turns readable (EOF) once the worker is done
       with this launch: the exit recorded, or the worker dead;
@@ -850,16 +851,16 @@ def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> 
     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     while request:
         head, _, plan = request.partition(b"\0")  # the plan, if sent with the request
-        token, _, jobdir = head.decode(errors="surrogateescape").partition(" ")
+        token, _, attempt = head.decode(errors="surrogateescape").partition(" ")
         # readable (EOF) for the daemon once this launch is done with, or we die
         done_r, done_w = os.pipe2(os.O_CLOEXEC)
         _send(sock, "%s forked %d" % (token, os.getpid()), done_r)
         os.close(done_r)
         try:
-            _supervise(jobdir, sock.fileno(), token + " ", True, plan, keep_ready=True)
+            _supervise(attempt, sock.fileno(), token + " ", True, plan, keep_ready=True)
         except BaseException as e:  # noqa: BLE001 - tell, then die
             try:
-                _record_exit(jobdir, 127, None, "supervisor failed: %s" % e)
+                _record_exit(attempt, 127, None, "supervisor failed: %s" % e)
             except BaseException:  # noqa: BLE001
                 pass
             _tell(sock.fileno(), "%s error supervisor failed: %s\n" % (token, e))

@@ -77,14 +77,14 @@ class Zygote:
     def alive(self) -> bool:
         return not self.retired and not self.eof and self.popen.poll() is None
 
-    def submit(self, attempt_dir: Path, spec: bytes | None = None) -> tuple[int, ZygoteRequest] | None:
+    def submit(self, attempt: Path, spec: bytes | None = None) -> tuple[int, ZygoteRequest] | None:
         """Hand over a launch (``spec``: the plan, else the supervisor reads
         spec.json); None if the zygote did not take it (dead)."""
         self.next_token += 1
         token = self.next_token
         try:
             # absolute: the zygote runs in /
-            path = os.path.abspath(attempt_dir)
+            path = os.path.abspath(attempt)
             request = f"{token} {path}".encode(errors="surrogateescape")
             if spec is not None:
                 request += b"\0" + spec  # a path holds no NUL
