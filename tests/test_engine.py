@@ -85,19 +85,19 @@ def test_an_observation_refused_by_a_full_disk_is_handled_again_once_there_is_ro
             pid = engine.state.jobs[1].pid
             try:
                 assert engine.log is not None
-                append = engine.log.append
+                append = engine.log.append_encoded
                 refused: list[int] = []
 
-                def full(events: list[ev.Event]) -> int:
+                def full(events: list[ev.Event]) -> tuple[int, bytes]:
                     refused.append(len(events))
                     raise LogFullError("no space left on the log's disk")
 
-                engine.log.append = full  # type: ignore[method-assign]
+                engine.log.append_encoded = full  # type: ignore[method-assign]
                 await engine.tell(ProcessExited(job=1, exit_code=3))  # as the executor says it
                 with anyio.fail_after(5):
                     while not refused:
                         await anyio.sleep(0.02)
-                engine.log.append = append  # type: ignore[method-assign]  # room again
+                engine.log.append_encoded = append  # type: ignore[method-assign]  # room again
                 with anyio.fail_after(5):
                     while engine.state.jobs[1].state == JobState.RUNNING:
                         await anyio.sleep(0.05)

@@ -84,7 +84,11 @@ def test_append_read_and_reopen(tmp_path: Path) -> None:
         assert w.recovered is None
         assert w.next_seq == 6
         assert w.append_stamped(events(6, 1))[0].seq == 6
-    assert_log(d, 6)
+        # what the engine broadcasts to subscribers: the stored events' own bytes
+        last, payload = w.append_encoded(events(7, 2))
+        assert last == 8
+    assert_log(d, 8)
+    assert ev.decode_many(payload) == list(log.read(d, from_seq=7))
 
 
 def msgspec_replace(e: ev.Event, **kw: object) -> ev.Event:

@@ -391,7 +391,9 @@ class Engine:
         stamped = produced
         try:
             # fdatasync off the loop, so sockets keep being read meanwhile
-            last = await asyncio.get_running_loop().run_in_executor(self._committer, self.log.append, stamped)
+            last, payload = await asyncio.get_running_loop().run_in_executor(
+                self._committer, self.log.append_encoded, stamped
+            )
         except eventlog.LogFullError as exc:
             # Nothing of this batch is durable: refuse it all and go back to
             # what the log says.
@@ -411,7 +413,8 @@ class Engine:
             return False
         self.state.last_seq = last
         self.committed_seq = last
-        self._broadcast(ev.encode_many(stamped))
+        if self._subscribers:
+            self._broadcast(payload)  # the bytes just logged: the same events, encoded once
         return True
 
     async def _retry_after_full(self, items: list[Message]) -> None:

@@ -604,16 +604,26 @@ class LogWriter:
 
     def append_stamped(self, events: Sequence[Event]) -> list[Event]:
         """Like ``append``, returning the events as stored, with their ``seq``."""
+        return self._append(events)[0]
+
+    def append_encoded(self, events: Sequence[Event]) -> tuple[int, bytes]:
+        """Like ``append``, also returning the frame's payload (``encode_many``
+        of the events as stored), so a caller that sends them on need not
+        encode them again."""
+        payload = self._append(events)[1]
+        return self._next_seq - 1, payload
+
+    def _append(self, events: Sequence[Event]) -> tuple[list[Event], bytes]:
         self._check_alive()
         if not events:
-            return []
+            return [], b""
         if self._end >= self.segment_bytes and self._end > SEGMENT_HEADER_SIZE:
             self.rotate()
         first = self._next_seq
         stamped = ev.stamp(list(events), first)
-        frame = _frame_bytes(self._salt, first, len(stamped), ev.encode_many(stamped))
-        self._commit(frame, len(stamped))
-        return stamped
+        payload = ev.encode_many(stamped)
+        self._commit(_frame_bytes(self._salt, first, len(stamped), payload), len(stamped))
+        return stamped, payload
 
     def _commit(self, frame: bytes, count: int) -> None:
         fd, end = self._fd, self._end
