@@ -152,3 +152,27 @@ def test_a_kernel_without_clone3_into_a_cgroup_falls_back_to_the_fork(monkeypatc
     spec = {"argv": ["true"], "env": {"PATH": "/usr/bin:/bin"}, "cwd": "/", "cgroup": ""}
     assert supervisor._native_spawn(OldKernel, spec, False, []) is None  # the caller forks instead
     assert supervisor._native() is None  # and never tries again
+
+
+@pytest.mark.skipif(not HAVE_CGROUPS, reason="no writable cgroup v2 here")
+@pytest.mark.parametrize("runnable_later", [True, False])
+async def test_the_job_path_is_searched_like_execvp_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runnable_later: bool
+) -> None:
+    # a program that cannot be executed early on PATH: execvp remembers why
+    # and goes on; it says so only when nothing later on PATH runs
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    (first / "myprog").write_text("#!/bin/sh\necho first\n")
+    (first / "myprog").chmod(0o644)
+    if runnable_later:
+        (later / "myprog").write_text("#!/bin/sh\necho later\n")
+        (later / "myprog").chmod(0o755)
+    path = f"{tmp_path}/missing:{first}:{later}:/usr/bin:/bin"
+    seen = await _both_ways(tmp_path, monkeypatch, JobSpec(command=["myprog"], env={"PATH": path}))
+    assert seen["native"] == seen["fork"]
+    if runnable_later:
+        assert seen["native"] == ("ok", "exit 0\nlater\n")
+    else:
+        assert seen["native"] == ("error", "cannot execute myprog: Permission denied")
