@@ -216,3 +216,29 @@ def test_orders_built_on_demand_equal_orders_kept_from_the_start(
     assert {r: list(keys) for r, keys in late.by_rkey.items()} == {
         r: sorted(k for k in expected if model.runtime_key(jobs[k[2]].spec) == r)
         for r in {model.runtime_key(j.spec) for j in jobs.values()}}
+
+
+# --- the records' methods, compiled in model -----------------------------------
+
+opt_int = st.none() | st.integers(0, 90_000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 81_920), opt_int, st.integers(-1, 90_000), st.integers(0, 90_000))
+def test_free_memory_of_equals_the_gpu_method(total: int, used: int | None, foreign: int, reserved: int) -> None:
+    gpu = Gpu(node="n", id=0, memory_total_mib=total, memory_used_mib=used, foreign_memory_mib=foreign,
+              reserved_mib=reserved)
+    assert model.free_memory_of(gpu) == gpu.free_memory_mib()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["", "a", "default"]), st.none() | st.lists(st.integers(0, 7), max_size=3),
+       st.sampled_from(["", "n1"]), st.integers(0, 3), st.integers(0, 2), st.integers(0, 1000))
+def test_tenant_of_and_shape_of_equal_the_job_properties(
+    tenant: str, ids: list[int] | None, node: str, array_id: int, array_cap: int, mem: int
+) -> None:
+    spec = ev.JobSpec(command=["x"], gpus=0.5, uid=0, user="u", tenant=tenant, gpu_ids=ids, node=node,
+                      array_id=array_id, array_cap=array_cap, gpu_mem_mib=mem)
+    job = Job(id=1, spec=spec, count=1, milli=500)
+    assert model.tenant_of(job) == job.tenant
+    assert model.shape_of(job) == job.shape

@@ -26,7 +26,7 @@ from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
-from eventsched.projections.model import Capacity, time_limit_of
+from eventsched.projections.model import Capacity, tenant_of, time_limit_of
 from eventsched.projections.sortedkeys import SortedKeys
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
@@ -310,7 +310,7 @@ class Limits:
                 return "array-cap"
         if not self.state.tenants:
             return None  # no quotas at all (tenant_left would answer None for each)
-        q = self._tenant_left(job.tenant)
+        q = self._tenant_left(tenant_of(job))
         if q is not None and (q[0] < job.count * job.milli or q[1] < job.count * spec.gpu_mem_mib or q[2] < 1):
             return "quota"
         return None
@@ -318,7 +318,7 @@ class Limits:
     def take(self, job: Job) -> None:
         if job.spec.array_cap:
             self.arrays[job.spec.array_id] -= 1
-        q = self._tenant_left(job.tenant) if self.state.tenants else None
+        q = self._tenant_left(tenant_of(job)) if self.state.tenants else None
         if q is not None:
             q[0] -= job.count * job.milli
             q[1] -= job.count * job.spec.gpu_mem_mib

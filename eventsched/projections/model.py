@@ -11,13 +11,14 @@ from typing import Any
 from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition
+from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
 from eventsched.projections.records import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [
     "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
-    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of",
+    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of", "free_memory_of", "tenant_of", "shape_of",
 ]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
@@ -55,7 +56,7 @@ class Capacity:
         self.node = [g.node for g in ok]
         self.id = [g.id for g in ok]
         self.free = [FULL - g.used_milli for g in ok]
-        self.mem = [g.free_memory_mib() for g in ok]
+        self.mem = [free_memory_of(g) for g in ok]
         self.index = {(g.node, g.id): i for i, g in enumerate(ok)}
         self.nodes: list[str] = []  # in order
         self.node_idx: dict[str, list[int]] = {}  # node -> its indices, in order
@@ -109,6 +110,35 @@ def time_limit_of(job: Job, default: float | None) -> float | None:
     if own is None or default is None:
         return own if default is None else default
     return min(own, default)
+
+
+# Gpu.free_memory_mib, Job.tenant and Job.shape, here, compiled: the records'
+# methods are interpreted, and the fold asks them for every placement and end
+# (tests/test_backlog_structures.py checks they agree)
+
+
+def free_memory_of(gpu: Gpu) -> int:
+    """``gpu.free_memory_mib()``: what a new job may reserve."""
+    used = gpu.memory_used_mib or 0
+    if gpu.foreign_memory_mib >= 0:
+        foreign = gpu.foreign_memory_mib
+        ours = max(0, used - foreign)
+    else:
+        foreign = 0
+        ours = used
+    return gpu.memory_total_mib - foreign - max(gpu.reserved_mib, ours)
+
+
+def tenant_of(job: Job) -> str:
+    """``job.tenant``."""
+    return job.spec.tenant or DEFAULT_TENANT
+
+
+def shape_of(job: Job) -> tuple[Any, ...]:
+    """``job.shape``: what placement depends on."""
+    s = job.spec
+    ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
+    return (job.count, job.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
 
 
 def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
@@ -218,7 +248,7 @@ class QueueIndex:
         # it goes into, which cost 0.8 KB per queued job
         key: Any = self.key(job)
         self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
-        shape = job.shape
+        shape = shape_of(job)
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
         lane = self.shape_queue.get(shape)
