@@ -242,3 +242,39 @@ def test_tenant_of_and_shape_of_equal_the_job_properties(
     job = Job(id=1, spec=spec, count=1, milli=500)
     assert model.tenant_of(job) == job.tenant
     assert model.shape_of(job) == job.shape
+
+
+# --- the largest free share and the most whole GPUs, kept on the view ------------
+
+view_ops = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 40), max_size=4, unique=True),
+                              st.sampled_from([0, 125, 250, 500, FULL])), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters, view_ops, st.lists(st.tuples(st.integers(0, 40), shares), max_size=10))
+def test_kept_maxima_equal_the_plain_computation(
+    nodes: list[list[int]], steps: list[tuple[bool, list[int], int]], changes: list[tuple[int, int]]
+) -> None:
+    view = _view(nodes)
+    cap = view.cap
+    for i, free in changes:  # the projection's updates of the capacity between decisions
+        if i < len(cap.free):
+            cap.set_gpu(i, free, cap.mem[i])
+        assert cap.max_free() == max(cap.free)
+    view = View(cap, "n0")
+
+    def whole(v: View) -> int:
+        return max(v.free[idxs[0]:idxs[-1] + 1].count(FULL) for idxs in v.node_idx.values())
+
+    for take, idxs, milli in steps:
+        idxs = [i for i in idxs if i < len(view.free)]
+        if take:
+            idxs = [i for i in idxs if view.free[i] >= milli]
+            view.take(idxs, milli, 0)
+        else:
+            idxs = [i for i in idxs if view.free[i] + milli <= FULL]
+            view.give(idxs, milli, 0)
+        assert view.max_free() == max(view.free)
+        assert view.most_whole() == whole(view)
+        copy = view.copy()
+        assert copy.max_free() == max(view.free) and copy.most_whole() == whole(view)

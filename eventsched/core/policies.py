@@ -62,6 +62,11 @@ class View:
         # copied: the decision subtracts its own placements
         self.free = list(cap.free) if free is None else free
         self.mem = list(cap.mem) if mem is None else mem
+        # the largest free share, and the most whole free GPUs on one node,
+        # kept until a take or give changes them (-1: not known): every fit
+        # test of a decision asks one of them
+        self.max_known = cap.max_known if free is None else -1
+        self.whole_known = -1
 
     @classmethod
     def of(cls, state: ClusterState) -> View:
@@ -69,11 +74,21 @@ class View:
         return cls(state.capacity, state.node)
 
     def copy(self) -> View:
-        return View(self.cap, self.default_node, list(self.free), list(self.mem))
+        view = View(self.cap, self.default_node, list(self.free), list(self.mem))
+        view.max_known, view.whole_known = self.max_known, self.whole_known
+        return view
 
     def max_free(self) -> int:
-        free = self.free
-        return max(free) if free else 0
+        if self.max_known < 0:
+            free = self.free
+            self.max_known = max(free) if free else 0
+        return self.max_known
+
+    def most_whole(self) -> int:
+        """The most all-free GPUs on one node."""
+        if self.whole_known < 0:
+            self.whole_known = max((n for _, _, n in _node_counts(self)), default=0)
+        return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
         """GPU indices where one of the job's GPUs could go, in (node, id) order."""
@@ -108,14 +123,21 @@ class View:
         )
 
     def take(self, idxs: list[int], milli: int, mem: int) -> None:
+        free = self.free
         for i in idxs:
-            self.free[i] -= milli
+            if milli:
+                if free[i] == self.max_known:
+                    self.max_known = -1  # it may have been the only one that large
+                if free[i] == FULL:
+                    self.whole_known = -1
+            free[i] -= milli
             self.mem[i] -= mem
 
     def give(self, idxs: Iterable[int], milli: int, mem: int) -> None:
         for i in idxs:
             self.free[i] += milli
             self.mem[i] += mem
+        self.max_known = self.whole_known = -1
 
     def by_node(self, idxs: list[int]) -> dict[str, list[int]]:
         """``idxs`` grouped by node, nodes in order (one pass)."""
@@ -226,6 +248,8 @@ def _node_counts(view: View) -> Iterator[tuple[int, int, int]]:
 def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     """``_gang`` of a plain job of ``k`` whole GPUs (its candidates are the
     all-free GPUs), counted in C per node instead of listed one by one."""
+    if view.most_whole() < k:
+        return None  # known without walking the nodes
     pick: tuple[int, int, int] | None = None
     for lo, hi, n in _node_counts(view):
         if n >= k and (pick is None or n < pick[2]):
@@ -366,8 +390,7 @@ def _fits(view: View, job: Job) -> bool:
     if _plain(job):
         if job.count == 1:
             return view.max_free() >= job.milli
-        k = job.count
-        return any(n >= k for _, _, n in _node_counts(view))
+        return view.most_whole() >= job.count
     cands = view.candidates(job)
     if job.count == 1:
         return bool(cands)
@@ -400,11 +423,11 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     slots = _slots(state)
     if slots <= 0:
         return None
-    view = View.of(state)
+    cap = state.capacity
     smallest = state.queue.min_milli()
-    if smallest > 0 and view.max_free() < smallest:
-        return None
-    return view, slots, smallest
+    if smallest > 0 and cap.max_free() < smallest:
+        return None  # answered before copying the capacity
+    return View(cap, state.node), slots, smallest
 
 
 def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
@@ -504,7 +527,7 @@ class _Reservation:
             return None
         if not _eligible(state, head, now) or limits.blocked(head):
             return None
-        shadow, gpus = _reservation(view.copy(), head, _ends_in_order(state, view, now), ordered=True)
+        shadow, gpus = _reservation(view, head, _ends_in_order(state, view, now), ordered=True)  # it copies view
         if not gpus:
             return None
         return cls(state, now, head, shadow, gpus)

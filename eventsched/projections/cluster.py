@@ -291,11 +291,7 @@ class ClusterState:
         if (i is not None) != usable(gpu, self.config):
             self._capacity = None  # the usable set changed: rebuild when next asked
         elif i is not None:
-            free, mem = FULL - gpu.used_milli, free_memory_of(gpu)
-            if free > cap.free[i] or mem > cap.mem[i]:
-                cap.grew()  # a shape that found no room may find it now
-            cap.free[i] = free
-            cap.mem[i] = mem
+            cap.set_gpu(i, FULL - gpu.used_milli, free_memory_of(gpu))
 
     # --- lookups used by the core, the server and the CLI -------------------
 

@@ -68,9 +68,27 @@ class Capacity:
         # shapes that found no room here: a memo valid until some GPU's free
         # share or memory grows (``grew``), as shrinking cannot make them fit
         self.no_fit: set[tuple[Any, ...]] = set()
+        # the largest free share, kept until a GPU's changes (-1: not known):
+        # a submission to a full cluster is answered without copying ``free``
+        self.max_known = -1
 
     def grew(self) -> None:
         self.no_fit.clear()
+
+    def set_gpu(self, i: int, free: int, mem: int) -> None:
+        """GPU index ``i`` now has ``free`` share and ``mem`` MiB free."""
+        if free > self.free[i] or mem > self.mem[i]:
+            self.grew()  # a shape that found no room may find it now
+        if free != self.free[i]:
+            self.max_known = -1
+        self.free[i] = free
+        self.mem[i] = mem
+
+    def max_free(self) -> int:
+        """The largest free share of one GPU (0 with no usable GPU)."""
+        if self.max_known < 0:
+            self.max_known = max(self.free) if self.free else 0
+        return self.max_known
 
     def same(self, other: Capacity) -> bool:
         """Equal capacity (the no-fit memo is a cache, not part of it)."""
