@@ -278,3 +278,16 @@ def test_kept_maxima_equal_the_plain_computation(
         assert view.most_whole() == whole(view)
         copy = view.copy()
         assert copy.max_free() == max(view.free) and copy.most_whole() == whole(view)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 125, 250, 500, 750, FULL]), max_size=70), st.sampled_from([1, 125, 250, 500, FULL]),
+       st.integers(0, 70), st.integers(0, 70))
+def test_free_share_scans_equal_the_builtins(free: list[int], need: int, lo: int, hi: int) -> None:
+    assert policies._all_at(free, need) == [i for i in range(len(free)) if free[i] == need]
+    assert policies._max_of(free) == (max(free) if free else 0)
+    assert policies._first_at_least(free, need) == next((i for i, f in enumerate(free) if f >= need), -1)
+    lo, hi = min(lo, len(free)), min(hi, len(free))
+    assert policies._count_at(free, lo, hi, FULL) == free[lo:hi].count(FULL)
+    levels = sorted(set(f for f in free if f >= need))  # the least share that still fits, its first GPU
+    assert policies._tightest_one(free, need) == ([free.index(levels[0])] if levels else None)

@@ -87,7 +87,7 @@ class Capacity:
     def max_free(self) -> int:
         """The largest free share of one GPU (0 with no usable GPU)."""
         if self.max_known < 0:
-            self.max_known = max(self.free) if self.free else 0
+            self.max_known = max(self.free, default=0)
         return self.max_known
 
     def same(self, other: Capacity) -> bool:
