@@ -177,7 +177,7 @@ def test_iter_from_crosses_blocks() -> None:
 
 # --- the queue's orders built on demand --------------------------------------------
 
-queue_ops = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from([0.25, 1.0, 2.0]),
+queue_ops = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from([0, 0.25, 0.5, 1.0, 2.0]),
                                st.integers(-1, 1), st.sampled_from(["a", "b"])), max_size=120)
 
 
@@ -207,6 +207,8 @@ def test_orders_built_on_demand_equal_orders_kept_from_the_start(
             job = jobs.pop(jid)
             late.remove(job)
             early.remove(job)
+        # the smallest share asked, kept between changes
+        assert early.min_milli() == min((j.milli for j in jobs.values()), default=FULL + 1)
     expected = sorted((-j.spec.priority, j.order, j.id) for j in jobs.values())
     assert len(late) == len(early) == len(jobs)
     assert list(late.by_priority) == list(early.by_priority) == expected

@@ -275,6 +275,9 @@ def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     all-free GPUs), counted per node instead of listed one by one."""
     if view.most_whole() < k:
         return None  # known without walking the nodes
+    free = view.free
+    if len(view.node_idx) == 1:  # one node: it is the pick
+        return _all_at(free, FULL)[:k]
     pick: tuple[int, int, int] | None = None
     for lo, hi, n in _node_counts(view):
         if n >= k and (pick is None or n < pick[2]):
@@ -284,7 +287,6 @@ def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     if pick is None:
         return None
     lo, hi, _ = pick
-    free = view.free
     return [i for i in range(lo, hi) if free[i] == FULL][:k]
 
 
@@ -575,16 +577,23 @@ def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tupl
     (end, id) order, lazily: from ``state.ends`` (each end as predicted when
     the job started), those due by ``now`` first, ending ``now``."""
     ends, jobs, index = state.ends, state.jobs, view.index
-
-    def entry(end: float, jid: int) -> tuple[float, int, list[int], int, int]:
-        r = jobs[jid]
-        return (end, jid, [index[(r.node, g)] for g in r.gpu_ids if (r.node, g) in index], r.milli, r.mem_mib)
-
     k = bisect.bisect_right(ends, (now, math.inf))
-    for jid in sorted(jid for _, jid in ends[:k]):
-        yield entry(now, jid)
+    for jid in sorted([jid for _, jid in ends[:k]]):
+        yield _end_entry(jobs[jid], now, index)
     for i in range(k, len(ends)):
-        yield entry(*ends[i])
+        end, jid = ends[i]
+        yield _end_entry(jobs[jid], end, index)
+
+
+def _end_entry(r: Job, end: float, index: dict[tuple[str, int], int]) -> tuple[float, int, list[int], int, int]:
+    """(end, job, GPU indices, share, memory) of running job ``r``; its GPUs
+    that are not usable now have no index and are left out."""
+    idxs = []
+    for g in r.gpu_ids:
+        i = index.get((r.node, g))
+        if i is not None:
+            idxs.append(i)
+    return (end, r.id, idxs, r.milli, r.mem_mib)
 
 
 def _running_ends(state: ClusterState, view: View, now: float,

@@ -87,7 +87,11 @@ class Capacity:
     def max_free(self) -> int:
         """The largest free share of one GPU (0 with no usable GPU)."""
         if self.max_known < 0:
-            self.max_known = max(self.free, default=0)
+            most = self.free[0] if self.free else 0
+            for f in self.free:  # compiled, a loop beats max()'s call and rich compares
+                if f > most:
+                    most = f
+            self.max_known = most
         return self.max_known
 
     def same(self, other: Capacity) -> bool:
@@ -192,6 +196,7 @@ class QueueIndex:
         # static key ``aging x queued_at / 3600 - priority`` orders them for good
         self.aging = aging_per_hour / 3600.0
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
+        self.min_known = -1  # min(milli_counts), kept until a share comes or goes (-1: not known)
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
         self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
@@ -265,7 +270,10 @@ class QueueIndex:
         # tuple[float, int, int] is a C struct, boxed anew for each container
         # it goes into, which cost 0.8 KB per queued job
         key: Any = self.key(job)
-        self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
+        n = self.milli_counts.get(job.milli, 0)
+        if not n:
+            self.min_known = -1
+        self.milli_counts[job.milli] = n + 1
         shape = shape_of(job)
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
@@ -298,6 +306,7 @@ class QueueIndex:
             self.milli_counts[job.milli] = n
         else:
             del self.milli_counts[job.milli]
+            self.min_known = -1
         members = self.by_shape[shape]
         del members[job.id]
         if not members:
@@ -315,7 +324,9 @@ class QueueIndex:
 
     def min_milli(self) -> int:
         """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
-        return min(self.milli_counts, default=FULL + 1)
+        if self.min_known < 0:
+            self.min_known = min(self.milli_counts, default=FULL + 1)
+        return self.min_known
 
 
 def _group(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any) -> SortedKeys[tuple[float, int, int]]:
