@@ -87,7 +87,13 @@ class View:
     def most_whole(self) -> int:
         """The most all-free GPUs on one node."""
         if self.whole_known < 0:
-            self.whole_known = max((n for _, _, n in _node_counts(self)), default=0)
+            free, most = self.free, 0
+            if len(self.node_idx) == 1:
+                most = _count_at(free, 0, len(free), FULL)
+            else:
+                for lo, hi, n in _node_counts(self):
+                    most = max(most, n)
+            self.whole_known = most
         return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
