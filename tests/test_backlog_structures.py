@@ -293,3 +293,35 @@ def test_free_share_scans_equal_the_builtins(free: list[int], need: int, lo: int
     assert policies._count_at(free, lo, hi, FULL) == free[lo:hi].count(FULL)
     levels = sorted(set(f for f in free if f >= need))  # the least share that still fits, its first GPU
     assert policies._tightest_one(free, need) == ([free.index(levels[0])] if levels else None)
+
+
+# --- a whole-GPU gang's reservation on the free shares alone ----------------------
+
+running_st = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 8), st.sampled_from([0.25, 0.5, 1, 2, 3]),
+                                st.sampled_from([10.0, 20.0, 30.0, 40.0])), max_size=24)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(2, 8), min_size=1, max_size=3), running_st, st.sampled_from([2, 3, 4, 8]))
+def test_whole_gang_reservation_equals_the_general_path(
+    sizes: list[int], running: list[tuple[int, int, float, float]], k: int
+) -> None:
+    """Jobs placed on a cluster that starts all free, ending in some order: the
+    plain head of ``k`` whole GPUs gets the shadow and GPUs that the same
+    request pinned to every GPU id (the general path) gets."""
+    view = _view([[FULL] * n for n in sizes])
+    ends: list[tuple[float, int, list[int], int, int]] = []
+    for jid, (node, first, gpus, end) in enumerate(running):
+        count, milli = request_of(ev.JobSpec(command=["x"], gpus=gpus))
+        on = view.node_idx.get(f"n{node % len(sizes)}", [])
+        idxs = [i for i in on[first % len(on):] if view.free[i] >= milli][:count]
+        if len(idxs) == count:
+            view.take(idxs, milli, 0)
+            ends.append((end, jid, idxs, milli, 0))
+    ends.sort(key=lambda e: (e[0], e[1]))
+    plain = _job(k)
+    general = _job(k, sorted(set(view.id)))
+    assert policies._plain(plain) and not policies._plain(general)
+    expected = policies._reservation(view, general, ends, ordered=True)
+    assert policies._reservation(view, plain, ends, ordered=True) == expected
+    assert policies._reservation(view, plain, list(reversed(ends))) == expected

@@ -896,6 +896,8 @@ def _reservation(
     head's GPUs stays able to: count such GPUs per node as ends free them, and
     run ``best_fit`` once, at the first end after which some node has enough.
     """
+    if head.count > 1 and head.milli == FULL and _plain(head):
+        return _whole_gang_reservation(view, head.count, ends if ordered else sorted(ends, key=lambda e: (e[0], e[1])))
     future = view.copy()
     need = max(head.count, 1)
     able = set(future.candidates(head))
@@ -915,6 +917,34 @@ def _reservation(
             if fit is not None:
                 return end, frozenset(fit)
     return math.inf, frozenset()  # it cannot fit on what runs now: reserve nothing
+
+
+def _whole_gang_reservation(
+    view: View, k: int, ends: Iterable[tuple[float, int, list[int], int, int]]
+) -> tuple[float, frozenset[int]]:
+    """``_reservation`` of a plain head of ``k`` whole GPUs (the usual blocked
+    gang), on the free shares alone: one of its GPUs can go exactly where a
+    GPU is all free (a share never exceeds FULL, and a job holds a GPU once),
+    so count those per node as the ends free them, with no copy of the view,
+    candidate set or per-GPU test of the general path."""
+    free, node = list(view.free), view.node
+    per_node: dict[str, int] = {}
+    for i, f in enumerate(free):
+        if f == FULL:
+            per_node[node[i]] = per_node.get(node[i], 0) + 1
+    enough = max(per_node.values(), default=0) >= k
+    for end, _, idxs, milli, _ in ends:
+        for i in idxs:
+            before = free[i]
+            free[i] = before + milli
+            if before != FULL and free[i] == FULL:
+                n = per_node[node[i]] = per_node.get(node[i], 0) + 1
+                enough = enough or n >= k
+        if enough:  # as in _reservation: best_fit's pick, at the first end where some node has k
+            fit = _whole_gang(View(view.cap, view.default_node, free, view.mem), k, tightest=True)
+            if fit is not None:
+                return end, frozenset(fit)
+    return math.inf, frozenset()
 
 
 # --- fragmentation gradient descent (Weng et al., ATC'23) -----------------------
