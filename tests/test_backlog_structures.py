@@ -325,3 +325,29 @@ def test_whole_gang_reservation_equals_the_general_path(
     expected = policies._reservation(view, general, ends, ordered=True)
     assert policies._reservation(view, plain, ends, ordered=True) == expected
     assert policies._reservation(view, plain, list(reversed(ends))) == expected
+
+
+# --- the runtime history, its runs sorted in when asked ----------------------------
+
+history_ops = st.lists(st.one_of(st.tuples(st.just("add"), st.sampled_from(["a", "b"]), st.floats(0, 100)),
+                                 st.tuples(st.just("median"), st.just(""), st.just(0.0)),
+                                 st.tuples(st.just("sorted"), st.just(""), st.just(0.0))), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history_ops)
+def test_runtime_history_equals_a_list_kept_sorted(steps: list[tuple[str, str, float]]) -> None:
+    stats = model.RuntimeStats()
+    ref: list[int] = []
+    for op, name, runtime in steps:
+        if op == "add":
+            stats.add(("u", name), runtime)
+            bisect.insort(ref, max(0, round(runtime * 1000)))
+        elif op == "median":  # runs added since the last question are sorted in now
+            m = len(ref) // 2
+            median = None if not ref else (ref[m] if len(ref) % 2 else (ref[m - 1] + ref[m]) / 2) / 1000
+            assert stats.predict(("u", "never"), 7.0) == (7.0 if median is None else median)
+            assert stats.median() == median
+        else:
+            assert stats.sorted == ref
+    assert stats.sorted == ref
