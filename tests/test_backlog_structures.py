@@ -177,7 +177,7 @@ def test_iter_from_crosses_blocks() -> None:
 
 # --- the queue's orders built on demand --------------------------------------------
 
-queue_ops = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from([0.25, 1.0, 2.0]),
+queue_ops = st.lists(st.tuples(st.booleans(), st.integers(0, 40), st.sampled_from([0, 0.25, 0.5, 1.0, 2.0]),
                                st.integers(-1, 1), st.sampled_from(["a", "b"])), max_size=120)
 
 
@@ -207,6 +207,8 @@ def test_orders_built_on_demand_equal_orders_kept_from_the_start(
             job = jobs.pop(jid)
             late.remove(job)
             early.remove(job)
+        # the smallest share asked, kept between changes
+        assert early.min_milli() == min((j.milli for j in jobs.values()), default=FULL + 1)
     expected = sorted((-j.spec.priority, j.order, j.id) for j in jobs.values())
     assert len(late) == len(early) == len(jobs)
     assert list(late.by_priority) == list(early.by_priority) == expected
@@ -216,3 +218,136 @@ def test_orders_built_on_demand_equal_orders_kept_from_the_start(
     assert {r: list(keys) for r, keys in late.by_rkey.items()} == {
         r: sorted(k for k in expected if model.runtime_key(jobs[k[2]].spec) == r)
         for r in {model.runtime_key(j.spec) for j in jobs.values()}}
+
+
+# --- the records' methods, compiled in model -----------------------------------
+
+opt_int = st.none() | st.integers(0, 90_000)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 81_920), opt_int, st.integers(-1, 90_000), st.integers(0, 90_000))
+def test_free_memory_of_equals_the_gpu_method(total: int, used: int | None, foreign: int, reserved: int) -> None:
+    gpu = Gpu(node="n", id=0, memory_total_mib=total, memory_used_mib=used, foreign_memory_mib=foreign,
+              reserved_mib=reserved)
+    assert model.free_memory_of(gpu) == gpu.free_memory_mib()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["", "a", "default"]), st.none() | st.lists(st.integers(0, 7), max_size=3),
+       st.sampled_from(["", "n1"]), st.integers(0, 3), st.integers(0, 2), st.integers(0, 1000))
+def test_tenant_of_and_shape_of_equal_the_job_properties(
+    tenant: str, ids: list[int] | None, node: str, array_id: int, array_cap: int, mem: int
+) -> None:
+    spec = ev.JobSpec(command=["x"], gpus=0.5, uid=0, user="u", tenant=tenant, gpu_ids=ids, node=node,
+                      array_id=array_id, array_cap=array_cap, gpu_mem_mib=mem)
+    job = Job(id=1, spec=spec, count=1, milli=500)
+    assert model.tenant_of(job) == job.tenant
+    assert model.shape_of(job) == job.shape
+
+
+# --- the largest free share and the most whole GPUs, kept on the view ------------
+
+view_ops = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 40), max_size=4, unique=True),
+                              st.sampled_from([0, 125, 250, 500, FULL])), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters, view_ops, st.lists(st.tuples(st.integers(0, 40), shares), max_size=10))
+def test_kept_maxima_equal_the_plain_computation(
+    nodes: list[list[int]], steps: list[tuple[bool, list[int], int]], changes: list[tuple[int, int]]
+) -> None:
+    view = _view(nodes)
+    cap = view.cap
+    for i, free in changes:  # the projection's updates of the capacity between decisions
+        if i < len(cap.free):
+            cap.set_gpu(i, free, cap.mem[i])
+        assert cap.max_free() == max(cap.free)
+    view = View(cap, "n0")
+
+    def whole(v: View) -> int:
+        return max(v.free[idxs[0]:idxs[-1] + 1].count(FULL) for idxs in v.node_idx.values())
+
+    for take, idxs, milli in steps:
+        idxs = [i for i in idxs if i < len(view.free)]
+        if take:
+            idxs = [i for i in idxs if view.free[i] >= milli]
+            view.take(idxs, milli, 0)
+        else:
+            idxs = [i for i in idxs if view.free[i] + milli <= FULL]
+            view.give(idxs, milli, 0)
+        assert view.max_free() == max(view.free)
+        assert view.most_whole() == whole(view)
+        copy = view.copy()
+        assert copy.max_free() == max(view.free) and copy.most_whole() == whole(view)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([0, 125, 250, 500, 750, FULL]), max_size=70), st.sampled_from([1, 125, 250, 500, FULL]),
+       st.integers(0, 70), st.integers(0, 70))
+def test_free_share_scans_equal_the_builtins(free: list[int], need: int, lo: int, hi: int) -> None:
+    assert policies._all_at(free, need) == [i for i in range(len(free)) if free[i] == need]
+    assert policies._max_of(free) == (max(free) if free else 0)
+    assert policies._first_at_least(free, need) == next((i for i, f in enumerate(free) if f >= need), -1)
+    lo, hi = min(lo, len(free)), min(hi, len(free))
+    assert policies._count_at(free, lo, hi, FULL) == free[lo:hi].count(FULL)
+    levels = sorted(set(f for f in free if f >= need))  # the least share that still fits, its first GPU
+    assert policies._tightest_one(free, need) == ([free.index(levels[0])] if levels else None)
+
+
+# --- a whole-GPU gang's reservation on the free shares alone ----------------------
+
+running_st = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 8), st.sampled_from([0.25, 0.5, 1, 2, 3]),
+                                st.sampled_from([10.0, 20.0, 30.0, 40.0])), max_size=24)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(2, 8), min_size=1, max_size=3), running_st, st.sampled_from([2, 3, 4, 8]))
+def test_whole_gang_reservation_equals_the_general_path(
+    sizes: list[int], running: list[tuple[int, int, float, float]], k: int
+) -> None:
+    """Jobs placed on a cluster that starts all free, ending in some order: the
+    plain head of ``k`` whole GPUs gets the shadow and GPUs that the same
+    request pinned to every GPU id (the general path) gets."""
+    view = _view([[FULL] * n for n in sizes])
+    ends: list[tuple[float, int, list[int], int, int]] = []
+    for jid, (node, first, gpus, end) in enumerate(running):
+        count, milli = request_of(ev.JobSpec(command=["x"], gpus=gpus))
+        on = view.node_idx.get(f"n{node % len(sizes)}", [])
+        idxs = [i for i in on[first % len(on):] if view.free[i] >= milli][:count]
+        if len(idxs) == count:
+            view.take(idxs, milli, 0)
+            ends.append((end, jid, idxs, milli, 0))
+    ends.sort(key=lambda e: (e[0], e[1]))
+    plain = _job(k)
+    general = _job(k, sorted(set(view.id)))
+    assert policies._plain(plain) and not policies._plain(general)
+    expected = policies._reservation(view, general, ends, ordered=True)
+    assert policies._reservation(view, plain, ends, ordered=True) == expected
+    assert policies._reservation(view, plain, list(reversed(ends))) == expected
+
+
+# --- the runtime history, its runs sorted in when asked ----------------------------
+
+history_ops = st.lists(st.one_of(st.tuples(st.just("add"), st.sampled_from(["a", "b"]), st.floats(0, 100)),
+                                 st.tuples(st.just("median"), st.just(""), st.just(0.0)),
+                                 st.tuples(st.just("sorted"), st.just(""), st.just(0.0))), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(history_ops)
+def test_runtime_history_equals_a_list_kept_sorted(steps: list[tuple[str, str, float]]) -> None:
+    stats = model.RuntimeStats()
+    ref: list[int] = []
+    for op, name, runtime in steps:
+        if op == "add":
+            stats.add(("u", name), runtime)
+            bisect.insort(ref, max(0, round(runtime * 1000)))
+        elif op == "median":  # runs added since the last question are sorted in now
+            m = len(ref) // 2
+            median = None if not ref else (ref[m] if len(ref) % 2 else (ref[m - 1] + ref[m]) / 2) / 1000
+            assert stats.predict(("u", "never"), 7.0) == (7.0 if median is None else median)
+            assert stats.median() == median
+        else:
+            assert stats.sorted == ref
+    assert stats.sorted == ref

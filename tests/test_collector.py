@@ -57,6 +57,29 @@ def test_paused_turns_the_collector_off_inside_and_restores_it(clean_collector: 
     assert not gc.isenabled()  # it was off before: it stays off
 
 
+def test_what_paused_made_goes_to_the_oldest_generation_and_its_cycles_are_still_collected(clean_collector: None) -> None:
+    gc.unfreeze()
+    gc.collect()
+    with collector.paused():
+        state = [Node() for _ in range(10_000)]
+        garbage_cycle()
+    assert gc.get_count()[0] < 100  # not waiting in generation 0 for a young pass to walk it
+    assert gc.get_freeze_count() == 0  # nothing left out of the collector
+    assert gc.collect() >= 2  # the next full pass still finds the cycle
+    assert len(state) == 10_000
+
+
+def test_paused_leaves_frozen_objects_frozen(clean_collector: None) -> None:
+    gc.unfreeze()
+    kept = [Node() for _ in range(1000)]
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with collector.paused():
+        made = [Node() for _ in range(1000)]
+    assert gc.get_freeze_count() == frozen  # the engine's frozen state is not handed back
+    assert len(kept) == len(made)
+
+
 def test_survivors_of_a_full_pass_are_frozen_and_new_cycles_still_collected(clean_collector: None) -> None:
     gc.unfreeze()
     with collector.freezing_after_full_collections():

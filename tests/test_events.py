@@ -251,3 +251,16 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--write-fixture"]:
         write_fixture(FIXTURE)
         print(f"wrote {FIXTURE}")
+
+
+def test_stamp_numbers_events_whether_or_not_they_came_numbered() -> None:
+    def made(seqs: list[int]) -> list[ev.Event]:
+        return [ev.JobCancelled(job=i, seq=s) for i, s in enumerate(seqs)]
+
+    for seqs in ([5, 6, 7], [0, 0, 0], [5, 7, 6], [5, 6, 8], [4, 5, 6], []):
+        events = made(seqs)
+        stamped = ev.stamp(events, 5)
+        assert [e.seq for e in stamped] == list(range(5, 5 + len(seqs)))
+        assert [e.job for e in stamped] == list(range(len(seqs)))
+        assert stamped is not events  # a new list either way: the caller's is left as it was
+        assert [e.seq for e in events] == seqs

@@ -26,7 +26,7 @@ from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
-from eventsched.projections.model import Capacity, time_limit_of
+from eventsched.projections.model import Capacity, tenant_of, time_limit_of
 from eventsched.projections.sortedkeys import SortedKeys
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
@@ -62,6 +62,11 @@ class View:
         # copied: the decision subtracts its own placements
         self.free = list(cap.free) if free is None else free
         self.mem = list(cap.mem) if mem is None else mem
+        # the largest free share, and the most whole free GPUs on one node,
+        # kept until a take or give changes them (-1: not known): every fit
+        # test of a decision asks one of them
+        self.max_known = cap.max_known if free is None else -1
+        self.whole_known = -1
 
     @classmethod
     def of(cls, state: ClusterState) -> View:
@@ -69,11 +74,27 @@ class View:
         return cls(state.capacity, state.node)
 
     def copy(self) -> View:
-        return View(self.cap, self.default_node, list(self.free), list(self.mem))
+        view = View(self.cap, self.default_node, list(self.free), list(self.mem))
+        view.max_known, view.whole_known = self.max_known, self.whole_known
+        return view
 
     def max_free(self) -> int:
-        free = self.free
-        return max(free) if free else 0
+        if self.max_known < 0:
+            free = self.free
+            self.max_known = _max_of(free)
+        return self.max_known
+
+    def most_whole(self) -> int:
+        """The most all-free GPUs on one node."""
+        if self.whole_known < 0:
+            free, most = self.free, 0
+            if len(self.node_idx) == 1:
+                most = _count_at(free, 0, len(free), FULL)
+            else:
+                for lo, hi, n in _node_counts(self):
+                    most = max(most, n)
+            self.whole_known = most
+        return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
         """GPU indices where one of the job's GPUs could go, in (node, id) order."""
@@ -108,14 +129,21 @@ class View:
         )
 
     def take(self, idxs: list[int], milli: int, mem: int) -> None:
+        free = self.free
         for i in idxs:
-            self.free[i] -= milli
+            if milli:
+                if free[i] == self.max_known:
+                    self.max_known = -1  # it may have been the only one that large
+                if free[i] == FULL:
+                    self.whole_known = -1
+            free[i] -= milli
             self.mem[i] -= mem
 
     def give(self, idxs: Iterable[int], milli: int, mem: int) -> None:
         for i in idxs:
             self.free[i] += milli
             self.mem[i] += mem
+        self.max_known = self.whole_known = -1
 
     def by_node(self, idxs: list[int]) -> dict[str, list[int]]:
         """``idxs`` grouped by node, nodes in order (one pass)."""
@@ -165,8 +193,7 @@ def first_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> li
     if not exclude and _plain(job):
         if job.count > 1:
             return _whole_gang(view, job.count, tightest=False)
-        need = job.milli
-        i = next((i for i, f in enumerate(view.free) if f >= need), -1)  # stops at the first
+        i = _first_at_least(view.free, job.milli)
         return [i] if i >= 0 else None
     cands = view.candidates(job, exclude)
     if job.count == 1:
@@ -199,16 +226,42 @@ def _plain(job: Job) -> bool:
     return not spec.gpu_mem_mib and spec.gpu_ids is None and not spec.node
 
 
+# The scans of a view's free shares below are plain loops: compiled (mypyc),
+# a loop over a list[int] compares unboxed ints and calls nothing, 3-4x
+# faster than list.index, list.count, max() or sorted(set()) over 64 GPUs,
+# whose calls and rich comparisons cost more than the loop (the pure-Python
+# build pays the other way round).
+
+
 def _all_at(free: list[int], value: int) -> list[int]:
-    """Indices ``i`` with ``free[i] == value``, in order (list.index runs in C)."""
-    out: list[int] = []
-    i = -1
-    try:
-        while True:
-            i = free.index(value, i + 1)
-            out.append(i)
-    except ValueError:
-        return out
+    """Indices ``i`` with ``free[i] == value``, in order."""
+    return [i for i, f in enumerate(free) if f == value]
+
+
+def _max_of(free: list[int]) -> int:
+    """``max(free)`` (0 with no GPU)."""
+    most = free[0] if free else 0
+    for f in free:
+        if f > most:
+            most = f
+    return most
+
+
+def _first_at_least(free: list[int], need: int) -> int:
+    """The first index with ``free[i] >= need`` (-1: none)."""
+    for i, f in enumerate(free):
+        if f >= need:
+            return i
+    return -1
+
+
+def _count_at(free: list[int], lo: int, hi: int, value: int) -> int:
+    """How many of ``free[lo:hi]`` equal ``value``."""
+    n = 0
+    for i in range(lo, hi):
+        if free[i] == value:
+            n += 1
+    return n
 
 
 def _node_counts(view: View) -> Iterator[tuple[int, int, int]]:
@@ -216,16 +269,21 @@ def _node_counts(view: View) -> Iterator[tuple[int, int, int]]:
     node's GPUs are contiguous in (node, id) order."""
     free = view.free
     if len(view.node_idx) == 1:
-        yield 0, len(free), free.count(FULL)
+        yield 0, len(free), _count_at(free, 0, len(free), FULL)
         return
     for idxs in view.node_idx.values():
         lo, hi = idxs[0], idxs[-1] + 1
-        yield lo, hi, free[lo:hi].count(FULL)
+        yield lo, hi, _count_at(free, lo, hi, FULL)
 
 
 def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     """``_gang`` of a plain job of ``k`` whole GPUs (its candidates are the
-    all-free GPUs), counted in C per node instead of listed one by one."""
+    all-free GPUs), counted per node instead of listed one by one."""
+    if view.most_whole() < k:
+        return None  # known without walking the nodes
+    free = view.free
+    if len(view.node_idx) == 1:  # one node: it is the pick
+        return _all_at(free, FULL)[:k]
     pick: tuple[int, int, int] | None = None
     for lo, hi, n in _node_counts(view):
         if n >= k and (pick is None or n < pick[2]):
@@ -235,22 +293,17 @@ def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     if pick is None:
         return None
     lo, hi, _ = pick
-    free, out, i = view.free, [], lo - 1
-    for _ in range(k):
-        i = free.index(FULL, i + 1, hi)
-        out.append(i)
-    return out
+    return [i for i in range(lo, hi) if free[i] == FULL][:k]
 
 
 def _tightest_one(free: list[int], need: int) -> list[int] | None:
     """``best_fit`` of a plain one-GPU job: the GPU with the least free share
-    that still has ``need``, the first of those (C-level set, sort and index
-    instead of a Python loop over every GPU)."""
-    levels = sorted(set(free))
-    k = bisect.bisect_left(levels, need)
-    if k == len(levels):
-        return None
-    return [free.index(levels[k])]
+    that still has ``need``, the first of those."""
+    pick, least = -1, 0
+    for i, f in enumerate(free):
+        if f >= need and (pick < 0 or f < least):
+            pick, least = i, f
+    return [pick] if pick >= 0 else None
 
 
 def _eligible(state: ClusterState, job: Job, now: float) -> bool:
@@ -310,7 +363,7 @@ class Limits:
                 return "array-cap"
         if not self.state.tenants:
             return None  # no quotas at all (tenant_left would answer None for each)
-        q = self._tenant_left(job.tenant)
+        q = self._tenant_left(tenant_of(job))
         if q is not None and (q[0] < job.count * job.milli or q[1] < job.count * spec.gpu_mem_mib or q[2] < 1):
             return "quota"
         return None
@@ -318,7 +371,7 @@ class Limits:
     def take(self, job: Job) -> None:
         if job.spec.array_cap:
             self.arrays[job.spec.array_id] -= 1
-        q = self._tenant_left(job.tenant) if self.state.tenants else None
+        q = self._tenant_left(tenant_of(job)) if self.state.tenants else None
         if q is not None:
             q[0] -= job.count * job.milli
             q[1] -= job.count * job.spec.gpu_mem_mib
@@ -366,8 +419,7 @@ def _fits(view: View, job: Job) -> bool:
     if _plain(job):
         if job.count == 1:
             return view.max_free() >= job.milli
-        k = job.count
-        return any(n >= k for _, _, n in _node_counts(view))
+        return view.most_whole() >= job.count
     cands = view.candidates(job)
     if job.count == 1:
         return bool(cands)
@@ -400,11 +452,11 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     slots = _slots(state)
     if slots <= 0:
         return None
-    view = View.of(state)
+    cap = state.capacity
     smallest = state.queue.min_milli()
-    if smallest > 0 and view.max_free() < smallest:
-        return None
-    return view, slots, smallest
+    if smallest > 0 and cap.max_free() < smallest:
+        return None  # answered before copying the capacity
+    return View(cap, state.node), slots, smallest
 
 
 def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
@@ -504,7 +556,7 @@ class _Reservation:
             return None
         if not _eligible(state, head, now) or limits.blocked(head):
             return None
-        shadow, gpus = _reservation(view.copy(), head, _ends_in_order(state, view, now), ordered=True)
+        shadow, gpus = _reservation(view, head, _ends_in_order(state, view, now), ordered=True)  # it copies view
         if not gpus:
             return None
         return cls(state, now, head, shadow, gpus)
@@ -531,16 +583,23 @@ def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tupl
     (end, id) order, lazily: from ``state.ends`` (each end as predicted when
     the job started), those due by ``now`` first, ending ``now``."""
     ends, jobs, index = state.ends, state.jobs, view.index
-
-    def entry(end: float, jid: int) -> tuple[float, int, list[int], int, int]:
-        r = jobs[jid]
-        return (end, jid, [index[(r.node, g)] for g in r.gpu_ids if (r.node, g) in index], r.milli, r.mem_mib)
-
     k = bisect.bisect_right(ends, (now, math.inf))
-    for jid in sorted(jid for _, jid in ends[:k]):
-        yield entry(now, jid)
+    for jid in sorted([jid for _, jid in ends[:k]]):
+        yield _end_entry(jobs[jid], now, index)
     for i in range(k, len(ends)):
-        yield entry(*ends[i])
+        end, jid = ends[i]
+        yield _end_entry(jobs[jid], end, index)
+
+
+def _end_entry(r: Job, end: float, index: dict[tuple[str, int], int]) -> tuple[float, int, list[int], int, int]:
+    """(end, job, GPU indices, share, memory) of running job ``r``; its GPUs
+    that are not usable now have no index and are left out."""
+    idxs = []
+    for g in r.gpu_ids:
+        i = index.get((r.node, g))
+        if i is not None:
+            idxs.append(i)
+    return (end, r.id, idxs, r.milli, r.mem_mib)
 
 
 def _running_ends(state: ClusterState, view: View, now: float,
@@ -837,6 +896,8 @@ def _reservation(
     head's GPUs stays able to: count such GPUs per node as ends free them, and
     run ``best_fit`` once, at the first end after which some node has enough.
     """
+    if head.count > 1 and head.milli == FULL and _plain(head):
+        return _whole_gang_reservation(view, head.count, ends if ordered else sorted(ends, key=lambda e: (e[0], e[1])))
     future = view.copy()
     need = max(head.count, 1)
     able = set(future.candidates(head))
@@ -856,6 +917,34 @@ def _reservation(
             if fit is not None:
                 return end, frozenset(fit)
     return math.inf, frozenset()  # it cannot fit on what runs now: reserve nothing
+
+
+def _whole_gang_reservation(
+    view: View, k: int, ends: Iterable[tuple[float, int, list[int], int, int]]
+) -> tuple[float, frozenset[int]]:
+    """``_reservation`` of a plain head of ``k`` whole GPUs (the usual blocked
+    gang), on the free shares alone: one of its GPUs can go exactly where a
+    GPU is all free (a share never exceeds FULL, and a job holds a GPU once),
+    so count those per node as the ends free them, with no copy of the view,
+    candidate set or per-GPU test of the general path."""
+    free, node = list(view.free), view.node
+    per_node: dict[str, int] = {}
+    for i, f in enumerate(free):
+        if f == FULL:
+            per_node[node[i]] = per_node.get(node[i], 0) + 1
+    enough = max(per_node.values(), default=0) >= k
+    for end, _, idxs, milli, _ in ends:
+        for i in idxs:
+            before = free[i]
+            free[i] = before + milli
+            if before != FULL and free[i] == FULL:
+                n = per_node[node[i]] = per_node.get(node[i], 0) + 1
+                enough = enough or n >= k
+        if enough:  # as in _reservation: best_fit's pick, at the first end where some node has k
+            fit = _whole_gang(View(view.cap, view.default_node, free, view.mem), k, tightest=True)
+            if fit is not None:
+                return end, frozenset(fit)
+    return math.inf, frozenset()
 
 
 # --- fragmentation gradient descent (Weng et al., ATC'23) -----------------------

@@ -138,7 +138,7 @@ def _schedule(out: _Out) -> None:
         )
         job = state.jobs[p.job]
         out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids)))
-    if state.config.preemption and state.queue:
+    if state.config.preemption and state.queue and _may_preempt(state):
         _preempt(out)
     if state.idle_jobs and state.queue and state.config.idle_policy != "off":
         _reclaim_idle(out)
@@ -178,6 +178,15 @@ def _reclaim_idle(out: _Out) -> None:
     reason = "idle" if out.state.config.idle_policy == "stop" else "idle-requeue"
     out.decide(ev.JobCancelRequested(job=jid, by=f"job {waiting}", reason=reason, for_job=waiting, rule="idle"))
     out.effects.append(_stop_signal(out.state, out.state.jobs[jid], reason))
+
+
+def _may_preempt(state: ClusterState) -> bool:
+    """``preemption.plan``'s first two answers, asked here (compiled) after
+    every decision: it plans nothing while a preemption is stopping, or when
+    no running job and no tenant is preemptible (the common case)."""
+    if state.being_preempted:
+        return False
+    return bool(state.running_preemptible) or any(t.preemptible for t in state.tenants.values())
 
 
 def _preempt(out: _Out) -> None:

@@ -39,8 +39,10 @@ from eventsched.projections.model import (
     RuntimeStats,
     TenantUsage,
     fit_summary,
+    free_memory_of,
     request_of,
     runtime_key,
+    tenant_of,
     time_limit_of,
     usable,
 )
@@ -193,7 +195,7 @@ class ClusterState:
     def _hold(self, job: Job, sign: int) -> None:
         """Count a job's resources in (+1) or out of (-1) its tenant's usage
         and its array's running tasks."""
-        tenant = job.tenant
+        tenant = tenant_of(job)
         usage = self.usage.get(tenant)
         if usage is None:
             usage = self.usage[tenant] = TenantUsage()
@@ -289,11 +291,7 @@ class ClusterState:
         if (i is not None) != usable(gpu, self.config):
             self._capacity = None  # the usable set changed: rebuild when next asked
         elif i is not None:
-            free, mem = FULL - gpu.used_milli, gpu.free_memory_mib()
-            if free > cap.free[i] or mem > cap.mem[i]:
-                cap.grew()  # a shape that found no room may find it now
-            cap.free[i] = free
-            cap.mem[i] = mem
+            cap.set_gpu(i, FULL - gpu.used_milli, free_memory_of(gpu))
 
     # --- lookups used by the core, the server and the CLI -------------------
 
@@ -363,7 +361,7 @@ def _release(state: ClusterState, job: Job, ts: float) -> None:
             gpu.jobs.remove(job.id)
         state._gpu_changed(gpu)
     if job.id in state.running:
-        state._age_usage(job.tenant, ts)
+        state._age_usage(tenant_of(job), ts)
         state._hold(job, -1)
         _forget_end(state, job)
     state.running.pop(job.id, None)
@@ -543,7 +541,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
     state.running[job.id] = None
     state._track_deadline(job)
     state._track_idle(job)
-    state._age_usage(job.tenant, e.ts)
+    state._age_usage(tenant_of(job), e.ts)
     state._hold(job, +1)
 
 

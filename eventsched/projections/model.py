@@ -11,13 +11,14 @@ from typing import Any
 from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition
+from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
 from eventsched.projections.records import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [
     "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
-    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of",
+    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of", "free_memory_of", "tenant_of", "shape_of",
 ]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
@@ -55,7 +56,7 @@ class Capacity:
         self.node = [g.node for g in ok]
         self.id = [g.id for g in ok]
         self.free = [FULL - g.used_milli for g in ok]
-        self.mem = [g.free_memory_mib() for g in ok]
+        self.mem = [free_memory_of(g) for g in ok]
         self.index = {(g.node, g.id): i for i, g in enumerate(ok)}
         self.nodes: list[str] = []  # in order
         self.node_idx: dict[str, list[int]] = {}  # node -> its indices, in order
@@ -67,9 +68,31 @@ class Capacity:
         # shapes that found no room here: a memo valid until some GPU's free
         # share or memory grows (``grew``), as shrinking cannot make them fit
         self.no_fit: set[tuple[Any, ...]] = set()
+        # the largest free share, kept until a GPU's changes (-1: not known):
+        # a submission to a full cluster is answered without copying ``free``
+        self.max_known = -1
 
     def grew(self) -> None:
         self.no_fit.clear()
+
+    def set_gpu(self, i: int, free: int, mem: int) -> None:
+        """GPU index ``i`` now has ``free`` share and ``mem`` MiB free."""
+        if free > self.free[i] or mem > self.mem[i]:
+            self.grew()  # a shape that found no room may find it now
+        if free != self.free[i]:
+            self.max_known = -1
+        self.free[i] = free
+        self.mem[i] = mem
+
+    def max_free(self) -> int:
+        """The largest free share of one GPU (0 with no usable GPU)."""
+        if self.max_known < 0:
+            most = self.free[0] if self.free else 0
+            for f in self.free:  # compiled, a loop beats max()'s call and rich compares
+                if f > most:
+                    most = f
+            self.max_known = most
+        return self.max_known
 
     def same(self, other: Capacity) -> bool:
         """Equal capacity (the no-fit memo is a cache, not part of it)."""
@@ -111,6 +134,35 @@ def time_limit_of(job: Job, default: float | None) -> float | None:
     return min(own, default)
 
 
+# Gpu.free_memory_mib, Job.tenant and Job.shape, here, compiled: the records'
+# methods are interpreted, and the fold asks them for every placement and end
+# (tests/test_backlog_structures.py checks they agree)
+
+
+def free_memory_of(gpu: Gpu) -> int:
+    """``gpu.free_memory_mib()``: what a new job may reserve."""
+    used = gpu.memory_used_mib or 0
+    if gpu.foreign_memory_mib >= 0:
+        foreign = gpu.foreign_memory_mib
+        ours = max(0, used - foreign)
+    else:
+        foreign = 0
+        ours = used
+    return gpu.memory_total_mib - foreign - max(gpu.reserved_mib, ours)
+
+
+def tenant_of(job: Job) -> str:
+    """``job.tenant``."""
+    return job.spec.tenant or DEFAULT_TENANT
+
+
+def shape_of(job: Job) -> tuple[Any, ...]:
+    """``job.shape``: what placement depends on."""
+    s = job.spec
+    ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
+    return (job.count, job.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
+
+
 def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
     """Jobs predicted alike: same user and same name (or command)."""
     return (spec.user, spec.name or " ".join(spec.command))
@@ -144,6 +196,7 @@ class QueueIndex:
         # static key ``aging x queued_at / 3600 - priority`` orders them for good
         self.aging = aging_per_hour / 3600.0
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
+        self.min_known = -1  # min(milli_counts), kept until a share comes or goes (-1: not known)
         self.shape_of: dict[int, tuple[Any, ...]] = {}
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
         self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
@@ -217,8 +270,11 @@ class QueueIndex:
         # tuple[float, int, int] is a C struct, boxed anew for each container
         # it goes into, which cost 0.8 KB per queued job
         key: Any = self.key(job)
-        self.milli_counts[job.milli] = self.milli_counts.get(job.milli, 0) + 1
-        shape = job.shape
+        n = self.milli_counts.get(job.milli, 0)
+        if not n:
+            self.min_known = -1
+        self.milli_counts[job.milli] = n + 1
+        shape = shape_of(job)
         self.shape_of[job.id] = shape
         self.by_shape.setdefault(shape, {})[job.id] = None
         lane = self.shape_queue.get(shape)
@@ -250,6 +306,7 @@ class QueueIndex:
             self.milli_counts[job.milli] = n
         else:
             del self.milli_counts[job.milli]
+            self.min_known = -1
         members = self.by_shape[shape]
         del members[job.id]
         if not members:
@@ -267,7 +324,9 @@ class QueueIndex:
 
     def min_milli(self) -> int:
         """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
-        return min(self.milli_counts, default=FULL + 1)
+        if self.min_known < 0:
+            self.min_known = min(self.milli_counts, default=FULL + 1)
+        return self.min_known
 
 
 def _group(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any) -> SortedKeys[tuple[float, int, int]]:
@@ -333,6 +392,10 @@ class RuntimeStats:
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
         self._runs: SortedKeys[int] = SortedKeys()  # every run's ms, in blocks (see ``sorted``)
+        # runs not yet in ``_runs``: sorted in only when the median or the
+        # list is asked for, which a replay whose jobs all have a history
+        # never does (each sorted insertion cost ~2 us, cache misses mostly)
+        self._pending: list[int] = []
         # predictions asked since the last run ended (sjf-backfill asks for
         # every running job at every reservation)
         self._memo: dict[tuple[tuple[str, str], float], float] = {}
@@ -341,21 +404,31 @@ class RuntimeStats:
         ms = max(0, round(runtime_s * 1000))
         n, total = self.by_key.get(key, (0, 0))
         self.by_key[key] = (n + 1, total + ms)
-        self._runs.add(ms)
+        self._pending.append(ms)
         self._memo.clear()
+
+    def _all_runs(self) -> SortedKeys[int]:
+        """Every run's ms in order, the pending ones sorted in first."""
+        if self._pending:
+            runs = self._runs
+            for ms in self._pending:
+                runs.add(ms)
+            self._pending = []
+        return self._runs
 
     @property
     def sorted(self) -> list[int]:
         """Every run's time in ms, ascending (a copy: snapshots and forecasts)."""
-        return list(self._runs)
+        return list(self._all_runs())
 
     @sorted.setter
     def sorted(self, runs: list[int]) -> None:
         self._runs = SortedKeys(runs)
+        self._pending = []
         self._memo.clear()
 
     def median(self) -> float | None:
-        s = self._runs
+        s = self._all_runs()
         if not s:
             return None
         m = len(s) // 2
