@@ -227,10 +227,16 @@ opt_int = st.none() | st.integers(0, 90_000)
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 81_920), opt_int, st.integers(-1, 90_000), st.integers(0, 90_000))
-def test_free_memory_of_equals_the_gpu_method(total: int, used: int | None, foreign: int, reserved: int) -> None:
+def test_free_memory_of_is_what_neither_we_nor_others_hold(
+    total: int, used: int | None, foreign: int, reserved: int
+) -> None:
     gpu = Gpu(node="n", id=0, memory_total_mib=total, memory_used_mib=used, foreign_memory_mib=foreign,
               reserved_mib=reserved)
-    assert model.free_memory_of(gpu) == gpu.free_memory_mib()
+    # foreign = -1: nothing known of other processes, all observed use is ours
+    others = max(foreign, 0)
+    ours = (used or 0) - others if foreign >= 0 else (used or 0)
+    expected = total - others - max(reserved, ours, 0)
+    assert model.free_memory_of(gpu) == gpu.free_memory_mib() == expected
 
 
 @settings(max_examples=300, deadline=None)

@@ -60,14 +60,9 @@ class Gpu(msgspec.Struct, kw_only=True):
     def free_memory_mib(self) -> int:
         """Memory a new job may reserve: what neither our reservations, the
         observed use of our jobs, nor processes outside the scheduler hold."""
-        used = self.memory_used_mib or 0
-        if self.foreign_memory_mib >= 0:
-            foreign = self.foreign_memory_mib
-            ours = max(0, used - foreign)
-        else:
-            foreign = 0
-            ours = used
-        return self.memory_total_mib - foreign - max(self.reserved_mib, ours)
+        from eventsched.projections.model import free_memory_of  # compiled there; model imports us
+
+        return free_memory_of(self)
 
 
 class Job(msgspec.Struct, kw_only=True):

@@ -181,19 +181,24 @@ def job_env(
 # --- I/O helpers ------------------------------------------------------------
 
 
-def _read_json(path: Path) -> dict | None:
-    try:  # os.open/os.read: a file per job (spec.json, an old attempt's records), without io's layers
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
+def _read_all(fd: int) -> bytes:
+    """Everything left in ``fd``, which is closed."""
     try:
         chunks = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
     finally:
         os.close(fd)
+    return b"".join(chunks)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:  # os.open/os.read: a file per job (spec.json, an old attempt's records), without io's layers
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
     try:
-        return msgspec.json.decode(b"".join(chunks))
+        return msgspec.json.decode(_read_all(fd))
     except msgspec.DecodeError:
         return None
 
@@ -212,14 +217,8 @@ def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
         if os.path.exists(attempt_path / "record"):
             return _read_records(attempt_path / "record")
         return _read_json(attempt_path / "pid"), _read_json(attempt_path / "exit")
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
     started = ended = None
-    for line in b"".join(chunks).split(b"\n")[:-1]:  # whole lines only: the last may be half-written
+    for line in _read_all(fd).split(b"\n")[:-1]:  # whole lines only: the last may be half-written
         try:
             record = msgspec.json.decode(line)
         except msgspec.DecodeError:
