@@ -693,11 +693,18 @@ async def test_cold_start_fallback_runs_jobs_the_same(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("zygote", [True, False])
 async def test_job_starts_with_no_signal_ignored(tmp_path: Path, zygote: bool) -> None:
-    # supervisors ignore SIGHUP/SIGINT; a job must not inherit that
-    ex = Executor(tmp_path, zygote=zygote)
-    exited, log = await run_job(ex, 1, JobSpec(command=["grep", "SigIgn", "/proc/self/status"]), [0])
+    # supervisors ignore SIGHUP/SIGINT, and a daemon started with `&` by a
+    # script inherits SIGINT and SIGQUIT ignored; a job must not inherit that
+    saved = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGQUIT)]
+    try:
+        ex = Executor(tmp_path, zygote=zygote)
+        exited, log = await run_job(ex, 1, JobSpec(command=["grep", "SigIgn", "/proc/self/status"]), [0])
+    finally:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGQUIT, saved[1])
     ignored = int(log.split()[1], 16)
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGTERM, signal.SIGCHLD, signal.SIGXFSZ):
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGTERM, signal.SIGCHLD,
+                signal.SIGXFSZ):
         assert not ignored & (1 << (sig - 1)), sig
 
 

@@ -21,9 +21,10 @@ from eventsched.sim.whatif import metrics_from_log
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import prediction_vs_reality as pvr
 
-# (workload, whether its placements repeat from run to run): in short, exits
-# ms apart decide where best-fit puts what; in faults, whether a cancel finds
-# its job queued or running can go either way by a few ms
+P95_SPREAD = 0.15  # a non-deterministic workload's own run-to-run spread of p95 wait (13 % measured)
+
+# (workload, whether its placements repeat from run to run): in short and
+# faults, exits ms apart decide where best-fit puts what
 CASES = [
     (pvr.short, False),
     (pvr.faults, False),
@@ -38,7 +39,16 @@ def test_a_replay_predicts_the_live_run_of_the_other_policy(tmp_path: Path, make
     o = pvr.run_workload(work, tmp_path, ("fifo", "best-fit"))
     assert o.live.jobs == o.predicted.jobs == len(work.jobs)
     assert o.predicted.finished == o.live.finished
-    assert not o.misses(), pvr.table([o])  # mean wait, p95 wait, makespan, utilisation within 5 %
+    if deterministic:
+        assert not o.misses(), pvr.table([o])  # mean wait, p95 wait, makespan, utilisation within 5 %
+    else:
+        # p95 of 30 waits is about the second longest. Where exits tie on the
+        # workload's 10 ms grid, which ends first decides best-fit's GPUs, and
+        # that moved p95 between 1.77 and 2.02 s (13 %) from one run of the
+        # faults workload to the next, live and predicted alike: it is held to
+        # the runs' own spread; the other three stay within 5 %
+        assert not [m for m in o.misses() if not m.startswith("p95 wait")], pvr.table([o])
+        assert o.error("p95_wait_s") <= P95_SPREAD, pvr.table([o])
     if deterministic:
         assert o.same_placements == o.placements[0] == o.placements[1], pvr.table([o])
     # and both live logs give their own figures back when replayed exactly

@@ -25,6 +25,7 @@ from __future__ import annotations
 from eventsched.core.policies import Limits, _eligible
 from eventsched.domain.units import FULL
 from eventsched.projections.cluster import ClusterState, Gpu, Job, usable
+from eventsched.projections.model import free_memory_of
 
 __all__ = ["job_gpu_memory", "memory_findings", "idle_findings", "due_idle", "reclaim"]
 
@@ -86,7 +87,7 @@ def _room_for(state: ClusterState, idle: Job, waiting: Job) -> bool:
     for gpu in state.node_gpus.get(idle.node, ()):
         if not usable(gpu, state.config) or (spec.gpu_ids is not None and gpu.id not in spec.gpu_ids):
             continue
-        free, mem = FULL - gpu.used_milli, gpu.free_memory_mib()
+        free, mem = FULL - gpu.used_milli, free_memory_of(gpu)
         if gpu.id in mine:
             free += idle.milli
             mem += max(idle.mem_mib, gpu.job_memory_mib.get(idle.id, 0))

@@ -134,13 +134,14 @@ def time_limit_of(job: Job, default: float | None) -> float | None:
     return min(own, default)
 
 
-# Gpu.free_memory_mib, Job.tenant and Job.shape, here, compiled: the records'
-# methods are interpreted, and the fold asks them for every placement and end
-# (tests/test_backlog_structures.py checks they agree)
+# A GPU's free memory (defined here alone), and Job.tenant and Job.shape
+# again, compiled: the records' methods are interpreted, and the fold asks them
+# for every placement and end (tests/test_backlog_structures.py checks they agree)
 
 
 def free_memory_of(gpu: Gpu) -> int:
-    """``gpu.free_memory_mib()``: what a new job may reserve."""
+    """Memory a new job may reserve on ``gpu``: what neither our reservations,
+    the observed use of our jobs, nor processes outside the scheduler hold."""
     used = gpu.memory_used_mib or 0
     if gpu.foreign_memory_mib >= 0:
         foreign = gpu.foreign_memory_mib

@@ -57,13 +57,6 @@ class Gpu(msgspec.Struct, kw_only=True):
     def allocated(self) -> float:
         return self.used_milli / FULL
 
-    def free_memory_mib(self) -> int:
-        """Memory a new job may reserve: what neither our reservations, the
-        observed use of our jobs, nor processes outside the scheduler hold."""
-        from eventsched.projections.model import free_memory_of
-
-        return free_memory_of(self)  # compiled there (model imports this module: hence here)
-
 
 class Job(msgspec.Struct, kw_only=True):
     id: int

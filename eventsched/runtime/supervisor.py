@@ -195,8 +195,10 @@ class _Failed(Exception):
 
 
 # default in the job, whatever we did with them (ignored ones survive exec)
+# (SIGQUIT too: a non-interactive shell ignores SIGINT and SIGQUIT in what it
+# starts with `&`, so a daemon started so would hand both on to every job)
 _JOB_DEFAULT_SIGNALS = (
-    signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD,
+    signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD,
 )
 
 
