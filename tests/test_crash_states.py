@@ -85,7 +85,10 @@ def record_run(root: Path, commits: int, segment_bytes: int) -> Run:
     (root / "log").mkdir(parents=True)
     (root / "snapshots").mkdir()
     run = Run(Recorder(root))
-    w = L.LogWriter.open(root / "log", segment_bytes=segment_bytes, ops=run.rec)
+    # zeros written ahead a few frames at a time (not the production MiB):
+    # commits into them, growth past them and sealing all happen, and every
+    # byte of every write stays enumerable
+    w = L.LogWriter.open(root / "log", segment_bytes=segment_bytes, ops=run.rec, preallocate=600)
     state = ClusterState()
     now = 1000.0
     for i, batch in enumerate(_messages(commits)):

@@ -177,16 +177,14 @@ def _salt(seg: Path) -> int:
 
 @pytest.mark.parametrize(
     "tail",
-    ["zeros", "random", "bad-length", "huge-length", "wrong-salt", "short-header", "zero-page-after-frame"],
+    ["random", "bad-length", "huge-length", "wrong-salt", "short-header", "zeros-then-bytes"],
 )
 def test_garbage_tail_is_cut_and_kept(tmp_path: Path, tail: str) -> None:
     d = tmp_path / "log"
     write_log(d, [3, 3, 3])
     (seg,) = seg_files(d)
     rng = random.Random(tail)
-    if tail == "zeros":
-        junk = bytes(4096)
-    elif tail == "random":
+    if tail == "random":
         junk = bytes(rng.randrange(256) for _ in range(3000))
     elif tail == "bad-length":  # a real next frame whose length field is wrong
         frame = bytearray(_frame(_salt(seg), 10, events(10, 2)))
@@ -200,8 +198,9 @@ def test_garbage_tail_is_cut_and_kept(tmp_path: Path, tail: str) -> None:
         junk = _frame(_salt(seg) ^ 1, 10, events(10, 2))
     elif tail == "short-header":
         junk = _frame(_salt(seg), 10, events(10, 1))[:FRAME_HEADER_SIZE - 3]
-    else:  # the file grew but the frame's data never reached the disk
-        junk = bytes(len(_frame(_salt(seg), 10, events(10, 2))))
+    else:  # a frame torn inside the zeros written ahead: its header never reached the disk
+        frame = _frame(_salt(seg), 10, events(10, 2))
+        junk = bytes(FRAME_HEADER_SIZE + 40) + frame[FRAME_HEADER_SIZE + 40:]
     size = seg.stat().st_size
     with open(seg, "ab") as f:
         f.write(junk)
@@ -214,6 +213,71 @@ def test_garbage_tail_is_cut_and_kept(tmp_path: Path, tail: str) -> None:
         assert w.append(events(10, 1)) == 10
     assert_log(d, 10)
     assert logtools.verify(d) == 0
+
+
+@pytest.mark.parametrize("zeros", [FRAME_HEADER_SIZE, 4096, 3 << 20])
+def test_zeros_after_the_last_frame_are_space_written_ahead(tmp_path: Path, zeros: int) -> None:
+    """What a crash leaves of a preallocated segment (or a file that grew while
+    its data never reached the disk): nothing to cut, the next frame goes
+    where the zeros start, and readers stop there."""
+    d = tmp_path / "log"
+    write_log(d, [3, 3, 3])
+    (seg,) = seg_files(d)
+    size = seg.stat().st_size
+    with open(seg, "ab") as f:
+        f.write(bytes(zeros))
+    assert logtools.verify(d) == 0
+    assert [e.seq for e in log.read(d)] == list(range(1, 10))
+    assert log.last_seq(d) == 9
+    with LogWriter.open(d) as w:
+        assert w.recovered is None
+        assert w._end == size  # the next frame goes where the zeros start
+        assert w.append(events(10, 2)) == 11
+        assert seg.stat().st_size >= size + zeros
+    assert_log(d, 11)
+    assert seg.stat().st_size == size + len(_frame(_salt(seg), 10, events(10, 2)))  # cut to its frames on close
+
+
+def test_a_commit_writes_ahead_and_sealing_cuts_it(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    w = LogWriter.open(d, segment_bytes=4096)
+    try:
+        (first,) = seg_files(d)
+        assert first.stat().st_size == log.SEGMENT_HEADER_SIZE + log.PREALLOCATE
+        w.append(events(1, 3))
+        assert first.stat().st_size == log.SEGMENT_HEADER_SIZE + log.PREALLOCATE  # no size change per commit
+        big = [ev.JobSubmitted(ts=1.0, job=100 + i, spec=ev.JobSpec(command=["x" * 200])) for i in range(20)]
+        w.append(big)  # past segment_bytes: the next append rotates
+        sealed_at = w._end
+        w.append(events(30, 1))
+        first_sealed, second = seg_files(d)
+        assert first_sealed.stat().st_size == sealed_at  # sealed: ends at its last frame
+        assert second.stat().st_size == log.SEGMENT_HEADER_SIZE + log.PREALLOCATE
+        assert [e.seq for e in log.read(d)] == list(range(1, 25))
+    finally:
+        w.close()
+    assert logtools.verify(d) == 0
+
+
+def test_no_room_to_write_ahead_commits_the_frame_alone(tmp_path: Path) -> None:
+    d = tmp_path / "log"
+    w = LogWriter.open(d)
+    try:
+        w._allocated = w._end  # as if the zeros were used up
+        real = w._pwrite
+
+        def no_room_for_much(fd: int, data: bytes | memoryview, offset: int) -> int:
+            if len(data) > 64 << 10:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data, offset)
+
+        w._pwrite = no_room_for_much  # type: ignore[method-assign]
+        assert w.append(events(1, 2)) == 2
+        (seg,) = seg_files(d)
+        assert seg.stat().st_size == w._end  # the frame alone
+    finally:
+        w.close()
+    assert_log(d, 2)
 
 
 # --- damage: detected, refused, never silently truncated --------------------
@@ -431,11 +495,11 @@ def test_enospc_fails_the_append_and_damages_nothing(tmp_path: Path) -> None:
     d = tmp_path / "log"
     with LogWriter.open(d) as w:
         w.append(events(1, 5))
-        size = seg_files(d)[0].stat().st_size
+        end = w._end
         w._pwrite = _enospc_after(40)  # type: ignore[method-assign]
         with pytest.raises(LogFullError, match="out of disk space"):
             w.append(events(6, 3))
-        assert seg_files(d)[0].stat().st_size == size  # partial frame undone
+        assert seg_files(d)[0].stat().st_size == end  # partial frame undone
         assert w.next_seq == 6
         assert_log(d, 5)
         with pytest.raises(LogFullError):

@@ -17,6 +17,14 @@ then frames, each a 24-byte header and a msgpack payload (``events.encode_many``
 
     checksum u32 | payload length u32 | first seq u64 | count u32 | type u8 | 3 zero bytes
 
+A segment is written ahead of its frames with zeros (``PREALLOCATE`` bytes at a
+time) and cut to its last frame when it is sealed. A commit then overwrites
+blocks the file already has, so its ``fdatasync`` writes the data and nothing
+about the inode: on ext4 that halves a commit (bench/bench_log.py). A frame
+header of 24 zero bytes is therefore *unwritten space*, the end of what the
+writer has committed, not damage; zeros followed by anything else are a torn
+write like any other.
+
 The checksum is ``zlib.crc32`` of header bytes 4..24 and the payload, seeded with
 the segment's random salt. crc32c is not in the standard library; zlib's crc32
 runs in C at memory speed and catches every burst error up to 32 bits. The salt
@@ -88,6 +96,11 @@ MAX_FRAME = 256 << 20  # a longer length field is damage, not a frame
 # find candidate frames quickly when looking past a bad one.
 _FRAME_MARK = bytes([FRAME_EVENTS, 0, 0, 0])
 _CHUNK = 1 << 20  # bytes per read while scanning
+_ZERO_HEADER = bytes(FRAME_HEADER_SIZE)  # unwritten (preallocated) space
+# Zeros written ahead of the frames: a commit inside them changes no file size
+# and allocates no block, so fdatasync flushes the data alone.
+PREALLOCATE = 1 << 20
+TORN_AHEAD = "a write torn in the space written ahead (zeros, then other bytes)"
 SEGMENT_SUFFIX = ".seg"
 _SEGMENT_RE = re.compile(r"^(\d{20})\.seg$")
 LOCK_NAME = "LOCK"
@@ -254,6 +267,8 @@ class SegmentScan:
         self.end = offset if offset is not None else SEGMENT_HEADER_SIZE
         self.next_seq = next_seq or 0
         self.problem: str | None = None
+        # the scan stopped at zeros the writer wrote ahead (see PREALLOCATE)
+        self.unwritten = False
         self.header_ok = False
         self.size = 0
         self._fd = -1
@@ -295,6 +310,9 @@ class SegmentScan:
                 if len(buf) < FRAME_HEADER_SIZE:
                     self.problem = f"short frame header ({len(buf)} bytes before end of file)"
                     break
+            if buf[pos : pos + FRAME_HEADER_SIZE] == _ZERO_HEADER:
+                self.unwritten = True  # where the writer has not got to yet
+                break
             crc, length, first, count, ftype = unpack(buf, pos)
             if length > MAX_FRAME:
                 self.problem = f"bad frame length {length}"
@@ -327,6 +345,24 @@ class SegmentScan:
         for _ in self.frames():
             pass
         return self
+
+    def rest_is_zero(self) -> bool:
+        """Whether every byte from ``end`` to the end of the file is zero: space
+        written ahead and never used, rather than a write torn inside it."""
+        offset = self.end
+        while offset < self.size:
+            chunk = os.pread(self._fd, _CHUNK, offset)
+            if not chunk:
+                break
+            if chunk.count(0) != len(chunk):
+                return False
+            offset += len(chunk)
+        return True
+
+    @property
+    def data_size(self) -> int:
+        """The bytes holding the header and frames (the file, less unused zeros)."""
+        return self.end if self.unwritten else self.size
 
     def valid_frame_after(self, offset: int) -> int | None:
         """Offset of a valid frame of this segment somewhere after ``offset``.
@@ -428,18 +464,22 @@ class LogWriter:
         self._salt = 0
         self._first_seq = 1
         self._end = 0
+        self._allocated = 0  # the file's size: zeros from _end up to it
         self._next_seq = 1
         self._dead: str | None = None
+        self.preallocate = PREALLOCATE
 
     # -- opening --
 
     @classmethod
     def open(
-        cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None
+        cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None,
+        preallocate: int = PREALLOCATE,
     ) -> "LogWriter":
         self = cls()
         self.directory = os.fspath(directory)
         self.segment_bytes = segment_bytes
+        self.preallocate = preallocate
         if ops is not None:  # a recorder; production keeps the bare os calls on the write path
             self._ops, self._pwrite, self._fdatasync = ops, ops.pwrite, ops.fdatasync
         try:
@@ -501,6 +541,8 @@ class LogWriter:
                     expected = known[2]
                 else:
                     scan.run()
+                    if scan.problem is None and scan.unwritten and not scan.rest_is_zero():
+                        scan.problem = TORN_AHEAD
                     if scan.problem is not None:
                         raise LogCorruptError(seg.path, scan.end, scan.problem + " (in a sealed segment)")
                     expected = scan.next_seq
@@ -514,6 +556,8 @@ class LogWriter:
             if len(segs) > 1 and scan.first_seq != expected:
                 raise LogCorruptError(last.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
             scan.run()
+            if scan.unwritten and not scan.rest_is_zero():
+                scan.problem = TORN_AHEAD
             if scan.problem is not None:
                 good = scan.valid_frame_after(scan.end)
                 if good is not None:
@@ -522,10 +566,13 @@ class LogWriter:
                     )
                 cut = os.pread(scan._fd, scan.size - scan.end, scan.end)
                 self._cut_tail(last.path, scan.end, cut, scan.problem, scan.next_seq)
+                allocated = scan.end
+            else:
+                allocated = scan.size  # zeros written ahead are kept and used
             salt, first_seq, end, next_seq = scan.salt, scan.first_seq, scan.end, scan.next_seq
         self._fd = self._ops.open(last.path, os.O_RDWR | os.O_CLOEXEC)
         self._path, self._salt, self._first_seq = last.path, salt, first_seq
-        self._end, self._next_seq = end, next_seq
+        self._end, self._next_seq, self._allocated = end, next_seq, allocated
 
     def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
         ops = self._ops
@@ -557,9 +604,15 @@ class LogWriter:
         try:
             self._step("rotate:created")
             try:
-                self._write_all(fd, header, 0)
+                self._write_all(fd, header + bytes(self.preallocate), 0)
             except OSError as e:
-                raise self._write_error(e, "starting a new segment") from None
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not self.preallocate:
+                    raise self._write_error(e, "starting a new segment") from None
+                try:  # no room to write ahead: the header alone, as before
+                    ops.ftruncate(fd, 0)
+                    self._write_all(fd, header, 0)
+                except OSError as e2:
+                    raise self._write_error(e2, "starting a new segment") from None
             self._step("rotate:written")
             try:
                 self._fdatasync(fd)
@@ -584,6 +637,7 @@ class LogWriter:
             ops.close(self._fd)
         self._fd, self._path, self._salt = fd, path, salt
         self._first_seq, self._end, self._next_seq = first_seq, SEGMENT_HEADER_SIZE, first_seq
+        self._allocated = os.fstat(fd).st_size
 
     # -- appending --
 
@@ -627,8 +681,12 @@ class LogWriter:
 
     def _commit(self, frame: bytes, count: int) -> None:
         fd, end = self._fd, self._end
+        stop = end + len(frame)
         try:
-            self._write_all(fd, frame, end)
+            if stop <= self._allocated or not self.preallocate:
+                self._write_all(fd, frame, end)
+            else:
+                self._write_ahead(fd, frame, end)
         except OSError as e:
             raise self._write_error(e, "appending", truncate_to=end) from None
         try:
@@ -636,8 +694,25 @@ class LogWriter:
         except OSError as e:
             # PostgreSQL's lesson: after a failed fsync the page cache may lie.
             raise self._die(f"fdatasync of {self._path} failed: {e.strerror}") from None
-        self._end = end + len(frame)
+        self._end = stop
+        self._allocated = max(self._allocated, stop)
         self._next_seq += count
+
+    def _write_ahead(self, fd: int, frame: bytes, end: int) -> None:
+        """Write ``frame`` at ``end`` with the next ``preallocate`` bytes of zeros
+        in the same write (this commit pays for the size change, the next ones
+        do not); with no room for the zeros, the frame alone."""
+        ahead = frame + bytes(self.preallocate)
+        try:
+            self._write_all(fd, ahead, end)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._ops.ftruncate(fd, end)
+            self._allocated = end
+            self._write_all(fd, frame, end)
+            return
+        self._allocated = end + len(ahead)
 
     def _write_all(self, fd: int, data: bytes, offset: int) -> None:
         n = self._pwrite(fd, data, offset)
@@ -654,6 +729,7 @@ class LogWriter:
                 self._ops.ftruncate(self._fd, truncate_to)
             except OSError as e2:
                 return self._die(f"cannot undo a failed write to {self._path}: {e2.strerror}")
+            self._allocated = truncate_to
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return LogFullError(
                 f"log {self.directory} is out of disk space ({e.strerror}) while {doing}; "
@@ -676,10 +752,31 @@ class LogWriter:
         self._check_alive()
         if self._end == SEGMENT_HEADER_SIZE:
             return  # an empty segment: nothing to seal
+        self._seal()
         self._create_segment(self._next_seq)
+
+    def _seal(self) -> None:
+        """Cut the zeros written ahead off the segment, durably, before a newer
+        segment exists: a sealed segment ends at its last frame."""
+        if self._allocated <= self._end:
+            return
+        try:
+            self._ops.ftruncate(self._fd, self._end)
+            self._fdatasync(self._fd)
+        except OSError as e:
+            raise self._die(f"sealing {self._path} failed: {e.strerror}") from None
+        self._allocated = self._end
+        self._step("rotate:sealed")
 
     def close(self) -> None:
         if self._fd >= 0:
+            if self._dead is None and self._allocated > self._end:
+                # leave the file ending at its last frame; not synced: zeros
+                # that come back after a crash are read as unwritten space
+                try:
+                    self._ops.ftruncate(self._fd, self._end)
+                except OSError:
+                    pass
             self._ops.close(self._fd)
             self._fd = -1
         if self._lock_fd >= 0:

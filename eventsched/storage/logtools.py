@@ -56,7 +56,6 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
     for i, seg in enumerate(segs):
         is_last = i == len(segs) - 1
         with L.SegmentScan(seg.path) as scan:
-            found.size += scan.size
             problem, offset = None, 0
             if not scan.header_ok:
                 problem = scan.problem
@@ -74,6 +73,8 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
                             problem, offset = f"frame holds {len(batch)} events, header says {count}", off
                             break
                 else:
+                    if scan.unwritten and not scan.rest_is_zero():
+                        scan.problem = L.TORN_AHEAD
                     if scan.problem is not None:
                         problem, offset = scan.problem, scan.end
                         if is_last:
@@ -86,6 +87,7 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
                             problem += " (in a sealed segment)"
                 expected = scan.next_seq
                 found.last_seq = scan.next_seq - 1
+            found.size += scan.data_size
         if problem is not None:
             found.segment, found.offset, found.problem = seg.path, offset, problem
             found.later = [s.path for s in segs[i + 1 :]]
