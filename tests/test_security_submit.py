@@ -71,6 +71,18 @@ def test_environment_and_command_sizes_are_capped() -> None:
         check_submission(JobSpec(command=["/bin/echo", "y" * 70_000]), LIMITS, operator=False)
 
 
+@pytest.mark.parametrize("char", ["y", "é", "日", "\U0001f600", "\udc80"])
+def test_the_command_cap_counts_utf8_bytes_to_the_byte(char: str) -> None:
+    """Exactly at the cap is admitted and one byte over is refused, whatever
+    the characters (the cheap bound that skips encoding must not shift it)."""
+    width = len(char.encode("utf-8", "surrogatepass"))
+    room = 65536 - len("/bin/echo") - 2  # each word counts one byte more (its separator)
+    fits = char * (room // width) + "z" * (room % width)
+    check_submission(JobSpec(command=["/bin/echo", fits]), LIMITS, operator=False)
+    with pytest.raises(Refused, match="the command is 65537 bytes; at most 65536"):
+        check_submission(JobSpec(command=["/bin/echo", fits + "z"]), LIMITS, operator=False)
+
+
 def test_printable_escapes_terminal_control_and_bidi_characters() -> None:
     assert printable("train\x1b]0;pwned\x07") == "train\\x1b]0;pwned\\x07"
     assert printable("a\u202eb\x9bc") == "a\\u202eb\\x9bc"

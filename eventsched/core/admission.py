@@ -43,6 +43,12 @@ def _bytes(strings: list[str]) -> int:
     return sum(len(s.encode("utf-8", "surrogatepass")) + 1 for s in strings)
 
 
+def _within(strings: list[str], limit: int) -> bool:
+    """Whether ``_bytes(strings) <= limit``, without encoding in the common case:
+    a character is at most 4 bytes of UTF-8 (a lone surrogate 3)."""
+    return 4 * sum(map(len, strings)) + len(strings) <= limit
+
+
 def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> None:
     """Refuse (``Refused``) a spec outside ``limits``; return if admissible."""
     if operator:
@@ -74,10 +80,12 @@ def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> 
     # own) and escaped wherever they are printed (text.printable)
     if has_control(spec.tenant) or len(spec.tenant) > limits.max_name_chars:
         raise Refused("--tenant must be a short name without control characters")
-    command = _bytes(spec.command) + len(spec.conda.encode("utf-8", "surrogatepass"))
+    words = [*spec.command, spec.conda]
+    command = 0 if _within(words, limits.max_command_bytes) else _bytes(words) - 1
     if command > limits.max_command_bytes:
         raise Refused(f"the command is {command} bytes; at most {limits.max_command_bytes}")
-    env = _bytes(list(spec.env)) + _bytes(list(spec.env.values())) + _bytes([spec.env_setup])
+    strings = [*spec.env, *spec.env.values(), spec.env_setup]
+    env = 0 if _within(strings, limits.max_env_bytes) else _bytes(strings)
     if env > limits.max_env_bytes:
         raise Refused(
             f"the environment and --env-setup are {env} bytes; at most {limits.max_env_bytes} "

@@ -45,6 +45,7 @@ from eventsched.domain.states import ACTIVE, FINAL, JobState
 from eventsched.domain.visibility import BatchView, redact_events
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.views import gpu_json, job_json
+from eventsched.runtime import script_paths, sessions
 from eventsched.runtime.config import ConnectionLimits, JobLimits
 from eventsched.runtime.connection import (
     HISTORY_CHUNK_BYTES,
@@ -157,6 +158,14 @@ class Server:
         conn: Connection | None = None,
     ) -> None:
         """Hand a request to the engine; ``reply`` is called once with its outcome."""
+        if type(request) is protocol.SubmitJob:  # most requests, by far: straight to the engine
+            try:
+                item, answer = self._translate(request, peer)
+            except msg.Refused as refusal:
+                reply(None, refusal.reason)
+                return
+            self.engine.submit_nowait(item, answer, reply)
+            return
         if isinstance(request, protocol.RunSql):
             # read-only and possibly slow: a sandboxed process as the peer, not the engine
             self._tg.start_soon(self._run_sql, request.query, reply, peer)
@@ -250,9 +259,7 @@ class Server:
     def _check_host_limits(self, spec: msg.JobSpec, peer: Peer) -> None:
         """Issue 11: --session needs its program, --host-mem its ceiling,
         the program its place (``allowed_script_paths``)."""
-        from eventsched.runtime import script_paths, sessions
-
-        refusal = sessions.refusal(spec.session, sessions.default_path(spec.env))
+        refusal = sessions.refusal(spec.session, sessions.default_path(spec.env)) if spec.session else None
         top = self.job_limits.max_host_mem_mib
         if refusal is None and spec.host_mem_mib < 0:
             refusal = f"--host-mem must be a positive number of MiB, not {spec.host_mem_mib}"
