@@ -21,7 +21,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -96,15 +96,19 @@ Answer = Callable[[ClusterState, list[ev.Event]], Any]
 Reply = Callable[[Any, str | None], None]
 
 
-@dataclass
 class Pending:
-    item: Message | Query
-    # what the caller gets back, read from the projection after the commit
-    answer: Answer | None = None
-    # called once, inside the loop, after the commit: (result, error)
-    reply: Reply | None = None
-    error: str | None = None
-    produced: list[ev.Event] = field(default_factory=list)
+    """One item of the inbox (a plain slotted class: one is made per request)."""
+
+    __slots__ = ("item", "answer", "reply", "error", "produced")
+
+    def __init__(self, item: Message | Query, answer: Answer | None = None, reply: Reply | None = None) -> None:
+        self.item = item
+        # what the caller gets back, read from the projection after the commit
+        self.answer = answer
+        # called once, inside the loop, after the commit: (result, error)
+        self.reply = reply
+        self.error: str | None = None
+        self.produced: list[ev.Event] = []
 
 
 def prepare_state_dir(state_dir: Path) -> None:
