@@ -108,3 +108,72 @@ def test_an_observation_refused_by_a_full_disk_is_handled_again_once_there_is_ro
                 await engine.stop()
 
     anyio.run(main)
+
+
+def test_quick_commits_run_on_the_loop_and_a_slow_disk_moves_them_to_the_commit_thread(tmp_path: Path) -> None:
+    """While fdatasync is quick a commit runs on the loop (no hand-off to a
+    thread); once one is slow, the next ones go to the commit thread, so the
+    loop keeps running everything else for an fdatasync's length."""
+    import time
+
+    from eventsched.domain.messages import PauseGpu, ResumeGpu
+
+    engine = make(tmp_path)
+    gaps: list[float] = []
+
+    ticking: list[anyio.CancelScope] = []
+
+    async def ticker() -> None:
+        with anyio.CancelScope() as scope:
+            ticking.append(scope)
+            last = time.monotonic()
+            while True:
+                await anyio.sleep(0.001)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+    paused = [False]
+
+    async def toggle(n: int) -> list[bool]:
+        used_thread = []
+        for _ in range(n):
+            kind = ResumeGpu if paused[0] else PauseGpu
+            await engine.call(kind(node=engine.config.node, gpu=0, by="test"))
+            paused[0] = not paused[0]
+            used_thread.append(engine._commit_in_thread)
+        return used_thread
+
+    async def until_quick() -> None:
+        # the first commits after start-up can take a few ms here (the new
+        # segment's zeros being written back): quick ones follow
+        with anyio.fail_after(10):
+            while (await toggle(1)) != [False]:
+                pass
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            try:
+                assert engine.log is not None
+                await until_quick()  # quick: on the loop
+                quick = engine.log._fdatasync
+
+                def slow(fd: int) -> None:
+                    time.sleep(0.06)
+                    quick(fd)
+
+                engine.log._fdatasync = slow  # type: ignore[method-assign]
+                assert await toggle(1) == [True]  # that one held the loop; the next ones will not
+                tg.start_soon(ticker)
+                assert await toggle(4) == [True] * 4
+                ticking[0].cancel()
+                assert gaps and max(gaps) < 0.03, f"the loop stalled {max(gaps) * 1000:.0f} ms in a 60 ms commit"
+                engine.log._fdatasync = quick  # type: ignore[method-assign]
+                await until_quick()  # quick again: back on the loop
+                assert engine.state is not None and engine.state.last_seq == engine.log.next_seq - 1
+                assert engine.state.gpu(engine.config.node, 0).paused == paused[0]
+            finally:
+                await engine.stop()
+
+    anyio.run(main)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import math
 import os
@@ -60,6 +61,8 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
+# a commit slower than this sends the next one to the commit thread (see _commit)
+SLOW_COMMIT_S = 0.002
 RETRY_AFTER_FULL_S = 1.0  # an observation refused by a full disk is handled again this much later
 
 
@@ -159,6 +162,8 @@ class Engine:
         # asyncio backend): anyio's Event and to_thread look the backend up
         # on every call, which cost a fifth of a submission's CPU
         self._inbox_ready = asyncio.Event()
+        self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
+        self._commit_in_thread = False  # the last commit was slow (see _commit)
         self._subscribers: set[Callable[[bytes], bool]] = set()
         self._wake_at = math.inf
         self._wake_changed = anyio.Event()
@@ -316,6 +321,9 @@ class Engine:
 
     async def _shutdown(self) -> None:
         self._subscribers.clear()
+        # an append may still be running in the committer thread: let it end
+        # before the log is closed under it
+        self._committer.shutdown(wait=True)
         if self._snapshot_child is not None:  # let it finish before the last one is written
             snapshot_child.wait(self._snapshot_child)
             self._snapshot_child = None
@@ -389,12 +397,21 @@ class Engine:
             raise RuntimeError(f"core stamped seq {produced[0].seq}, the log is at {self.log.next_seq}")
         stamped = produced
         try:
-            # On the loop itself: a commit thread let sockets be read during the
-            # fdatasync, but every reply waits for this commit anyway, and the
-            # hand-off there and back cost two context switches, more than the
-            # fdatasync of a few requests (8 waiting clients: 84 vs 114 us of
-            # daemon CPU a submission, bench/bench_scheduler.py).
-            last, payload = self.log.append_encoded(stamped)
+            # Every reply waits for this commit, so the loop has little to do
+            # meanwhile: while commits are quick they run on it, the hand-off
+            # to a thread and back costing two context switches, more than a
+            # few requests' fdatasync (8 waiting clients: 84 vs 114 us of
+            # daemon CPU a submission, bench/bench_scheduler.py). After a slow
+            # one (a busy or slow disk) they go to the thread, so sockets,
+            # exits and timers are not held for an fdatasync's length.
+            started = time.monotonic()
+            if self._commit_in_thread:
+                last, payload = await asyncio.get_running_loop().run_in_executor(
+                    self._committer, self.log.append_encoded, stamped
+                )
+            else:
+                last, payload = self.log.append_encoded(stamped)
+            self._commit_in_thread = time.monotonic() - started > SLOW_COMMIT_S
         except eventlog.LogFullError as exc:
             # Nothing of this batch is durable: refuse it all and go back to
             # what the log says.
