@@ -451,7 +451,15 @@ def _rss_kib(pid: int) -> tuple[int, int]:
 
 
 def _log_bytes(log_dir: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(log_dir.glob("*.seg"))}
+    """Each segment's committed bytes: its frames, not the zeros written ahead of them."""
+    from eventsched.storage import log as eventlog
+
+    out = {}
+    for p in sorted(log_dir.glob("*.seg")):
+        with eventlog.SegmentScan(str(p)) as scan:
+            scan.run()
+            out[p.name] = p.read_bytes()[: scan.data_size]
+    return out
 
 
 def _env(state: Path) -> dict[str, str]:

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from daemon_harness import Daemon
 
+from eventsched.domain.events import JobSpec
+from eventsched.wire.client import Client, ClientError
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")]
 
 
@@ -42,8 +45,23 @@ def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
         d.wait_states(before, {"succeeded"})
         filler = small_disk / "filler"
         fill(filler)
-        # a small frame may still fit in the log segment's last page (tmpfs
-        # allocates by page): that one is accepted, durably; then refusals
+        # The log's segment has space written ahead (zeros, storage/log.py
+        # PREALLOCATE): it goes on accepting, durably, until that is used.
+        # Big submissions use it up, then smaller ones what they leave.
+        reserved: list[int] = []
+        with Client(d.socket) as c:
+            for pad in (60_000, 8_000, 1_000, 0):
+                for _ in range(200):
+                    spec = JobSpec(command=["/bin/true"], gpus=0.5, cwd="/tmp", env={"PAD": "x" * pad} if pad else {})
+                    try:
+                        reserved.append(c.submit(spec))
+                    except ClientError as exc:
+                        assert "space" in str(exc).lower(), exc
+                        break
+                else:
+                    pytest.fail(f"submissions of {pad} bytes were never refused on a full disk")
+        assert 10 <= len(reserved) <= 400, f"{len(reserved)} accepted into 1 MiB written ahead"
+        # a small frame may still fit in what is left: that one is accepted, durably; then refusals
         accepted, refused = [], []
         for _ in range(10):
             r = d.cli("submit", "--gpus", "0.5", "--", "/bin/true")
@@ -54,7 +72,7 @@ def test_disk_full_refuses_submissions_and_recovers(small_disk: Path) -> None:
         for r in refused:
             assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
             assert "space" in r.stderr.lower() or "full" in r.stderr.lower(), r.stderr
-        squeezed = [int(r.stdout) for r in accepted]
+        squeezed = reserved + [int(r.stdout) for r in accepted]
         assert d.cli("health").returncode == 0, "the daemon stays up"
         filler.unlink()
         after = d.submit("--gpus", "0.5", "--", "/bin/true")
