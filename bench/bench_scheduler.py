@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import statistics
 import struct
@@ -32,6 +33,7 @@ from daemon_harness import Daemon, await_exits, cli_env  # noqa: E402
 
 from eventsched.domain.events import JobSpec  # noqa: E402
 from eventsched.wire import protocol  # noqa: E402
+from eventsched.wire.client import Client  # noqa: E402
 
 EVENTSCHED_BIN = str(Path(sys.executable).parent / "eventsched")
 
@@ -87,6 +89,37 @@ async def _pipeline(path: Path, count: int, window: int = 256) -> float:
     return count / elapsed
 
 
+def _client_process(path: str, count: int, start_at: float, out: "multiprocessing.Queue[list[float]]") -> None:
+    """One user's script: its own process, the library's blocking Client,
+    each submission waiting for its acknowledgement."""
+    client = Client(path)
+    spec = JobSpec(command=["/bin/true"], gpus=1.0, cwd="/tmp")
+    client.submit(spec)  # connected and warm before the clock starts (one of count)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    latencies = []
+    for _ in range(count - 1):
+        t0 = time.perf_counter()
+        client.submit(spec)
+        latencies.append(time.perf_counter() - t0)
+    out.put(latencies)
+
+
+def _submit_processes(path: Path, clients: int, per_client: int) -> tuple[float, list[float]]:
+    ctx = multiprocessing.get_context("fork")
+    out: multiprocessing.Queue[list[float]] = ctx.Queue()
+    start_at = time.time() + 0.5
+    procs = [ctx.Process(target=_client_process, args=(str(path), per_client, start_at, out))
+             for _ in range(clients)]
+    for proc in procs:
+        proc.start()
+    latencies = [lat for _ in procs for lat in out.get(timeout=120)]
+    elapsed = time.time() - start_at
+    for proc in procs:
+        proc.join(10)
+    return elapsed, latencies
+
+
 def _median_line(values: list[float], fmt: str) -> str:
     return f"median {format(statistics.median(values), fmt)} (runs: {', '.join(format(v, fmt) for v in values)})"
 
@@ -101,21 +134,25 @@ def _proc_cpu(pid: int) -> float:
 
 
 def bench_submissions(root: Path, total: int, repeat: int = 1) -> None:
-    for clients in (1, 8):
+    for clients, how in ((1, "asyncio"), (8, "asyncio"), (8, "processes")):
         rates, p50s, p99s, cpus = [], [], [], []
         for r in range(repeat):
-            with Daemon(root / f"storm{clients}-{r}", gpus="fake:4") as d:
+            with Daemon(root / f"storm{clients}{how}-{r}", gpus="fake:4") as d:
                 for gpu in range(4):
                     d.cli("pause-gpu", str(gpu))
                 pid = d.process.pid if d.process is not None else 0
                 cpu0 = _proc_cpu(pid)
-                elapsed, lat = asyncio.run(_submit_storm(d.socket, clients, total // clients))
+                if how == "processes":
+                    elapsed, lat = _submit_processes(d.socket, clients, total // clients)
+                else:
+                    elapsed, lat = asyncio.run(_submit_storm(d.socket, clients, total // clients))
                 cpus.append((_proc_cpu(pid) - cpu0) / len(lat) * 1e6)
                 rates.append(len(lat) / elapsed)
                 p50s.append(pct(lat, 50) * 1e3)
                 p99s.append(pct(lat, 99) * 1e3)
+        where = {"asyncio": "connections of one asyncio process", "processes": "processes (blocking Client)"}[how]
         print(
-            f"submissions, {clients} client(s) each waiting for its acknowledgement: "
+            f"submissions, {clients} client {where}, each waiting for its acknowledgement: "
             f"{_median_line(rates, ',.0f')} acknowledged/s, p50 {statistics.median(p50s):.2f} ms, "
             f"p99 {statistics.median(p99s):.2f} ms; daemon CPU {statistics.median(cpus):.0f} us/submission"
             + ("   target >= 15,000/s" if clients == 8 else "")
