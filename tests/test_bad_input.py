@@ -123,8 +123,10 @@ def test_hostile_socket_messages_change_nothing(tmp_path: Path) -> None:
             replies = _replies(_raw_exchange(d.socket, case))
             assert len(replies) == 1 and not replies[0].ok and replies[0].error
         # an absurd length is refused without reading (or allocating) it
-        replies = _replies(_raw_exchange(d.socket, struct.pack(">I", 0xFFFFFFF0) + b"xx"))
-        assert not replies[0].ok and "limit" in replies[0].error
+        for length in (0xFFFFFFF0, protocol.MAX_MESSAGE_BYTES + 1):
+            replies = _replies(_raw_exchange(d.socket, struct.pack(">I", length) + b"xx"))
+            assert len(replies) == 1 and not replies[0].ok
+            assert replies[0].error == f"message of {length} bytes exceeds the {protocol.MAX_MESSAGE_BYTES}-byte limit"
         # truncated: a header promising more than is sent, then a hang-up
         assert _raw_exchange(d.socket, struct.pack(">I", 100) + b"abc") == b""
         # the user in a request is ignored: identity comes from the socket

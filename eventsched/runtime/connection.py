@@ -227,26 +227,28 @@ class Connection(asyncio.Protocol):
             return
         self._processing = True
         try:
+            buffer = self.buffer
             header_size = protocol.HEADER.size
+            unpack_header = protocol.HEADER.unpack_from  # read in place: no copy of the header
             while (
-                len(self.buffer) >= header_size
+                len(buffer) >= header_size
                 and not self.closed
                 and not self.subscribed
                 and not self._write_paused
                 and len(self.slots) < MAX_OUTSTANDING_REPLIES
                 and self._may_dispatch()
             ):
-                try:
-                    length = protocol.check_length(bytes(self.buffer[:header_size]))
-                except protocol.ProtocolError as exc:
+                (length,) = unpack_header(buffer)
+                if length > protocol.MAX_MESSAGE_BYTES:
                     # the stream cannot be re-synchronised after this
-                    self._reply_now(protocol.Reply(ok=False, error=str(exc)))
+                    self._reply_now(protocol.Reply(ok=False, error=protocol.too_long(length)))
                     self._hang_up()
                     return
-                if len(self.buffer) < header_size + length:
+                end = header_size + length
+                if len(buffer) < end:
                     break
-                body = bytes(self.buffer[header_size : header_size + length])
-                del self.buffer[: header_size + length]
+                body = bytes(buffer[header_size:end])
+                del buffer[:end]
                 self._request(body)
         finally:
             self._processing = False
@@ -289,11 +291,12 @@ class Connection(asyncio.Protocol):
         assert self.peer is not None
         uid = self.peer.uid
         self.server.dispatched(uid)
-        counted = [True]
+        counted = True
 
         def reply(result: Any, error: str | None) -> None:
-            if counted[0]:  # exactly once, even for a connection already gone
-                counted[0] = False
+            nonlocal counted
+            if counted:  # exactly once, even for a connection already gone
+                counted = False
                 self.server.answered(uid)
             if self.closed:
                 return

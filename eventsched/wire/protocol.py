@@ -177,17 +177,11 @@ request_decoder = msgspec.msgpack.Decoder(AnyRequest)
 server_message_decoder = msgspec.msgpack.Decoder(AnyServerMessage)
 
 
-class ProtocolError(Exception):
-    """The peer sent something that is not a valid message."""
-
-
 def frame(message: msgspec.Struct) -> bytes:
     body = _encoder.encode(message)
     return HEADER.pack(len(body)) + body
 
 
-def check_length(header: bytes) -> int:
-    (length,) = HEADER.unpack(header)
-    if length > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {length} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
-    return length
+def too_long(length: int) -> str:
+    """The error for a frame header announcing more than a message may hold."""
+    return f"message of {length} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
