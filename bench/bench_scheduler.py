@@ -1,7 +1,9 @@
 """Scheduler figures on this machine, with a real daemon on fake GPUs.
 
 Prints: acknowledged submissions/s over the socket (1 and 8 clients each
-waiting for its acknowledgement, and one client pipelining its requests) with
+waiting for its acknowledgement, the 8 both as connections of one asyncio
+process and as 8 processes on the library's blocking ``Client``, and one
+client pipelining its requests) with
 p50 / p99 acknowledgement latency; wall time of one `eventsched submit` CLI
 call; dispatch latency on an idle scheduler (the submission acknowledged ->
 the job's first instruction); drain time of 1,000 trivial jobs at 4 at a time
