@@ -44,13 +44,13 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from eventsched.domain import events as ev
 from eventsched.domain import paths
-from eventsched.projections.history_fold import ensure_schema, fold, position
+from eventsched.projections.history_fold import ensure_schema, position
+from eventsched.projections.history_frames import fold_frames
 from eventsched.projections.history_schema import SCHEMA_VERSION, TABLES, VIEWS
 
 __all__ = [
@@ -63,6 +63,9 @@ __all__ = [
     "VIEWS",
 ]
 
+if TYPE_CHECKING:
+    from eventsched.storage.log import Frame
+
 DB_NAME = "history.duckdb"
 LOCK_NAME = "history.lock"
 
@@ -73,12 +76,12 @@ class HistoryError(Exception):
 # --- the log ----------------------------------------------------------------
 
 
-def _log_batches(log_dir: Path, from_seq: int) -> Iterator[list[ev.Event]]:
+def _log_frames(log_dir: Path, from_seq: int) -> Iterator[Frame]:
     if not log_dir.is_dir():
         return iter(())
     from eventsched.storage import log  # the log module is optional at import time
 
-    return log.read_batches(log_dir, from_seq=from_seq)
+    return log.read_frames(log_dir, from_seq=from_seq)
 
 
 def _log_last_seq(log_dir: Path) -> int:
@@ -236,7 +239,7 @@ class History:
                 con = duckdb.connect(str(self.db_path))
                 ensure_schema(con)
                 after = 0
-            return fold(con, _log_batches(self.log_dir, after + 1), after)
+            return fold_frames(con, _log_frames(self.log_dir, after + 1), after)
         finally:
             con.close()
 
@@ -245,7 +248,7 @@ class History:
             self._mem = duckdb.connect(":memory:")
             ensure_schema(self._mem)
         after = position(self._mem)
-        return fold(self._mem, _log_batches(self.log_dir, after + 1), after)
+        return fold_frames(self._mem, _log_frames(self.log_dir, after + 1), after)
 
     # -- reading
 

@@ -13,7 +13,7 @@ import re
 import shlex
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import duckdb
 import msgspec
@@ -34,7 +34,7 @@ from eventsched.projections.history_schema import (
     VIEWS,
 )
 
-__all__ = ["fold", "ensure_schema", "position"]
+__all__ = ["fold", "fold_chunks", "ensure_schema", "position"]
 
 # Events turned into columns at a time during catch-up: big enough for
 # columnar inserts to pay, small enough to bound memory on a huge log.
@@ -76,8 +76,9 @@ def _obj(values: list[Any]) -> np.ndarray:
     return arr
 
 
-# A column is a numpy array, or a SQL expression (a str) for a constant one.
-Columns = dict[str, "np.ndarray | str"]
+# A column is a numpy array, an Arrow array (the raw-frame path, see
+# history_frames), or a SQL expression (a str) for a constant one.
+Columns = dict[str, "np.ndarray | pa.Array | str"]
 
 _NUMPY_TYPE = {msgspec.inspect.IntType: "i8", msgspec.inspect.FloatType: "f8", msgspec.inspect.BoolType: "?"}
 
@@ -116,6 +117,22 @@ def _records(structs: list[Any]) -> np.ndarray:
         return np.array([_clamped(row, dtype) for row in rows], dtype=dtype)
 
 
+def _build(t: type, events: list[Any], jobs: list[np.ndarray]) -> Iterable[tuple[str, Columns]]:
+    """(table, columns) for same-typed events; the ids of the jobs among them go to ``jobs``."""
+    builder = _BUILDERS.get(t)
+    if builder is None:
+        return ()  # an event kind this model does not fold
+    if t in _JOB_DETAIL:
+        rec = _records(events)
+        jobs.append(rec["job"])
+        return builder(events, rec)
+    return builder(events, None)
+
+
+def _touched(jobs: list[np.ndarray]) -> np.ndarray:
+    return np.unique(np.concatenate(jobs)) if jobs else np.empty(0, dtype=np.int64)
+
+
 class _Chunk:
     """Events of several frames, bucketed by type, turned into column sets."""
 
@@ -142,17 +159,8 @@ class _Chunk:
         out: list[tuple[str, Columns]] = []
         jobs: list[np.ndarray] = []
         for t, events in self.buckets.items():
-            builder = _BUILDERS.get(t)
-            if builder is None:
-                continue  # an event kind this model does not fold
-            if t in _JOB_DETAIL:
-                rec = _records(events)
-                jobs.append(rec["job"])
-                out.extend(builder(events, rec))
-            else:
-                out.extend(builder(events, None))
-        touched = np.unique(np.concatenate(jobs)) if jobs else np.empty(0, dtype=np.int64)
-        return out, touched
+            out.extend(_build(t, events, jobs))
+        return out, _touched(jobs)
 
     def touches_gpus(self) -> bool:
         return any(t in _GPU_EVENTS for t in self.buckets)
@@ -393,12 +401,12 @@ def _insert(table: str, cols: Columns) -> tuple[str, pa.Table]:
     exprs = ", ".join(v if isinstance(v, str) else f'"{k}"' for k, v in cols.items())
     # from_pandas: None (and NaN) are NULL, as they were in the pandas frames this replaced
     # (a column of a record array is strided: numpy copies it faster than Arrow does)
-    rows = pa.table({k: pa.array(np.ascontiguousarray(v), from_pandas=True)
+    rows = pa.table({k: v if isinstance(v, pa.Array) else pa.array(np.ascontiguousarray(v), from_pandas=True)
                      for k, v in cols.items() if not isinstance(v, str)})
     return f"INSERT INTO {table} ({names}) SELECT {exprs} FROM _chunk", rows
 
 
-def _prepare(chunk: _Chunk) -> _Prepared:
+def _prepare(chunk: _Events) -> _Prepared:
     inserts, touched = chunk.inserts()
     return _Prepared([_insert(table, cols) for table, cols in inserts], touched, chunk.touches_gpus(),
                      chunk.last_seq, chunk.last_ts, chunk.count)
@@ -476,6 +484,18 @@ class _Writer:
             self.con.rollback()
 
 
+class _Events(Protocol):
+    """A chunk of events ready to become columns (``_Chunk``, history_frames' ``FrameChunk``)."""
+
+    count: int
+    last_seq: int
+    last_ts: float | None
+
+    def inserts(self) -> tuple[list[tuple[str, Columns]], np.ndarray]: ...
+
+    def touches_gpus(self) -> bool: ...
+
+
 def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], after_seq: int) -> int:
     """Fold frames (events with seq > after_seq) into the model; returns events added.
 
@@ -484,33 +504,41 @@ def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], afte
     writer thread. On an error the open transaction is rolled back: the model
     stays the fold of the prefix committed before it.
     """
+    return fold_chunks(con, _chunks(batches, after_seq))
+
+
+def _chunks(batches: Iterable[list[ev.Event]], after_seq: int) -> Iterable[_Chunk]:
+    """Decoded frames in chunks of at least CHUNK_EVENTS events (the last one fewer)."""
     chunk = _Chunk()
+    for batch in batches:
+        if batch and batch[0].seq <= after_seq:
+            batch = [e for e in batch if e.seq > after_seq]
+        if not batch:
+            continue
+        chunk.add(batch)
+        if chunk.count >= CHUNK_EVENTS:
+            yield chunk
+            chunk = _Chunk()
+    if chunk.count:
+        yield chunk
+
+
+def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events]) -> int:
+    """Insert chunks as they come (see ``fold``); returns events added."""
     writer = _Writer(con)
     pending: Future[None] | None = None
     # The decoded events are acyclic and short-lived: the cyclic GC only
     # burns time rescanning them (halves decoding time, see bench/).
     with collector.paused(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
         try:
-            for batch in batches:
-                if batch and batch[0].seq <= after_seq:
-                    batch = [e for e in batch if e.seq > after_seq]
-                if not batch:
-                    continue
-                chunk.add(batch)
-                if chunk.count >= CHUNK_EVENTS:
-                    prepared = _prepare(chunk)
-                    chunk = _Chunk()
-                    if pending is not None:
-                        pending.result()
-                    pending = pool.submit(writer.append, prepared)
-                    if not PIPELINE:
-                        pending.result()
-                        pending = None
-            if chunk.count:
+            for chunk in chunks:
                 prepared = _prepare(chunk)
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(writer.append, prepared)
+                if not PIPELINE:
+                    pending.result()
+                    pending = None
             if pending is not None:
                 pending.result()
                 pending = None
