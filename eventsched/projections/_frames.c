@@ -75,12 +75,14 @@ typedef struct {
 
 /* --- buffers ------------------------------------------------------------ */
 
+/* Raw allocation: feed() fills buffers without the GIL. -1: out of memory
+   (no exception set: the caller sets it once it holds the GIL again). */
 static int buf_reserve(Buf *b, size_t more) {
     if (b->len + more <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + more) cap *= 2;
-    char *p = PyMem_Realloc(b->p, cap);
-    if (p == NULL) { PyErr_NoMemory(); return -1; }
+    char *p = PyMem_RawRealloc(b->p, cap);
+    if (p == NULL) return -1;
     b->p = p; b->cap = cap;
     return 0;
 }
@@ -458,8 +460,8 @@ static void free_types(Sink *s) {
         if (t->cols)
             for (int fi = 0; fi < t->nf; fi++) {
                 Col *c = &t->cols[fi];
-                PyMem_Free(c->data.p); PyMem_Free(c->offs.p); PyMem_Free(c->valid.p);
-                PyMem_Free(c->flat.p); PyMem_Free(c->counts.p);
+                PyMem_RawFree(c->data.p); PyMem_RawFree(c->offs.p); PyMem_RawFree(c->valid.p);
+                PyMem_RawFree(c->flat.p); PyMem_RawFree(c->counts.p);
             }
         if (t->f)
             for (int fi = 0; fi < t->nf; fi++) {
@@ -560,7 +562,7 @@ static int load_type(TypeP *t, PyObject *tup) {
         }
         if (f->kind == K_STR || f->kind == K_LITERAL || f->kind == K_LIST_INT || f->kind == K_OPT_LIST_INT ||
             f->kind == K_CMD)
-            if (put_i64(&t->cols[fi].offs, 0) < 0) return -1;
+            if (put_i64(&t->cols[fi].offs, 0) < 0) { PyErr_NoMemory(); return -1; }
     }
     if (t->seq_f < 0 || t->ts_f < 0) {
         PyErr_SetString(PyExc_ValueError, "plan: a type needs stored seq and ts fields");
@@ -625,7 +627,8 @@ static int event_type(Sink *s, Rd *r, uint32_t *pairs) {
  *
  * Events before index `skip` are checked but not kept. odd(index, start, end)
  * is called for each event the plan does not take. None: the frame was
- * undone (see the top of the file). */
+ * undone (see the top of the file). The walk runs without the GIL, so that
+ * the fold's writer thread (DuckDB scanning Arrow) is not kept waiting for it. */
 static PyObject *Sink_feed(Sink *s, PyObject *args) {
     Py_buffer buf;
     long long first_seq;
@@ -638,7 +641,10 @@ static PyObject *Sink_feed(Sink *s, PyObject *args) {
     long long last_seq = 0;
     double last_ts = 0.0;
     uint32_t n;
+    int failed = 0;  /* 1: an exception is set; 2: out of memory */
     save_marks(s);
+    PyThreadState *ts = PyEval_SaveThread();
+#define WITH_GIL(stmt) do { PyEval_RestoreThread(ts); stmt; ts = PyEval_SaveThread(); } while (0)
     if (!rd_arrayhead(&r, &n)) goto undo;
     for (uint32_t i = 0; i < n; i++) {
         const unsigned char *start = r.p;
@@ -649,8 +655,11 @@ static PyObject *Sink_feed(Sink *s, PyObject *args) {
             if (parse_fields(&r, t, t->top, t->n_top, pairs - 1)) {
                 if (t->v[t->seq_f].i != first_seq + (long long)i) goto undo;
                 if ((Py_ssize_t)i < skip) continue;
-                if (t->rows == 0 && PyDict_SetDefault(s->order, t->cls, Py_None) == NULL) goto error;
-                if (commit(t) < 0) goto error;
+                if (t->rows == 0) {
+                    WITH_GIL(failed = PyDict_SetDefault(s->order, t->cls, Py_None) == NULL);
+                    if (failed) goto error;
+                }
+                if (commit(t) < 0) { failed = 2; goto error; }
                 kept++; last_index = i;
                 last_seq = t->v[t->seq_f].i; last_ts = t->v[t->ts_f].f;
                 continue;
@@ -658,18 +667,27 @@ static PyObject *Sink_feed(Sink *s, PyObject *args) {
         }
         r.p = start;
         if (!skip_obj(&r, 0)) goto undo;
-        PyObject *res = PyObject_CallFunction(odd, "Inn", i, (Py_ssize_t)(start - base), (Py_ssize_t)(r.p - base));
-        if (res == NULL) goto error;
-        Py_DECREF(res);
+        WITH_GIL({
+            PyObject *res = PyObject_CallFunction(odd, "Inn", i, (Py_ssize_t)(start - base),
+                                                  (Py_ssize_t)(r.p - base));
+            failed = res == NULL;
+            Py_XDECREF(res);
+        });
+        if (failed) goto error;
     }
+#undef WITH_GIL
     if (r.p != r.end) goto undo;
+    PyEval_RestoreThread(ts);
     PyBuffer_Release(&buf);
     return Py_BuildValue("nnLd", kept, last_index, last_seq, last_ts);
 undo:
     restore_marks(s);
+    PyEval_RestoreThread(ts);
     PyBuffer_Release(&buf);
     Py_RETURN_NONE;
 error:
+    PyEval_RestoreThread(ts);
+    if (failed == 2) PyErr_NoMemory();
     PyBuffer_Release(&buf);
     return NULL;
 }
@@ -734,8 +752,39 @@ static PyTypeObject SinkType = {
     .tp_new = Sink_new,
 };
 
+/* texts(list[str]) -> (offsets, data): an Arrow large_string column's
+   buffers (pyarrow.array would import pandas, 0.3 s, on its first call) */
+static PyObject *texts(PyObject *mod, PyObject *list) {
+    if (!PyList_Check(list)) { PyErr_SetString(PyExc_TypeError, "texts: a list of str"); return NULL; }
+    Buf offs = {0}, data = {0};
+    PyObject *out = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (buf_reserve(&offs, 8 * (size_t)(n + 1)) < 0 || put_i64(&offs, 0) < 0) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(list, i);
+        Py_ssize_t len;
+        if (!PyUnicode_Check(o)) { PyErr_SetString(PyExc_TypeError, "texts: a list of str"); goto done; }
+        const char *u = PyUnicode_AsUTF8AndSize(o, &len);
+        if (u == NULL) goto done;
+        if (buf_put(&data, u, (size_t)len) < 0 || put_i64(&offs, (int64_t)data.len) < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    out = Py_BuildValue("y#y#", offs.p, (Py_ssize_t)offs.len, data.p ? data.p : "", (Py_ssize_t)data.len);
+done:
+    PyMem_RawFree(offs.p);
+    PyMem_RawFree(data.p);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"texts", (PyCFunction)texts, METH_O, "Arrow large_string buffers (offsets, data) of a list of str."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_frames", "Columns straight from log frames (history fold).", -1, NULL,
+    PyModuleDef_HEAD_INIT, "_frames", "Columns straight from log frames (history fold).", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__frames(void) {

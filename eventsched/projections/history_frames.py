@@ -309,7 +309,11 @@ def _runs(structs: list[tuple[int, ev.Event]]) -> Iterator[tuple[int, list[ev.Ev
 
 
 class _Columns:
-    """One type's column buffers as Arrow arrays (made once, sliced per run)."""
+    """One type's column buffers as Arrow arrays (made once, sliced per run).
+
+    No pyarrow.compute here: its first call costs 0.16 s, a small catch-up's
+    whole time. Strings that combine fields (``detail``) are built in Python,
+    per row, like history_fold's builders do."""
 
     def __init__(self, sink: Any, where: int, fields: dict[str, int]) -> None:
         self.sink, self.where, self.fields = sink, where, fields
@@ -319,18 +323,14 @@ class _Columns:
     def _parts(self, name: str) -> tuple[bytes, bytes | None, bytes | None, bytes | None, bytes | None]:
         return self.sink.column(self.where, self.fields[name])  # type: ignore[no-any-return]
 
-    def _validity(self, valid: bytes | None) -> tuple[pa.Buffer | None, int]:
-        if valid is None:
-            return None, 0
-        mask = np.frombuffer(valid, dtype=np.uint8)
-        nulls = self.rows - int(np.count_nonzero(mask))
-        return (pa.py_buffer(np.packbits(mask, bitorder="little")) if nulls else None), nulls
-
-    def array(self, name: str, arrow_type: pa.DataType) -> pa.Array:
+    def _array(self, name: str, arrow_type: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
         arr = self._cache.get(name)
         if arr is None:
-            data, offsets, valid, _, _ = self._parts(name)
-            bitmap, nulls = self._validity(valid)
+            data, offsets, valid_bytes, _, _ = self._parts(name)
+            if valid is None and valid_bytes is not None:
+                valid = np.frombuffer(valid_bytes, dtype=np.uint8).astype(bool)
+            nulls = 0 if valid is None else self.rows - int(np.count_nonzero(valid))
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
             buffers = [bitmap, pa.py_buffer(data)] if offsets is None else [bitmap, pa.py_buffer(offsets),
                                                                           pa.py_buffer(data)]
             arr = pa.Array.from_buffers(arrow_type, self.rows, buffers, null_count=nulls)
@@ -338,13 +338,20 @@ class _Columns:
         return arr
 
     def i64(self, name: str) -> pa.Array:
-        return self.array(name, pa.int64())
+        return self._array(name, pa.int64())
 
     def f64(self, name: str) -> pa.Array:
-        return self.array(name, pa.float64())
+        return self._array(name, pa.float64())
 
-    def str(self, name: str) -> pa.Array:
-        return self.array(name, pa.large_string())
+    def str(self, name: str, valid: np.ndarray | None = None) -> pa.Array:
+        return self._array(name, pa.large_string(), valid)
+
+    def numbers(self, name: str, dtype: type = np.int64) -> np.ndarray:
+        """A non-optional number field as numpy (not Arrow's to_numpy: that imports pandas)."""
+        return np.frombuffer(self._parts(name)[0], dtype=dtype)
+
+    def py(self, arr: pa.Array, a: int, b: int) -> list[Any]:
+        return arr.slice(a, b - a).to_pylist()  # type: ignore[no-any-return]
 
     def items(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """A list[int] field: every row's items, and how many each row has."""
@@ -353,113 +360,116 @@ class _Columns:
         return np.frombuffer(flat, dtype=np.int64), np.frombuffer(counts, dtype=np.int64)
 
 
-@functools.cache
-def _compute() -> Any:
-    import pyarrow.compute  # imported when used: the CLI starts faster
-
-    return pyarrow.compute
-
-
-def _g(values: pa.Array) -> pa.Array:
-    """``f"{x:g}"`` of each float: Python formats each distinct value once."""
-    bits = values.to_numpy(zero_copy_only=False).view(np.int64)  # -0.0 and NaNs kept apart
-    distinct, inverse = np.unique(bits, return_inverse=True)
-    text = pa.array([f"{x:g}" for x in distinct.view(np.float64).tolist()], pa.large_string())
-    return text.take(pa.array(inverse.reshape(-1)))
+def _g(values: list[float]) -> list[str]:
+    """``f"{x:g}"`` of each float, each distinct value formatted once."""
+    texts: dict[float | str, str] = {}
+    out = []
+    for x in values:
+        key: float | str = x if x == x and x != 0 else repr(x)  # -0.0 and 0.0 (equal keys) apart
+        text = texts.get(key)
+        if text is None:
+            texts[key] = text = f"{x:g}"
+        out.append(text)
+    return out
 
 
-def _decimal(values: pa.Array) -> pa.Array:
-    return _compute().cast(values, pa.large_string())  # str(int): Arrow prints int64 the same
+# Arrow arrays from buffers, never pyarrow.array: its first call imports pandas (0.3 s).
 
 
-def _join(*parts: Any) -> pa.Array:
-    """Concatenate arrays and text (every part a large_string)."""
-    args = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p for p in parts]
-    return _compute().binary_join_element_wise(*args, pa.scalar("", pa.large_string()))
+def _text(values: list[str]) -> pa.Array:
+    offsets, data = _frames.texts(values)
+    return pa.Array.from_buffers(pa.large_string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _job_events(t: type, c: _Columns, a: int, b: int, detail: pa.Array, **extra: Any) -> tuple[str, hf.Columns]:
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A numpy int64 or float64 array as Arrow."""
+    values = np.ascontiguousarray(values)
+    arrow_type = pa.int64() if values.dtype == np.int64 else pa.float64()
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+
+
+def _job_events(t: type, c: _Columns, a: int, b: int, detail: list[str], **extra: pa.Array) -> tuple[str, hf.Columns]:
     cols: hf.Columns = {
-        "seq": c.i64("seq")[a:b], "ts": c.f64("ts")[a:b], "job": c.i64("job")[a:b], "type": f"'{t.__name__}'",
-        "cause": c.str("cause")[a:b], "detail": detail[a:b],
+        "seq": c.i64("seq").slice(a, b - a), "ts": c.f64("ts").slice(a, b - a), "job": c.i64("job").slice(a, b - a),
+        "type": f"'{t.__name__}'", "cause": c.str("cause").slice(a, b - a), "detail": _text(detail),
         "exit_code": "NULL", "signal": "NULL", "reason": "NULL", "outcome": "NULL",
     }
-    cols.update({k: v[a:b] for k, v in extra.items()})
+    cols.update({k: v.slice(a, b - a) for k, v in extra.items()})
     return "job_events", cols
 
 
 def _note_jobs(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> None:
-    jobs.append(c.i64("job")[a:b].to_numpy())
+    jobs.append(c.numbers("job")[a:b])
 
 
 def _native_sampled(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    cols: hf.Columns = {"seq": c.i64("seq"), "ts": c.f64("ts"), "node": c.str("node"), "gpu": c.i64("gpu"),
-                        "utilization": c.f64("utilization"), "memory_used_mib": c.i64("memory_used_mib"),
-                        "memory_total_mib": c.i64("memory_total_mib"), "temperature_c": c.f64("temperature_c"),
-                        "power_w": c.f64("power_w"), "foreign_memory_mib": c.i64("foreign_memory_mib")}
-    yield "gpu_samples", {k: v[a:b] for k, v in cols.items()}  # type: ignore[index]
+    cols = {"seq": c.i64("seq"), "ts": c.f64("ts"), "node": c.str("node"), "gpu": c.i64("gpu"),
+            "utilization": c.f64("utilization"), "memory_used_mib": c.i64("memory_used_mib"),
+            "memory_total_mib": c.i64("memory_total_mib"), "temperature_c": c.f64("temperature_c"),
+            "power_w": c.f64("power_w"), "foreign_memory_mib": c.i64("foreign_memory_mib")}
+    yield "gpu_samples", {k: v.slice(a, b - a) for k, v in cols.items()}
 
 
 def _native_started(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    yield _job_events(ev.JobStarted, c, a, b, _join("pid=", _decimal(c.i64("pid"))))
-
-
-def _exited_detail(c: _Columns) -> pa.Array:
-    # history_fold._exit_detail: a signal when there is no exit code, then the reason if any
-    pc = _compute()
-    code, reason = c.i64("exit_code"), c.str("reason")
-    signal = pc.fill_null(_decimal(c.i64("signal")), pa.scalar("None", pa.large_string()))
-    what = pc.if_else(pc.is_null(code), _join("signal=", signal), _join("exit_code=", _decimal(code)))
-    return pc.if_else(pc.equal(reason, pa.scalar("", pa.large_string())), what, _join(what, " reason=", reason))
+    yield _job_events(ev.JobStarted, c, a, b, [f"pid={pid}" for pid in c.py(c.i64("pid"), a, b)])
 
 
 def _native_exited(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    yield _job_events(ev.JobExited, c, a, b, _exited_detail(c), exit_code=c.i64("exit_code"),
-                      signal=c.i64("signal"), reason=c.str("reason"), outcome=c.str("outcome"))
+    code, signal, reason = c.i64("exit_code"), c.i64("signal"), c.str("reason")
+    # history_fold._exit_detail: a signal when there is no exit code, then the reason if any
+    detail = [(f"signal={s}" if x is None else f"exit_code={x}") + (f" reason={r}" if r else "")
+              for x, s, r in zip(c.py(code, a, b), c.py(signal, a, b), c.py(reason, a, b))]
+    yield _job_events(ev.JobExited, c, a, b, detail, exit_code=code, signal=signal, reason=reason,
+                      outcome=c.str("outcome"))
 
 
 def _native_placed(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    ids = c.str("gpu_ids")
-    detail = _join("node=", c.str("node"), " gpu_ids=", ids, " share=", _g(c.f64("share")))
+    node, ids = c.str("node"), c.str("gpu_ids")
+    detail = [f"node={n} gpu_ids={i} share={g}"
+              for n, i, g in zip(c.py(node, a, b), c.py(ids, a, b), _g(c.py(c.f64("share"), a, b)))]
     yield _job_events(ev.JobPlaced, c, a, b, detail)
     # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
     flat, counts = c.items("gpu_ids")
     first_item = np.cumsum(counts) - counts
-    counts = counts[a:b]
-    rows = np.repeat(np.arange(a, b), counts)  # event of each row
-    take = pa.array(rows)
+    rows = np.repeat(np.arange(a, b), counts[a:b])  # event of each row
     lo = int(first_item[a]) if b > a else 0
     yield "placement_events", {
-        "seq": c.i64("seq").take(take), "ts": c.f64("ts").take(take), "job": c.i64("job").take(take),
-        "node": c.str("node").take(take), "gpu": flat[lo:lo + len(rows)],
-        "idx": np.arange(lo, lo + len(rows)) - first_item[rows],
-        "share": c.f64("share").take(take), "gpu_mem_mib": c.i64("gpu_mem_mib").take(take),
-        "policy": c.str("policy").take(take),
+        "seq": _arrow(c.numbers("seq")[rows]), "ts": _arrow(c.numbers("ts", np.float64)[rows]),
+        "job": _arrow(c.numbers("job")[rows]), "node": _rows_of(node, rows, a, b),
+        "gpu": _arrow(flat[lo:lo + len(rows)]), "idx": _arrow(np.arange(lo, lo + len(rows)) - first_item[rows]),
+        "share": _arrow(c.numbers("share", np.float64)[rows]), "gpu_mem_mib": _arrow(c.numbers("gpu_mem_mib")[rows]),
+        "policy": _rows_of(c.str("policy"), rows, a, b),
     }
+
+
+def _rows_of(strings: pa.Array, rows: np.ndarray, a: int, b: int) -> pa.Array:
+    """strings[rows]: a slice when each row is there once (one GPU each), as usual."""
+    if len(rows) == b - a:
+        return strings.slice(a, b - a)  # rows is a..b-1 then
+    return _text(np.array(strings.to_pylist(), dtype=object)[rows].tolist())
 
 
 def _native_submitted(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    detail = _join("user=", c.str("spec.user"), " gpus=", _g(c.f64("spec.gpus")), " priority=",
-                   _decimal(c.i64("spec.priority")))
+    user, gpus, priority = c.str("spec.user"), c.f64("spec.gpus"), c.i64("spec.priority")
+    detail = [f"user={u} gpus={g} priority={p}"
+              for u, g, p in zip(c.py(user, a, b), _g(c.py(gpus, a, b)), c.py(priority, a, b))]
     yield _job_events(ev.JobSubmitted, c, a, b, detail)
     _, after_counts = c.items("spec.after")
-    after = c.str("spec.after")
-    # _ids(after) or None: no jobs to wait for is NULL
-    after = _compute().if_else(pa.array(after_counts == 0), pa.scalar(None, pa.large_string()), after)
-    cols: hf.Columns = {
+    cols = {
         "seq": c.i64("seq"), "ts": c.f64("ts"), "job": c.i64("job"),
-        "name": c.str("spec.name"), "user": c.str("spec.user"), "uid": c.i64("spec.uid"),
-        "tenant": c.str("spec.tenant"), "command": c.str("spec.command"), "gpus": c.f64("spec.gpus"),
+        "name": c.str("spec.name"), "user": user, "uid": c.i64("spec.uid"),
+        "tenant": c.str("spec.tenant"), "command": c.str("spec.command"), "gpus": gpus,
         "gpu_mem_mib": c.i64("spec.gpu_mem_mib"), "allowed_gpu_ids": c.str("spec.gpu_ids"),
-        "priority": c.i64("spec.priority"), "time_limit_s": c.f64("spec.time_limit_s"),
-        "on_time_limit": c.str("spec.on_time_limit"), "retries": c.i64("spec.retries"), "after": after,
+        "priority": priority, "time_limit_s": c.f64("spec.time_limit_s"),
+        "on_time_limit": c.str("spec.on_time_limit"), "retries": c.i64("spec.retries"),
+        "after": c.str("spec.after", valid=after_counts != 0),  # _ids(after) or None
         "cwd": c.str("spec.cwd"), "content_hash": c.str("spec.content_hash"), "node": c.str("spec.node"),
     }
-    yield "submissions", {k: v[a:b] for k, v in cols.items()}  # type: ignore[index]
+    yield "submissions", {k: v.slice(a, b - a) for k, v in cols.items()}
 
 
 # type -> builder(columns, first row, end row, job ids out) for its rows [a, b)
