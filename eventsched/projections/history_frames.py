@@ -485,11 +485,17 @@ _NATIVE = {
 # --- folding -------------------------------------------------------------------
 
 
+# Events per chunk: columns cost ~100 bytes an event here (decoded structs
+# ten times that), and fewer, larger chunks mean fewer statements and fewer
+# refreshes of a job spanning chunks (100,000: 0.58 M/s; 250,000: 0.64 M/s).
+CHUNK_EVENTS = 250_000
+
+
 def _chunks(frames: Iterable[Frame], after_seq: int) -> Iterator[FrameChunk]:
     chunk = FrameChunk()
     for frame in frames:
         chunk.add(frame, after_seq)
-        if chunk.count >= hf.CHUNK_EVENTS:
+        if chunk.count >= CHUNK_EVENTS:
             yield chunk
             chunk = FrameChunk()
     if chunk.count:
