@@ -26,7 +26,8 @@ Exactly the old fold, or no fast path:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -42,11 +43,11 @@ if TYPE_CHECKING:
     from eventsched.storage.log import Frame
 
 try:
-    from eventsched.projections import _frames
+    from eventsched.projections import _frames  # type: ignore[attr-defined]
 except ImportError:  # built without a C compiler: the ordinary decode
     _frames = None  # type: ignore[assignment]
 
-__all__ = ["fold_frames", "available"]
+__all__ = ["available", "fold_frames"]
 
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _I32 = (-(1 << 31), (1 << 31) - 1)  # INTEGER columns (a larger value is DuckDB's error)
@@ -153,7 +154,9 @@ def _plan_type(cls: type) -> tuple[tuple[Any, bytes, list[tuple[Any, ...]]], dic
 @functools.cache
 def _plan() -> tuple[list[Any], dict[type, int], list[dict[str, int]]]:
     """(plan for the extension, type -> its index there, per type: field path -> index)."""
-    plan, where, fields = [], {}, []
+    plan: list[Any] = []
+    where: dict[type, int] = {}
+    fields: list[dict[str, int]] = []
     for cls in _STORED:
         try:
             entry, index = _plan_type(cls)
@@ -329,11 +332,9 @@ class _Columns:
             data, offsets, valid_bytes, _, _ = self._parts(name)
             if valid is None and valid_bytes is not None:
                 valid = np.frombuffer(valid_bytes, dtype=np.uint8).astype(bool)
-            nulls = 0 if valid is None else self.rows - int(np.count_nonzero(valid))
-            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-            buffers = [bitmap, pa.py_buffer(data)] if offsets is None else [bitmap, pa.py_buffer(offsets),
-                                                                          pa.py_buffer(data)]
-            arr = pa.Array.from_buffers(arrow_type, self.rows, buffers, null_count=nulls)
+            if arrow_type == pa.float64():
+                valid = _not_nan(np.frombuffer(data, dtype=np.float64), valid)
+            arr = _from_buffers(arrow_type, self.rows, data, offsets, valid)
             self._cache[name] = arr
         return arr
 
@@ -343,7 +344,7 @@ class _Columns:
     def f64(self, name: str) -> pa.Array:
         return self._array(name, pa.float64())
 
-    def str(self, name: str, valid: np.ndarray | None = None) -> pa.Array:
+    def text(self, name: str, valid: np.ndarray | None = None) -> pa.Array:
         return self._array(name, pa.large_string(), valid)
 
     def numbers(self, name: str, dtype: type = np.int64) -> np.ndarray:
@@ -365,7 +366,7 @@ def _g(values: list[float]) -> list[str]:
     texts: dict[float | str, str] = {}
     out = []
     for x in values:
-        key: float | str = x if x == x and x != 0 else repr(x)  # -0.0 and 0.0 (equal keys) apart
+        key: float | str = repr(x) if x == 0 or math.isnan(x) else x  # -0.0 and 0.0 (equal keys) apart
         text = texts.get(key)
         if text is None:
             texts[key] = text = f"{x:g}"
@@ -376,22 +377,38 @@ def _g(values: list[float]) -> list[str]:
 # Arrow arrays from buffers, never pyarrow.array: its first call imports pandas (0.3 s).
 
 
+def _from_buffers(arrow_type: pa.DataType, n: int, data: Any, offsets: Any, valid: np.ndarray | None) -> pa.Array:
+    nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if valid is not None and nulls else None
+    buffers = [bitmap, pa.py_buffer(data)] if offsets is None else [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(arrow_type, n, buffers, null_count=nulls)
+
+
+def _not_nan(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
+    """NaN is NULL, as history_fold's pyarrow.array(..., from_pandas=True) makes it."""
+    nan = np.isnan(values)
+    if not nan.any():
+        return valid
+    return ~nan if valid is None else valid & ~nan
+
+
 def _text(values: list[str]) -> pa.Array:
     offsets, data = _frames.texts(values)
     return pa.Array.from_buffers(pa.large_string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _arrow(values: np.ndarray) -> pa.Array:
-    """A numpy int64 or float64 array as Arrow."""
+    """A numpy int64 or float64 array as Arrow (NaN as NULL)."""
     values = np.ascontiguousarray(values)
-    arrow_type = pa.int64() if values.dtype == np.int64 else pa.float64()
-    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+    if values.dtype == np.int64:
+        return _from_buffers(pa.int64(), len(values), values, None, None)
+    return _from_buffers(pa.float64(), len(values), values, None, _not_nan(values, None))
 
 
 def _job_events(t: type, c: _Columns, a: int, b: int, detail: list[str], **extra: pa.Array) -> tuple[str, hf.Columns]:
     cols: hf.Columns = {
         "seq": c.i64("seq").slice(a, b - a), "ts": c.f64("ts").slice(a, b - a), "job": c.i64("job").slice(a, b - a),
-        "type": f"'{t.__name__}'", "cause": c.str("cause").slice(a, b - a), "detail": _text(detail),
+        "type": f"'{t.__name__}'", "cause": c.text("cause").slice(a, b - a), "detail": _text(detail),
         "exit_code": "NULL", "signal": "NULL", "reason": "NULL", "outcome": "NULL",
     }
     cols.update({k: v.slice(a, b - a) for k, v in extra.items()})
@@ -403,7 +420,7 @@ def _note_jobs(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> None:
 
 
 def _native_sampled(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    cols = {"seq": c.i64("seq"), "ts": c.f64("ts"), "node": c.str("node"), "gpu": c.i64("gpu"),
+    cols = {"seq": c.i64("seq"), "ts": c.f64("ts"), "node": c.text("node"), "gpu": c.i64("gpu"),
             "utilization": c.f64("utilization"), "memory_used_mib": c.i64("memory_used_mib"),
             "memory_total_mib": c.i64("memory_total_mib"), "temperature_c": c.f64("temperature_c"),
             "power_w": c.f64("power_w"), "foreign_memory_mib": c.i64("foreign_memory_mib")}
@@ -417,19 +434,19 @@ def _native_started(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iter
 
 def _native_exited(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    code, signal, reason = c.i64("exit_code"), c.i64("signal"), c.str("reason")
+    code, signal, reason = c.i64("exit_code"), c.i64("signal"), c.text("reason")
     # history_fold._exit_detail: a signal when there is no exit code, then the reason if any
     detail = [(f"signal={s}" if x is None else f"exit_code={x}") + (f" reason={r}" if r else "")
               for x, s, r in zip(c.py(code, a, b), c.py(signal, a, b), c.py(reason, a, b))]
     yield _job_events(ev.JobExited, c, a, b, detail, exit_code=code, signal=signal, reason=reason,
-                      outcome=c.str("outcome"))
+                      outcome=c.text("outcome"))
 
 
 def _native_placed(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    node, ids = c.str("node"), c.str("gpu_ids")
+    node, ids = c.text("node"), c.text("gpu_ids")
     detail = [f"node={n} gpu_ids={i} share={g}"
-              for n, i, g in zip(c.py(node, a, b), c.py(ids, a, b), _g(c.py(c.f64("share"), a, b)))]
+              for n, i, g in zip(c.py(node, a, b), c.py(ids, a, b), _g(c.numbers("share", np.float64)[a:b].tolist()))]
     yield _job_events(ev.JobPlaced, c, a, b, detail)
     # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
     flat, counts = c.items("gpu_ids")
@@ -441,39 +458,39 @@ def _native_placed(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Itera
         "job": _arrow(c.numbers("job")[rows]), "node": _rows_of(node, rows, a, b),
         "gpu": _arrow(flat[lo:lo + len(rows)]), "idx": _arrow(np.arange(lo, lo + len(rows)) - first_item[rows]),
         "share": _arrow(c.numbers("share", np.float64)[rows]), "gpu_mem_mib": _arrow(c.numbers("gpu_mem_mib")[rows]),
-        "policy": _rows_of(c.str("policy"), rows, a, b),
+        "policy": _rows_of(c.text("policy"), rows, a, b),
     }
 
 
 def _rows_of(strings: pa.Array, rows: np.ndarray, a: int, b: int) -> pa.Array:
     """strings[rows]: a slice when each row is there once (one GPU each), as usual."""
-    if len(rows) == b - a:
-        return strings.slice(a, b - a)  # rows is a..b-1 then
+    if len(rows) == b - a and np.array_equal(rows, np.arange(a, b)):
+        return strings.slice(a, b - a)
     return _text(np.array(strings.to_pylist(), dtype=object)[rows].tolist())
 
 
 def _native_submitted(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
     _note_jobs(c, a, b, jobs)
-    user, gpus, priority = c.str("spec.user"), c.f64("spec.gpus"), c.i64("spec.priority")
+    user, gpus, priority = c.text("spec.user"), c.f64("spec.gpus"), c.i64("spec.priority")
     detail = [f"user={u} gpus={g} priority={p}"
-              for u, g, p in zip(c.py(user, a, b), _g(c.py(gpus, a, b)), c.py(priority, a, b))]
+              for u, g, p in zip(c.py(user, a, b), _g(c.numbers("spec.gpus", np.float64)[a:b].tolist()), c.py(priority, a, b))]
     yield _job_events(ev.JobSubmitted, c, a, b, detail)
     _, after_counts = c.items("spec.after")
     cols = {
         "seq": c.i64("seq"), "ts": c.f64("ts"), "job": c.i64("job"),
-        "name": c.str("spec.name"), "user": user, "uid": c.i64("spec.uid"),
-        "tenant": c.str("spec.tenant"), "command": c.str("spec.command"), "gpus": gpus,
-        "gpu_mem_mib": c.i64("spec.gpu_mem_mib"), "allowed_gpu_ids": c.str("spec.gpu_ids"),
+        "name": c.text("spec.name"), "user": user, "uid": c.i64("spec.uid"),
+        "tenant": c.text("spec.tenant"), "command": c.text("spec.command"), "gpus": gpus,
+        "gpu_mem_mib": c.i64("spec.gpu_mem_mib"), "allowed_gpu_ids": c.text("spec.gpu_ids"),
         "priority": priority, "time_limit_s": c.f64("spec.time_limit_s"),
-        "on_time_limit": c.str("spec.on_time_limit"), "retries": c.i64("spec.retries"),
-        "after": c.str("spec.after", valid=after_counts != 0),  # _ids(after) or None
-        "cwd": c.str("spec.cwd"), "content_hash": c.str("spec.content_hash"), "node": c.str("spec.node"),
+        "on_time_limit": c.text("spec.on_time_limit"), "retries": c.i64("spec.retries"),
+        "after": c.text("spec.after", valid=after_counts != 0),  # _ids(after) or None
+        "cwd": c.text("spec.cwd"), "content_hash": c.text("spec.content_hash"), "node": c.text("spec.node"),
     }
     yield "submissions", {k: v.slice(a, b - a) for k, v in cols.items()}
 
 
 # type -> builder(columns, first row, end row, job ids out) for its rows [a, b)
-_NATIVE = {
+_NATIVE: dict[type, Callable[[_Columns, int, int, list[np.ndarray]], Iterable[tuple[str, hf.Columns]]]] = {
     ev.GpuSampled: _native_sampled,
     ev.JobSubmitted: _native_submitted,
     ev.JobPlaced: _native_placed,
@@ -489,15 +506,19 @@ _NATIVE = {
 # ten times that), and fewer, larger chunks mean fewer statements and fewer
 # refreshes of a job spanning chunks (100,000: 0.58 M/s; 250,000: 0.64 M/s).
 CHUNK_EVENTS = 250_000
+# The first chunk is smaller: the writer thread waits for it, idle.
+FIRST_CHUNK_EVENTS = 50_000
 
 
 def _chunks(frames: Iterable[Frame], after_seq: int) -> Iterator[FrameChunk]:
     chunk = FrameChunk()
+    size = min(FIRST_CHUNK_EVENTS, CHUNK_EVENTS)
     for frame in frames:
         chunk.add(frame, after_seq)
-        if chunk.count >= CHUNK_EVENTS:
+        if chunk.count >= size:
             yield chunk
             chunk = FrameChunk()
+            size = CHUNK_EVENTS
     if chunk.count:
         yield chunk
 

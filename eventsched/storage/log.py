@@ -408,7 +408,7 @@ class Frame(NamedTuple):
     path: str
     offset: int
     first_seq: int
-    count: int
+    n_events: int
     payload: memoryview
 
 
