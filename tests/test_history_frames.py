@@ -356,3 +356,35 @@ def test_history_catches_up_from_frames(tmp_path: Path) -> None:
     with History(state).reader() as con:
         got = {t: sorted(v) for t, v in rows(con).items()}
     assert got == {t: sorted(v) for t, v in rows(reference).items()}
+
+
+@needs_extension
+def test_text_beyond_ascii(tmp_path: Path, same_chunks: None) -> None:
+    writer = log.LogWriter.open(tmp_path / "log")
+    try:
+        writer.append([sample(0, node="nœud-é-😀"),
+                       ev.JobSubmitted(job=1, spec=spec(user="józef", name="名前", tenant="ü", cwd="/tmp/ß")),
+                       ev.JobExited(job=1, exit_code=1, reason="raison: é")])
+    finally:
+        writer.close()
+    old, new = fold_both(tmp_path / "log")
+    assert new == old
+    assert any("józef" in r for r in new["submissions"])
+
+
+@needs_extension
+@pytest.mark.parametrize("bad", [b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\xe2\x82"])
+def test_invalid_utf8_fails_the_same_way(tmp_path: Path, bad: bytes) -> None:
+    writer = log.LogWriter.open(tmp_path / "log")
+    try:
+        good = ev.to_builtins(sample(1, node="ok")) | {"seq": writer.next_seq}
+        marked = ev.to_builtins(sample(2, node="XXXX")) | {"seq": writer.next_seq + 1}
+        payload = msgspec.msgpack.encode([good, marked]).replace(b"\xa4XXXX", bytes([0xa0 | len(bad)]) + bad)
+        writer._commit(log._frame_bytes(writer._salt, writer.next_seq, 2, payload), 2)
+    finally:
+        writer.close()
+    d = tmp_path / "log"
+    old = failure(lambda con: hf.fold(con, log.read_batches(d), 0))
+    new = failure(lambda con: hfr.fold_frames(con, log.read_frames(d), 0))
+    assert old[0] is UnicodeDecodeError  # msgspec's, not wrapped by the log (as before)
+    assert new == old

@@ -215,9 +215,9 @@ class FrameChunk:
         except _Fallback:
             self.sink.rollback()
             fed = None
-        except msgspec.DecodeError as e:
-            _decode_frame(frame)  # raises the ordinary LogCorruptError
-            raise AssertionError(f"an event failed to decode alone, not in its frame: {e}") from None
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            _decode_frame(frame)  # raises what decoding the whole frame raises (LogCorruptError...)
+            raise  # (decoding one event alone failed as the whole frame did not: never seen)
         if fed is None:
             self._undo(n_order)
             self._add_decoded(frame, skip, after_seq)
