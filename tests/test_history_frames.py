@@ -235,8 +235,18 @@ def test_many_chunks_and_transactions(tmp_path: Path, monkeypatch: pytest.Monkey
     # chunks of other sizes: the same rows (job_events in another order within chunks)
     monkeypatch.setattr(hfr, "CHUNK_EVENTS", 1_100)
     monkeypatch.setattr(hfr, "FIRST_CHUNK_EVENTS", 50)
+    monkeypatch.setattr(hfr, "LAST_CHUNK_EVENTS", 300)
     _, other = fold_both(tmp_path / "log")
     assert {k: sorted(v) for k, v in other.items()} == {k: sorted(v) for k, v in old.items()}
+    last = log.last_seq(tmp_path / "log")
+    sizes = [c.count for c in hfr._chunks(log.read_frames(tmp_path / "log"), 0, last)]
+    assert sum(sizes) == last
+    # growing from the first, the last one small (each ends with a whole frame: up to ~80 events more)
+    assert sizes[0] >= 50 and sizes[1] >= 125 and sizes[2] >= 312 and max(sizes) < 1_200, sizes
+    assert 200 <= sizes[-1] < 400 and sizes[-2] < 1_100, sizes  # about LAST_CHUNK_EVENTS
+    with_hint = fresh()
+    hfr.fold_frames(with_hint, log.read_frames(tmp_path / "log"), 0, last)
+    assert {k: sorted(v) for k, v in rows(with_hint).items()} == {k: sorted(v) for k, v in old.items()}
 
 
 def failure(fold: Any) -> tuple[type, str, int]:

@@ -228,7 +228,8 @@ class History:
         try:
             ensure_schema(con)
             after = position(con)
-            if after > _log_last_seq(self.log_dir):
+            last = _log_last_seq(self.log_dir)
+            if after > last:
                 # The model read a tail that never became durable (a reader
                 # can see a frame before its fdatasync) and a crash cut it
                 # from the log: the log is the truth, so start again from it.
@@ -239,7 +240,7 @@ class History:
                 con = duckdb.connect(str(self.db_path))
                 ensure_schema(con)
                 after = 0
-            return fold_frames(con, _log_frames(self.log_dir, after + 1), after)
+            return fold_frames(con, _log_frames(self.log_dir, after + 1), after, last)
         finally:
             con.close()
 

@@ -506,29 +506,47 @@ _NATIVE: dict[type, Callable[[_Columns, int, int, list[np.ndarray]], Iterable[tu
 # ten times that), and fewer, larger chunks mean fewer statements and fewer
 # refreshes of a job spanning chunks (100,000: 0.58 M/s; 250,000: 0.64 M/s).
 CHUNK_EVENTS = 250_000
-# The first chunk is smaller: the writer thread waits for it, idle.
+# The first and (when the caller says where the log ends) the last chunk are
+# smaller: the writer thread waits, idle, for the first; the converting
+# thread has nothing left to do while the writer inserts the last.
 FIRST_CHUNK_EVENTS = 50_000
+LAST_CHUNK_EVENTS = 50_000
 
 
-def _chunks(frames: Iterable[Frame], after_seq: int) -> Iterator[FrameChunk]:
+def _chunk_size(previous: int, left: int | None) -> int:
+    """Events for the next chunk, ``left`` events (if known) being left to read:
+    growing from FIRST_CHUNK_EVENTS to CHUNK_EVENTS (the writer then waits
+    less for the second one too)."""
+    size = min(FIRST_CHUNK_EVENTS if not previous else previous * 5 // 2, CHUNK_EVENTS)
+    if left is not None and LAST_CHUNK_EVENTS < left < size + LAST_CHUNK_EVENTS:
+        size = left - LAST_CHUNK_EVENTS  # so that the last one is LAST_CHUNK_EVENTS
+    return size
+
+
+def _chunks(frames: Iterable[Frame], after_seq: int, last_seq: int | None) -> Iterator[FrameChunk]:
     chunk = FrameChunk()
-    size = min(FIRST_CHUNK_EVENTS, CHUNK_EVENTS)
+    size = _chunk_size(0, None if last_seq is None else last_seq - after_seq)
     for frame in frames:
         chunk.add(frame, after_seq)
         if chunk.count >= size:
             yield chunk
+            left = None if last_seq is None else last_seq - (frame.first_seq + frame.n_events - 1)
+            size = _chunk_size(chunk.count, left)
             chunk = FrameChunk()
-            size = CHUNK_EVENTS
     if chunk.count:
         yield chunk
 
 
-def fold_frames(con: duckdb.DuckDBPyConnection, frames: Iterable[Frame], after_seq: int) -> int:
+def fold_frames(con: duckdb.DuckDBPyConnection, frames: Iterable[Frame], after_seq: int,
+                last_seq: int | None = None) -> int:
     """``history_fold.fold`` of ``log.read_frames(dir, after_seq + 1)``: the same
-    rows, errors and commits, from undecoded frames; returns events added."""
+    rows and errors, from undecoded frames; returns events added. ``last_seq``:
+    where the log ends, as far as the caller knows (only sizes the chunks).
+    Transactions end at other events than ``fold``'s (its chunks are cut
+    elsewhere): after an error, the model is another exact prefix of the log."""
     if not available():
         return hf.fold(con, (_decoded(f, after_seq) for f in frames), after_seq)
-    return hf.fold_chunks(con, _chunks(frames, after_seq))
+    return hf.fold_chunks(con, _chunks(frames, after_seq, last_seq))
 
 
 def _decoded(frame: Frame, after_seq: int) -> list[ev.Event]:
