@@ -170,7 +170,8 @@ def test_odd_events_fold_as_decoded_ones(tmp_path: Path, same_chunks: None) -> N
     assert con.execute("SELECT retries, priority, uid FROM submissions WHERE job = 2").fetchall() == [
         (2**63 - 1, 2**63 - 1, -(2**63))]
     details = dict(con.execute("SELECT job, detail FROM job_events WHERE type = 'JobPlaced'").fetchall())
-    assert details == {1: "node=n1 gpu_ids=3,1 share=0.25", 2: "node=n1 gpu_ids= share=-0", 10: "node=n1 gpu_ids=0 share=1"}
+    assert details == {1: "node=n1 gpu_ids=3,1 share=0.25", 2: "node=n1 gpu_ids= share=-0",
+                       10: "node=n1 gpu_ids=0 share=1"}
     # NaN is NULL (history_fold's pyarrow.array(..., from_pandas=True)); its detail says nan
     assert con.execute("SELECT job, gpus, detail FROM submissions JOIN job_events USING (job) "
                        "WHERE job IN (4, 5) AND type = 'JobSubmitted' ORDER BY job").fetchall() == [

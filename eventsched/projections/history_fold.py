@@ -44,10 +44,6 @@ CHUNK_EVENTS = 100_000
 COMMIT_EVENTS = 1_000_000
 # Overlap column building with DuckDB inserts (see fold).
 PIPELINE = True
-# DuckDB's threads while folding: its inserts of 100,000 rows gain nothing
-# from a second thread, and the converting thread has the other core
-# (one thread: 0.39 s instead of 0.53 s of inserts per million events).
-WRITER_THREADS = 1
 
 # --- turning frames into columns -------------------------------------------
 #
@@ -419,18 +415,25 @@ def _prepare(chunk: _Events) -> _Prepared:
 class _Writer:
     """Appends prepared chunks to the raw tables, COMMIT_EVENTS events per transaction.
 
-    The derived tables ``jobs`` and ``placements`` are refreshed after each
-    chunk for the jobs it touched, while the converting thread makes the next
-    chunk: refreshed once per transaction instead, just before its commit,
-    they took 0.45 s per million events that nothing else overlapped (a job
-    spanning chunks is now recomputed more than once; each job's rows depend
-    on its own events alone, so the last refresh leaves what one would). Big
-    transactions let DuckDB write whole row groups to the file instead of
-    through its WAL.
+    The derived tables are refreshed once per transaction, for every job its
+    chunks touched, just before the commit that also records the position: a
+    job spanning several chunks is recomputed once, and big transactions let
+    DuckDB write whole row groups to the file instead of through its WAL.
+
+    ``refresh_each_chunk``: ``jobs`` and ``placements`` are refreshed after
+    each chunk instead, for the jobs it touched, while the converting thread
+    makes the next one. That pays where converting is quick (the frame path:
+    at the commit they took 0.45 s per million events that nothing else
+    overlapped) and costs where it is slow (decoded events: the writer has
+    time to spare, and per chunk it does more work). A job spanning chunks is
+    then recomputed more than once; its rows depend on its own events alone,
+    so the last refresh leaves what one at the commit would.
     """
 
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+    def __init__(self, con: duckdb.DuckDBPyConnection, refresh_each_chunk: bool = False) -> None:
         self.con = con
+        self.refresh_each_chunk = refresh_each_chunk
+        self.touched: list[np.ndarray] = []
         self.in_transaction = False
         self.uncommitted = 0
         self.committed = 0  # events, over all transactions
@@ -448,7 +451,10 @@ class _Writer:
             con.execute(sql)
             con.unregister("_chunk")
         if len(chunk.touched):
-            self._refresh_jobs(chunk.touched)
+            if self.refresh_each_chunk:
+                self._refresh_jobs(chunk.touched)
+            else:
+                self.touched.append(chunk.touched)
         self.touches_gpus |= chunk.touches_gpus
         self.last_seq = chunk.last_seq
         if chunk.last_ts is not None:
@@ -458,10 +464,12 @@ class _Writer:
             self.commit()
 
     def commit(self) -> None:
-        """Refresh the GPUs if the open transaction touched them, record the position, commit."""
+        """Refresh what the open transaction touched, record the position, commit."""
         if not self.in_transaction:
             return
         con = self.con
+        if self.touched:
+            self._refresh_jobs(np.unique(np.concatenate(self.touched)))
         if self.touches_gpus:
             con.execute("DELETE FROM gpus")
             con.execute("INSERT INTO gpus " + _GPUS_SQL)
@@ -473,6 +481,7 @@ class _Writer:
         self.committed += self.uncommitted
         self.in_transaction = False
         self.uncommitted = 0
+        self.touched = []
         self.touches_gpus = False
         self.last_ts = None
 
@@ -531,11 +540,11 @@ def _chunks(batches: Iterable[list[ev.Event]], after_seq: int) -> Iterable[_Chun
 
 
 @contextlib.contextmanager
-def _threads(con: duckdb.DuckDBPyConnection, n: int) -> Iterator[None]:
-    """DuckDB's worker threads set to ``n`` for a while (a database-wide setting)."""
-    row = con.execute("SELECT current_setting('threads')").fetchone()
+def _threads(con: duckdb.DuckDBPyConnection, n: int | None) -> Iterator[None]:
+    """DuckDB's worker threads set to ``n`` for a while (a database-wide setting; None: as they are)."""
+    row = None if n is None else con.execute("SELECT current_setting('threads')").fetchone()
     before = int(row[0]) if row else n
-    if before == n:
+    if n is None or before == n:
         yield
         return
     con.execute(f"SET threads = {int(n)}")
@@ -545,13 +554,15 @@ def _threads(con: duckdb.DuckDBPyConnection, n: int) -> Iterator[None]:
         con.execute(f"SET threads = {before}")
 
 
-def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events]) -> int:
-    """Insert chunks as they come (see ``fold``); returns events added."""
-    writer = _Writer(con)
+def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, refresh_each_chunk: bool = False,
+                threads: int | None = None) -> int:
+    """Insert chunks as they come (see ``fold``); returns events added.
+    ``refresh_each_chunk``: see ``_Writer``; ``threads``: DuckDB's meanwhile."""
+    writer = _Writer(con, refresh_each_chunk)
     pending: Future[None] | None = None
     # The decoded events are acyclic and short-lived: the cyclic GC only
     # burns time rescanning them (halves decoding time, see bench/).
-    with collector.paused(), _threads(con, WRITER_THREADS), \
+    with collector.paused(), _threads(con, threads), \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
         try:
             for chunk in chunks:
