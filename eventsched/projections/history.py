@@ -15,10 +15,14 @@ Shape of the model
   just ingested, so catch-up cost follows the new events, not the history.
 * ``_position`` holds the last log sequence included; it is updated in the same
   transaction as the rows, so the file is always a fold of an exact log prefix.
-* Catch-up turns each chunk of ~100k events into Arrow tables (one bulk
-  conversion per event type, see "turning frames into columns") while a writer
-  thread inserts the previous chunk; DuckDB scans Arrow without the GIL, so the
-  two overlap on two cores.
+* Catch-up reads the log's frames undecoded: a C walker (``history_frames``,
+  ``_frames.c``) appends GPU samples and job lifecycle events straight to
+  column buffers, and anything else goes through msgspec and the builders of
+  ``history_fold``. Each chunk of up to 250k events becomes Arrow tables
+  while a writer thread inserts the previous chunk and refreshes the derived
+  tables for the jobs it touched; DuckDB scans Arrow without the GIL, so the
+  two overlap on two cores. Without the extension, frames are decoded first
+  and folded by ``history_fold.fold`` (about half the speed).
 
 Ownership and concurrency
 -------------------------
