@@ -60,6 +60,9 @@ def typed_frames() -> list[list[ev.Event]]:
          ev.JobStarted(ts=T0 + 3, job=1, pid=4242, start_time=5, log_path="/tmp/x"),
          sample(1, job_memory_mib={1: 100}, foreign_processes=[ev.GpuProcess(pid=9, used_mib=3)]),
          sample(2, foreign_memory_mib=BIG, memory_used_mib=-5),
+         sample(7, job_memory_mib={1: 100, 2: 2**40, -1: 0}),
+         ev.JobSubmitted(ts=T0 + 1, job=6, spec=spec(env={"PATH": "/bin", "É": "ü", "": ""}, groups=[1, 2],
+                                                    rlimits={"nofile": [1024, -1], "core": []})),
          ev.JobForecast(ts=T0 + 3, job=2, estimated_start=T0 + 100),
          ev.TimerFired(ts=T0 + 3),
          ev.JobsCommanded(ts=T0 + 3, command="cancel", jobs=[2]),
@@ -161,7 +164,7 @@ def test_odd_events_fold_as_decoded_ones(tmp_path: Path, same_chunks: None) -> N
     write_log(tmp_path / "log")
     old, new = fold_both(tmp_path / "log")
     assert new == old
-    assert len(old["gpu_samples"]) == 7 and len(old["submissions"]) == 8 and len(old["placement_events"]) == 3
+    assert len(old["gpu_samples"]) == 8 and len(old["submissions"]) == 9 and len(old["placement_events"]) == 3
     # the numbers the walker must get exactly as msgspec and the old fold do
     con = fresh()
     hfr.fold_frames(con, log.read_frames(tmp_path / "log"), 0)
@@ -272,6 +275,13 @@ def failure(fold: Any) -> tuple[type, str, int]:
     {"type": "JobExited", "job": 1},  # exit_code is required (None is a value)
     {"type": "JobSubmitted", "job": 1, "spec": {"command": ["x"], "on_time_limit": "never"}},
     {"type": "JobSubmitted", "job": 1, "spec": {"command": ["x"], "env": {"A": 1}}},
+    {"type": "JobSubmitted", "job": 1, "spec": {"command": ["x"], "env": {"A": "b", "C": None}}},
+    {"type": "JobSubmitted", "job": 1, "spec": {"command": ["x"], "rlimits": {"nofile": ["x"]}}},
+    {"type": "JobSubmitted", "job": 1, "spec": {"command": ["x"], "rlimits": {"nofile": 5}}},
+    {"type": "GpuSampled", "node": "n", "gpu": 1, "utilization": 1.0, "memory_used_mib": 1,
+     "memory_total_mib": 1, "temperature_c": 1.0, "power_w": 1.0, "job_memory_mib": {"1": 2}},
+    {"type": "GpuSampled", "node": "n", "gpu": 1, "utilization": 1.0, "memory_used_mib": 1,
+     "memory_total_mib": 1, "temperature_c": 1.0, "power_w": 1.0, "job_memory_mib": {1: 2.5}},
     {"type": "JobPlaced", "job": 1, "node": "n", "gpu_ids": [1, None], "share": 1.0},
     {"type": "FutureEvent", "job": 1},
     {"type": 5},

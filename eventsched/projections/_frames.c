@@ -25,7 +25,9 @@
 
 enum {
     K_INT = 1, K_FLOAT, K_STR, K_BOOL, K_OPT_INT, K_OPT_FLOAT, K_LIST_INT, K_OPT_LIST_INT,
-    K_CMD, K_LITERAL, K_EMPTY_MAP, K_EMPTY_LIST, K_STRUCT
+    K_CMD, K_LITERAL, K_EMPTY_MAP, K_EMPTY_LIST, K_STRUCT,
+    /* checked, never stored: a job's environment and limits, a sample's memory per job */
+    K_MAP_STR_STR, K_MAP_STR_LIST_INT, K_MAP_INT_INT
 };
 
 typedef struct { char *p; size_t len, cap; } Buf;
@@ -272,6 +274,29 @@ seq:
 
 /* --- one event ---------------------------------------------------------- */
 
+/* a map of one of the checked-only kinds, as msgspec would accept it (a
+   repeated key is no error there: the last one wins) */
+static int check_map(Rd *r, int kind) {
+    uint32_t n;
+    if (!rd_maphead(r, &n)) return 0;
+    for (uint32_t p = 0; p < n; p++) {
+        const char *s; Py_ssize_t len; int64_t x; uint32_t items;
+        if (kind == K_MAP_INT_INT) {
+            if (!rd_int(r, &x) || !rd_int(r, &x)) return 0;
+            continue;
+        }
+        if (!rd_str(r, &s, &len)) return 0;
+        if (kind == K_MAP_STR_STR) {
+            if (!rd_str(r, &s, &len)) return 0;
+            continue;
+        }
+        if (!rd_arrayhead(r, &items)) return 0;
+        for (uint32_t k = 0; k < items; k++)
+            if (!rd_int(r, &x)) return 0;
+    }
+    return 1;
+}
+
 static int parse_fields(Rd *r, TypeP *t, const int *kids, int n_kids, uint32_t pairs);
 
 static int plain_word(const char *s, Py_ssize_t n) {
@@ -349,6 +374,8 @@ static int parse_value(Rd *r, TypeP *t, int fi) {
         if (!rd_maphead(r, &n)) return 0;
         return parse_fields(r, t, f->children, f->n_children, n);
     }
+    case K_MAP_STR_STR: case K_MAP_STR_LIST_INT: case K_MAP_INT_INT:
+        return check_map(r, f->kind);
     }
     return 0;
 }
@@ -800,6 +827,7 @@ PyMODINIT_FUNC PyInit__frames(void) {
 #define KIND(name) if (PyModule_AddIntConstant(m, #name, name) < 0) { Py_DECREF(m); return NULL; }
     KIND(K_INT) KIND(K_FLOAT) KIND(K_STR) KIND(K_BOOL) KIND(K_OPT_INT) KIND(K_OPT_FLOAT) KIND(K_LIST_INT)
     KIND(K_OPT_LIST_INT) KIND(K_CMD) KIND(K_LITERAL) KIND(K_EMPTY_MAP) KIND(K_EMPTY_LIST) KIND(K_STRUCT)
+    KIND(K_MAP_STR_STR) KIND(K_MAP_STR_LIST_INT) KIND(K_MAP_INT_INT)
 #undef KIND
     return m;
 }

@@ -91,7 +91,12 @@ def _kind(t: Any, path: str) -> int:
             return f.K_CMD  # stored as history_fold._command joins it
         return f.K_EMPTY_LIST  # only an empty one is taken
     if isinstance(t, mi.DictType) and t.min_length is None and t.max_length is None:
-        return f.K_EMPTY_MAP
+        # the maps real logs hold (a job's environment and limits, a sample's
+        # memory per job) are checked whole; any other only when empty
+        maps = [((mi.StrType(), mi.StrType()), f.K_MAP_STR_STR),
+                ((mi.StrType(), mi.ListType(mi.IntType())), f.K_MAP_STR_LIST_INT),
+                ((mi.IntType(), mi.IntType()), f.K_MAP_INT_INT)]
+        return next((kind for types, kind in maps if types == (t.key_type, t.value_type)), f.K_EMPTY_MAP)
     if isinstance(t, mi.UnionType) and len(t.types) == 2 and isinstance(t.types[1], mi.NoneType):
         inner = _kind(t.types[0], path)
         opt = {f.K_INT: f.K_OPT_INT, f.K_FLOAT: f.K_OPT_FLOAT, f.K_LIST_INT: f.K_OPT_LIST_INT}.get(inner)
