@@ -2,7 +2,9 @@
 
 1. Catch-up: fold a 1M-event log (written with the real LogWriter, daemon-like
    frames of jobs' lifecycles and GPU samples) into a fresh history.duckdb.
-   Target >= 300,000 events/s (decode + columnar insert + derived tables).
+   Target >= 600,000 events/s (issue 13; decode + columnar insert + derived
+   tables). Each run is followed by one without the C frame walker (frames
+   decoded by msgspec first, the path before it), for a baseline.
 2. Aggregate: GPU-hours per user per day (the ``gpu_hours_daily`` view) over a
    10M-event model. The 10M-event model is made by folding the same 1M-event
    log's frames ten times with shifted sequence numbers, job ids and times,
@@ -11,22 +13,29 @@
 
 Run: ``.venv/bin/python bench/bench_history.py [--events N]``
 
-Where a million events go (issue 13 asks for 600,000/s; this is 0.24-0.31 M):
-4.1-4.9 s of CPU on 2 cores, so the catch-up is CPU-bound. Decoding the log
-takes 0.55 s and building Arrow columns 0.9-1.4 s, in the converting thread;
-DuckDB's inserts take 0.5 s, refreshing ``jobs`` and ``placements`` 0.7 s
-and the commit 0.2-0.45 s. Measured and not kept: next to a busy Python
-thread, DuckDB's Python API waits for the GIL within each statement (0.56 s
-of inserts took 4.8 s beside a spinning thread); one statement per table per
-chunk, 250,000-event chunks, a 0.5 ms switch interval and refreshing the
-derived tables per chunk in the writer thread brought the inserts back to
-0.48 s in isolation, but the whole catch-up stayed at 0.29-0.31 M/s: the two
-threads' sum of CPU, not their waiting, is the limit.
+Where a million events go (2 cores, shared; 0.63-0.66 M/s, 1.5-1.6 s wall,
+2.0-2.1 s CPU; decoding first: 0.27-0.34 M/s, 2.9-3.8 s wall, 3.6-4.3 s CPU).
+The converting thread reads the log (0.2 s: pread and the frame checksums),
+walks the frames into column buffers (0.3 s, C, without the GIL) and makes
+Arrow tables and the ``detail`` strings (0.1 s). The writer thread is the
+limit: inserts 0.1 s, refreshing ``jobs`` and ``placements`` per chunk
+0.5-0.6 s (the same SQL once per commit: 0.36-0.45 s, but then nothing
+overlaps it), DuckDB compressing row groups as they fill and at the commit
+0.5 s. One DuckDB thread: a second one made inserts slower (0.53 s instead of
+0.39 s) and the commit does not use it.
+Measured and not kept: two chunks in flight instead of one (more CPU, slower);
+disabling DuckDB compression methods (fsst/dict_fsst, bitpacking or alp) 3-5%
+faster for a file 1.5-2.5x bigger; a checkpoint threshold that defers the
+checkpoint to close (the same time, later). Before the walker, decoding took
+0.55 s and building columns 0.9-1.4 s; pyarrow.array's first call imports
+pandas (0.3 s) and pyarrow.compute's builds its registry (0.16 s), which the
+walker's path avoids (a catch-up of one frame: 0.06 s instead of 0.2 s).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -39,7 +48,7 @@ import duckdb
 import msgspec
 
 from eventsched.domain import events as ev
-from eventsched.projections import history, history_fold
+from eventsched.projections import history, history_fold, history_frames
 from eventsched.storage import log
 
 USERS = [f"user{i}" for i in range(20)]
@@ -120,6 +129,18 @@ def shifted(batches: Iterator[list[ev.Event]], k: int, n: int, jobs: int, span: 
         yield out
 
 
+@contextlib.contextmanager
+def frame_walker(on: bool) -> Iterator[None]:
+    """The catch-up with the C frame walker, or as without it (frames decoded first)."""
+    saved = history_frames._frames
+    if not on:
+        history_frames._frames = None
+    try:
+        yield
+    finally:
+        history_frames._frames = saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -134,20 +155,30 @@ def main() -> None:
         print(f"wrote a {n:,}-event log in {time.perf_counter() - t0:.1f} s; mix: "
               + ", ".join(f"{name} {count / n:.0%}" for name, count in mix.most_common()))
 
-        best = float("inf")
-        for _ in range(3):  # best of 3: the machine may be shared
-            t0, c0 = time.perf_counter(), time.process_time()
-            added = history.rebuild(state)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-            best = min(best, dt)
-            print(f"catch-up: {added:,} events in {dt:.2f} s wall ({cpu:.2f} s CPU, all threads) "
-                  f"= {added / dt:,.0f} events/s; load average {os.getloadavg()[0]:.1f}")
-        print(f"catch-up best: {added / best:,.0f} events/s (target >= 300,000) on {os.cpu_count()} cores")
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(3):  # best of 3, the two ways alternating: the machine may be shared
+            for walker in (True, False):
+                with frame_walker(walker):
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    added = history.rebuild(state)
+                    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+                best[walker] = min(best[walker], dt)
+                print(f"catch-up{'' if walker else ' without the frame walker'}: {added:,} events in {dt:.2f} s "
+                      f"wall ({cpu:.2f} s CPU, all threads) = {added / dt:,.0f} events/s; "
+                      f"load average {os.getloadavg()[0]:.1f}")
+        print(f"catch-up best: {added / best[True]:,.0f} events/s (target >= 600,000) on {os.cpu_count()} cores; "
+              f"without the frame walker (frames decoded by msgspec first): {added / best[False]:,.0f} events/s")
 
         t0 = time.perf_counter()
         n_decoded = sum(len(b) for b in log.read_batches(os.path.join(state, "log")))
         dt_read = time.perf_counter() - t0
-        print(f"  of which log read + decode alone: {dt_read:.2f} s ({n_decoded / dt_read:,.0f} events/s)")
+        print(f"  log read + decode alone: {dt_read:.2f} s ({n_decoded / dt_read:,.0f} events/s)")
+        if history_frames.available():
+            t0 = time.perf_counter()
+            n_walked = sum(c.count for c in history_frames._chunks(log.read_frames(os.path.join(state, "log")), 0,
+                                                                   None))
+            dt_read = time.perf_counter() - t0
+            print(f"  log read + frame walk into columns alone: {dt_read:.2f} s ({n_walked / dt_read:,.0f} events/s)")
 
         # 10x model: fold shifted copies of the same frames into a second file
         big = os.path.join(root, "big.duckdb")

@@ -60,6 +60,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import msgspec
 
@@ -78,6 +79,9 @@ __all__ = [
     "LogWriter",
     "read",
     "read_batches",
+    "read_frames",
+    "Frame",
+    "decode_frame",
     "last_seq",
     "follow",
     "segments",
@@ -396,6 +400,21 @@ class SegmentScan:
             return False
         payload = os.pread(self._fd, length, offset + FRAME_HEADER_SIZE)
         return crc == zlib.crc32(payload, zlib.crc32(head[4:], self.salt))
+
+
+class Frame(NamedTuple):
+    """One valid frame, undecoded: where it is, its events' sequence numbers, its payload."""
+
+    path: str
+    offset: int
+    first_seq: int
+    n_events: int
+    payload: memoryview
+
+
+def decode_frame(frame: Frame) -> list[Event]:
+    """A frame's events, or ``LogCorruptError`` as ``read_batches`` raises it."""
+    return _decode(frame.payload, frame.path, frame.offset)
 
 
 def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
@@ -822,7 +841,17 @@ class _Cursor:
         return True
 
     def batches(self) -> Iterator[list[Event]]:
-        """Every complete frame available now; returns at the current end."""
+        """Every complete frame available now, decoded; returns at the current end."""
+        from_seq = self.from_seq
+        for frame in self.frames():
+            batch = decode_frame(frame)
+            if frame.first_seq < from_seq:
+                batch = batch[from_seq - frame.first_seq :]
+            yield batch
+
+    def frames(self) -> Iterator[Frame]:
+        """Every complete frame available now that holds an event at or after
+        ``from_seq`` (the first may start before it); returns at the current end."""
         while True:
             segs = segments(self.directory)
             if self.seg is None and not self._start(segs):
@@ -843,10 +872,7 @@ class _Cursor:
                 for off, first, count, payload in scan.frames():
                     self.offset, self.next_seq = off + FRAME_HEADER_SIZE + len(payload), first + count
                     if first + count > from_seq:
-                        batch = _decode(payload, seg.path, off)
-                        if first < from_seq:
-                            batch = batch[from_seq - first :]
-                        yield batch
+                        yield Frame(seg.path, off, first, count, payload)
                 if scan.problem is not None:
                     if newer:
                         raise LogCorruptError(seg.path, scan.end, scan.problem + " (in a sealed segment)")
@@ -875,6 +901,14 @@ class _Cursor:
 def read_batches(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[list[Event]]:
     """The events from ``from_seq`` on, one list per frame, streaming."""
     return _Cursor(os.fspath(directory), from_seq).batches()
+
+
+def read_frames(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Frame]:
+    """``read_batches`` before decoding: the frames holding events from
+    ``from_seq`` on (the first may start before it), for a reader that decodes
+    them itself (the history fold); ``decode_frame`` decodes one as
+    ``read_batches`` would."""
+    return _Cursor(os.fspath(directory), from_seq).frames()
 
 
 def read(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Event]:
