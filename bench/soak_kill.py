@@ -289,17 +289,19 @@ def model_matches_rebuild(state: Path) -> str:
     """"" when the read model, caught up incrementally, equals a fold of the whole log."""
     import duckdb
 
-    from eventsched.projections.history import History, _log_batches
+    from eventsched.projections.history import History
     from eventsched.projections.history_fold import ensure_schema, fold, position
     from eventsched.projections.history_schema import TABLES
+    from eventsched.storage.log import read_batches
 
     History(state).catch_up()
     kept = duckdb.connect(str(state / "history.duckdb"), read_only=True)
-    # the daemon is still appending (GPU samples): rebuild exactly the prefix the kept model holds
+    # the daemon is still appending (GPU samples): rebuild exactly the prefix the kept model holds,
+    # through the other path (decoded events, not the frame walker): the two must agree
     upto = position(kept)
     fresh = duckdb.connect(":memory:")
     ensure_schema(fresh)
-    prefix = ([e for e in batch if e.seq <= upto] for batch in _log_batches(state / "log", 1))
+    prefix = ([e for e in batch if e.seq <= upto] for batch in read_batches(state / "log", 1))
     fold(fresh, (batch for batch in prefix if batch), 0)
     try:
         for table in TABLES:
