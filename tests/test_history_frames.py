@@ -297,7 +297,11 @@ def test_a_frame_that_does_not_decode_fails_the_same_way(tmp_path: Path, bad: An
         append_raw(writer, [good, bad, ev.to_builtins(sample(2)) | {"seq": writer.next_seq + 2}])
     finally:
         writer.close()
-    d = tmp_path / "log"
+    assert_both_fail_alike(tmp_path / "log")
+
+
+def assert_both_fail_alike(d: Path) -> None:
+    """The frame walker and the fold of decoded frames raise the same error at the same place."""
     old = failure(lambda con: hf.fold(con, log.read_batches(d), 0))
     new = failure(lambda con: hfr.fold_frames(con, log.read_frames(d), 0))
     assert old[0] is log.LogCorruptError
@@ -320,11 +324,7 @@ def test_a_broken_payload_fails_the_same_way(tmp_path: Path, payload: Any) -> No
         writer._commit(log._frame_bytes(writer._salt, writer.next_seq, 1, data), 1)
     finally:
         writer.close()
-    d = tmp_path / "log"
-    old = failure(lambda con: hf.fold(con, log.read_batches(d), 0))
-    new = failure(lambda con: hfr.fold_frames(con, log.read_frames(d), 0))
-    assert old[0] is log.LogCorruptError
-    assert new == old
+    assert_both_fail_alike(tmp_path / "log")
 
 
 @needs_extension
