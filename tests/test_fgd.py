@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventsched.core.fgd import (
-    FragTable,
     NodeFragments,
     TaskType,
     fgd_score,
@@ -21,6 +20,7 @@ from eventsched.core.fgd import (
     node_fragmentation,
     target_workload,
 )
+from eventsched.sim.frag_table import FragTable
 from eventsched.sim.static_sim import (
     PAPER,
     POLICIES,

@@ -31,8 +31,9 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from eventsched.core.fgd import FragTable, fgd_scores, target_workload
+from eventsched.core.fgd import target_workload
 from eventsched.domain.units import FULL
+from eventsched.sim.frag_table import FragTable, fgd_scores
 from eventsched.sim.traces import AlibabaNode, AlibabaPod, load_alibaba
 
 __all__ = [
