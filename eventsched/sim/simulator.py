@@ -84,6 +84,7 @@ from eventsched.sim.sources import (
     _started_message,
 )
 from eventsched.storage import log as eventlog
+from eventsched.storage.background import BackgroundAppender
 
 __all__ = ["RECORDED", "ReplayResult", "simulate"]
 
@@ -125,6 +126,8 @@ class _Sim:
         if self.writer.next_seq != 1:
             self.writer.close()
             raise ReplayError(f"{state_dir / 'log'} already holds a log; replays need a fresh directory")
+        # the log is written behind the replay, frame by frame (storage/background.py)
+        self.appender = BackgroundAppender(self.writer)
         self.buffer: list[ev.Event] = []
         self.next_seq = 1
         self.heap: list[tuple[float, int, float, int, Any]] = []
@@ -179,8 +182,19 @@ class _Sim:
 
     def flush(self) -> None:
         if self.buffer:
-            self.writer.append(self.buffer)
+            self.appender.append(self.buffer)
             self.buffer = []
+
+    def close(self, failed: bool = False) -> None:
+        """Wait for the log to be written, then close it. After the replay
+        itself ``failed``, the failure to raise is that one, not the log's."""
+        try:
+            self.appender.finish()
+        except Exception:
+            if not failed:
+                raise
+        finally:
+            self.writer.close()
 
     def tick(self) -> None:
         self.handle(Tick())  # records a TimerFired when it decides anything
@@ -439,8 +453,10 @@ def simulate(
     try:
         with collector.paused():
             sim.run()
-    finally:
-        sim.writer.close()
+    except BaseException:
+        sim.close(failed=True)
+        raise
+    sim.close()  # the log complete and durable before the result is returned
     st = sim.state
     unfinished = sum(1 for j in st.jobs.values() if j.state not in FINAL)
     notes = list(sim.notes)
