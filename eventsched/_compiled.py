@@ -26,6 +26,7 @@ __all__ = ["SOURCES", "MODULES", "prefer_sources", "compiled", "stale"]
 SOURCES = (
     "eventsched/domain/states.py",
     "eventsched/projections/sortedkeys.py",
+    "eventsched/projections/live.py",
     "eventsched/projections/model.py",
     "eventsched/projections/cluster.py",
     "eventsched/core/fgd.py",

@@ -71,10 +71,10 @@ def working_copy(state: ClusterState) -> ClusterState:
     jobs are left out, so the copy costs what is active, not all history."""
     sim = ClusterState()
     sim.last_seq, sim.node, sim.policy, sim.config = state.last_seq, state.node, state.policy, state.config
-    sim.gpus = {k: msgspec.structs.replace(g, jobs=list(g.jobs)) for k, g in state.gpus.items()}
+    sim.gpus = {k: g.copy() for k, g in state.gpus.items()}
     keep = {j.id for j in state.jobs.values() if j.state in _ACTIVE}
     keep |= {d for jid in list(keep) for d in state.jobs[jid].spec.after if d in state.jobs}
-    sim.jobs = {jid: msgspec.structs.replace(state.jobs[jid]) for jid in keep}
+    sim.jobs = {jid: state.jobs[jid].copy() for jid in keep}
     sim.next_job_id, sim.next_order = state.next_job_id, state.next_order
     sim.recent_shapes = type(state.recent_shapes)(state.recent_shapes, maxlen=state.recent_shapes.maxlen)
     sim.stats.by_key = dict(state.stats.by_key)

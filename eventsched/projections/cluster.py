@@ -768,8 +768,8 @@ def snapshot_bytes(state: ClusterState) -> bytes:
         node=state.node,
         policy=state.policy,
         config=state.config,
-        gpus=sorted(state.gpus.values(), key=lambda g: (g.node, g.id)),
-        jobs=sorted(state.jobs.values(), key=lambda j: j.id),
+        gpus=[g.record() for g in sorted(state.gpus.values(), key=lambda g: (g.node, g.id))],
+        jobs=[j.record() for j in sorted(state.jobs.values(), key=lambda j: j.id)],
         next_job_id=state.next_job_id,
         next_order=state.next_order,
         recent_shapes=list(state.recent_shapes),
@@ -790,8 +790,8 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     state.node = snap.node
     state.policy = snap.policy
     state.config = snap.config
-    state.gpus = {(g.node, g.id): g for g in snap.gpus}
-    state.jobs = {j.id: j for j in snap.jobs}
+    state.gpus = {(g.node, g.id): Gpu.from_record(g) for g in snap.gpus}
+    state.jobs = {j.id: Job.from_record(j) for j in snap.jobs}
     state.next_job_id = snap.next_job_id
     state.next_order = snap.next_order
     state.recent_shapes = deque((tuple(s) for s in snap.recent_shapes), maxlen=RECENT_SHAPES)  # type: ignore[misc]

@@ -13,7 +13,7 @@ from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.tenants import DEFAULT_TENANT
 from eventsched.domain.units import FULL
-from eventsched.projections.records import Gpu, Job
+from eventsched.projections.live import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
 __all__ = [

@@ -1,28 +1,28 @@
-"""The records the allocation state is made of: GPUs, jobs and nodes as the
-scheduler sees them, and a snapshot of them all.
+"""The records a snapshot of the allocation state is made of: GPUs, jobs and
+nodes as the scheduler sees them, and the snapshot itself.
 
 They are msgspec Structs (snapshots encode them as they are) and live apart
 from the code that folds and indexes them (``model``, ``cluster``): those
 modules are compiled with mypyc (``setup.py``), which would drop a Struct's
-class options (``kw_only``, ``frozen``), so the Structs stay interpreted.
+class options (``kw_only``, ``frozen``), so the Structs stay interpreted. The
+live state holds GPUs and jobs as compiled classes with the same fields
+(``live.Gpu``, ``live.Job``), converted to and from these on a snapshot.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import msgspec
 
 from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import JobState
-from eventsched.domain.tenants import DEFAULT_TENANT, Tenant
+from eventsched.domain.tenants import Tenant
 from eventsched.domain.units import FULL
 
-__all__ = ["Gpu", "Job", "NodeInfo", "StateSnapshot"]
+__all__ = ["GpuRecord", "JobRecord", "NodeInfo", "StateSnapshot"]
 
 
-class Gpu(msgspec.Struct, kw_only=True):
+class GpuRecord(msgspec.Struct, kw_only=True):
     node: str
     id: int
     uuid: str = ""
@@ -49,16 +49,8 @@ class Gpu(msgspec.Struct, kw_only=True):
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[ev.GpuProcess] = []
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.node, self.id)
 
-    @property
-    def allocated(self) -> float:
-        return self.used_milli / FULL
-
-
-class Job(msgspec.Struct, kw_only=True):
+class JobRecord(msgspec.Struct, kw_only=True):
     id: int
     spec: ev.JobSpec
     state: JobState = JobState.QUEUED
@@ -95,20 +87,6 @@ class Job(msgspec.Struct, kw_only=True):
     gpu_mem_over: bool = False
     idle_since: float | None = None
 
-    @property
-    def shape(self) -> tuple[Any, ...]:
-        """What placement depends on: equal shapes fit or fail together. The
-        tenant (quotas) and a capped array (%K) are part of it, so that a
-        shape held back by its quota or cap is held back whole."""
-        s = self.spec
-        ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
-        return (self.count, self.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
-
-    @property
-    def tenant(self) -> str:
-        return self.spec.tenant or DEFAULT_TENANT
-
-
 
 class NodeInfo(msgspec.Struct, kw_only=True):
     """Issue 12: one node of a cluster: ``up`` or ``down`` since ``since``."""
@@ -132,8 +110,8 @@ class StateSnapshot(msgspec.Struct, kw_only=True):
     node: str
     policy: str
     config: SchedulerConfig
-    gpus: list[Gpu]
-    jobs: list[Job]
+    gpus: list[GpuRecord]
+    jobs: list[JobRecord]
     next_job_id: int
     next_order: int
     recent_shapes: list[tuple[int, int]]
