@@ -30,6 +30,7 @@ SOURCES = (
     "eventsched/projections/model.py",
     "eventsched/projections/cluster.py",
     "eventsched/core/fgd.py",
+    "eventsched/core/admission.py",
     "eventsched/core/policies.py",
     "eventsched/core/scheduler.py",
     "eventsched/sim/simulator.py",

@@ -705,3 +705,19 @@ def test_an_unknown_state_event_pair_is_refused_and_changes_nothing() -> None:
     with pytest.raises(IllegalTransition, match="JobReleased is not allowed while running"):
         apply(s.state, ev.JobReleased(seq=s.state.last_seq + 1, job=job))
     assert snapshot_bytes(s.state) == before
+
+
+def test_a_spec_built_in_python_is_stored_as_the_log_will_decode_it():
+    """An int where a float belongs (and a tuple for a list) is normalised
+    before it is recorded, so the live state and a restart agree; a spec
+    from msgspec's decoder (``decoded``, the socket) is taken as it is."""
+    s = Sched()
+    events, _ = s.do(m.Submit(spec=ev.JobSpec(command=("python", "x.py"), gpus=1, uid=OWNER, user="u"), by="t"))  # type: ignore[arg-type]
+    spec = events[0].spec
+    assert type(spec.gpus) is float and type(spec.command) is list
+    assert spec == ev.decode(ev.encode(events[0])).spec
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode(ev.JobSpec(command=["y"], gpus=2, uid=OWNER)), type=ev.JobSpec)
+    assert type(wire.gpus) is float  # what the decoder gives the server
+    events, _ = s.do(m.Submit(spec=wire, by="t", decoded=True))
+    assert events[0].spec.command == ["y"] and events[0].spec.gpus == 2.0
+    assert events[0].spec == ev.decode(ev.encode(events[0])).spec

@@ -14,7 +14,8 @@ import pytest
 from users_harness import as_user, needs_root, public_dir, root_daemon, users  # noqa: F401 (fixtures)
 
 from eventsched import core
-from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.core.admission import check_submission
+from eventsched.core.limits import SubmitLimits
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
     GpuInfo,

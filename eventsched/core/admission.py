@@ -6,37 +6,24 @@ sends is bounded, every string has a size cap, and priorities above the
 ceiling are for operators only. A value outside these bounds is refused at
 submit with one line naming the option and the bound, so nothing absurd ever
 reaches the log (which is append-only: a bad value there would stay forever).
+
+Compiled with mypyc (``setup.py``): it runs on every submission. The bounds
+themselves (``limits.SubmitLimits``) are a msgspec Struct with class options
+mypyc would drop, so they live in an interpreted module.
 """
 
 from __future__ import annotations
 
 import math
 
-import msgspec
-
+from eventsched.core.limits import SubmitLimits
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import Refused
 from eventsched.domain.rlimits import RlimitError
 from eventsched.domain.rlimits import validate as validate_rlimits
 from eventsched.domain.text import has_control
 
-__all__ = ["SubmitLimits", "check_submission"]
-
-YEAR_S = 366 * 86400.0
-
-
-class SubmitLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ``[limits]`` table of the serve config."""
-
-    max_user_priority: int = 100  # non-operators submit priorities in [-this, this]
-    max_retries: int = 100
-    max_time_limit_s: float = YEAR_S
-    max_gpu_mem_mib: int = 1 << 24  # 16 TiB per GPU: far above any GPU, far below int overflow
-    max_command_bytes: int = 64 << 10  # the command line, all arguments together
-    max_env_bytes: int = 256 << 10  # environment names and values, plus --env-setup
-    max_name_chars: int = 200
-    max_after: int = 1000  # --after dependencies of one job
-    max_gpu_ids: int = 1024
+__all__ = ["check_submission"]
 
 
 def _bytes(strings: list[str]) -> int:

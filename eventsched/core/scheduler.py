@@ -344,10 +344,12 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
 
 def _submit(out: _Out, msg: m.Submit) -> None:
     state = out.state
-    try:  # normalise types (an int where a float belongs) exactly as the log will decode them
-        spec = msgspec.convert(msgspec.to_builtins(msg.spec), ev.JobSpec)
-    except (msgspec.ValidationError, TypeError) as exc:
-        raise Refused(f"bad job spec: {exc}") from None
+    spec = msg.spec
+    if not msg.decoded:
+        try:  # normalise types (an int where a float belongs) exactly as the log will decode them
+            spec = msgspec.convert(msgspec.to_builtins(spec), ev.JobSpec)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise Refused(f"bad job spec: {exc}") from None
     try:
         spec = msgspec.structs.replace(spec, tenant=tenant_of_user(state.tenants, spec.user, spec.tenant))
     except TenantError as exc:

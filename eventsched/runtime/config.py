@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from eventsched.core.admission import SubmitLimits
+from eventsched.core.limits import SubmitLimits
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.tenants import Tenant, TenantConfig, TenantError, check_tenants
 

@@ -34,8 +34,9 @@ import anyio
 import anyio.abc
 import msgspec
 
-from eventsched.core.admission import SubmitLimits, check_submission
+from eventsched.core.admission import check_submission
 from eventsched.core.forecast import ASSUMPTIONS, describe, run_forecast, working_copy
+from eventsched.core.limits import SubmitLimits
 from eventsched.core.policies import REPLAY_ONLY
 from eventsched.core.tenants_report import tenants_report
 from eventsched.domain import messages as msg
@@ -192,9 +193,10 @@ class Server:
         config = self.engine.config
         if isinstance(request, protocol.SubmitJob):
             spec = self._as_peer(request.spec, peer)
+            # decoded: the request came through msgspec's decoder (socket or HTTP API)
             if request.array:
-                return msg.Submit(spec=spec, by=peer.by, array=list(request.array)), _submitted_array
-            return msg.Submit(spec=spec, by=peer.by), _submitted
+                return msg.Submit(spec=spec, by=peer.by, array=list(request.array), decoded=True), _submitted_array
+            return msg.Submit(spec=spec, by=peer.by, decoded=True), _submitted
         if isinstance(request, protocol.ListJobs):
             include_finished = request.all
             if request.limit > 0:  # issue 16: a page, so a long listing never holds the loop for long
