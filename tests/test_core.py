@@ -710,7 +710,7 @@ def test_an_unknown_state_event_pair_is_refused_and_changes_nothing() -> None:
 def test_a_spec_built_in_python_is_stored_as_the_log_will_decode_it():
     """An int where a float belongs (and a tuple for a list) is normalised
     before it is recorded, so the live state and a restart agree; a spec
-    from msgspec's decoder (``decoded``, the socket) is taken as it is."""
+    from msgspec's decoder (``normalised``, the socket) is taken as it is."""
     s = Sched()
     events, _ = s.do(m.Submit(spec=ev.JobSpec(command=("python", "x.py"), gpus=1, uid=OWNER, user="u"), by="t"))  # type: ignore[arg-type]
     spec = events[0].spec
@@ -718,6 +718,6 @@ def test_a_spec_built_in_python_is_stored_as_the_log_will_decode_it():
     assert spec == ev.decode(ev.encode(events[0])).spec
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode(ev.JobSpec(command=["y"], gpus=2, uid=OWNER)), type=ev.JobSpec)
     assert type(wire.gpus) is float  # what the decoder gives the server
-    events, _ = s.do(m.Submit(spec=wire, by="t", decoded=True))
+    events, _ = s.do(m.Submit(spec=wire, by="t", normalised=True))
     assert events[0].spec.command == ["y"] and events[0].spec.gpus == 2.0
     assert events[0].spec == ev.decode(ev.encode(events[0])).spec

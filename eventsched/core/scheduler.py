@@ -345,9 +345,9 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
 def _submit(out: _Out, msg: m.Submit) -> None:
     state = out.state
     spec = msg.spec
-    if not msg.decoded:
-        try:  # normalise types (an int where a float belongs) exactly as the log will decode them
-            spec = msgspec.convert(msgspec.to_builtins(spec), ev.JobSpec)
+    if not msg.normalised:
+        try:  # types (an int where a float belongs) exactly as the log will decode them
+            spec = ev.normalise_spec(spec)
         except (msgspec.ValidationError, TypeError) as exc:
             raise Refused(f"bad job spec: {exc}") from None
     try:

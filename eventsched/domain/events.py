@@ -508,6 +508,14 @@ def upcast(event: Event) -> Event:
 _seq_of = operator.attrgetter("seq")
 
 
+def normalise_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` with every value of the type the log decodes it as (an int
+    where a float belongs becomes a float, a tuple a list): a spec built in
+    Python is recorded as a restart will read it. Raises
+    ``msgspec.ValidationError`` or ``TypeError`` for a value of no such type."""
+    return msgspec.convert(msgspec.to_builtins(spec), JobSpec)
+
+
 def stamp(events: list[Event], first_seq: int) -> list[Event]:
     """Give events consecutive sequence numbers starting at ``first_seq``."""
     # the core stamps what it makes itself (a replay's frames of 65,536 events):

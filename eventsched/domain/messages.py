@@ -156,10 +156,11 @@ class Submit(Message, frozen=True):
     # an array (--array): one task per index, all accepted together or none;
     # "{index}" in the command becomes the index
     array: list[int] = []
-    # the spec came out of msgspec's decoder for JobSpec (the socket, the HTTP
-    # API), so its types already are what the log will decode: the core need
-    # not normalise them again (0.6 us of a submission's 20)
-    decoded: bool = False
+    # the spec's types already are exactly what the log will decode: it came
+    # out of msgspec's decoder for JobSpec (the socket, the HTTP API, a
+    # replayed log) or through ``events.normalise_spec``, so the core need not
+    # normalise it again (0.6 us of a submission's 20; each job of a replay)
+    normalised: bool = False
 
 
 class Cancel(Message, frozen=True):

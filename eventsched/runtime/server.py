@@ -193,10 +193,10 @@ class Server:
         config = self.engine.config
         if isinstance(request, protocol.SubmitJob):
             spec = self._as_peer(request.spec, peer)
-            # decoded: the request came through msgspec's decoder (socket or HTTP API)
+            # normalised: the request came through msgspec's decoder (socket or HTTP API)
             if request.array:
-                return msg.Submit(spec=spec, by=peer.by, array=list(request.array), decoded=True), _submitted_array
-            return msg.Submit(spec=spec, by=peer.by, decoded=True), _submitted
+                return msg.Submit(spec=spec, by=peer.by, array=list(request.array), normalised=True), _submitted_array
+            return msg.Submit(spec=spec, by=peer.by, normalised=True), _submitted
         if isinstance(request, protocol.ListJobs):
             include_finished = request.all
             if request.limit > 0:  # issue 16: a page, so a long listing never holds the loop for long

@@ -304,7 +304,7 @@ class _Sim:
                 _, ordinal, msg = item
                 if msg.spec.after:
                     after = [self.id_of.get(a, 0) for a in msg.spec.after]
-                    msg = Submit(spec=msgspec.structs.replace(msg.spec, after=after), by=msg.by)
+                    msg = Submit(spec=msgspec.structs.replace(msg.spec, after=after), by=msg.by, normalised=msg.normalised)
                 # the id the core will give it, known before its Launch effects run
                 job = self.state.next_job_id
                 self.ordinal_of[job] = ordinal

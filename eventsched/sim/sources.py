@@ -261,7 +261,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             start = (t, seq, e, [])
         elif isinstance(e, ev.JobSubmitted):
             ordinal[e.job] = len(ordinal) + 1
-            stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause))))
+            stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause, normalised=True))))
         elif isinstance(e, ev.GpuSampled):
             stimuli.append((t, _REC, float(seq), GpuObserved(
                 node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
@@ -347,7 +347,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             msg = item[2]
             if msg.spec.after:  # dependencies by submission ordinal too
                 spec = msgspec.structs.replace(msg.spec, after=[ordinal.get(a, -1) for a in msg.spec.after])
-                msg = Submit(spec=spec, by=msg.by)
+                msg = Submit(spec=spec, by=msg.by, normalised=True)  # ints for ints
             item = ("submit", ordinal[item[1]], msg)
         elif isinstance(item, tuple) and item[0] == "jobs":
             item = ("jobs", [ordinal.get(j, -j) for j in item[1]], item[2], item[3])
@@ -390,9 +390,19 @@ def trace_workload(
             command=[kind], user=j.user, gpus=j.gpus, gpu_mem_mib=j.gpu_mem_mib, priority=j.priority,
             env={"TRACE_ROW": str(i + 1)}, tenant=getattr(j, "tenant", ""),
         )
-        stimuli.append((float(j.submit_time), _ARRIVE, float(n), ("submit", n, Submit(spec=spec, by="trace"))))
+        stimuli.append((float(j.submit_time), _ARRIVE, float(n), ("submit", n, _trace_submit(spec))))
         attempts[n] = [Attempt(placed=0.0, started=0.0, ended=float(j.duration), exit_code=0)]
     return Workload(name=name, kind=kind, stimuli=stimuli, attempts=attempts, instant_start=True, notes=list(notes))
+
+
+def _trace_submit(spec: ev.JobSpec) -> Submit:
+    """A trace row's submission, its spec normalised once here rather than
+    at every replay of the workload (one per policy compared); a row with a
+    value of no valid type is left for the core to refuse, as before."""
+    try:
+        return Submit(spec=ev.normalise_spec(spec), by="trace", normalised=True)
+    except (msgspec.ValidationError, TypeError):
+        return Submit(spec=spec, by="trace")
 
 
 def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int = 1) -> Workload:
