@@ -28,6 +28,15 @@ once per job, each candidate placement scored by a few additions per type:
 reservation; under 10 s in 5 of 9 runs), best-fit 7.4-7.8 -> 6.9-8.4 s
 (median 7.5 -> 7.2). Same events for best-fit, sjf-backfill and fgd on this
 workload and on the Alibaba sample.
+
+Round six, against 88737b7 in the same minutes: best-fit medians 5.45 ->
+4.28 s (5 alternating pairs, one replay per process), sjf-backfill 7.54 ->
+6.22 s, fgd 6.25 -> 5.41 s, fifo 4.70 -> 3.99 s, the same events: the
+state's jobs and GPUs are compiled classes (projections/live.py; generic
+attribute lookup on msgspec Structs was the largest cost under perf), the
+replay's log is appended on a worker thread, trace specs are normalised
+once per workload, and core.fgd no longer imports numpy (its OpenBLAS
+threads took 1.4 % of a replay's samples).
 """
 
 from __future__ import annotations
