@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["SOURCES", "MODULES", "prefer_sources", "compiled", "stale"]
+__all__ = ["SOURCES", "MODULES", "prefer_sources", "compiled", "stale", "orphans"]
 
 SOURCES = (
     "eventsched/domain/states.py",
@@ -75,11 +75,28 @@ def compiled() -> list[str]:
 
 
 def stale() -> list[str]:
-    """Sources edited after their compiled module was built: until the build
-    runs again (``scripts/setup.sh``), Python would import the old code."""
-    out = []
+    """Sources edited after their compiled module was built, and compiled
+    modules whose source is no longer compiled (``orphans``): until
+    ``scripts/setup.sh`` runs again, Python would import the old code."""
+    out = [path.split(".", 1)[0] + ".py" for path in orphans()]
     for source in SOURCES:
         ext = _extension(source)
         if ext is not None and os.path.getmtime(os.path.join(_ROOT, source)) > os.path.getmtime(ext):
             out.append(source)
     return out
+
+
+def orphans() -> list[str]:
+    """Compiled modules beside a source that is no longer in ``SOURCES`` (a
+    tree built before a module left the list): Python would import them
+    instead of the source. ``scripts/setup.sh`` removes them."""
+    out = []
+    for folder, _dirs, files in os.walk(os.path.join(_ROOT, "eventsched")):
+        for name in files:
+            stem = name.split(".", 1)[0]
+            if not any(name == stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES):
+                continue
+            source = os.path.relpath(os.path.join(folder, stem + ".py"), _ROOT)
+            if stem + ".py" in files and source not in SOURCES:
+                out.append(os.path.relpath(os.path.join(folder, name), _ROOT))
+    return sorted(out)

@@ -47,6 +47,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && .venv/bin/python -c 'import sys; from eventsched import _compiled; sys.exit(bool(_compiled.stale()))' 2>/dev/null; then
   exit 0
 fi
+# a module no longer compiled: its old extension would shadow the source
+for orphan in $(.venv/bin/python -c 'from eventsched import _compiled; print(" ".join(_compiled.orphans()))' 2>/dev/null || true); do
+  rm -f -- "$orphan"
+done
 log=$(mktemp)
 # quiet unless something fails: then the whole pip output is shown. The
 # compat editable mode (a .pth path entry, no import hook) keeps every CLI

@@ -9,6 +9,7 @@ virtual time, with the same causes.
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import subprocess
 import sys
@@ -71,7 +72,6 @@ def test_compiled_and_source_builds_replay_alike(tmp_path: Path, workload: str) 
 
 
 def test_a_source_edited_after_its_build_is_named_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.machinery
 
     source = tmp_path / "eventsched" / "core" / "scheduler.py"
     source.parent.mkdir(parents=True)
@@ -86,3 +86,19 @@ def test_a_source_edited_after_its_build_is_named_stale(tmp_path: Path, monkeypa
     assert _compiled.stale() == ["eventsched/core/scheduler.py"]
     ext.unlink()
     assert _compiled.stale() == []  # nothing compiled: the source is what runs
+
+
+def test_a_compiled_module_whose_source_left_the_list_counts_as_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree built when a module was still compiled keeps its extension,
+    which Python would import instead of the source: setup.sh removes it."""
+    folder = tmp_path / "eventsched" / "domain"
+    folder.mkdir(parents=True)
+    (folder / "text.py").write_text("x = 1\n")
+    orphan = folder / ("text" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    orphan.write_bytes(b"")
+    (folder / ("_helper" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"")  # a C helper: no .py beside it
+    monkeypatch.setattr(_compiled, "_ROOT", str(tmp_path))
+    assert _compiled.orphans() == [str(orphan.relative_to(tmp_path))]
+    assert _compiled.stale() == ["eventsched/domain/text.py"]
+    orphan.unlink()
+    assert _compiled.orphans() == [] and _compiled.stale() == []
