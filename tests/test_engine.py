@@ -177,3 +177,45 @@ def test_quick_commits_run_on_the_loop_and_a_slow_disk_moves_them_to_the_commit_
                 await engine.stop()
 
     anyio.run(main)
+
+
+def test_a_request_that_arrives_while_the_batch_is_taken_shares_its_commit(tmp_path: Path) -> None:
+    """Group commit: the engine lets the loop run once before taking a
+    batch, so a request handed over in that step (another client's, just
+    read from its socket) is committed in the same frame, one fdatasync for
+    both, and each is answered after it."""
+    import asyncio
+
+    from eventsched.domain import events as ev
+    from eventsched.domain.messages import PauseGpu, Submit
+    from eventsched.storage import log as eventlog
+
+    engine = make(tmp_path)
+    replies: list[tuple[object, str | None]] = []
+
+    def submit() -> None:
+        spec = ev.JobSpec(command=["true"], uid=0, user="root")
+        engine.submit_nowait(Submit(spec=spec, by="uid:0"), None, lambda result, error: replies.append((result, error)))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            try:
+                assert engine.log is not None
+                # its GPU paused (nothing launches); and the call's answer
+                # means the engine is idle, waiting for its inbox
+                await engine.call(PauseGpu(node=engine.config.node, gpu=0, by="test"))
+                frames_before = sum(1 for _ in eventlog.read_batches(engine.log.directory))
+                submit()  # wakes the engine...
+                asyncio.get_running_loop().call_soon(submit)  # ...and this one comes in the step after
+                with anyio.fail_after(10):
+                    while len(replies) < 2:
+                        await anyio.sleep(0.001)
+                frames = list(eventlog.read_batches(engine.log.directory))[frames_before:]
+                submitted = [[type(e) for e in f if type(e) is ev.JobSubmitted] for f in frames]
+                assert [len(s) for s in submitted if s] == [2], f"the two submissions' frames: {submitted}"
+                assert all(error is None for _, error in replies)
+            finally:
+                await engine.stop()
+
+    anyio.run(main)

@@ -344,6 +344,15 @@ class Engine:
             while not self._inbox:
                 await self._inbox_ready.wait()
                 self._inbox_ready.clear()
+            # Group commit: let the loop run once more before taking the
+            # batch, so that requests already readable on other connections
+            # join it and its one fdatasync. Clients that each wait for their
+            # acknowledgement send the next request as soon as it arrives;
+            # without this, a commit carried 2.8 of eight such clients'
+            # submissions (bench/bench_scheduler.py: 8.8 -> 11.4-12.4 k/s,
+            # 78 -> 57-63 us of daemon CPU each; one loop step, ~15 us, later
+            # for a lone request).
+            await asyncio.sleep(0)
             batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
             # clamped: an injected clock (or anything else) that goes back
             # must not put a smaller time after a larger one in the log
