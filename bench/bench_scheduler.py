@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -122,6 +124,46 @@ def _submit_processes(path: Path, clients: int, per_client: int) -> tuple[float,
     return elapsed, latencies
 
 
+@contextlib.contextmanager
+def _bare_server(root: Path, kind: str) -> Iterator[tuple[Path, int]]:
+    """bench/bare_commit_server.py on a socket of its own: (socket, pid)."""
+    path = root / f"bare-{kind}.sock"
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("bare_commit_server.py")), str(path), str(root / f"bare-{kind}.dat"), kind]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not path.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the bare {kind} server did not start")
+            time.sleep(0.02)
+        yield path, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        path.unlink(missing_ok=True)
+
+
+def bench_ceiling(root: Path, total: int, repeat: int, daemon_rates: list[float]) -> None:
+    """The same 8 client processes against a server that only group-commits
+    and acknowledges, run right after the daemon's runs: how far the socket
+    and fdatasync path alone lets the daemon go on this machine."""
+    for kind, what in (("asyncio", "asyncio's loop (the daemon's transport layer)"), ("epoll", "a bare epoll loop, no asyncio")):
+        rates, cpus = [], []
+        for _ in range(repeat):
+            with _bare_server(root, kind) as (path, pid):
+                cpu0 = _proc_cpu(pid)
+                elapsed, lat = _submit_processes(path, 8, total // 8)
+                cpus.append((_proc_cpu(pid) - cpu0) / len(lat) * 1e6)
+                rates.append(len(lat) / elapsed)
+        share = statistics.median(daemon_rates) / statistics.median(rates) * 100
+        print(
+            f"  ceiling: the same 8 processes against a server that only writes, fdatasyncs and acknowledges "
+            f"(bench/bare_commit_server.py), on {what}: {_median_line(rates, ',.0f')}/s, "
+            f"{statistics.median(cpus):.0f} us of its CPU each; eventsched reaches {share:.0f}% of it"
+        )
+
+
 def _median_line(values: list[float], fmt: str) -> str:
     return f"median {format(statistics.median(values), fmt)} (runs: {', '.join(format(v, fmt) for v in values)})"
 
@@ -159,6 +201,8 @@ def bench_submissions(root: Path, total: int, repeat: int = 1) -> None:
             f"p99 {statistics.median(p99s):.2f} ms; daemon CPU {statistics.median(cpus):.0f} us/submission"
             + ("   target >= 15,000/s" if clients == 8 else "")
         )
+        if how == "processes":
+            bench_ceiling(root, total, repeat, rates)
     rates, cpus = [], []
     for r in range(repeat):
         with Daemon(root / f"pipeline-{r}", gpus="fake:4") as d:
