@@ -219,3 +219,43 @@ def test_a_request_that_arrives_while_the_batch_is_taken_shares_its_commit(tmp_p
                 await engine.stop()
 
     anyio.run(main)
+
+
+def test_the_server_is_told_once_a_batch_is_answered_before_its_launches(tmp_path: Path) -> None:
+    """on_answered runs once per batch, after every reply of it and before
+    its effects: the server writes the acknowledgements then, not a step of
+    the loop later, and a client hears back before its job is launched."""
+    from eventsched.domain import events as ev
+    from eventsched.domain.messages import Launch, Submit
+
+    engine = make(tmp_path)
+    replies: list[int] = []
+    performed: list[object] = []
+    told: list[tuple[int, int]] = []  # (replies given, effects performed) by then
+    perform = engine._perform
+
+    def recording(effect: object) -> None:
+        performed.append(effect)
+        perform(effect)  # type: ignore[arg-type]
+
+    engine._perform = recording  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            try:
+                await engine.call(Query(lambda state: None))  # past the start-up batch
+                engine.on_answered = lambda: told.append((len(replies), len(performed)))
+                performed.clear()
+                for _ in range(3):
+                    spec = ev.JobSpec(command=["true"], uid=0, user="root", cwd="/tmp", gpus=0.25)
+                    engine.submit_nowait(Submit(spec=spec, by="uid:0"), None, lambda result, error: replies.append(1))
+                with anyio.fail_after(10):
+                    while len(replies) < 3 or len(performed) < 3:
+                        await anyio.sleep(0.01)
+                assert told[0] == (3, 0), f"told {told} of one batch of three submissions"
+                assert [type(e) for e in performed[:3]] == [Launch] * 3
+            finally:
+                await engine.stop()
+
+    anyio.run(main)

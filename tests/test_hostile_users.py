@@ -226,6 +226,7 @@ class _Transport(asyncio.Transport):
 
 class _Server:
     admitted = 0
+    read_buffer = memoryview(bytearray(64))
 
     def admit(self, conn: object) -> str | None:
         self.admitted += 1
@@ -245,7 +246,9 @@ def test_a_peer_whose_credentials_cannot_be_read_is_dropped_unheard() -> None:
     conn.connection_made(transport)  # type: ignore[arg-type]
     assert transport.aborted and conn.closed and conn.peer is None
     assert server.admitted == 0 and transport.written == b"", "it was counted or answered without an identity"
-    conn.data_received(b"\x00\x00\x00\x05\x81\xa4type")  # nothing it sends is read
+    request = b"\x00\x00\x00\x05\x81\xa4type"
+    conn.get_buffer(-1)[: len(request)] = request  # as asyncio's transport reads it
+    conn.buffer_updated(len(request))  # nothing it sends is read
     assert conn.peer is None and not conn.slots
 
 

@@ -165,6 +165,8 @@ class Engine:
         self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
         self._commit_in_thread = False  # the last commit was slow (see _commit)
         self._subscribers: set[Callable[[bytes], bool]] = set()
+        # called once a batch's replies are all given (the server writes them then)
+        self.on_answered: Callable[[], None] | None = None
         self._wake_at = math.inf
         self._wake_changed = anyio.Event()
         self._last_snapshot_seq = 0
@@ -378,6 +380,8 @@ class Engine:
             for pending in batch:
                 if pending.reply is not None:
                     self._answer(pending)
+            if self.on_answered is not None:
+                self.on_answered()
             for effect in effects:
                 self._perform(effect)
             if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every:

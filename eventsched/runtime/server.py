@@ -51,6 +51,7 @@ from eventsched.runtime.config import ConnectionLimits, JobLimits
 from eventsched.runtime.connection import (
     HISTORY_CHUNK_BYTES,
     HISTORY_PER_USER,
+    READ_CHUNK,
     Connection,
     Peer,
 )
@@ -118,6 +119,9 @@ class Server:
         self.in_flight_by_uid: collections.Counter[int] = collections.Counter()
         self._waiting_share: dict[int, dict[Connection, None]] = {}
         self._history_slots: dict[int, asyncio.Semaphore] = {}
+        self.read_buffer = memoryview(bytearray(READ_CHUNK))  # every connection reads into it (connection.py)
+        self._unflushed: list[Connection] = []  # connections with replies ready (flush_soon)
+        self._flush_handle: asyncio.Handle | None = None
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +136,7 @@ class Server:
         )
         self._history_limiter = anyio.CapacityLimiter(4)  # worker threads reading history
         self.engine.subscribe(self._fan_out)
+        self.engine.on_answered = self.flush_replies
         async with anyio.create_task_group() as tg:
             self._tg = tg
             server = await loop.create_unix_server(lambda: Connection(self), str(self.socket_path), backlog=ACCEPT_BACKLOG)
@@ -144,6 +149,7 @@ class Server:
             finally:
                 server.close()
                 self.engine.unsubscribe(self._fan_out)
+                self.engine.on_answered = None
                 try:
                     self.socket_path.unlink()
                 except FileNotFoundError:
@@ -431,6 +437,26 @@ class Server:
             return
         if result is not None:
             reply(result, None)
+
+    # --- replies -----------------------------------------------------------
+
+    def flush_soon(self, conn: Connection) -> None:
+        """``conn`` has replies ready: they are written once the engine has
+        answered its whole batch (``flush_replies``, its ``on_answered``),
+        or at the end of this step of the loop for any other reply."""
+        self._unflushed.append(conn)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self.flush_replies)
+
+    def flush_replies(self) -> None:
+        # straight after the batch rather than a step of the loop later: the
+        # clients have their acknowledgements before the effects are performed
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        connections, self._unflushed = self._unflushed, []
+        for conn in connections:
+            conn.flush()
 
     # --- connection accounting ---------------------------------------------
 
