@@ -13,7 +13,9 @@
 # `ended_at` read back from `queue --all --json`; tsp: `tsp -w` on its last job; xargs: its exit),
 # and printed with its ratio to the floor measured in the same run. Then idle dispatch, p50 of
 # IDLE_N: from just before the submitting command starts (so the CLI's own start-up counts) to the
-# job's first instruction (the job is `touch FILE`; the file's mtime), on an idle scheduler.
+# job's first instruction, on an idle scheduler. The job is `date +%s.%N`: it prints the time it
+# runs at, read from its output once it ended. (A file's mtime would not do: the kernel stamps
+# files from a clock that moves once a tick, 4 ms here, and tsp's dispatch read as -2.6 ms.)
 #
 # Everything lives in a temporary directory, removed at the end; the daemon and the tsp server
 # are started here and stopped by PID; nothing binds but their unix sockets.
@@ -49,8 +51,8 @@ now() { echo "$EPOCHREALTIME"; }
 sub() { "$PY" -c 'import sys; print(f"{float(sys.argv[1]) - float(sys.argv[2]):.6f}")' "$1" "$2"; }
 ratio() { "$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.1f}x")' "$1" "$2"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-mtime() { stat -c %.9Y "$1"; }
-wait_file() { for _ in $(seq 2000); do [ -e "$1" ] && return 0; sleep 0.005; done; echo "race: $1 never appeared" >&2; exit 1; }
+# the job that reports when it ran: GNU date's nanoseconds
+STAMP=(date +%s.%N)
 
 declare -A DRAIN
 report() { printf '%-44s %8.3f s   %s\n' "$1" "$2" "$3"; }
@@ -73,12 +75,11 @@ if command -v tsp >/dev/null; then
   DRAIN[tsp]=$(sub "$(now)" "$t0")
   left=$(ts -l | awk 'NR > 1 && ($2 == "running" || $2 == "queued")' | wc -l)
   [ "$left" = 0 ] || echo "race: tsp still has $left jobs after its last one ended" >&2
-  for i in $(seq "$IDLE_N"); do
-    f=$WORK/tsp-idle-$i
+  for _ in $(seq "$IDLE_N"); do
     t0=$(now)
-    ts touch "$f" >/dev/null
-    wait_file "$f"
-    sub "$(mtime "$f")" "$t0" >>"$WORK/tsp-dispatch"
+    id=$(ts "${STAMP[@]}")
+    ts -w "$id" >/dev/null 2>&1 || true
+    sub "$(head -n 1 "$(ts -o "$id")")" "$t0" >>"$WORK/tsp-dispatch"
     sleep 0.05
   done
   TSP_DISPATCH=$(median <"$WORK/tsp-dispatch")
@@ -132,13 +133,17 @@ t0=$(now)
 PATH=$WORK/shadow:$PATH "$ES" submit-file "$WORK/jobs/jobs.txt" >/dev/null
 DRAIN[file]=$(sub "$(drained_at "$before")" "$t0")
 
-for i in $(seq "$IDLE_N"); do
-  f=$WORK/es-idle-$i
+for _ in $(seq "$IDLE_N"); do
   t0=$(now)
-  "$ES" submit --gpus 1 -- touch "$f" >/dev/null
-  wait_file "$f"
-  sub "$(mtime "$f")" "$t0" >>"$WORK/es-dispatch"
-  sleep 0.05
+  id=$("$ES" submit --gpus 1 -- "${STAMP[@]}")
+  stamp=""
+  for _ in $(seq 400); do  # its output, once the job ran (polled after the fact: no load meanwhile)
+    sleep 0.05
+    stamp=$("$ES" logs "$id" 2>/dev/null | head -n 1)
+    [ -n "$stamp" ] && break
+  done
+  [ -n "$stamp" ] || { echo "race: job $id printed no time" >&2; exit 1; }
+  sub "$stamp" "$t0" >>"$WORK/es-dispatch"
 done
 ES_DISPATCH=$(median <"$WORK/es-dispatch")
 
@@ -154,5 +159,5 @@ report "eventsched: bash loop of eventsched submit" "${DRAIN[loop]}" "$(ratio "$
 report "eventsched: submit --array 0-$((N - 1))" "${DRAIN[array]}" "$(ratio "${DRAIN[array]}" "$FLOOR")"
 report "eventsched: submit-file ($N lines)" "${DRAIN[file]}" "$(ratio "${DRAIN[file]}" "$FLOOR")"
 echo "idle dispatch p50 of $IDLE_N, the submitting command's start to the job's first instruction:"
-[ -n "$TSP_DISPATCH" ] && printf '  %-42s %6.1f ms\n' "tsp touch FILE" "$("$PY" -c "print($TSP_DISPATCH * 1e3)")"
-printf '  %-42s %6.1f ms\n' "eventsched submit --gpus 1 -- touch FILE" "$("$PY" -c "print($ES_DISPATCH * 1e3)")"
+[ -n "$TSP_DISPATCH" ] && printf '  %-42s %6.1f ms\n' "tsp date +%s.%N" "$("$PY" -c "print($TSP_DISPATCH * 1e3)")"
+printf '  %-42s %6.1f ms\n' "eventsched submit --gpus 1 -- date +%s.%N" "$("$PY" -c "print($ES_DISPATCH * 1e3)")"
