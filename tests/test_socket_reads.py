@@ -108,3 +108,36 @@ def test_replies_to_a_pipelined_burst_come_back_in_order(daemon: Daemon) -> None
     assert ids == sorted(ids)
     logged = submitted(daemon)
     assert [logged[i].spec.name for i in ids] == names
+
+
+def test_a_connection_whose_replies_cannot_be_written_is_cut_off_and_the_rest_are_written() -> None:
+    """flush_replies runs inside the engine's loop: a failure there must cost
+    the one connection, never the engine (which would stop the daemon)."""
+    import asyncio
+
+    from eventsched.runtime.server import Server
+
+    class Conn:
+        def __init__(self, broken: bool) -> None:
+            self.broken, self.flushed, self.cut = broken, 0, ""
+
+        def flush(self) -> None:
+            if self.broken:
+                raise RuntimeError("a bug in writing replies")
+            self.flushed += 1
+
+        def cut_off(self, why: str) -> None:
+            self.cut = why
+
+    async def main() -> list[Conn]:
+        server = Server(None, Path("/nonexistent.sock"))  # type: ignore[arg-type]
+        conns = [Conn(False), Conn(True), Conn(False)]
+        for conn in conns:
+            server.flush_soon(conn)  # type: ignore[arg-type]
+        server.flush_replies()  # as the engine calls it after a batch
+        await asyncio.sleep(0.01)  # the fallback call_soon was cancelled: nothing is written twice
+        return conns
+
+    ok, broken, also_ok = asyncio.run(main())
+    assert (ok.flushed, also_ok.flushed) == (1, 1)
+    assert broken.cut == "could not be written its replies"

@@ -456,7 +456,11 @@ class Server:
             self._flush_handle = None
         connections, self._unflushed = self._unflushed, []
         for conn in connections:
-            conn.flush()
+            try:
+                conn.flush()
+            except Exception:  # runs inside the engine's loop: a bug costs this connection, not the engine
+                logger.exception("writing replies failed")
+                conn.cut_off("could not be written its replies")
 
     # --- connection accounting ---------------------------------------------
 
