@@ -259,3 +259,64 @@ def test_the_server_is_told_once_a_batch_is_answered_before_its_launches(tmp_pat
                 await engine.stop()
 
     anyio.run(main)
+
+
+def test_a_commit_waits_a_few_loop_steps_for_the_requesters_of_the_last_batch(tmp_path: Path) -> None:
+    """Group commit: clients that each wait for their acknowledgement come
+    back one after another. While fewer requests wait than the last batch
+    answered, the engine lets the loop run a few more steps (GATHER_STEPS)
+    so that one fdatasync carries them all; a lone client is not kept waiting."""
+    import asyncio
+
+    from eventsched.domain import events as ev
+    from eventsched.domain.messages import Submit
+
+    # no GPU sample during the test: it would count as a request waiting
+    engine = Engine(tmp_path / "state", SchedulerConfig(), FakeBackend(1), sample_interval_s=3600)
+    replies: list[int] = []
+    batches: list[int] = []  # replies given by the end of each batch
+
+    def submit() -> None:
+        spec = ev.JobSpec(command=["true"], uid=0, user="root", cwd="/tmp", gpus=4.0)  # waits: nothing launches
+        engine.submit_nowait(Submit(spec=spec, by="uid:0"), None, lambda result, error: replies.append(1))
+
+    def after_steps(steps: int) -> None:
+        """submit once the loop has run ``steps`` more steps"""
+        loop = asyncio.get_running_loop()
+        if steps == 0:
+            submit()
+        else:
+            loop.call_soon(after_steps, steps - 1)
+
+    async def answered(n: int) -> None:
+        with anyio.fail_after(10):
+            while len(replies) < n:
+                await anyio.sleep(0.01)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            try:
+                await engine.call(Query(lambda state: None))  # past the start-up batch
+                # batches that answered a request (not those of observations alone)
+                engine.on_answered = lambda: batches.append(len(replies)) if len(replies) > sum(batches[-1:]) else None
+                for _ in range(3):
+                    submit()
+                await answered(3)
+                assert batches == [3]
+                # the three come back, the last two 2 and 4 steps after the first: one commit
+                submit(), after_steps(2), after_steps(4)
+                await answered(6)
+                assert batches == [3, 6]
+                # bounded: one that comes back later than GATHER_STEPS is not waited for
+                submit(), after_steps(engine_mod.GATHER_STEPS + 6)
+                await answered(8)
+                assert batches == [3, 6, 7, 8]
+                # the last batch answered one: a lone client takes no extra step
+                submit(), after_steps(5)
+                await answered(10)
+                assert batches == [3, 6, 7, 8, 9, 10]
+            finally:
+                await engine.stop()
+
+    anyio.run(main)
