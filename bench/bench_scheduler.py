@@ -310,6 +310,32 @@ def bench_drain(root: Path, n: int, repeat: int = 1) -> None:
         f"    CPU of the drain (daemon, zygote, supervisors, jobs; daemon start-up included): "
         f"median {statistics.median(cpus):.2f} ms/job = {_median_line(cpu_ratios, '.2f')} x xargs's"
     )
+    note = _no_journal_note(root)
+    if note:
+        print(note)
+
+
+def _no_journal_note(path: Path) -> str:
+    """A warning where ``path`` is on ext4 without a journal (this VM's disk).
+
+    There the kernel gives a new file no inode freed in the last 1-6 minutes:
+    it checks the free ones one by one (recently_deleted, find_get_block_common:
+    16 % of all CPU in a drain run right after an earlier run's 3,000 files were
+    deleted). Each job creates 3 files, xargs none: 2.25-2.82x right after
+    earlier runs, 1.60x after 7 idle minutes (perf, the same tree).
+    """
+    st = os.stat(path)
+    try:
+        device = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+        journal = Path(f"/sys/fs/ext4/{device}/journal_task").read_text().strip()
+    except OSError:  # not ext4, or no sysfs
+        return ""
+    if journal != "<none>":
+        return ""
+    return (
+        f"    note: {path} is on ext4 without a journal ({device}): a file created there within minutes of many "
+        "deletions (an earlier run's) is slower to create, so the drain is slower right after other runs"
+    )
 
 
 def _children_cpu() -> float:

@@ -16,6 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=$(command -v "${PY:-python3}")
 OUT=${OUT:-$(mktemp -d /tmp/gpu-check-out.XXXXXX)}
+mkdir -p "$OUT"
 S=$(mktemp -d /tmp/es-gpu.XXXXXX)
 export EVENTSCHED_STATE_DIR=$S
 es() { "$PY" -m eventsched.cli "$@"; }
