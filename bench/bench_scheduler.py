@@ -179,7 +179,7 @@ def _proc_cpu(pid: int) -> float:
 
 def bench_submissions(root: Path, total: int, repeat: int = 1) -> None:
     for clients, how in ((1, "asyncio"), (8, "asyncio"), (8, "processes")):
-        rates, p50s, p99s, cpus = [], [], [], []
+        rates, p50s, p99s, cpus, client_cpus = [], [], [], [], []
         for r in range(repeat):
             with Daemon(root / f"storm{clients}{how}-{r}", gpus="fake:4") as d:
                 for gpu in range(4):
@@ -189,7 +189,9 @@ def bench_submissions(root: Path, total: int, repeat: int = 1) -> None:
                 if how == "processes":
                     elapsed, lat = _submit_processes(d.socket, clients, total // clients)
                 else:
+                    own0 = time.process_time()
                     elapsed, lat = asyncio.run(_submit_storm(d.socket, clients, total // clients))
+                    client_cpus.append((time.process_time() - own0) / elapsed * 100)
                 cpus.append((_proc_cpu(pid) - cpu0) / len(lat) * 1e6)
                 rates.append(len(lat) / elapsed)
                 p50s.append(pct(lat, 50) * 1e3)
@@ -201,6 +203,9 @@ def bench_submissions(root: Path, total: int, repeat: int = 1) -> None:
             f"p99 {statistics.median(p99s):.2f} ms; daemon CPU {statistics.median(cpus):.0f} us/submission"
             + ("   target >= 15,000/s" if clients == 8 else "")
         )
+        if client_cpus and clients > 1:
+            # one process answers all its connections in turn: with 8 of them, its round trips bound the rate
+            print(f"    the one client process was busy {statistics.median(client_cpus):.0f}% of the time")
         if how == "processes":
             bench_ceiling(root, total, repeat, rates)
     rates, cpus = [], []
