@@ -8,7 +8,7 @@ bench/bench_backlog.py). They are plain, type-checked Python either way:
 - ``EVENTSCHED_PURE=1`` at build time installs them uncompiled;
 - a build that fails (no C compiler, no Python headers) warns and installs
   them uncompiled (``optional``);
-- the supervisor's ``runtime/_spawn.c`` and the history fold's
+- the supervisor's ``runtime/launch/_spawn.c`` and the history fold's
   ``projections/_frames.c`` are built either way (optional too);
 - ``EVENTSCHED_PURE=1`` at run time imports the .py sources even where the
   compiled modules are installed (``eventsched/__init__.py``): for a debugger,
@@ -43,10 +43,10 @@ def _extensions() -> list:
 
 
 def _spawn_helper() -> list:
-    """The supervisor's posix_spawn into a cgroup (runtime/_spawn.c). Optional:
+    """The supervisor's posix_spawn into a cgroup (runtime/launch/_spawn.c). Optional:
     without a C compiler the supervisor forks instead, about 0.7 ms slower
     per job."""
-    return [Extension("eventsched.runtime._spawn", ["eventsched/runtime/_spawn.c"], optional=True)]
+    return [Extension("eventsched.runtime.launch._spawn", ["eventsched/runtime/launch/_spawn.c"], optional=True)]
 
 
 def _frames_helper() -> list:

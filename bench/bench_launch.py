@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.executor import Executor
+from eventsched.runtime.launch.executor import Executor
 
 JOBS = {
     "python -I -S": [sys.executable, "-I", "-S", "-c", "import time; print(repr(time.time()), flush=True)"],

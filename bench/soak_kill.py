@@ -235,7 +235,7 @@ def _running_attempts(state: Path) -> list[tuple[int, dict[str, Any]]]:
         for attempt in job_dir.iterdir():
             if not attempt.name.isdigit():
                 continue  # output.log, N.spec.json
-            try:  # a pid line and no exit line yet (runtime/supervisor.py)
+            try:  # a pid line and no exit line yet (runtime/launch/supervisor.py)
                 records = [json.loads(line) for line in attempt.read_text().splitlines()]
             except (ValueError, OSError):
                 continue

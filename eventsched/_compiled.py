@@ -34,7 +34,7 @@ SOURCES = (
     "eventsched/core/policies.py",
     "eventsched/core/scheduler.py",
     "eventsched/sim/simulator.py",
-    "eventsched/runtime/connection.py",
+    "eventsched/runtime/api/connection.py",
 )
 MODULES = tuple(s.removesuffix(".py").replace("/", ".") for s in SOURCES)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

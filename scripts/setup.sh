@@ -39,7 +39,7 @@ fi
 # that mypyc compiles in place (setup.py). Unchanged since the last install:
 # nothing to do (the compile alone takes about a minute on 2 cores).
 stamp=.venv/.eventsched-install
-want=$(cat pyproject.toml setup.py eventsched/_compiled.py eventsched/runtime/_spawn.c eventsched/projections/_frames.c $(sed -n 's/^    "\(eventsched\/.*\.py\)",$/\1/p' eventsched/_compiled.py) \
+want=$(cat pyproject.toml setup.py eventsched/_compiled.py eventsched/runtime/launch/_spawn.c eventsched/projections/_frames.c $(sed -n 's/^    "\(eventsched\/.*\.py\)",$/\1/p' eventsched/_compiled.py) \
        | sha256sum | cut -d' ' -f1)
 # (a compiled module older than its source, as after a checkout that rewrote
 # the file unchanged, is rebuilt too: the tests refuse to run it)

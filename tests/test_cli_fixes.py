@@ -16,7 +16,7 @@ from eventsched.cli import SESSION_ENV, content_hash, job_exit_status, parse_can
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.projections.cluster import ClusterState
-from eventsched.runtime.server import cancel_plan
+from eventsched.runtime.api.server import cancel_plan
 
 
 @pytest.fixture(scope="module")

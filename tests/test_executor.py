@@ -28,7 +28,7 @@ from eventsched.domain.messages import (
     ProcessLost,
     ProcessStarted,
 )
-from eventsched.runtime.executor import (
+from eventsched.runtime.launch.executor import (
     AlreadyLaunched,
     Executor,
     LaunchError,
@@ -397,7 +397,7 @@ DAEMON = """
 import anyio, json, sys
 from pathlib import Path
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.executor import Executor
+from eventsched.runtime.launch.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))
@@ -617,7 +617,7 @@ async def test_an_answer_whose_pipe_was_dropped_still_reports_the_exit(
     # itself is watched, and its worker's record read once written
     import socket as _socket
 
-    from eventsched.runtime import zygote
+    from eventsched.runtime.launch import zygote
 
     real = _socket.recv_fds
 
@@ -721,7 +721,7 @@ DAEMON_RUNNING = """
 import anyio, json, os, sys
 from pathlib import Path
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.executor import Executor
+from eventsched.runtime.launch.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))

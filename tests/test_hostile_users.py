@@ -40,7 +40,7 @@ from users_harness import (  # noqa: F401
     users,
 )
 
-from eventsched.runtime.connection import Connection
+from eventsched.runtime.api.connection import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "alice-output-secret-7f3a"

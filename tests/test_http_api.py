@@ -33,7 +33,7 @@ from users_harness import (  # noqa: F401
     users,
 )
 
-from eventsched.runtime import http_api
+from eventsched.runtime.api import http_api
 
 JOB_KEYS = {"id", "name", "tenant", "reason", "user", "state", "priority", "gpus", "gpu_ids",
             "submitted_at", "started_at", "ended_at", "exit_code"}

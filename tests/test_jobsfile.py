@@ -27,7 +27,7 @@ from eventsched.domain.jobsfile import (
     parse_jobs_text,
 )
 from eventsched.domain.llm import DEFAULT_LLM_CONFIG, parse_llm_config
-from eventsched.runtime.jobs_follower import Unsafe, open_checked
+from eventsched.runtime.api.jobs_follower import Unsafe, open_checked
 
 SEEDS = Path(__file__).parent / "fixtures" / "seeds"
 

@@ -19,8 +19,8 @@ import pytest
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import Message, ProcessExited, ProcessStarted
-from eventsched.runtime.executor import Executor, _spec_cgroup
-from eventsched.runtime.zygote import INLINE_SPEC_BYTES
+from eventsched.runtime.launch.executor import Executor, _spec_cgroup
+from eventsched.runtime.launch.zygote import INLINE_SPEC_BYTES
 
 pytestmark = pytest.mark.anyio
 

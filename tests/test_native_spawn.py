@@ -1,7 +1,7 @@
 """The supervisor's two ways of starting a job in its cgroup give the job the
 same world and the user the same messages.
 
-``runtime/_spawn.c`` starts a job with clone3 (CLONE_VM | CLONE_VFORK |
+``runtime/launch/_spawn.c`` starts a job with clone3 (CLONE_VM | CLONE_VFORK |
 CLONE_INTO_CGROUP) and no copy of the supervisor's memory; where it is not
 built (or ``EVENTSCHED_SPAWN=fork``), the supervisor forks. Each test runs
 the same jobs both ways through a real executor, zygote and supervisor, and
@@ -25,8 +25,9 @@ import pytest
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import ProcessExited, ProcessStarted
-from eventsched.runtime import cgroups, supervisor
-from eventsched.runtime.executor import Executor, LaunchError
+from eventsched.runtime.launch import cgroups
+from eventsched.runtime.launch import supervisor
+from eventsched.runtime.launch.executor import Executor, LaunchError
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +83,7 @@ async def _both_ways(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: JobS
 def test_the_native_spawner_is_built_by_the_install() -> None:
     supervisor._native_handle.clear()
     try:
-        assert supervisor._native() is not None, "eventsched/runtime/_spawn.c was not built (no C compiler?)"
+        assert supervisor._native() is not None, "eventsched/runtime/launch/_spawn.c was not built (no C compiler?)"
     finally:
         supervisor._native_handle.clear()
 

@@ -22,7 +22,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.tenants import Tenant
 from eventsched.projections.history import History
 from eventsched.projections.metrics import compute_metrics, prometheus_text
-from eventsched.runtime.metrics_http import live_gauges
+from eventsched.runtime.api.metrics_http import live_gauges
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

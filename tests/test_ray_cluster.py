@@ -212,7 +212,7 @@ def test_replay_of_a_csv_on_k_nodes(tmp_path: Path) -> None:
 
 def test_single_machine_use_never_imports_ray() -> None:
     code = ("import sys, eventsched.cli, eventsched.runtime.daemon, eventsched.runtime.engine, "
-            "eventsched.runtime.ray_cluster, eventsched.runtime.ray_node_actor, eventsched.sim.simulator; "
+            "eventsched.runtime.cluster.ray_cluster, eventsched.runtime.cluster.ray_node_actor, eventsched.sim.simulator; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -437,7 +437,7 @@ def test_head_killed_and_restarted_readopts_every_job_on_every_node(tmp_path: Pa
 
 
 def test_a_restarted_node_actor_readopts_its_job(tmp_path: Path, ray_cluster: Any) -> None:
-    from eventsched.runtime.ray_cluster import namespace_for
+    from eventsched.runtime.cluster.ray_cluster import namespace_for
 
     d = _ray_daemon(tmp_path, ray_cluster, "actor")
     try:

@@ -38,8 +38,8 @@ from users_harness import (  # noqa: F401
 from eventsched.domain import rlimits
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import Message, ProcessExited
-from eventsched.runtime import cgroups
-from eventsched.runtime.executor import Executor
+from eventsched.runtime.launch import cgroups
+from eventsched.runtime.launch.executor import Executor
 
 INF = rlimits.INFINITY
 
@@ -307,7 +307,7 @@ ADOPT_DAEMON = """
 import anyio, json, sys
 from pathlib import Path
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.executor import Executor
+from eventsched.runtime.launch.executor import Executor
 
 async def main():
     ex = Executor(Path(sys.argv[1]))
@@ -399,7 +399,7 @@ async def test_executor_applies_umask_and_limits_clamped(tmp_path: Path, use_cgr
 
 @pytest.mark.anyio
 async def test_executor_refuses_malformed_limits_with_a_clear_reason(tmp_path: Path) -> None:
-    from eventsched.runtime.executor import LaunchError
+    from eventsched.runtime.launch.executor import LaunchError
 
     ex = Executor(tmp_path / "state")
     with pytest.raises(LaunchError, match="unknown resource limit 'bogus'"):

@@ -154,7 +154,7 @@ def test_read_model_files_left_loose_by_an_earlier_version_become_private(tmp_pa
 
 
 def test_sql_limits_come_from_the_environment() -> None:
-    from eventsched.runtime.sql_sandbox import SqlLimits
+    from eventsched.runtime.api.sql_sandbox import SqlLimits
 
     limits = SqlLimits.from_env({"EVENTSCHED_SQL_TIMEOUT_S": "2.5", "EVENTSCHED_SQL_PER_USER": "3",
                                  "EVENTSCHED_SQL_MEMORY_MB": "nonsense", "EVENTSCHED_SQL_TOTAL": "-1"})
@@ -241,7 +241,7 @@ def sandboxes() -> dict[int, int]:
             status = Path(f"/proc/{entry}/status").read_text()
         except OSError:
             continue
-        if b"eventsched.runtime.sql_sandbox" in cmdline:
+        if b"eventsched.runtime.api.sql_sandbox" in cmdline:
             uids = next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1:]
             out[int(entry)] = int(uids[0]) if len(set(uids)) == 1 else -1
     return out

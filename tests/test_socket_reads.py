@@ -17,7 +17,7 @@ from daemon_harness import Daemon
 
 from eventsched import _compiled
 from eventsched.domain.events import JobSpec, JobSubmitted
-from eventsched.runtime.connection import READ_CHUNK
+from eventsched.runtime.api.connection import READ_CHUNK
 from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
 from eventsched.wire.client import Client
@@ -33,7 +33,7 @@ def daemon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
                 d.cli("pause-gpu", str(gpu))  # nothing launches: the jobs stay as submitted
             assert d.process is not None
             loaded = "runtime/connection.cpython" in Path(f"/proc/{d.process.pid}/maps").read_text()
-            assert loaded == (request.param == "installed" and "eventsched.runtime.connection" in _compiled.compiled())
+            assert loaded == (request.param == "installed" and "eventsched.runtime.api.connection" in _compiled.compiled())
             yield d
 
 
@@ -115,7 +115,7 @@ def test_a_connection_whose_replies_cannot_be_written_is_cut_off_and_the_rest_ar
     the one connection, never the engine (which would stop the daemon)."""
     import asyncio
 
-    from eventsched.runtime.server import Server
+    from eventsched.runtime.api.server import Server
 
     class Conn:
         def __init__(self, broken: bool) -> None:

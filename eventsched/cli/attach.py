@@ -30,7 +30,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def find_session(job: int) -> str:
     """"tmux" or "screen": the kind of the calling user's live session of
     ``job``; "" if there is none."""
-    from eventsched.runtime.sessions import session_name
+    from eventsched.runtime.launch.sessions import session_name
 
     name = session_name(job)
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL}
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, c: Client) -> int:
 
 
 def _attach(args: argparse.Namespace, c: Client) -> int:
-    from eventsched.runtime.sessions import attach_argv
+    from eventsched.runtime.launch.sessions import attach_argv
     from eventsched.wire import protocol
 
     job = args.job

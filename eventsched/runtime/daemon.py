@@ -113,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {live}")
     try:
         if getattr(args, "ray", None):  # issue 12: --gpus is each node's; the daemon's own node has none
-            from eventsched.runtime import ray_cluster
+            from eventsched.runtime.cluster import ray_cluster
 
             if config.gpus and config.gpus.strip() != "nvml":
                 parse_gpus_option(config.gpus, node=config.scheduler.node)  # a bad value: said now
@@ -130,7 +130,7 @@ def serve(args: argparse.Namespace) -> int:
         return _fail(f"--gpus: {exc}")
     args.http_plan = None
     if getattr(args, "http", None):  # issue 12: checked and bound before the daemon starts
-        from eventsched.runtime.http_api import HttpSetupError, prepare
+        from eventsched.runtime.api.http_api import HttpSetupError, prepare
 
         try:
             args.http_plan = prepare(args.http, allow_remote=getattr(args, "http_allow_remote", False))
@@ -184,7 +184,7 @@ def why_it_stopped(exc: BaseException, state_dir: Path) -> str | None:
 
 async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend: GpuBackend, args: argparse.Namespace) -> None:
     from eventsched.runtime.engine import Engine, Query
-    from eventsched.runtime.server import Server, status
+    from eventsched.runtime.api.server import Server, status
 
     log = logging.getLogger("eventsched.daemon")
     before, after = raise_open_file_limit()
@@ -192,7 +192,7 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
     engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s,
                     tenants=plain_tenants(config) if config.tenants else None)
     if getattr(args, "ray", None):  # issue 12: the nodes of a Ray cluster run the jobs
-        from eventsched.runtime.ray_cluster import RayExecutor, RayGpus, namespace_for
+        from eventsched.runtime.cluster.ray_cluster import RayExecutor, RayGpus, namespace_for
 
         engine.executor = RayExecutor(state_dir, node=config.scheduler.node, gpus=config.gpus or "",
                                       state=lambda: engine.state, namespace=namespace_for(state_dir))
@@ -204,16 +204,16 @@ async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backen
         await tg.start(engine.run)
         await tg.start(server.serve)
         if config.jobs_file:  # I2: the daemon follows a jobs file itself, as its owner
-            from eventsched.runtime.jobs_follower import follow_jobs_file
+            from eventsched.runtime.api.jobs_follower import follow_jobs_file
 
             await tg.start(follow_jobs_file, server, config.jobs_file)
         if args.metrics_port is not None:
-            from eventsched.runtime.metrics_http import serve_metrics
+            from eventsched.runtime.api.metrics_http import serve_metrics
 
             await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())})))
             log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
         if getattr(args, "http_plan", None) is not None:  # issue 12: the JSON API (http_api.py)
-            from eventsched.runtime.http_api import serve_http
+            from eventsched.runtime.api.http_api import serve_http
 
             await tg.start(serve_http, server, args.http_plan)
         log.info(

@@ -52,7 +52,7 @@ from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector, snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.runtime import snapshot_child
-from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import GpuBackend, significant
 from eventsched.storage import log as eventlog
 from eventsched.storage import snapshots

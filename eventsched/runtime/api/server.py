@@ -46,9 +46,10 @@ from eventsched.domain.states import ACTIVE, FINAL, JobState
 from eventsched.domain.visibility import BatchView, redact_events
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.views import gpu_json, job_json
-from eventsched.runtime import script_paths, sessions
+from eventsched.runtime.launch import script_paths
+from eventsched.runtime.launch import sessions
 from eventsched.runtime.config import ConnectionLimits, JobLimits
-from eventsched.runtime.connection import (
+from eventsched.runtime.api.connection import (
     HISTORY_CHUNK_BYTES,
     HISTORY_PER_USER,
     READ_CHUNK,
@@ -56,7 +57,7 @@ from eventsched.runtime.connection import (
     Peer,
 )
 from eventsched.runtime.engine import Answer, Engine, Query
-from eventsched.runtime.tokens import TokenStore
+from eventsched.runtime.api.tokens import TokenStore
 from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
 
@@ -377,7 +378,7 @@ class Server:
 
     def token_store(self) -> TokenStore:
         """The API tokens (issue 12), loaded on first use."""
-        from eventsched.runtime.tokens import TokenStore
+        from eventsched.runtime.api.tokens import TokenStore
 
         store = self.__dict__.get("_token_store")
         if store is None:
@@ -413,7 +414,7 @@ class Server:
         """Answer in a process of its own that runs the query as ``peer``
         (``sql_sandbox``), killed when its client goes away."""
         from eventsched.projections.sql import SqlError
-        from eventsched.runtime.sql_sandbox import SqlRunner, hung_up
+        from eventsched.runtime.api.sql_sandbox import SqlRunner, hung_up
 
         runner = self.__dict__.get("_sql_runner")
         if runner is None:

@@ -27,7 +27,7 @@ from eventsched.domain.messages import (
     GpuInfo,
     Message,
 )
-from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import (
     FakeBackend,
     GpuBackend,

@@ -267,10 +267,10 @@ def main() -> None:
 # --- the daemon's side ----------------------------------------------------------
 
 
-_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
 _CHILD = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from eventsched.runtime.sql_sandbox import main; main()"
+    "from eventsched.runtime.api.sql_sandbox import main; main()"
 )
 
 

@@ -58,7 +58,7 @@ from eventsched.domain.messages import (
 )
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import ClusterState
-from eventsched.runtime.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import GpuSample
 
 __all__ = ["RayExecutor", "RayGpus", "RayUnavailable", "connect", "node_name", "namespace_for"]
@@ -279,7 +279,7 @@ class RayExecutor(Executor):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from eventsched.runtime.ray_node_actor import NodeAgent
+        from eventsched.runtime.cluster.ray_node_actor import NodeAgent
 
         remote = ray.remote(NodeAgent)
         return remote.options(  # type: ignore[attr-defined]

@@ -60,9 +60,9 @@ from eventsched.domain.llm import (
     parse_llm_config,
 )
 from eventsched.projections.cluster import ClusterState
-from eventsched.runtime.connection import Peer
-from eventsched.runtime.executor import DEFAULT_PATH
-from eventsched.runtime.server import Server
+from eventsched.runtime.api.connection import Peer
+from eventsched.runtime.launch.executor import DEFAULT_PATH
+from eventsched.runtime.api.server import Server
 
 __all__ = ["follow_jobs_file", "JobsFileFollower", "Unsafe", "Owner", "open_checked", "INTERVAL_S", "MAX_FILE_BYTES"]
 

@@ -51,7 +51,7 @@ import msgspec
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.text import printable
-from eventsched.runtime.connection import Peer
+from eventsched.runtime.api.connection import Peer
 from eventsched.wire import protocol
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from eventsched.runtime.server import Server
+    from eventsched.runtime.api.server import Server
 
 logger = logging.getLogger("eventsched.http")
 
@@ -379,8 +379,8 @@ def metrics_reader(server: Server) -> Callable[[], Awaitable[str]]:
     """``GET /metrics``: what ``serve --metrics-port`` answers (metrics_http)."""
     from eventsched.core.tenants_report import tenants_report
     from eventsched.runtime.engine import Query
-    from eventsched.runtime.metrics_http import history_text, live_gauges
-    from eventsched.runtime.server import status
+    from eventsched.runtime.api.metrics_http import history_text, live_gauges
+    from eventsched.runtime.api.server import status
 
     engine = server.engine
 

@@ -48,7 +48,7 @@ from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
 
 if TYPE_CHECKING:
-    from eventsched.runtime.server import Server
+    from eventsched.runtime.api.server import Server
 
 logger = logging.getLogger("eventsched.server")
 

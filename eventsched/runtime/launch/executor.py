@@ -70,9 +70,9 @@ from eventsched.domain.messages import (
     ProcessLost,
     ProcessStarted,
 )
-from eventsched.runtime import cgroups as _cg
-from eventsched.runtime import sessions as _sessions
-from eventsched.runtime.zygote import (
+from eventsched.runtime.launch import cgroups as _cg
+from eventsched.runtime.launch import sessions as _sessions
+from eventsched.runtime.launch.zygote import (
     INLINE_SPEC_BYTES,
     SUPERVISOR,
     Zygote,
@@ -205,7 +205,7 @@ def _read_json(path: Path) -> dict | None:
 
 def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     """(pid record, exit record) of an attempt, each None until written: the
-    lines of its file ``jobs/ID/ATTEMPT`` (runtime/supervisor.py). An attempt
+    lines of its file ``jobs/ID/ATTEMPT`` (runtime/launch/supervisor.py). An attempt
     launched by an older version is a directory: its ``record`` file, or its
     ``pid`` and ``exit`` files."""
     try:

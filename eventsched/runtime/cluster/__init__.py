@@ -1,0 +1,1 @@
+"""Several machines: the Ray head side and the per-node actor."""
