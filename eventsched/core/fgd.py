@@ -4,9 +4,8 @@ Pure functions, no I/O. Units are milli-GPU (1000 = one whole GPU).
 
 A node's fragmentation for one task type is the free GPU capacity that a task
 of that type could *not* use there; its expected fragmentation is the
-popularity-weighted sum over a target workload. See
-/work/shared/traces/FGD-EXPERIMENT.md section 4 for the exact definition the
-static experiment (eventsched.static_sim) reproduces.
+popularity-weighted sum over a target workload, as the static experiment
+(sim/static_sim.py, replays/alibaba-fgd/README.md) defines it.
 """
 
 from __future__ import annotations
@@ -139,8 +138,8 @@ def target_workload(
 
     Types are counted, sorted by count (desc; ties: larger cpu, then gpu_milli,
     then num_gpu first), and the shortest prefix covering >= `coverage` of the
-    pods is kept with popularities renormalised to sum to 1 (FGD-EXPERIMENT.md
-    section 4; memory is ignored, gpu_milli is 0 for CPU-only pods).
+    pods is kept with popularities renormalised to sum to 1 (memory is
+    ignored, gpu_milli is 0 for CPU-only pods).
     """
     counts = Counter(
         (c, k if g > 0 else 0, g if k > 0 else 0, tuple(spec)) for c, k, g, spec in shapes

@@ -1,4 +1,4 @@
-"""Declared GPU memory and idle allocations (issue 17): pure findings.
+"""Declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md): pure findings.
 
 The core asks these after each ``GpuSampled`` (only about the jobs on that
 GPU: O(jobs there x their GPUs)), on each timer tick (idle deadlines) and

@@ -1,5 +1,5 @@
 """What ``eventsched tenants`` shows: each tenant's quota, weight, what it
-holds now, its fair share and its recent use (F12), from the state alone."""
+holds now, its fair share and its recent use, from the state alone."""
 
 from __future__ import annotations
 

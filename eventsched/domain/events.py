@@ -1,6 +1,6 @@
 """Every fact eventsched knows, one frozen tagged msgspec Struct each, past tense.
 
-The log (``log.py``) stores these and nothing else; every projection is a fold
+The log (``storage/log.py``) stores these and nothing else; every projection is a fold
 over them.
 
 Schema evolution rules (tested by ``tests/test_events.py`` against the fixture
@@ -33,49 +33,13 @@ import msgspec
 
 from eventsched.domain.tenants import Tenant
 
-__all__ = [
-    "Event",
-    "JobSpec",
-    "DaemonStarted",
-    "DaemonStopped",
-    "GpuDiscovered",
-    "GpuSampled",
-    "GpuErrored",
-    "GpuPaused",
-    "GpuResumed",
-    "PolicyChanged",
-    "JobSubmitted",
-    "JobPlaced",
-    "JobStarted",
-    "JobExited",
-    "JobCancelRequested",
-    "JobCancelled",
-    "JobRequeued",
-    "JobHeld",
-    "JobReleased",
-    "JobLost",
-    "TenantsConfigured",
-    "JobForecast",
-    "GpuProcess",
-    "JobGpuMemoryExceeded",
-    "JobGpuMemoryWithin",
-    "JobIdle",
-    "JobBusy",
-    "NodeJoined",
-    "NodeLeft",
-    "NodeActorRestarted",
-    "ClusterDisconnected",
-    "StrayAttemptKilled",
-    "AnyEvent",
-    "TimerFired",
-    "JobsCommanded",
-    "is_stimulus",
-    "cause_seq",
-    "encode",
-    "decode",
-    "decode_many",
-    "stamp",
-]
+__all__ = ["Event", "JobSpec", "DaemonStarted", "DaemonStopped", "GpuDiscovered", "GpuSampled", "GpuErrored",
+           "GpuPaused", "GpuResumed", "PolicyChanged", "JobSubmitted", "JobPlaced", "JobStarted", "JobExited",
+           "JobCancelRequested", "JobCancelled", "JobRequeued", "JobHeld", "JobReleased", "JobLost",
+           "TenantsConfigured", "JobForecast", "GpuProcess", "JobGpuMemoryExceeded", "JobGpuMemoryWithin",
+           "JobIdle", "JobBusy", "NodeJoined", "NodeLeft", "NodeActorRestarted", "ClusterDisconnected",
+           "StrayAttemptKilled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
+           "decode", "decode_many", "stamp"]
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
@@ -166,7 +130,7 @@ class GpuDiscovered(Event, frozen=True, kw_only=True):
 
 
 class GpuProcess(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A process on a GPU that belongs to no job (issue 17): whose, how much."""
+    """A process on a GPU that belongs to no job: whose, how much."""
 
     pid: int
     used_mib: int
@@ -182,9 +146,9 @@ class GpuSampled(Event, frozen=True, kw_only=True):
     memory_total_mib: int
     temperature_c: float
     power_w: float
-    # memory held by processes that are not eventsched jobs (F2); -1 = unknown
+    # memory held by processes that are not eventsched jobs; -1 = unknown
     foreign_memory_mib: int = -1
-    # --- issue 17: per-process memory (NVML's compute processes, mapped to
+    # --- per-process memory (NVML's compute processes, mapped to
     # jobs by process tree). job -> MiB its processes hold on this GPU (a job
     # with none on it is absent); and the processes that belong to no job
     job_memory_mib: dict[int, int] = {}
@@ -290,7 +254,7 @@ class JobForecast(Event, frozen=True, kw_only=True):
 
 
 class TenantsConfigured(Event, frozen=True, kw_only=True):
-    """The tenants, their quotas and weights from now on (F12): from the
+    """The tenants, their quotas and weights from now on: from the
     config at start-up, or an operator's ``tenant set``."""
 
     tenants: dict[str, Tenant]
@@ -327,8 +291,8 @@ class JobLost(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
-# --- issue 17: declared GPU memory and idle allocations (decisions, whose
-# cause is the GpuSampled or TimerFired that showed it) --------------------
+# --- declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md):
+# decisions, whose cause is the GpuSampled or TimerFired that showed it ---
 
 
 class JobGpuMemoryExceeded(Event, frozen=True, kw_only=True):
@@ -365,7 +329,7 @@ class JobBusy(Event, frozen=True, kw_only=True):
     idle_s: float = 0.0
 
 
-# --- issue 12: the nodes of a Ray cluster (facts from the cluster) ----------
+# --- the nodes of a Ray cluster (docs/multi-node.md), facts from the cluster
 
 
 class NodeJoined(Event, frozen=True, kw_only=True):
@@ -415,39 +379,11 @@ class StrayAttemptKilled(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
-AnyEvent = Union[
-    DaemonStarted,
-    DaemonStopped,
-    GpuDiscovered,
-    GpuSampled,
-    GpuErrored,
-    GpuPaused,
-    GpuResumed,
-    PolicyChanged,
-    TimerFired,
-    JobsCommanded,
-    JobSubmitted,
-    JobPlaced,
-    JobStarted,
-    JobExited,
-    JobCancelRequested,
-    JobCancelled,
-    JobRequeued,
-    JobHeld,
-    JobReleased,
-    JobLost,
-    TenantsConfigured,
-    JobForecast,
-    JobGpuMemoryExceeded,
-    JobGpuMemoryWithin,
-    JobIdle,
-    JobBusy,
-    NodeJoined,
-    NodeLeft,
-    NodeActorRestarted,
-    ClusterDisconnected,
-    StrayAttemptKilled,
-]
+AnyEvent = Union[DaemonStarted, DaemonStopped, GpuDiscovered, GpuSampled, GpuErrored, GpuPaused, GpuResumed,
+                 PolicyChanged, TimerFired, JobsCommanded, JobSubmitted, JobPlaced, JobStarted, JobExited,
+                 JobCancelRequested, JobCancelled, JobRequeued, JobHeld, JobReleased, JobLost, TenantsConfigured,
+                 JobForecast, JobGpuMemoryExceeded, JobGpuMemoryWithin, JobIdle, JobBusy, NodeJoined, NodeLeft,
+                 NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled]
 
 
 def is_stimulus(event: Event) -> bool:

@@ -1,4 +1,4 @@
-"""The frameworks' own cooperative GPU-memory knobs, for a job (issue 17).
+"""The frameworks' own cooperative GPU-memory knobs, for a job.
 
 A job submitted with ``--gpu-mem`` is launched with the fraction of its GPU
 that it asked for in two variables (the user's own values win):

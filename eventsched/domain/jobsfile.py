@@ -1,4 +1,4 @@
-"""The seeds' jobs file (I2): one job per line, read exactly as seeds 000/001 read it.
+"""The jobs file of the schedulers eventsched replaces: one job per line, read as they read it.
 
 ::
 
@@ -49,26 +49,12 @@ from eventsched.domain.llm import LlmConfig, llm_name
 from eventsched.domain.text import has_control
 from eventsched.domain.units import UnitError, parse_gpu_ids
 
-__all__ = [
-    "JobLine",
-    "LineError",
-    "JobsFileError",
-    "CUDA_PLACEHOLDER",
-    "parse_jobs_text",
-    "parse_line",
-    "our_priority",
-    "line_source",
-    "line_command",
-    "line_spec",
-    "ALREADY_SUBMITTED",
-    "already_submitted",
-]
+__all__ = ["JobLine", "LineError", "JobsFileError", "CUDA_PLACEHOLDER", "parse_jobs_text", "parse_line",
+           "our_priority", "line_source", "line_command", "line_spec"]
 
 # `--cuda` as a line's command holds it until launch, when the executor writes
 # the assigned ids over it (rewrite_cuda)
 CUDA_PLACEHOLDER = "auto"
-# the core's refusal of a line it already has: "already submitted as job N"
-ALREADY_SUBMITTED = "already submitted as job "
 _INT = re.compile(r"[+-]?[0-9]+")
 FORMAT = "priority,script_path,conda_env,arguments,allowed_gpus"
 
@@ -102,7 +88,7 @@ def _sha(text: str) -> str:
 def parse_line(text: str, line: int) -> JobLine:
     """One non-blank, non-comment line; ``JobsFileError`` if it is no job."""
     text = text.strip()
-    # undecodable bytes (surrogateescape), or any lone surrogate a caller's str may hold (issue 14: fuzzing)
+    # undecodable bytes (surrogateescape), or any lone surrogate a caller's str may hold
     if any("\ud800" <= c <= "\udfff" for c in text):
         raise JobsFileError("the line is not valid UTF-8")
     if has_control(text):
@@ -195,12 +181,3 @@ def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpe
         conda=line.conda,
         source=line_source(resolved_path, line),
     )
-
-
-def already_submitted(reason: str) -> int | None:
-    """The job id in the core's "already submitted as job N" refusal, or None."""
-    if reason.startswith(ALREADY_SUBMITTED):
-        tail = reason[len(ALREADY_SUBMITTED) :].strip()
-        if tail.isdigit():
-            return int(tail)
-    return None

@@ -1,6 +1,6 @@
-"""LLM-aware sizing (F19): the seeds' ``llm_config.json`` and ``--llm NAME``.
+"""LLM-aware sizing: the older schedulers' ``llm_config.json`` and ``--llm NAME``.
 
-The file, exactly as seeds 000 and 001 wrote it::
+The file, exactly as those schedulers wrote it::
 
     {
         "default_requirement": 1.0,
@@ -23,15 +23,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "LLM_CONFIG_NAME",
-    "LlmConfig",
-    "LlmConfigError",
-    "DEFAULT_LLM_CONFIG",
-    "parse_llm_config",
-    "llm_name",
-    "gpus_for_share",
-]
+__all__ = ["LLM_CONFIG_NAME", "LlmConfig", "LlmConfigError", "DEFAULT_LLM_CONFIG", "parse_llm_config",
+           "llm_name", "gpus_for_share"]
 
 LLM_CONFIG_NAME = "llm_config.json"
 MAX_SHARE = 1024.0  # as many GPUs as one job may ask for (SubmitLimits.max_gpu_ids)

@@ -1,4 +1,4 @@
-"""Where eventsched keeps its state, per SPEC §2.
+"""Where eventsched keeps its state.
 
 The ``*_location`` functions return plain strings so that the CLI's client
 path never imports pathlib (every millisecond of a ``submit`` counts); the
@@ -13,6 +13,9 @@ TYPE_CHECKING = False  # the CLI's fast path imports this module: no typing
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+# the PATH of a job that brings none
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def state_dir_location() -> str:

@@ -1,4 +1,4 @@
-"""A job's umask and resource limits: the submitter's, never more than the daemon's (issue 18).
+"""A job's umask and resource limits: the submitter's, never more than the daemon's.
 
 The client sends its umask and its (soft, hard) limits for ``NAMES`` in the
 JobSpec (``umask``, ``rlimits``; -1 = RLIM_INFINITY, as Python spells it).

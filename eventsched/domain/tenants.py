@@ -1,4 +1,4 @@
-"""Tenants: teams sharing the GPUs, with quotas and a fair-share weight (F12).
+"""Tenants: teams sharing the GPUs, with quotas and a fair-share weight (docs/fair-share.md).
 
 A tenant's quotas are hard ceilings on what its jobs hold *at once*; its
 weight sets its fair share of the GPUs among the tenants that want them.

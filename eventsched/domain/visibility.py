@@ -14,13 +14,7 @@ from collections.abc import Collection
 
 import msgspec
 
-from eventsched.domain.events import (
-    Event,
-    JobSpec,
-    JobSubmitted,
-    decode_many,
-    encode_many,
-)
+from eventsched.domain.events import Event, JobSpec, JobSubmitted, decode_many, encode_many
 
 __all__ = ["SECRET_FIELDS", "may_see_secrets", "redact_spec", "redact_events", "BatchView"]
 

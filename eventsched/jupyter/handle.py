@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eventsched.domain.states import FINAL
-from eventsched.jupyter.widgets import (
-    STATE_COLOURS,
-    render_jobs_html,
-    render_jobs_text,
-)
+from eventsched.jupyter.widgets import STATE_COLOURS, render_jobs_html, render_jobs_text
 from eventsched.wire.client import Client, read_new_output
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]

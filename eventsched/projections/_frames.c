@@ -1,5 +1,5 @@
 /* Columns straight from the log's frames, for the history fold
- * (eventsched/projections/history_fast.py has the Python side and the
+ * (eventsched/projections/history_frames.py has the Python side and the
  * reasons).
  *
  * A Sink walks a frame's msgpack payload (an array of events, each a map
@@ -780,7 +780,7 @@ static PyTypeObject SinkType = {
 };
 
 /* texts(list[str]) -> (offsets, data): an Arrow large_string column's
-   buffers (pyarrow.array would import pandas, 0.3 s, on its first call) */
+   buffers (pyarrow.array would import pandas on its first call) */
 static PyObject *texts(PyObject *mod, PyObject *list) {
     if (!PyList_Check(list)) { PyErr_SetString(PyExc_TypeError, "texts: a list of str"); return NULL; }
     Buf offs = {0}, data = {0};

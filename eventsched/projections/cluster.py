@@ -29,49 +29,19 @@ from eventsched.domain.settings import settings_from_dict
 from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_state
 from eventsched.domain.tenants import Tenant
 from eventsched.domain.units import FULL
-from eventsched.projections.model import (
-    DEFAULT_RUNTIME_S,
-    RECENT_SHAPES,
-    Capacity,
-    Gpu,
-    Job,
-    QueueIndex,
-    RuntimeStats,
-    TenantUsage,
-    fit_summary,
-    free_memory_of,
-    request_of,
-    runtime_key,
-    tenant_of,
-    time_limit_of,
-    usable,
-)
+from eventsched.projections.model import (DEFAULT_RUNTIME_S, RECENT_SHAPES, Capacity, Gpu, Job, QueueIndex,
+                                          RuntimeStats, TenantUsage, fit_summary, free_memory_of, request_of,
+                                          runtime_key, tenant_of, time_limit_of, usable)
 from eventsched.projections.records import NodeInfo, StateSnapshot
 
 # plain module names: an Enum class attribute costs a lookup on every use (hot paths)
 QUEUED = JobState.QUEUED
 RUNNING = JobState.RUNNING
-IDLE_STOPS = ("idle", "idle-requeue")  # issue 17: stops of an idle job for a waiting one
+IDLE_STOPS = ("idle", "idle-requeue")  # stops of an idle job for a waiting one
 
-__all__ = [
-    "IllegalTransition",
-    "Gpu",
-    "Job",
-    "QueueIndex",
-    "Capacity",
-    "usable",
-    "ClusterState",
-    "NodeInfo",
-    "nodes_view",
-    "apply",
-    "request_of",
-    "fit_summary",
-    "FULL",
-    "runtime_key",
-    "snapshot_bytes",
-    "state_from_snapshot",
-    "validate_state",
-]
+__all__ = ["IllegalTransition", "Gpu", "Job", "QueueIndex", "Capacity", "usable", "ClusterState", "NodeInfo",
+           "nodes_view", "apply", "request_of", "fit_summary", "FULL", "runtime_key", "snapshot_bytes",
+           "state_from_snapshot", "validate_state"]
 
 
 
@@ -89,14 +59,14 @@ class ClusterState:
         self.next_order: int = 1
         self.recent_shapes: deque[tuple[int, int]] = deque(maxlen=RECENT_SHAPES)
         self.stats = RuntimeStats()
-        self.tenants: dict[str, Tenant] = {}  # as last configured (F12)
+        self.tenants: dict[str, Tenant] = {}  # as last configured
         # tenant -> what it holds and its recent use (recent use is history:
         # kept in snapshots; what it holds is rebuilt from the running jobs)
         self.usage: dict[str, TenantUsage] = {}
         # job -> its true duration: set only by a replay, for the sjf-oracle
         # reference policy (not a fact: never in a snapshot or the log)
         self.oracle: dict[int, float] = {}
-        # issue 12: the cluster's nodes as their events said (a single
+        # the cluster's nodes as their events said (a single
         # machine has none here: its one node is ``self.node``)
         self.nodes: dict[str, NodeInfo] = {}
         self._derive()
@@ -110,7 +80,7 @@ class ClusterState:
         self._capacity: Capacity | None = None  # built when a policy first asks
         # (node, gpu_mem_mib) -> what check_spec needs; only GPU discovery and loss change it
         self.fit_cache: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self.queue = QueueIndex(self.config.aging_per_hour)
+        self.queue = QueueIndex(self.config.aging_per_hour, self.config.aging_tiers)
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
         self.array_running: dict[int, int] = {}  # capped array id -> its tasks running
         # running jobs by predicted end, (Job.predicted_end, id), sorted: a gang
@@ -126,7 +96,7 @@ class ClusterState:
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
         # array id -> its tasks that have ended: what `queue` folds an array
-        # into, without walking the array's tasks on every listing (issue 16)
+        # into, without walking the array's tasks on every listing
         self.array_ended: collections.Counter[int] = collections.Counter(
             j.spec.array_id for j in self.jobs.values() if j.spec.array_index >= 0 and j.state in FINAL
         )
@@ -135,7 +105,7 @@ class ClusterState:
         # the heap finds the earliest (entries that no longer match are dropped when met)
         self.deadlines: dict[int, float] = {}
         self._due: list[tuple[float, int]] = []
-        # issue 17: running jobs whose GPUs are all quiet -> when they count as
+        # running jobs whose GPUs are all quiet -> when they count as
         # idle (a heap finds the earliest, as for deadlines); running jobs
         # flagged idle and not being stopped; jobs being stopped for being idle
         self.idle_due: dict[int, float] = {}
@@ -255,7 +225,7 @@ class ClusterState:
         return since
 
     def _track_idle(self, job: Job) -> None:
-        """Keep ``idle_due`` and ``idle_jobs`` in step with one job (issue 17)."""
+        """Keep ``idle_due`` and ``idle_jobs`` in step with one job."""
         jid = job.id
         if job.state != RUNNING or job.cancel_reason or self.config.idle_after_s <= 0:
             self.idle_due.pop(jid, None)
@@ -385,7 +355,7 @@ def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     config = settings_from_dict(dict(e.config), node=e.node)
     state.node = e.node
     state.policy = e.policy
-    aging_changed = config.aging_per_hour != state.config.aging_per_hour
+    aging_changed = (config.aging_per_hour, config.aging_tiers) != (state.config.aging_per_hour, state.config.aging_tiers)
     state.config = config
     state._capacity = None  # thresholds may have changed
     for jid in state.running:  # and the default time limit, and what counts as idle
@@ -422,7 +392,7 @@ def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
     gpu.temperature_c = e.temperature_c
     gpu.power_w = e.power_w
     gpu.foreign_memory_mib = e.foreign_memory_mib
-    # issue 17: quiet since when, and who holds what (O(jobs on this GPU))
+    # quiet since when, and who holds what (O(jobs on this GPU))
     if e.utilization <= state.config.idle_utilization_pct:
         if gpu.low_since is None:
             gpu.low_since = e.ts
@@ -546,7 +516,7 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
 
 
 def _predict_end(state: ClusterState, job: Job, start: float) -> None:
-    """Set ``job.predicted_end``: ``start`` plus its predicted runtime (F14),
+    """Set ``job.predicted_end``: ``start`` plus its predicted runtime,
     capped by its time limit; keep ``state.ends`` in step."""
     p = state.stats.predict(runtime_key(job.spec), DEFAULT_RUNTIME_S)
     limit = time_limit_of(job, state.config.default_time_limit_s)
@@ -624,6 +594,8 @@ def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
         job.order = state.next_order  # to the back of the queue
         state.next_order += 1
         job.queued_at = e.ts
+    elif e.reason == "preempted" and state.config.aging_tiers:
+        job.queued_at = e.ts  # it keeps its place, but ages afresh: below the job it gave way to
     job.not_before = e.not_before
     if e.reason == "retry":
         job.retries_used += 1
@@ -656,29 +628,16 @@ def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job.ended_at = e.ts
 
 
-def _job_gpu_memory_exceeded(state: ClusterState, e: ev.JobGpuMemoryExceeded) -> None:
+def _job_gpu_memory(state: ClusterState, e: ev.JobGpuMemoryExceeded | ev.JobGpuMemoryWithin) -> None:
     job = _job(state, e.job)
     next_state(job, e)
-    job.gpu_mem_over = True
+    job.gpu_mem_over = isinstance(e, ev.JobGpuMemoryExceeded)
 
 
-def _job_gpu_memory_within(state: ClusterState, e: ev.JobGpuMemoryWithin) -> None:
+def _job_idle_or_busy(state: ClusterState, e: ev.JobIdle | ev.JobBusy) -> None:
     job = _job(state, e.job)
     next_state(job, e)
-    job.gpu_mem_over = False
-
-
-def _job_idle(state: ClusterState, e: ev.JobIdle) -> None:
-    job = _job(state, e.job)
-    next_state(job, e)
-    job.idle_since = e.since
-    state._track_idle(job)
-
-
-def _job_busy(state: ClusterState, e: ev.JobBusy) -> None:
-    job = _job(state, e.job)
-    next_state(job, e)
-    job.idle_since = None
+    job.idle_since = e.since if isinstance(e, ev.JobIdle) else None
     state._track_idle(job)
 
 
@@ -715,10 +674,10 @@ _HANDLERS: dict[type, Any] = {
     ev.JobReleased: _job_released,
     ev.JobLost: _counting_ended(_job_lost),
     ev.TenantsConfigured: _tenants_configured,
-    ev.JobGpuMemoryExceeded: _job_gpu_memory_exceeded,
-    ev.JobGpuMemoryWithin: _job_gpu_memory_within,
-    ev.JobIdle: _job_idle,
-    ev.JobBusy: _job_busy,
+    ev.JobGpuMemoryExceeded: _job_gpu_memory,
+    ev.JobGpuMemoryWithin: _job_gpu_memory,
+    ev.JobIdle: _job_idle_or_busy,
+    ev.JobBusy: _job_idle_or_busy,
     ev.NodeJoined: _node_joined,
     ev.NodeLeft: _node_left,
     ev.NodeActorRestarted: _node_actor_restarted,
@@ -726,7 +685,7 @@ _HANDLERS: dict[type, Any] = {
 
 
 def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
-    """Issue 12: each node (a cluster's, else the one machine): its name,
+    """Each node (a cluster's, else the one machine): its name,
     ``up`` or ``down``, its GPUs (usable / all), the jobs running on it."""
     names = set(state.nodes) | set(state.node_gpus)
     if not state.nodes:

@@ -1,33 +1,25 @@
-"""The cyclic garbage collector and a big state (issue 16).
+"""The cyclic garbage collector and a big state (figures: docs/measured-choices.md).
 
 A state of 100,000 queued jobs is millions of long-lived objects that make
 almost no reference cycles, yet CPython walks every one of them in each full
-collection. Measured in a daemon with 100,000 queued jobs: full collections
-of 25-680 ms with the loop stopped, freeing 0-5 objects each, about one per
-15,000 submissions, which cost a third of the submission rate. Hence:
+collection, with the loop stopped, to free next to nothing. Hence:
 
 - ``paused()``: bulk work that makes no cycles worth chasing (loading a
   snapshot and the log's tail, a replay, the history fold) runs without the
   collector; what it made goes straight to the oldest generation (else the
-  first young pass after walks all of it: 0.18-0.26 s after loading or
-  replaying 100,000 jobs, only to move it on);
+  first young pass after walks all of it, only to move it on);
 - ``freeze_survivors()``: what is alive after a load moves to the permanent
   generation (``gc.freeze``), which no collection walks again; reference
   counting still frees it. ``freezing_after_full_collections()`` does the same
-  after each full collection, when exactly the objects that survived it are
-  left: each full pass then walks only what was made since the last one, so
-  its pause no longer grows with the backlog.
-
+  after each full collection, so each full pass walks only what was made since
+  the last one: its pause no longer grows with the backlog;
 - ``fewer_young_passes()``: while serving, a young pass comes every 10,000
-  allocations instead of 700. A young pass has a cost beyond the objects it
-  walks that grows with the state: with 100,000 jobs queued, 156 passes per
-  10,000 submissions took 76 ms against 15 ms with an empty queue (in-process,
-  compiled core), a third of the submission rate; 11 larger passes take
-  26 ms against 20 ms. Young garbage waits a little longer to be found.
+  allocations instead of 700, since each pass costs more as the state grows.
+  Young garbage waits a little longer to be found.
 
 The price: a reference cycle among frozen objects that later becomes garbage
-is never collected. The state makes next to none (see above); asyncio's
-transports break theirs when a connection closes.
+is never collected. The state makes next to none; asyncio's transports break
+theirs when a connection closes.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Shape of the model
   while a writer thread inserts the previous chunk and refreshes the derived
   tables for the jobs it touched; DuckDB scans Arrow without the GIL, so the
   two overlap on two cores. Without the extension, frames are decoded first
-  and folded by ``history_fold.fold`` (about half the speed).
+  and folded by ``history_fold.fold`` (slower).
 
 Ownership and concurrency
 -------------------------
@@ -57,15 +57,7 @@ from eventsched.projections.history_fold import ensure_schema, position
 from eventsched.projections.history_frames import fold_frames
 from eventsched.projections.history_schema import SCHEMA_VERSION, TABLES, VIEWS
 
-__all__ = [
-    "History",
-    "HistoryError",
-    "open_history",
-    "rebuild",
-    "SCHEMA_VERSION",
-    "TABLES",
-    "VIEWS",
-]
+__all__ = ["History", "HistoryError", "open_history", "rebuild", "SCHEMA_VERSION", "TABLES", "VIEWS"]
 
 if TYPE_CHECKING:
     from eventsched.storage.log import Frame

@@ -23,16 +23,8 @@ import pyarrow as pa
 
 from eventsched.domain import events as ev
 from eventsched.projections import collector
-from eventsched.projections.history_schema import (
-    _GPUS_SQL,
-    _JOBS_SQL,
-    _PLACEMENTS_SQL,
-    _RAW_DDL,
-    _VIEWS_DDL,
-    SCHEMA_VERSION,
-    TABLES,
-    VIEWS,
-)
+from eventsched.projections.history_schema import (_GPUS_SQL, _JOBS_SQL, _PLACEMENTS_SQL, _RAW_DDL,
+                                                   _VIEWS_DDL, SCHEMA_VERSION, TABLES, VIEWS)
 
 __all__ = ["fold", "fold_chunks", "ensure_schema", "position"]
 
@@ -42,8 +34,6 @@ CHUNK_EVENTS = 100_000
 # Events per transaction: the position is committed with the rows as always,
 # only less often during a long catch-up (see _Writer).
 COMMIT_EVENTS = 1_000_000
-# Overlap column building with DuckDB inserts (see fold).
-PIPELINE = True
 
 # --- turning frames into columns -------------------------------------------
 #
@@ -183,7 +173,7 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
     ev.JobHeld: lambda e: f"by={e.by}",
     ev.JobReleased: lambda e: f"by={e.by}",
     ev.JobLost: lambda e: f"reason={e.reason}",
-    # issue 17: GPU memory against --gpu-mem, allocated but idle
+    # GPU memory against --gpu-mem, allocated but idle
     ev.JobGpuMemoryExceeded: lambda e: (f"node={e.node} gpu={e.gpu} used_mib={e.used_mib} "
                                         f"request_mib={e.request_mib} policy={e.policy}"),
     ev.JobGpuMemoryWithin: lambda e: f"used_mib={e.used_mib}",
@@ -269,12 +259,8 @@ def _build_gpu_event(events: list[Any], rec: None) -> Iterable[tuple[str, Column
     cols["gpu"] = np.fromiter((e.gpu for e in events), dtype=np.int64, count=n)
     cols["type"] = _obj([type(e).__name__ for e in events])
     cols["cause"] = _obj([e.cause for e in events])
-    cols["uuid"] = _obj([getattr(e, "uuid", None) for e in events])
-    cols["model"] = _obj([getattr(e, "model", None) for e in events])
-    cols["memory_total_mib"] = _obj([getattr(e, "memory_total_mib", None) for e in events])
-    cols["by"] = _obj([getattr(e, "by", None) for e in events])
-    cols["error"] = _obj([getattr(e, "error", None) for e in events])
-    cols["lost"] = _obj([getattr(e, "lost", None) for e in events])
+    for name in ("uuid", "model", "memory_total_mib", "by", "error", "lost"):  # None where a type has none
+        cols[name] = _obj([getattr(e, name, None) for e in events])
     yield "gpu_events", cols
 
 
@@ -283,7 +269,7 @@ def _daemon_detail(e: Any) -> str:
         return f"pid={e.pid} version={e.version} policy={e.policy} gpus={e.gpu_backend}"
     if isinstance(e, ev.DaemonStopped):
         return f"reason={e.reason}"
-    if isinstance(e, ev.NodeJoined):  # issue 12
+    if isinstance(e, ev.NodeJoined):
         return f"ray_node={e.ray_node} gpus={e.gpus} backend={e.gpu_backend}"
     if isinstance(e, (ev.NodeLeft, ev.NodeActorRestarted)):
         return f"reason={e.reason}"
@@ -339,14 +325,8 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.GpuSampled: _build_sampled,
     **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced)},
     **{t: _build_gpu_event for t in _GPU_EVENTS},
-    ev.DaemonStarted: _build_daemon,
-    ev.DaemonStopped: _build_daemon,
-    ev.PolicyChanged: _build_daemon,
-    ev.NodeJoined: _build_daemon,  # issue 12
-    ev.NodeLeft: _build_daemon,
-    ev.NodeActorRestarted: _build_daemon,
-    ev.ClusterDisconnected: _build_daemon,
-    ev.StrayAttemptKilled: _build_daemon,
+    **{t: _build_daemon for t in (ev.DaemonStarted, ev.DaemonStopped, ev.PolicyChanged, ev.NodeJoined, ev.NodeLeft,
+                                  ev.NodeActorRestarted, ev.ClusterDisconnected, ev.StrayAttemptKilled)},
     ev.TenantsConfigured: _build_tenants,
     ev.JobForecast: _build_forecasts,
 }
@@ -422,10 +402,9 @@ class _Writer:
 
     ``refresh_each_chunk``: ``jobs`` and ``placements`` are refreshed after
     each chunk instead, for the jobs it touched, while the converting thread
-    makes the next one. That pays where converting is quick (the frame path:
-    at the commit they took 0.45 s per million events that nothing else
-    overlapped) and costs where it is slow (decoded events: the writer has
-    time to spare, and per chunk it does more work). A job spanning chunks is
+    makes the next one. That pays where converting is quick (the frame path: at
+    the commit nothing else overlaps them) and costs where it is slow (decoded
+    events: the writer has time to spare, and per chunk it does more work). A job spanning chunks is
     then recomputed more than once; its rows depend on its own events alone,
     so the last refresh leaves what one at the commit would.
     """
@@ -561,7 +540,7 @@ def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, re
     writer = _Writer(con, refresh_each_chunk)
     pending: Future[None] | None = None
     # The decoded events are acyclic and short-lived: the cyclic GC only
-    # burns time rescanning them (halves decoding time, see bench/).
+    # burns time rescanning them (bench/bench_history.py).
     with collector.paused(), _threads(con, threads), \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
         try:
@@ -570,9 +549,6 @@ def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, re
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(writer.append, prepared)
-                if not PIPELINE:
-                    pending.result()
-                    pending = None
             if pending is not None:
                 pending.result()
                 pending = None

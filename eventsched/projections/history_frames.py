@@ -319,8 +319,8 @@ def _runs(structs: list[tuple[int, ev.Event]]) -> Iterator[tuple[int, list[ev.Ev
 class _Columns:
     """One type's column buffers as Arrow arrays (made once, sliced per run).
 
-    No pyarrow.compute here: its first call costs 0.16 s, a small catch-up's
-    whole time. Strings that combine fields (``detail``) are built in Python,
+    No pyarrow.compute here: its first call costs as much as a small
+    catch-up. Strings that combine fields (``detail``) are built in Python,
     per row, like history_fold's builders do."""
 
     def __init__(self, sink: Any, where: int, fields: dict[str, int]) -> None:
@@ -379,7 +379,7 @@ def _g(values: list[float]) -> list[str]:
     return out
 
 
-# Arrow arrays from buffers, never pyarrow.array: its first call imports pandas (0.3 s).
+# Arrow arrays from buffers, never pyarrow.array: its first call imports pandas.
 
 
 def _from_buffers(arrow_type: pa.DataType, n: int, data: Any, offsets: Any, valid: np.ndarray | None) -> pa.Array:
@@ -510,7 +510,7 @@ _NATIVE: dict[type, Callable[[_Columns, int, int, list[np.ndarray]], Iterable[tu
 
 # Events per chunk: columns cost ~100 bytes an event here (decoded structs
 # ten times that), and fewer, larger chunks mean fewer statements and fewer
-# refreshes of a job spanning chunks (100,000: 0.58 M/s; 250,000: 0.64 M/s).
+# refreshes of a job spanning chunks (docs/measured-choices.md).
 CHUNK_EVENTS = 250_000
 # The first and (when the caller says where the log ends) the last chunk are
 # smaller: the writer thread waits, idle, for the first; the converting
@@ -518,8 +518,7 @@ CHUNK_EVENTS = 250_000
 FIRST_CHUNK_EVENTS = 50_000
 LAST_CHUNK_EVENTS = 50_000
 # DuckDB's threads while folding frames: its inserts of a chunk gain nothing
-# from a second thread, and the converting thread has the other core (one
-# thread: 0.39 s instead of 0.53 s of inserts per million events).
+# from a second thread, and the converting thread has the other core.
 WRITER_THREADS = 1
 
 

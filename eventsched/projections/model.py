@@ -16,17 +16,16 @@ from eventsched.domain.units import FULL
 from eventsched.projections.live import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
-__all__ = [
-    "RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of", "runtime_key",
-    "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of", "free_memory_of", "tenant_of", "shape_of",
-]
+__all__ = ["RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capacity", "fit_summary", "request_of",
+           "runtime_key", "QueueIndex", "RuntimeStats", "TenantUsage", "time_limit_of", "free_memory_of",
+           "tenant_of", "shape_of"]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
 
 
 def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
-    """May this GPU receive a new job? (F7 pause, lost GPUs, F10 thresholds)"""
+    """May this GPU receive a new job? (not paused, not lost, under the health thresholds)"""
     if gpu.paused or gpu.lost:
         return False
     if gpu.sampled_at is None:
@@ -191,11 +190,15 @@ class QueueIndex:
     a 100,000-job queue). A decision never re-sorts.
     """
 
-    def __init__(self, aging_per_hour: float = 0.0) -> None:
-        # a waiting job's score grows by aging_per_hour per hour; between two
-        # waiting jobs the difference does not change with time, so the
-        # static key ``aging x queued_at / 3600 - priority`` orders them for good
+    def __init__(self, aging_per_hour: float = 0.0, tiers: bool = True) -> None:
+        # a waiting job gains a priority tier each time the clock passes a
+        # multiple of 3600 / aging_per_hour seconds: every job gains it at the
+        # same moment, so ``floor(aging x queued_at) - priority`` orders them
+        # for good, and jobs queued between two such moments share a tier
+        # (docs/fair-share.md); without tiers, as logs before them ran, the
+        # key is ``aging x queued_at - priority``
         self.aging = aging_per_hour / 3600.0
+        self.tiers = tiers
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
         self.min_known = -1  # min(milli_counts), kept until a share comes or goes (-1: not known)
         self.shape_of: dict[int, tuple[Any, ...]] = {}
@@ -215,7 +218,13 @@ class QueueIndex:
 
     def key(self, job: Job) -> tuple[float, int, int]:
         """The job's place in priority order: (aged -priority, order, id)."""
-        return (self.aging * job.queued_at - job.spec.priority if self.aging else -job.spec.priority, job.order, job.id)
+        return (self.aged(job.queued_at) - job.spec.priority, job.order, job.id)
+
+    def aged(self, t: float) -> float:
+        """What being queued at ``t`` adds to a key: lower is older."""
+        if not self.aging:
+            return 0.0
+        return float(math.floor(self.aging * t)) if self.tiers else self.aging * t
 
     def _keys(self) -> list[Any]:
         """Every queued job's key (the objects the shapes' queues hold)."""
@@ -233,7 +242,7 @@ class QueueIndex:
 
     def build_orders(self) -> None:
         """Build the priority and submission orders now (if not yet): one
-        sort of the queue, about 0.1 s for 100,000 jobs."""
+        sort of the queue."""
         if not self._orders:
             keys = self._keys()
             self._by_priority = SortedKeys(keys)
@@ -385,7 +394,7 @@ class TenantUsage:
 
 
 class RuntimeStats:
-    """Run times of finished runs, for prediction (F14) without the future.
+    """Run times of finished runs, for runtime prediction without the future.
 
     Kept in integer milliseconds so that sums do not depend on the order the
     runs ended in; part of the snapshot (retried runs leave no other trace)."""
@@ -395,7 +404,7 @@ class RuntimeStats:
         self._runs: SortedKeys[int] = SortedKeys()  # every run's ms, in blocks (see ``sorted``)
         # runs not yet in ``_runs``: sorted in only when the median or the
         # list is asked for, which a replay whose jobs all have a history
-        # never does (each sorted insertion cost ~2 us, cache misses mostly)
+        # never does (sorted insertions are slow: docs/measured-choices.md)
         self._pending: list[int] = []
         # predictions asked since the last run ended (sjf-backfill asks for
         # every running job at every reservation)

@@ -1,4 +1,4 @@
-"""`eventsched sql`: read-only SQL over the history (SPEC D3).
+"""`eventsched sql`: read-only SQL over the history (docs/history-schema.md).
 
 Statements are classified by DuckDB's own parser (``duckdb.extract_statements``),
 not by regexes; only reads are let through, and they run on a read-only
@@ -19,10 +19,8 @@ import duckdb
 
 from eventsched.projections.history import History, HistoryError
 
-__all__ = [
-    "run_sql", "query", "query_typed", "SqlError", "plain_result", "needs_daemon", "check_read_only", "QueryRefused",
-    "format_table", "format_csv", "format_json",
-]
+__all__ = ["run_sql", "query", "query_typed", "SqlError", "plain_result", "needs_daemon", "check_read_only",
+           "QueryRefused", "format_table", "format_csv", "format_json"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -53,80 +53,75 @@ def _exit_words(e: ev.JobExited) -> str:
     return how
 
 
+_KILL = "warning signal, then SIGKILL after the grace"
+
+
+_FACTS: dict[type, Callable[[Any], str]] = {
+    ev.JobSubmitted: lambda e: f"job {e.job} was submitted by {e.spec.user or e.cause}",
+    ev.JobExited: lambda e: f"job {e.job} {_exit_words(e)}",
+    ev.JobLost: lambda e: f"job {e.job} was lost ({e.reason})",
+    ev.JobStarted: lambda e: f"job {e.job} started",
+    ev.JobsCommanded: lambda e: (f"{e.by} asked to {e.command} job{'s' if len(e.jobs) != 1 else ''} "
+                                 + ", ".join(map(str, e.jobs))),
+    ev.TimerFired: lambda e: "a deadline came (a time limit, the end of a retry backoff, or an idle spell's length)",
+    ev.GpuSampled: lambda e: (f"GPU {e.gpu} reported {e.utilization:.0f}% busy, {e.memory_used_mib} MiB used, "
+                              f"{e.temperature_c:.0f} C"),
+    ev.GpuPaused: lambda e: f"GPU {e.gpu} was paused by {e.by}",
+    ev.GpuResumed: lambda e: f"GPU {e.gpu} was resumed by {e.by}",
+    ev.GpuErrored: lambda e: f"GPU {e.gpu} failed ({e.error})",
+    ev.PolicyChanged: lambda e: f"the policy was changed to {e.policy} by {e.by}",
+    ev.DaemonStarted: lambda e: f"the daemon started (policy {e.policy})",
+    ev.DaemonStopped: lambda e: "the daemon stopped",
+}
+
+
 def describe_fact(e: ev.Event) -> str:
     """A stimulus in words, as the cause of something else."""
-    if isinstance(e, ev.JobSubmitted):
-        return f"job {e.job} was submitted by {e.spec.user or e.cause}"
-    if isinstance(e, ev.JobExited):
-        return f"job {e.job} {_exit_words(e)}"
-    if isinstance(e, ev.JobLost):
-        return f"job {e.job} was lost ({e.reason})"
-    if isinstance(e, ev.JobStarted):
-        return f"job {e.job} started"
-    if isinstance(e, ev.JobsCommanded):
-        return f"{e.by} asked to {e.command} job{'s' if len(e.jobs) != 1 else ''} {', '.join(map(str, e.jobs))}"
-    if isinstance(e, ev.TimerFired):
-        return "a deadline came (a time limit, the end of a retry backoff, or an idle spell's length)"
-    if isinstance(e, ev.GpuSampled):
-        return (f"GPU {e.gpu} reported {e.utilization:.0f}% busy, {e.memory_used_mib} MiB used, "
-                f"{e.temperature_c:.0f} C")
-    if isinstance(e, ev.GpuPaused):
-        return f"GPU {e.gpu} was paused by {e.by}"
-    if isinstance(e, ev.GpuResumed):
-        return f"GPU {e.gpu} was resumed by {e.by}"
-    if isinstance(e, ev.GpuErrored):
-        return f"GPU {e.gpu} failed ({e.error})"
-    if isinstance(e, ev.PolicyChanged):
-        return f"the policy was changed to {e.policy} by {e.by}"
-    if isinstance(e, ev.DaemonStarted):
-        return f"the daemon started (policy {e.policy})"
-    if isinstance(e, ev.DaemonStopped):
-        return "the daemon stopped"
-    return f"{type(e).__name__} (seq {e.seq})"
+    words = _FACTS.get(type(e))
+    return words(e) if words is not None else f"{type(e).__name__} (seq {e.seq})"
+
+
+def _cancel_requested(e: ev.JobCancelRequested) -> str:
+    if e.rule == "idle" and e.for_job:
+        how = "cancelled" if e.reason == "idle" else "requeued"
+        return f"idle while job {e.for_job} waits: {_KILL}; {how}"
+    if e.reason == "gpu-memory":
+        return "asked to stop: GPU memory over request"
+    if e.reason == "preempted" and e.for_job:
+        why = {"priority": "a higher priority", "fair-share": "its tenant is under its fair share"}.get(e.rule, e.rule)
+        return f"preempted for job {e.for_job} (rule {e.rule}: {why}); {_KILL}"
+    return f"asked to stop ({e.reason})"
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
+
+
+_WHAT: dict[type, Callable[[Any], str]] = {  # one of the job's own events, in words
+    ev.JobSubmitted: lambda e: (f"submitted by {e.spec.user or e.cause}: {e.spec.gpus:g} GPU"
+                                f"{'s' if e.spec.gpus != 1 else ''}, priority {e.spec.priority}"
+                                + (f", task {e.spec.array_index} of array {e.spec.array_id}" if e.spec.array_index >= 0 else "")),
+    ev.JobPlaced: lambda e: (f"placed on {_gpus(e.gpu_ids)}{'' if e.node in ('', 'local') else ' of ' + e.node}"
+                             f" by {e.policy}"),
+    ev.JobStarted: lambda e: f"started, pid {e.pid}",
+    ev.JobExited: lambda e: _exit_words(e) + (f" -> {e.outcome}" if e.outcome else ""),
+    ev.JobCancelRequested: _cancel_requested,
+    ev.JobCancelled: lambda e: f"cancelled by {e.by}",
+    ev.JobRequeued: lambda e: f"queued again ({e.reason})" + (" after a backoff" if e.not_before else ""),
+    ev.JobHeld: lambda e: f"held by {e.by}",
+    ev.JobReleased: lambda e: f"released by {e.by}",
+    ev.JobLost: lambda e: f"lost ({e.reason})",
+    ev.JobGpuMemoryExceeded: lambda e: (f"GPU memory over request: {e.used_mib} MiB on GPU {e.gpu} > --gpu-mem "
+                                        f"{e.request_mib} MiB" + ("; " + _KILL if e.policy == "stop" else " (warned)")),
+    ev.JobGpuMemoryWithin: lambda e: f"GPU memory back within request ({e.used_mib} MiB)",
+    ev.JobIdle: lambda e: "allocated but idle: its GPUs have been quiet since " + _clock(e.since),
+    ev.JobBusy: lambda e: f"busy again after {e.idle_s:.0f} s idle",
+}
 
 
 def _what(e: ev.Event) -> str:
-    """One of the job's own events, in words."""
-    if isinstance(e, ev.JobSubmitted):
-        s = e.spec
-        task = f", task {s.array_index} of array {s.array_id}" if s.array_index >= 0 else ""
-        return f"submitted by {s.user or e.cause}: {s.gpus:g} GPU{'s' if s.gpus != 1 else ''}, priority {s.priority}{task}"
-    if isinstance(e, ev.JobPlaced):
-        return f"placed on {_gpus(e.gpu_ids)}{'' if e.node in ('', 'local') else ' of ' + e.node} by {e.policy}"
-    if isinstance(e, ev.JobStarted):
-        return f"started, pid {e.pid}"
-    if isinstance(e, ev.JobExited):
-        return f"{_exit_words(e)}" + (f" -> {e.outcome}" if e.outcome else "")
-    if isinstance(e, ev.JobCancelRequested):
-        if e.rule == "idle" and e.for_job:
-            how = "cancelled" if e.reason == "idle" else "requeued"
-            return f"idle while job {e.for_job} waits: warning signal, then SIGKILL after the grace; {how}"
-        if e.reason == "gpu-memory":
-            return "asked to stop: GPU memory over request"
-        if e.reason == "preempted" and e.for_job:
-            why = {"priority": "a higher priority", "fair-share": "its tenant is under its fair share"}.get(e.rule, e.rule)
-            return f"preempted for job {e.for_job} (rule {e.rule}: {why}); warning signal, then SIGKILL after the grace"
-        return f"asked to stop ({e.reason})"
-    if isinstance(e, ev.JobCancelled):
-        return f"cancelled by {e.by}"
-    if isinstance(e, ev.JobRequeued):
-        return f"queued again ({e.reason})" + (" after a backoff" if e.not_before else "")
-    if isinstance(e, ev.JobHeld):
-        return f"held by {e.by}"
-    if isinstance(e, ev.JobReleased):
-        return f"released by {e.by}"
-    if isinstance(e, ev.JobLost):
-        return f"lost ({e.reason})"
-    if isinstance(e, ev.JobGpuMemoryExceeded):  # issue 17
-        then = "; warning signal, then SIGKILL after the grace" if e.policy == "stop" else " (warned)"
-        return f"GPU memory over request: {e.used_mib} MiB on GPU {e.gpu} > --gpu-mem {e.request_mib} MiB{then}"
-    if isinstance(e, ev.JobGpuMemoryWithin):
-        return f"GPU memory back within request ({e.used_mib} MiB)"
-    if isinstance(e, ev.JobIdle):
-        return "allocated but idle: its GPUs have been quiet since " + time.strftime("%H:%M:%S", time.localtime(e.since))
-    if isinstance(e, ev.JobBusy):
-        return f"busy again after {e.idle_s:.0f} s idle"
-    return type(e).__name__
+    words = _WHAT.get(type(e))
+    return words(e) if words is not None else type(e).__name__
 
 
 def _concerns(e: ev.Event, job: int) -> bool:
@@ -172,14 +167,14 @@ def render_explanation(info: dict[str, Any]) -> str:
     forecast = info.get("forecast")
     if forecast is not None:
         at = forecast["estimated_start"]
-        when = f" ({time.strftime('%H:%M:%S', time.localtime(at))})" if at is not None else ""
+        when = f" ({_clock(at)})" if at is not None else ""
         lines.append(f"estimated start: {forecast['text']}{when}, {forecast['assumptions']}")
     elif job.get("exit_reason"):
         lines.append(f"ended: {job['exit_reason']}")
-    if job.get("gpu_mem_over"):  # issue 17
+    if job.get("gpu_mem_over"):
         lines.append(f"GPU memory: over request ({job.get('gpu_mem_peak_mib', 0)} MiB seen > --gpu-mem {job['gpu_mem_mib']} MiB)")
     if job.get("idle"):
-        lines.append("idle: allocated but idle since " + time.strftime("%H:%M:%S", time.localtime(job["idle_since"])))
+        lines.append("idle: allocated but idle since " + _clock(job["idle_since"]))
     lines += ["", "story:"]
     for line in info["story"]:
         ts = line["ts"]

@@ -45,7 +45,7 @@ def job_json(job: Job, waiting: Any = None) -> dict[str, Any]:
         "array_id": s.array_id if s.array_index >= 0 else None,
         "array_index": s.array_index if s.array_index >= 0 else None,
         "array_cap": (s.array_cap or None) if s.array_index >= 0 else None,
-        # issue 17: GPU memory against --gpu-mem (the most seen on one GPU this
+        # GPU memory against --gpu-mem (the most seen on one GPU this
         # run; over it now), and allocated but idle (since when; null: not idle)
         "gpu_mem_peak_mib": job.gpu_mem_peak_mib,
         "gpu_mem_over": job.gpu_mem_over,
@@ -68,7 +68,7 @@ def gpu_json(gpu: Gpu) -> dict[str, Any]:
         "reserved_mib": gpu.reserved_mib,
         "foreign_memory_mib": gpu.foreign_memory_mib,
         "jobs": list(gpu.jobs),
-        # issue 17: the memory each job's processes hold here, and processes of no job
+        # the memory each job's processes hold here, and processes of no job
         "job_memory_mib": {str(j): mib for j, mib in gpu.job_memory_mib.items()},
         "foreign_processes": [{"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib}
                               for p in gpu.foreign_processes],

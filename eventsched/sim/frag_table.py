@@ -2,7 +2,7 @@
 
 The same F_n as ``core.fgd.node_fragmentation``, over many node states at
 once. It lives apart from ``core.fgd`` so that the scheduler's core, which
-the daemon and the replay import, does not load numpy (70 ms at import, and
+the daemon and the replay import, does not load numpy (slow to import, and
 OpenBLAS threads) for math only the static experiment uses.
 """
 

@@ -51,38 +51,15 @@ import msgspec
 
 from eventsched import core
 from eventsched.domain import events as ev
-from eventsched.domain.messages import (
-    Cancel,
-    Hold,
-    Launch,
-    Message,
-    NeverLaunched,
-    ProcessExited,
-    ProcessLost,
-    ProcessStarted,
-    Refused,
-    Release,
-    SchedulerConfig,
-    Signal,
-    Started,
-    Submit,
-    Tick,
-    WakeAt,
-)
+from eventsched.domain.messages import (Cancel, Hold, Launch, Message, NeverLaunched, ProcessExited,
+                                        ProcessLost, ProcessStarted, Refused, Release, SchedulerConfig,
+                                        Signal, Started, Submit, Tick, WakeAt)
 from eventsched.domain.states import FINAL, JobState
 from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState, runtime_key
 from eventsched.sim.result import ReplayResult
-from eventsched.sim.sources import (
-    _END,
-    _REC,
-    _TICK,
-    Attempt,
-    ReplayError,
-    Workload,
-    _started_message,
-)
+from eventsched.sim.sources import _END, _REC, _TICK, Attempt, ReplayError, Workload, _started_message
 from eventsched.storage import log as eventlog
 from eventsched.storage.background import BackgroundAppender
 

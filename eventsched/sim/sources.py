@@ -24,34 +24,16 @@ import msgspec
 from eventsched import __version__
 from eventsched.domain import events as ev
 from eventsched.domain import units
-from eventsched.domain.messages import (
-    Cancel,
-    ClusterLink,
-    GpuFailed,
-    GpuInfo,
-    GpuObserved,
-    Hold,
-    NodeDown,
-    NodeUp,
-    PauseGpu,
-    Release,
-    ResumeGpu,
-    SchedulerConfig,
-    SetPolicy,
-    SetTenants,
-    Started,
-    Stopping,
-    Submit,
-)
+from eventsched.domain.messages import (Cancel, ClusterLink, GpuFailed, GpuInfo, GpuObserved, Hold, NodeDown,
+                                        NodeUp, PauseGpu, Release, ResumeGpu, SchedulerConfig, SetPolicy,
+                                        SetTenants, Started, Stopping, Submit)
 from eventsched.domain.settings import settings_from_dict
 from eventsched.projections import collector
 from eventsched.projections.cluster import runtime_key
 from eventsched.storage import log as eventlog
 
-__all__ = [
-    "ReplayError", "Attempt", "Workload", "load_source", "log_workload", "trace_workload", "csv_workload",
-    "alibaba_workload", "parse_fake_gpus",
-]
+__all__ = ["ReplayError", "Attempt", "Workload", "load_source", "log_workload", "trace_workload", "csv_workload",
+           "alibaba_workload", "parse_fake_gpus"]
 
 # ordering classes at equal times: recorded inputs (by seq) first, then
 # simulated process ends, then arrivals of a trace, then the clock
@@ -121,7 +103,7 @@ def _log_dir_of(path: Path) -> Path | None:
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
     # A workload is a few objects per job that make no cycles: young
-    # collections would walk them again and again (100,000 jobs: 1.4 -> 0.5 s).
+    # collections would walk them again and again.
     with collector.paused():
         return _load(source, gpus=gpus, seed=seed, nodes=nodes)
 
@@ -250,7 +232,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         if stimulus:
             flush_start()  # the DaemonStarted's own decisions are over
             flush_node()
-        if isinstance(e, (ev.NodeJoined, ev.NodeActorRestarted)):  # issue 12: its GPUs follow
+        if isinstance(e, (ev.NodeJoined, ev.NodeActorRestarted)):  # its GPUs follow
             node_up = (t, seq, e, [])
         elif isinstance(e, ev.NodeLeft):
             stimuli.append((t, _REC, float(seq), NodeDown(node=e.node, reason=e.reason)))
@@ -406,8 +388,8 @@ def _trace_submit(spec: ev.JobSpec) -> Submit:
 
 
 def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int = 1) -> Workload:
-    """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each (issue 12:
-    ``replay --nodes K``; one machine is ``local``, several ``node-0``...)."""
+    """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each
+    (``replay --nodes K``; one machine is ``local``, several ``node-0``...)."""
     from eventsched.sim.traces import load_csv
 
     if nodes < 1:
@@ -440,7 +422,7 @@ def alibaba_workload(
     """The openb pods as a dynamic workload on the openb GPU nodes.
 
     The trace's time columns are not a schedule (censored, a snapshot of pods
-    alive at the end; see traces/README.md), so this model is synthetic:
+    alive at the end, as the trace's README says), so this model is synthetic:
 
     - the cluster is a seeded sample of ``node_share`` (1/16) of the nodes,
       the same share of every node shape: the whole pod list fits the whole

@@ -23,7 +23,7 @@ e.g. ``jobs.csv:7: duration must be > 0, got '-3'``.
 Alibaba openb trace
 -------------------
 ``load_alibaba(pod_csv, node_csv)`` reads ``openb_pod_list_*.csv`` and
-``openb_node_list_*.csv`` (see /work/shared/traces/README.md for columns and
+``openb_node_list_*.csv`` (the trace's README gives the columns and the
 caveats: the time columns are censored and are not a replayable schedule).
 """
 
@@ -37,17 +37,8 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = [
-    "TraceError",
-    "AlibabaPod",
-    "AlibabaNode",
-    "TraceJob",
-    "load_alibaba",
-    "load_alibaba_pods",
-    "load_alibaba_nodes",
-    "load_csv",
-    "alibaba_jobs",
-]
+__all__ = ["TraceError", "AlibabaPod", "AlibabaNode", "TraceJob", "load_alibaba", "load_alibaba_pods",
+           "load_alibaba_nodes", "load_csv", "alibaba_jobs"]
 
 
 class TraceError(ValueError):

@@ -6,6 +6,7 @@ damaged, missing or busy log (those are what these tools are for).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import os
@@ -155,10 +156,8 @@ def dump(directory: str | os.PathLike[str], json: bool = False, from_seq: int = 
         stream.flush()
     except BrokenPipeError:
         # `dump | head`: the reader left; not an error. Keep Python's exit-time flush quiet.
-        try:
+        with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
         return 0
     except L.LogError as e:
         stream.flush()

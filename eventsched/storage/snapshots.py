@@ -11,6 +11,7 @@ Snapshots hold every job's environment: the directory is 0700 and the files
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -78,10 +79,8 @@ def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes, *, ops:
 
 
 def _unlink(ops: FileOps, path: Path) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         ops.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def prune(directory: str | os.PathLike[str], keep: int = KEEP, *, ops: FileOps = PLAIN) -> None:
