@@ -2,15 +2,16 @@
 
 Modelled on h11's ``_state.py``: every legal move is an entry keyed by
 ``(state, event type)``; a pair that is not in the table is illegal, and
-``next_state`` raises ``IllegalTransition`` before anything changes. The
-projection folds with it, the core checks commands against it before it
-emits anything, and the one rule that is not a plain lookup — what state
-follows an exit — is ``exit_outcome``, used by the projection, the read model
-and the notebook panel alike.
+``move`` raises ``IllegalTransition`` before anything changes. Every fold of a
+job's state reads it: the allocation projection (which the core checks
+commands against), the notebook panel, the what-if metrics, and the read
+model, whose SQL is generated from it (``projections/history_schema.py``).
+The one rule that is not a plain lookup, the state that follows an exit, is
+``exit_outcome``; it too is data (``STOP_OUTCOMES``), so SQL can follow it.
 
 ``JobState`` is a ``StrEnum``: a state compares equal to its name
 (``JobState.QUEUED == "queued"``), which is how it appears in JSON, SQL and
-the log.
+the log, so a plain string looks a state up in the table as well.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from typing import Any
 from eventsched.domain import events as ev
 
 __all__ = [
-    "JobState", "FINAL", "ACTIVE", "WAITING", "TRANSITIONS", "IllegalTransition", "next_state", "exit_outcome",
-    "can", "STOP_REASONS", "GPU_MEMORY_OVER", "WARNED_STOPS",
+    "JobState", "FINAL", "ACTIVE", "WAITING", "DONE_FOR_GOOD", "BLOCKS_DUPLICATES", "SUMMARY_ORDER", "TRANSITIONS",
+    "IllegalTransition", "move", "next_state", "can", "exit_outcome", "STOP_OUTCOMES", "GPU_MEMORY_OVER", "WARNED_STOPS",
 ]
 
 
@@ -41,15 +42,22 @@ class JobState(StrEnum):
 Q, H, R = JobState.QUEUED, JobState.HELD, JobState.RUNNING
 S, F, C, P, L = JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST
 
-FINAL = frozenset({S, F, C, L})  # nothing happens to the job any more
+FINAL = frozenset({S, F, C, L})  # ended: counted as done, with an end time
 WAITING = frozenset({Q, H})  # not running, may still run
 ACTIVE = frozenset({Q, H, R})  # what `queue` shows without --all
+DONE_FOR_GOOD = frozenset({S, F, C})  # ended with an exit code; a lost job may yet come back
+# a resubmission of the same content is refused while its twin is in one of
+# these: it may still run, or it already succeeded
+BLOCKS_DUPLICATES = frozenset({Q, H, R, P, S})
+SUMMARY_ORDER = (R, Q, H, P, S, F, C, L)  # how a summary of many jobs lists their states
 
-# why a running job was asked to stop (JobCancelRequested.reason); issue 17:
-# "gpu-memory" (over its --gpu-mem under gpu_mem_policy "stop": ends failed),
-# "idle" (idle_policy "stop": ends cancelled), "idle-requeue" (idle_policy
-# "requeue": ends preempted, then queued again)
-STOP_REASONS = ("cancelled", "time-limit", "preempted", "gpu-memory", "idle", "idle-requeue")
+# why a running job was asked to stop (JobCancelRequested.reason) -> the state
+# its exit ends in, whatever its exit code. "gpu-memory": over its --gpu-mem
+# under gpu_mem_policy "stop"; "idle": idle_policy "stop"; "idle-requeue":
+# idle_policy "requeue" (preempted, then queued again)
+STOP_OUTCOMES: dict[str, JobState] = {
+    "cancelled": C, "time-limit": F, "preempted": P, "gpu-memory": F, "idle": C, "idle-requeue": P,
+}
 # the stops that warn first: the job's --signal (else SIGTERM), SIGKILL after its grace
 WARNED_STOPS = frozenset({"preempted", "gpu-memory", "idle", "idle-requeue"})
 GPU_MEMORY_OVER = "GPU memory over request"  # JobExited.reason of a job stopped for it
@@ -62,30 +70,25 @@ class IllegalTransition(ValueError):
 def exit_outcome(stop_reason: str, exit_code: int | None, reason: str = "") -> JobState:
     """The state a running job ends in when its process exits.
 
-    ``stop_reason`` is why it was asked to stop, if it was (``cancelled``,
-    ``time-limit``, ``preempted``, or ""); ``reason`` what the exit report
-    says. A job asked to stop ends as the stop says, whatever its exit code.
+    ``stop_reason`` is why it was asked to stop, if it was (a key of
+    ``STOP_OUTCOMES``, or ""); ``reason`` what the exit report says.
     """
-    if stop_reason in ("cancelled", "idle") or reason == "cancelled":
+    if reason == C:  # the executor cancelled it, whatever it had been asked
         return C
-    if stop_reason in ("preempted", "idle-requeue"):
-        return P
-    if stop_reason in ("time-limit", "gpu-memory"):
-        return F
-    return S if exit_code == 0 else F
+    return STOP_OUTCOMES.get(stop_reason) or (S if exit_code == 0 else F)
 
 
 _BY_NAME = {state.value: state for state in JobState}  # a dict lookup: JobState(name) costs ten times more
 
 
-def _on_exit(job: Any, event: Any) -> JobState:
-    recorded = event.outcome
-    return _BY_NAME[recorded] if recorded else exit_outcome(job.cancel_reason, event.exit_code, event.reason)
+def _on_exit(stop_reason: str, event: Any) -> JobState:
+    recorded = event.outcome  # the core records the outcome; older logs fall back to the rule
+    return _BY_NAME[recorded] if recorded else exit_outcome(stop_reason, event.exit_code, event.reason)
 
 
-# (state, event type) -> the next state, or a rule computing it from (job, event)
-Target = JobState | Callable[[Any, Any], JobState]
-TRANSITIONS: dict[tuple[JobState, type[ev.Event]], Target] = {
+# (state, event type) -> the next state, or a rule computing it from (stop reason, event)
+Target = JobState | Callable[[str, Any], JobState]
+TRANSITIONS: dict[tuple[str, type[ev.Event]], Target] = {
     (Q, ev.JobPlaced): R,
     (Q, ev.JobHeld): H,
     (Q, ev.JobCancelled): C,
@@ -95,26 +98,33 @@ TRANSITIONS: dict[tuple[JobState, type[ev.Event]], Target] = {
     (R, ev.JobCancelRequested): R,
     (R, ev.JobExited): _on_exit,
     (R, ev.JobLost): L,
-    # issue 17: findings about a running job, which stays running
+    # findings about a running job (GPU memory against its request, idle or busy): it stays running
     (R, ev.JobGpuMemoryExceeded): R,
     (R, ev.JobGpuMemoryWithin): R,
     (R, ev.JobIdle): R,
     (R, ev.JobBusy): R,
-    (F, ev.JobRequeued): Q,  # a retry (F17), a time-limit requeue (F9), a never-launched attempt
-    (P, ev.JobRequeued): Q,  # preemption (F13)
-    (L, ev.JobRequeued): Q,  # issue 12: lost with its node, retried by its retry policy
+    (F, ev.JobRequeued): Q,  # a retry, a time-limit requeue, an attempt that never launched
+    (P, ev.JobRequeued): Q,  # after a preemption
+    (L, ev.JobRequeued): Q,  # lost with its node, retried by its retry policy
     (P, ev.JobCancelled): C,
 }
 
 
-def next_state(job: Any, event: ev.Event) -> JobState:
-    """The state ``event`` moves ``job`` to; ``IllegalTransition`` if none."""
-    target = TRANSITIONS.get((job.state, type(event)))
+def move(state: str, event: ev.Event, stop_reason: str = "") -> JobState:
+    """The state ``event`` moves a job in ``state`` to; ``IllegalTransition``
+    if none. ``stop_reason``: why the job was asked to stop, if it was."""
+    target = TRANSITIONS.get((state, type(event)))
     if target is None:
-        raise IllegalTransition(f"job {job.id}: {type(event).__name__} is not allowed while {job.state}")
-    return target if isinstance(target, JobState) else target(job, event)
+        job = getattr(event, "job", "?")
+        raise IllegalTransition(f"job {job}: {type(event).__name__} is not allowed while {state}")
+    return target if isinstance(target, JobState) else target(stop_reason, event)
+
+
+def next_state(job: Any, event: ev.Event) -> JobState:
+    """``move`` for a job of the allocation projection."""
+    return move(job.state, event, job.cancel_reason)
 
 
 def can(state: str, event_type: type[ev.Event]) -> bool:
     """Whether an event of ``event_type`` is legal for a job in ``state``."""
-    return (JobState(state), event_type) in TRANSITIONS
+    return (state, event_type) in TRANSITIONS

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eventsched.domain import events as ev
-from eventsched.domain.states import FINAL, WAITING, JobState, exit_outcome
+from eventsched.domain.states import ACTIVE, FINAL, TRANSITIONS, WAITING, IllegalTransition, JobState, move
 
 __all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text",
            "render_history_html", "history_via_socket"]
 
-ACTIVE_STATES = (JobState.RUNNING, JobState.QUEUED, JobState.HELD)
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
 TAIL_LINES = 20
 THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
@@ -102,7 +101,7 @@ class PanelModel:
         return sorted(waiting, key=lambda j: (j["state"] != JobState.QUEUED, -j.get("priority", 0), j["id"]))
 
     def finished(self) -> list[dict[str, Any]]:
-        done = [j for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
+        done = [j for j in self.jobs.values() if j["state"] not in ACTIVE]
         return sorted(done, key=lambda j: -j["id"])[:RECENT_FINISHED]
 
     def fold(self, events: list[ev.Event]) -> None:
@@ -130,7 +129,7 @@ class PanelModel:
             gpu["jobs"] = on_gpu[key]
 
     def _forget_old(self) -> None:
-        done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE_STATES]
+        done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE]
         for job_id in sorted(done)[:-RECENT_FINISHED] if len(done) > RECENT_FINISHED else []:
             del self.jobs[job_id]
 
@@ -187,80 +186,39 @@ def _on_job_submitted(m: PanelModel, e: ev.JobSubmitted) -> None:
     }
 
 
-def _job(m: PanelModel, job: int) -> dict[str, Any] | None:
-    return m.jobs.get(job)  # a job from before the snapshot that already ended
+# what each job event changes besides the state, once the table has allowed it
+_JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
+    ev.JobPlaced: lambda j, e: j.update(
+        node=e.node, gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts, ended_at=None, exit_code=None,
+        cancel_reason="", gpu_mem_over=False, idle_since=None),
+    ev.JobStarted: lambda j, e: j.update(pid=e.pid, started_at=e.ts, **({"log_path": e.log_path} if e.log_path else {})),
+    ev.JobExited: lambda j, e: j.update(exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[]),
+    ev.JobCancelRequested: lambda j, e: j.update(cancel_reason=e.reason),
+    ev.JobCancelled: lambda j, e: j.update(ended_at=e.ts, gpu_ids=[]),
+    ev.JobRequeued: lambda j, e: j.update(gpu_ids=[], ended_at=None),
+    ev.JobLost: lambda j, e: j.update(ended_at=e.ts, gpu_ids=[]),
+    # over its --gpu-mem or back within it; allocated but idle since when (None: busy)
+    ev.JobGpuMemoryExceeded: lambda j, e: j.update(gpu_mem_over=True, gpu_mem_used_mib=e.used_mib),
+    ev.JobGpuMemoryWithin: lambda j, e: j.update(gpu_mem_over=False, gpu_mem_used_mib=e.used_mib),
+    ev.JobIdle: lambda j, e: j.update(idle_since=e.since),
+    ev.JobBusy: lambda j, e: j.update(idle_since=None),
+}
 
 
-def _on_job_placed(m: PanelModel, e: ev.JobPlaced) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j.update(state="running", node=e.node, gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts,
-                 ended_at=None, exit_code=None, cancel_reason="", gpu_mem_over=False, idle_since=None)
-
-
-def _on_job_started(m: PanelModel, e: ev.JobStarted) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j.update(pid=e.pid, started_at=e.ts)
-        if e.log_path:
-            j["log_path"] = e.log_path
-
-
-def _on_job_exited(m: PanelModel, e: ev.JobExited) -> None:
-    j = _job(m, e.job)
+def _on_job_event(m: PanelModel, e: Any) -> None:
+    """Move the job by the one table; an event that does not fit its state is
+    ignored, as the projection refuses it (and a job from before the snapshot
+    that already ended is not shown)."""
+    j = m.jobs.get(e.job)
     if j is None:
         return
-    state = e.outcome or exit_outcome(j.get("cancel_reason", ""), e.exit_code, e.reason)
-    j.update(state=str(state), exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[])
-
-
-def _on_job_cancel_requested(m: PanelModel, e: ev.JobCancelRequested) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j["cancel_reason"] = e.reason
-
-
-def _on_job_cancelled(m: PanelModel, e: ev.JobCancelled) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j.update(state="cancelled", ended_at=e.ts, gpu_ids=[])
-
-
-def _on_job_requeued(m: PanelModel, e: ev.JobRequeued) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j.update(state="queued", gpu_ids=[], ended_at=None)
-
-
-def _on_job_held(m: PanelModel, e: ev.JobHeld) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j["state"] = "held"
-
-
-def _on_job_released(m: PanelModel, e: ev.JobReleased) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j["state"] = "queued"
-
-
-def _on_job_lost(m: PanelModel, e: ev.JobLost) -> None:
-    j = _job(m, e.job)
-    if j is not None:
-        j.update(state="lost", ended_at=e.ts, gpu_ids=[])
-
-
-def _on_job_gpu_memory(m: PanelModel, e: ev.JobGpuMemoryExceeded | ev.JobGpuMemoryWithin) -> None:
-    j = _job(m, e.job)  # issue 17: over its --gpu-mem, or back within it
-    if j is not None:
-        j["gpu_mem_over"] = isinstance(e, ev.JobGpuMemoryExceeded)
-        j["gpu_mem_used_mib"] = e.used_mib
-
-
-def _on_job_idle(m: PanelModel, e: ev.JobIdle | ev.JobBusy) -> None:
-    j = _job(m, e.job)  # issue 17: allocated but idle since when (None: busy)
-    if j is not None:
-        j["idle_since"] = e.since if isinstance(e, ev.JobIdle) else None
+    try:
+        j["state"] = str(move(j["state"], e, j.get("cancel_reason", "")))
+    except IllegalTransition:
+        return
+    details = _JOB_DETAILS.get(type(e))
+    if details is not None:
+        details(j, e)
 
 
 _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
@@ -272,19 +230,7 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.GpuResumed: _on_gpu_resumed,
     ev.PolicyChanged: _on_policy_changed,
     ev.JobSubmitted: _on_job_submitted,
-    ev.JobPlaced: _on_job_placed,
-    ev.JobStarted: _on_job_started,
-    ev.JobExited: _on_job_exited,
-    ev.JobCancelRequested: _on_job_cancel_requested,
-    ev.JobCancelled: _on_job_cancelled,
-    ev.JobRequeued: _on_job_requeued,
-    ev.JobHeld: _on_job_held,
-    ev.JobReleased: _on_job_released,
-    ev.JobLost: _on_job_lost,
-    ev.JobGpuMemoryExceeded: _on_job_gpu_memory,
-    ev.JobGpuMemoryWithin: _on_job_gpu_memory,
-    ev.JobIdle: _on_job_idle,
-    ev.JobBusy: _on_job_idle,
+    **{event_type: _on_job_event for _, event_type in TRANSITIONS},
 }
 
 
@@ -308,7 +254,7 @@ def _elapsed(job: dict[str, Any], now: float) -> str:
 def gpu_line(gpu: dict[str, Any]) -> str:
     flags = " PAUSED" if gpu.get("paused") else ""
     flags += " LOST" if gpu.get("lost") else ""
-    # issue 17: memory held by processes of no job, and whose
+    # memory held by processes of no job, and whose
     flags += "".join(f" · {p['user']} (pid {p['pid']}) holds {p['used_mib']} MiB"
                      for p in gpu.get("foreign_processes") or ())
     return (
@@ -322,7 +268,7 @@ JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT", "NOTE"]
 
 
 def job_note(job: dict[str, Any], now: float) -> str:
-    """Issue 17, for a running job: over its GPU memory request, idle for how long."""
+    """For a running job: over its GPU memory request, idle for how long."""
     from eventsched.cli import human_duration
 
     if job.get("state") != "running":
@@ -402,7 +348,7 @@ def _gpu_row_html(label: str, g: dict[str, Any]) -> str:
             f"<td>{html.escape(gpu_line(g))}</td></tr>")
 
 
-# --- history at a glance (issue 17): SVG of ``cli.status_history``'s data ----------
+# --- history at a glance: SVG of ``cli.status_history``'s data ----------
 
 HISTORY_WINDOW_S = 3600.0  # the panel's charts cover the last hour
 HISTORY_REFRESH_S = 15.0  # re-read at most this often, and soon after a job ends

@@ -8,16 +8,47 @@ whenever any of it changes: the read model is then rebuilt from the log.
 
 from __future__ import annotations
 
-from eventsched.domain.states import FINAL
+from collections.abc import Iterable
+
+from eventsched.domain.states import DONE_FOR_GOOD, FINAL, STOP_OUTCOMES, TRANSITIONS, WAITING, JobState
 
 # 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
 # 4: tenants (tenant_configs, tenant_quotas, tenant_usage, preemptions)
 # 5: start forecasts (forecasts, forecast_errors)
-# 6: issue 17's job events in job_events; idle_spans, idle_gpu_hours, gpu_memory_overruns
-# 7: issue 12: a cluster's node events in daemon_events; node_events, gpu_hours_by_node
-SCHEMA_VERSION = 7
+# 6: GPU memory and idle findings in job_events; idle_spans, idle_gpu_hours, gpu_memory_overruns
+# 7: a cluster's node events in daemon_events; node_events, gpu_hours_by_node
+# 8: job states generated from the transition table (illegal moves ignored, every exit rule)
+SCHEMA_VERSION = 8
 
-FINAL_STATES = tuple(sorted(FINAL))  # for SQL text
+
+def _sql_set(items: Iterable[str]) -> str:
+    return "(" + ", ".join(f"'{s}'" for s in sorted(items)) + ")"
+
+
+def _state_sql() -> tuple[str, str]:
+    """``states.TRANSITIONS`` as SQL: (the state each job event moves to, the
+    legal ``state:type`` pairs). Each event type that changes a state leads to
+    one state (an exit: to one rule), so the state before an event is the last
+    target before it; events that keep the state as it is yield none."""
+    c, s, f = JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED
+    stops = "".join(f" WHEN stop = '{why}' THEN '{to}'" for why, to in STOP_OUTCOMES.items())
+    # the core records the state an exit ends in; older logs fall back to exit_outcome's rule
+    exited = (f"coalesce(nullif(outcome, ''), CASE WHEN reason = '{c}' THEN '{c}'{stops} "
+              f"WHEN exit_code = 0 THEN '{s}' ELSE '{f}' END)")
+    to = {"JobSubmitted": f"'{JobState.QUEUED}'"}  # a submission creates the job, queued
+    legal = [":JobSubmitted"]
+    for (state, event_type), target in TRANSITIONS.items():
+        if target != state:
+            sql = f"'{target}'" if isinstance(target, JobState) else exited
+            if to.setdefault(event_type.__name__, sql) != sql:
+                raise ValueError(f"{event_type.__name__} leads to several states: the read model cannot follow it")
+            legal.append(f"{state}:{event_type.__name__}")
+    return "CASE type " + " ".join(f"WHEN '{n}' THEN {sql}" for n, sql in to.items()) + " END", _sql_set(legal)
+
+
+_TO_STATE, _LEGAL = _state_sql()
+_FINAL, _WAITING, _EXITED = _sql_set(FINAL), _sql_set(WAITING), _sql_set(DONE_FOR_GOOD)
+_EXIT_OUTCOMES = _sql_set(set(STOP_OUTCOMES.values()) | {JobState.SUCCEEDED, JobState.FAILED})
 
 
 # --- schema ---------------------------------------------------------------
@@ -62,7 +93,7 @@ CREATE TABLE IF NOT EXISTS gpus (
     discovered_at DOUBLE, paused BOOLEAN, lost BOOLEAN, last_error VARCHAR);
 """
 
-_VIEWS_DDL = """
+_VIEWS_DDL = f"""
 CREATE OR REPLACE VIEW job_times AS
 SELECT id, name, "user", tenant, gpus, state, submitted_at, started_at, ended_at,
        wait_s, run_s, turnaround_s, attempts
@@ -129,7 +160,7 @@ WITH t AS (
 h AS (SELECT tenant, sum(gpu_hours) AS gpu_hours, sum(CASE WHEN open THEN share ELSE 0 END) AS gpus_now
       FROM placement_spans GROUP BY tenant),
 j AS (SELECT tenant, count(*) AS jobs, avg(wait_s) AS mean_wait_s,
-             count(*) FILTER (WHERE state IN ('queued', 'held')) AS waiting,
+             count(*) FILTER (WHERE state IN {_WAITING}) AS waiting,
              count(*) FILTER (WHERE state = 'running') AS running
       FROM jobs GROUP BY tenant),
 p AS (SELECT j.tenant, count(*) AS preemptions FROM preemptions x JOIN jobs j ON j.id = x.victim GROUP BY j.tenant)
@@ -150,7 +181,7 @@ SELECT f.job, f.ts AS made_at, f.estimated_start, j.first_started_at AS started_
 FROM forecasts f JOIN jobs j ON j.id = f.job
 WHERE j.first_started_at IS NOT NULL;
 
--- issue 17: each spell a running job held GPUs while idle (JobIdle's since to
+-- each spell a running job held GPUs while idle (JobIdle's since to
 -- JobBusy or its end; an open spell runs to the newest event folded), in GPU-hours
 CREATE OR REPLACE VIEW idle_spans AS
 WITH m AS (
@@ -171,7 +202,7 @@ SELECT "user" AS user_name, sum(idle_gpu_hours) AS idle_gpu_hours, count(*) AS s
        count(DISTINCT job) AS jobs
 FROM idle_spans GROUP BY "user";
 
--- issue 17: every time a job's processes held more GPU memory than its --gpu-mem
+-- every time a job's processes held more GPU memory than its --gpu-mem
 CREATE OR REPLACE VIEW gpu_memory_overruns AS
 SELECT e.seq, e.ts, e.job, j."user",
        CAST(regexp_extract(e.detail, 'gpu=([0-9]+)', 1) AS INTEGER) AS gpu,
@@ -203,43 +234,28 @@ VIEWS = (
     "idle_spans", "idle_gpu_hours", "gpu_memory_overruns", "node_events", "gpu_hours_by_node",
 )
 
-# Jobs recomputed from the raw tables, for the ids in the registered `_touched`.
-_JOBS_SQL = """
+# Jobs recomputed from the raw tables, for the ids in the registered `_touched`;
+# each event moves the job by the transition table, or is ignored if it does not fit.
+_JOBS_SQL = f"""
 WITH ev AS (
     SELECT * FROM job_events WHERE job IN (SELECT job FROM _touched)
 ),
 marks AS (
     SELECT *,
-        max(CASE WHEN type = 'JobStarted' THEN seq END) OVER w AS last_start_seq,
-        max(CASE WHEN type = 'JobCancelRequested' THEN seq END) OVER w AS last_cr_seq,
-        last_value(CASE WHEN type = 'JobCancelRequested' THEN reason END IGNORE NULLS) OVER w AS last_cr_reason
+        -- why the job was asked to stop since it was last placed, if it was
+        CASE WHEN max(CASE WHEN type = 'JobCancelRequested' THEN seq END) OVER w
+                  > coalesce(max(CASE WHEN type = 'JobPlaced' THEN seq END) OVER w, 0)
+             THEN last_value(CASE WHEN type = 'JobCancelRequested' THEN reason END IGNORE NULLS) OVER w END AS stop
     FROM ev
     WINDOW w AS (PARTITION BY job ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
+moves AS (
+    SELECT *, last_value(to_state IGNORE NULLS) OVER (
+            PARTITION BY job ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+    FROM (SELECT *, {_TO_STATE} AS to_state FROM marks)
+),
 st AS (
-    SELECT *,
-        CASE type
-            WHEN 'JobSubmitted' THEN 'queued'
-            WHEN 'JobPlaced' THEN 'running'
-            WHEN 'JobStarted' THEN 'running'
-            -- the core records the state an exit ends in (JobExited.outcome);
-            -- only logs written before it was recorded fall back to the rule
-            WHEN 'JobExited' THEN coalesce(nullif(outcome, ''), CASE
-                WHEN reason = 'cancelled'
-                     OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'cancelled')
-                    THEN 'cancelled'
-                WHEN reason = 'preempted'
-                     OR (coalesce(last_cr_seq, 0) > coalesce(last_start_seq, 0) AND last_cr_reason = 'preempted')
-                    THEN 'preempted'
-                WHEN exit_code = 0 THEN 'succeeded'
-                ELSE 'failed' END)
-            WHEN 'JobCancelled' THEN 'cancelled'
-            WHEN 'JobRequeued' THEN 'queued'
-            WHEN 'JobHeld' THEN 'held'
-            WHEN 'JobReleased' THEN 'queued'
-            WHEN 'JobLost' THEN 'lost'
-        END AS state_after
-    FROM marks
+    SELECT *, CASE WHEN concat(prev, ':', type) IN {_LEGAL} THEN to_state END AS state_after FROM moves
 ),
 runs AS (
     -- one row per attempt: a JobStarted and the JobExited / JobLost that ended it
@@ -259,7 +275,7 @@ agg AS (
         min(ts) FILTER (WHERE type = 'JobSubmitted') AS submitted_at,
         min(ts) FILTER (WHERE type = 'JobStarted') AS first_started_at,
         max(ts) FILTER (WHERE type = 'JobStarted') AS started_at,
-        arg_max({'code': exit_code, 'sig': signal, 'reason': reason}, seq)
+        arg_max({{'code': exit_code, 'sig': signal, 'reason': reason}}, seq)
             FILTER (WHERE type = 'JobExited') AS last_exit,
         arg_max(reason, seq) FILTER (WHERE state_after IS NOT NULL) AS last_reason,
         count(*) FILTER (WHERE type = 'JobStarted') AS attempts,
@@ -277,18 +293,17 @@ place_ids AS (
 )
 SELECT a.job AS id, s.name, s."user", s.uid, s.tenant, s.command, s.gpus, s.gpu_mem_mib, s.priority,
     a.state, a.submitted_at, a.first_started_at, a.started_at,
-    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'lost') THEN a.state_ts END AS ended_at,
+    CASE WHEN a.state IN {_FINAL} THEN a.state_ts END AS ended_at,
     a.first_started_at - a.submitted_at AS wait_s,
     r.run_s,
-    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'lost') THEN a.state_ts - a.submitted_at END
-        AS turnaround_s,
-    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled') THEN a.last_exit.code END AS exit_code,
-    CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled') THEN a.last_exit.sig END AS signal,
-    nullif(CASE WHEN a.state IN ('succeeded', 'failed', 'cancelled', 'preempted')
+    CASE WHEN a.state IN {_FINAL} THEN a.state_ts - a.submitted_at END AS turnaround_s,
+    CASE WHEN a.state IN {_EXITED} THEN a.last_exit.code END AS exit_code,
+    CASE WHEN a.state IN {_EXITED} THEN a.last_exit.sig END AS signal,
+    nullif(CASE WHEN a.state IN {_EXIT_OUTCOMES}
          THEN coalesce(nullif(a.last_exit.reason, ''), a.last_reason)
          ELSE a.last_reason END, '') AS reason,
-    CASE WHEN a.state IN ('queued', 'held') THEN NULL ELSE l.node END AS node,
-    CASE WHEN a.state IN ('queued', 'held') OR pi.gpu_ids IS NULL THEN []::INTEGER[] ELSE pi.gpu_ids END
+    CASE WHEN a.state IN {_WAITING} THEN NULL ELSE l.node END AS node,
+    CASE WHEN a.state IN {_WAITING} OR pi.gpu_ids IS NULL THEN []::INTEGER[] ELSE pi.gpu_ids END
         AS gpu_ids,
     a.attempts::INTEGER AS attempts, a.last_seq
 FROM agg a

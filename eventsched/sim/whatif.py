@@ -46,6 +46,7 @@ from typing import Any
 import msgspec
 
 from eventsched.domain import events as ev
+from eventsched.domain.states import FINAL, TRANSITIONS, IllegalTransition, JobState, move
 from eventsched.domain.units import FULL
 from eventsched.storage import log as eventlog
 
@@ -63,6 +64,8 @@ _JOB_EVENTS: frozenset[type] = frozenset({
 _SCHEDULE: frozenset[type] = _JOB_EVENTS | frozenset({
     ev.JobHeld, ev.JobReleased, ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored,
 })
+_MOVES = frozenset(event_type for _, event_type in TRANSITIONS)  # the job events after a submission
+QUEUED, RUNNING = JobState.QUEUED, JobState.RUNNING
 
 
 class Metrics(msgspec.Struct, kw_only=True):
@@ -188,14 +191,17 @@ def metrics_from_log(log_dir: str | os.PathLike[str]) -> Metrics:
     return metrics_from_events(eventlog.read(log_dir))
 
 
-def metrics_from_events(events: Any) -> Metrics:
+def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Metrics:
+    """The metrics of ``events``. Each job's state (in ``states``, when given)
+    moves by the one transition table; an event that does not fit it is left out."""
+    state: dict[int, str] = {} if states is None else states
+    stop: dict[int, str] = {}  # why each running job was asked to stop, if it was
     submitted: dict[int, float] = {}
     user: dict[int, str] = {}
     tenant: dict[int, str] = {}
     shape: dict[int, tuple[int, int]] = {}
     first_start: dict[int, float] = {}
     ended: dict[int, float] = {}
-    queued: set[int] = set()
     open_place: dict[int, tuple[float, str, list[int], int]] = {}  # job -> (from, node, ids, milli)
     spans: list[tuple[int, float, float, float]] = []  # (job, from, to, gpus) of each placement
     frag = _Frag()
@@ -203,11 +209,6 @@ def metrics_from_events(events: Any) -> Metrics:
     first_ts: float | None = None
     last_job_ts = 0.0
     clock: float | None = None
-
-    def leave_queue(job: int) -> None:
-        if job in queued:
-            queued.discard(job)
-            frag.wait(shape[job], -1)
 
     def end_place(job: int, ts: float) -> None:
         p = open_place.pop(job, None)
@@ -219,6 +220,16 @@ def metrics_from_events(events: Any) -> Metrics:
     at_horizon = (0.0, 0.0)  # the fragmentation integrals up to the last job event
     for e in events:
         tp = type(e)
+        was = ""
+        if tp in _MOVES:
+            job = e.job
+            was = state.get(job, "")
+            try:
+                to = state[job] = move(was, e, stop.get(job, ""))
+            except IllegalTransition:
+                continue
+            if tp is ev.JobCancelRequested or tp is ev.JobPlaced:
+                stop[job] = e.reason if tp is ev.JobCancelRequested else ""
         if tp not in _SCHEDULE:
             continue  # samples, timers, daemon starts: when they were logged is not the schedule
         ts = e.ts
@@ -247,40 +258,25 @@ def metrics_from_events(events: Any) -> Metrics:
             tenant[job] = e.spec.tenant or "default"
             g = e.spec.gpus
             shape[job] = (0, 0) if g <= 0 else (1, max(1, round(g * FULL))) if g < 1 else (int(g), FULL)
-            queued.add(job)
+            state[job] = QUEUED
             frag.wait(shape[job], 1)
-            last_job_ts = ts
-        elif tp is ev.JobPlaced:
-            job = e.job
-            leave_queue(job)
-            milli = round(e.share * FULL) if e.gpu_ids else 0
-            open_place[job] = (ts, e.node, list(e.gpu_ids), milli)
-            frag.take(e.node, e.gpu_ids, milli, 1)
-            last_job_ts = ts
-        elif tp is ev.JobStarted:
-            first_start.setdefault(e.job, ts)
-            last_job_ts = ts
-        elif tp is ev.JobExited or tp is ev.JobLost:
-            end_place(e.job, ts)
-            ended[e.job] = ts
-            last_job_ts = ts
-        elif tp is ev.JobCancelled:
-            leave_queue(e.job)
-            end_place(e.job, ts)
-            ended[e.job] = ts
-            last_job_ts = ts
-        elif tp is ev.JobRequeued:
-            end_place(e.job, ts)
-            ended.pop(e.job, None)
-            queued.add(e.job)
-            frag.wait(shape[e.job], 1)
-            last_job_ts = ts
-        elif tp is ev.JobHeld:
-            leave_queue(e.job)
-        elif tp is ev.JobReleased:
-            queued.add(e.job)
-            frag.wait(shape[e.job], 1)
+        elif was:  # a job event the table allowed: waiting, placed and ended follow from the states
+            if (was == QUEUED) != (to == QUEUED):
+                frag.wait(shape[job], 1 if to == QUEUED else -1)
+            if was == RUNNING != to:
+                end_place(job, ts)
+            if to in FINAL:
+                ended[job] = ts
+            elif was in FINAL:
+                ended.pop(job, None)
+            if tp is ev.JobPlaced:
+                milli = round(e.share * FULL) if e.gpu_ids else 0
+                open_place[job] = (ts, e.node, list(e.gpu_ids), milli)
+                frag.take(e.node, e.gpu_ids, milli, 1)
+            elif tp is ev.JobStarted:
+                first_start.setdefault(job, ts)
         if tp in _JOB_EVENTS:
+            last_job_ts = ts
             at_horizon = (frag.free_int, frag.unusable_int)
 
     m = Metrics(jobs=len(submitted), gpus=len(gpus), finished=len(ended), started=len(first_start))
@@ -393,17 +389,12 @@ def compare(results: Sequence[Any], *, baseline: tuple[str, str | os.PathLike[st
 
 
 def _fmt(value: Any, how: str) -> str:
+    from eventsched.domain.units import format_duration
+
     if value is None:
         return "-"
     if how == "dur":
-        v = float(value)
-        if v >= 86_400:
-            return f"{v / 86_400:.2f} d"
-        if v >= 3600:
-            return f"{v / 3600:.2f} h"
-        if v >= 60:
-            return f"{v / 60:.1f} min"
-        return f"{v:.1f} s"
+        return format_duration(float(value), "decimal")
     if how == "pct":
         return f"{100 * float(value):.1f} %"
     return how.format(value)
@@ -411,26 +402,18 @@ def _fmt(value: Any, how: str) -> str:
 
 def format_comparison(table: dict[str, Any]) -> str:
     """The comparison as a text table: one column per replay."""
+    from eventsched.domain.text import table as aligned
+
     cols = table["replays"]
-    labels = [str(c["policy"]) for c in cols]
-    cells = [[_fmt(c.get(key), how) for c in cols] for key, _, how in ROWS]
-    width0 = max(len(label) for _, label, _ in ROWS)
-    widths = [max(len(labels[i]), *(len(row[i]) for row in cells)) for i in range(len(cols))]
-    lines = [f"replay of {table['source']}" if table.get("source") else "replay", ""]
-    lines.append(" " * width0 + "  " + "  ".join(f"{labels[i]:>{widths[i]}}" for i in range(len(cols))))
-    for (_, label, _), row in zip(ROWS, cells):
-        lines.append(f"{label:<{width0}}  " + "  ".join(f"{row[i]:>{widths[i]}}" for i in range(len(cols))))
+    rows = [[label, *(_fmt(c.get(key), how) for c in cols)] for key, label, how in ROWS]
     tenants = sorted({t for c in cols for t in (c.get("tenants") or {})})
-    if len(tenants) > 1:  # one tenant: nothing to compare
-        lines.append("")
-        lines.append("per tenant: mean wait / share of the GPU-hours run in the arrival window")
-        for t in tenants:
-            row = []
-            for c in cols:
-                r = (c.get("tenants") or {}).get(t)
-                row.append("-" if r is None else f"{_fmt(r['mean_wait_s'], 'dur')} / {_fmt(r['gpu_hours_share'], 'pct')}")
-            widths = [max(widths[i], len(row[i])) for i in range(len(cols))]
-            lines.append(f"{'  ' + t:<{width0}}  " + "  ".join(f"{row[i]:>{widths[i]}}" for i in range(len(cols))))
-    for n in table.get("notes", []):
-        lines.append(f"note: {n}")
-    return "\n".join(lines)
+    tenants = tenants if len(tenants) > 1 else []  # one tenant: nothing to compare
+    for t in tenants:
+        of = [(c.get("tenants") or {}).get(t) for c in cols]
+        rows.append(["  " + t, *("-" if r is None else f"{_fmt(r['mean_wait_s'], 'dur')} / "
+                                 f"{_fmt(r['gpu_hours_share'], 'pct')}" for r in of)])
+    lines = aligned(["", *(str(c["policy"]) for c in cols)], rows, right=[False] + [True] * len(cols)).split("\n")
+    if tenants:
+        lines.insert(len(ROWS) + 1, "\nper tenant: mean wait / share of the GPU-hours run in the arrival window")
+    head = f"replay of {table['source']}" if table.get("source") else "replay"
+    return "\n".join([head, "", *lines, *(f"note: {n}" for n in table.get("notes", []))])
