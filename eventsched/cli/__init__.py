@@ -1,4 +1,4 @@
-"""The ``eventsched`` command (SPEC §2 is its contract).
+"""The ``eventsched`` command.
 
 Imports are lazy: a ``submit`` from a shell loop must not pay for anyio,
 DuckDB or the scheduler core. Its common spellings (and ``health``,
@@ -13,28 +13,19 @@ from __future__ import annotations
 import os
 import sys
 
-from eventsched.cli.errors import (  # re-exported: eventsched.cli.UserError ...
-    EXIT_USAGE,
-    UserError,
-    fail,
-)
+from eventsched.cli.commands import COMMANDS
+from eventsched.cli.errors import UserError, fail, refusal_exit
 from eventsched.domain.paths import socket_location
-from eventsched.domain.units import (
-    UnitError,
-    parse_array,
-    parse_duration,
-    parse_gpu_ids,
-    parse_job_ids,
-    parse_signal,
-)
+from eventsched.domain.text import print_json, table
+from eventsched.domain.units import UnitError, parse_array, parse_duration, parse_gpu_ids, parse_job_ids, parse_signal
+from eventsched.domain.units import format_duration as human_duration
 
-TYPE_CHECKING = False  # typing itself costs every CLI call ~3 ms; mypy reads this as True
+TYPE_CHECKING = False  # typing is costly to import for every CLI call; mypy reads this as True
 if TYPE_CHECKING:
     import argparse
     from pathlib import Path
     from typing import Any, Callable
 
-    from eventsched.cli.parser import Parser
     from eventsched.domain.events import JobSpec
     from eventsched.wire.client import Client
 
@@ -50,43 +41,11 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-# --- output ---------------------------------------------------------------
-
-
-def table(headers: list[str], rows: list[list[Any]]) -> str:
-    """Aligned columns (``text.table``); None shows as nothing."""
-    from eventsched.domain.text import table as aligned
-
-    return aligned(headers, [["" if c is None else str(c) for c in row] for row in rows])
-
-
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def format_gpus(amount: float) -> str:
-    return f"{amount:g}"
-
-
-def print_json(data: Any) -> None:
-    import json
-
-    json.dump(data, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
-
-
 # --- client-side commands -------------------------------------------------
 
 
 def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
-    if os.environ.get("EVENTSCHED_URL"):  # issue 12: the daemon's HTTP API instead of its socket
+    if os.environ.get("EVENTSCHED_URL"):  # the daemon's HTTP API instead of its socket
         from eventsched.wire.http_client import from_environment
 
         return from_environment()  # type: ignore[return-value]  # the same methods, over HTTP
@@ -107,7 +66,7 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
     from eventsched.domain.events import JobSpec
 
     spec = JobSpec(**spec_fields(args, command))
-    if any("--llm" in word for word in command):  # F19: "--llm NAME" sizes the job
+    if any("--llm" in word for word in command):  # "--llm NAME" sizes the job from llm_config.json
         from eventsched.cli.submit_file import llm_sized
 
         spec = llm_sized(args, command, spec)
@@ -126,9 +85,9 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
     env = dict(os.environ)
     env.pop("EVENTSCHED_TOKEN", None)  # a secret: never in a job's environment (nor so in the log)
     shell = is_shell_string(command)
-    node = getattr(args, "node", None) or ""
+    node = args.node or ""
     ids_text = args.gpu_ids
-    if ids_text and ":" in ids_text:  # issue 12: --gpu-ids NODE:0,1
+    if ids_text and ":" in ids_text:  # --gpu-ids NODE:0,1
         on, _, ids_text = ids_text.rpartition(":")
         if node and on != node:
             raise UserError(f"--gpu-ids {args.gpu_ids} names node {on!r} but --node says {node!r}")
@@ -137,11 +96,11 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
     return dict(
         node=node,
         command=command,
-        shell=shell,  # N2: -- "python x.py --lr 3" runs through the shell
+        shell=shell,  # -- "python x.py --lr 3" runs through the shell
         cwd=os.getcwd(),
         env=env,
         name=args.name or default_name(command, shell),
-        # N2: --gpu-ids alone means exactly those GPUs; with --gpus K, K of them
+        # --gpu-ids alone means exactly those GPUs; with --gpus K, K of them
         gpus=args.gpus if args.gpus is not None else float(len(gpu_ids)) if gpu_ids else 1.0,
         gpu_mem_mib=args.gpu_mem or 0,
         gpu_ids=gpu_ids,
@@ -158,12 +117,11 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         # the job gets our umask and limits (the daemon clamps them to its own)
         umask=rlimits.current_umask(),
         rlimits=rlimits.current(),
-        array_cap=parse_array(args.array)[1] if getattr(args, "array", None) is not None else 0,  # %K
-        # issue 11: a terminal session to run in, a host memory limit
-        session=getattr(args, "session", None) or "",
-        host_mem_mib=_host_mem(getattr(args, "host_mem", None)),
-        preemptible=bool(getattr(args, "preemptible", False)),  # F13
-        **_warning(getattr(args, "signal", None)),
+        array_cap=parse_array(args.array)[1] if args.array is not None else 0,  # %K
+        session=args.session or "",
+        host_mem_mib=_host_mem(args.host_mem),
+        preemptible=args.preemptible,
+        **_warning(args.signal),
     )
 
 
@@ -181,7 +139,7 @@ SESSION_ENV = frozenset({
 
 
 def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
-    """--dedupe's key (F18): command and arguments, working directory, set-up,
+    """--dedupe's key: command and arguments, working directory, set-up,
     and the environment given to the job (sorted), less SESSION_ENV."""
     import hashlib
     import json
@@ -203,37 +161,25 @@ def default_name(command: list[str], shell: bool) -> str:
 
 
 def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
-    if getattr(args, "array", None) is not None:
-        return cmd_submit_array(args, command)
+    """One job, or with ``--array 0-99[%K]`` one task per index, acknowledged
+    together: every id on a line of its own (``--json``: {"id"} or {"ids"})."""
+    from eventsched.cli.quick import show_ids
+
+    indices = parse_array(args.array)[0] if args.array is not None else None
+    if args.interactive and indices is not None:
+        raise UserError("--interactive follows one job; it cannot be combined with --array")
     if args.interactive and os.environ.get("EVENTSCHED_URL"):
         raise UserError("--interactive reads the job's output file on the daemon's machine; "
                         "over EVENTSCHED_URL submit without it")
     spec = build_spec(args, command)
     with client(args) as c:
+        if indices is not None:
+            show_ids(c.submit_array(spec, indices), args.json)
+            return 0
         job = c.submit(spec)
-        if args.json:
-            print_json({"id": job})
-        else:
-            print(job)
-        sys.stdout.flush()
+        show_ids(job, args.json)
         if args.interactive:
             return follow_output(c, job, detach_message=True, exit_status=True)
-    return 0
-
-
-def cmd_submit_array(args: argparse.Namespace, command: list[str]) -> int:
-    """``--array 0-99[%K]``: one task per index, acknowledged together; every
-    task's id on a line of its own (``--json``: {"ids": [...]})."""
-    indices, _cap = parse_array(args.array)
-    if args.interactive:
-        raise UserError("--interactive follows one job; it cannot be combined with --array")
-    spec = build_spec(args, command)
-    with client(args) as c:
-        ids = c.submit_array(spec, indices)
-    if args.json:
-        print_json({"ids": ids})
-    else:
-        sys.stdout.write("".join(f"{i}\n" for i in ids))
     return 0
 
 
@@ -276,7 +222,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 j["user"],
                 j["state"],
                 j["priority"],
-                format_gpus(j["gpus"]),
+                f"{j['gpus']:g}",
                 ",".join(map(str, j["gpu_ids"])) or "-",
                 human_duration(elapsed),
                 "" if j["exit_code"] is None else j["exit_code"],
@@ -285,7 +231,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
         )
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
     nodes = {j.get("node") for j in jobs if j.get("node")}
-    if len(nodes) > 1 and len(rows) == len(jobs):  # issue 12: jobs on several nodes (arrays unfolded)
+    if len(nodes) > 1 and len(rows) == len(jobs):  # jobs on several nodes (arrays unfolded)
         node_col = [(j.get("node") or "-") if j["state"] == JobState.RUNNING else "-" for j in jobs]
         rows = [row[:6] + [node] + row[6:] for row, node in zip(rows, node_col)]
         headers.insert(6, "NODE")
@@ -296,19 +242,16 @@ def cmd_queue(args: argparse.Namespace) -> int:
     return 0
 
 
-ARRAY_STATES = ("running", "queued", "held", "preempted", "succeeded", "failed", "cancelled", "lost")
-
-
 def array_row(tasks: list[dict], now: float) -> list[Any]:
     """An array folded into one ``queue`` line: ``12[0-99]  name ... 3 running, 4 queued, 93 done``."""
     from collections import Counter
 
-    from eventsched.domain.states import FINAL, JobState
+    from eventsched.domain.states import FINAL, SUMMARY_ORDER, JobState
 
     first = tasks[0]
     counts = Counter(t["state"] for t in tasks)
-    parts = [f"{counts[s]} {s}" for s in ARRAY_STATES if counts[s]]
-    parts += [f"{n} {s}" for s, n in counts.items() if s not in ARRAY_STATES]
+    parts = [f"{counts[s]} {s}" for s in SUMMARY_ORDER if counts[s]]
+    parts += [f"{n} {s}" for s, n in counts.items() if s not in SUMMARY_ORDER]
     if first.get("array_done"):  # without --all: the tasks that ended are not listed, only counted
         listed_done = sum(counts[s] for s in FINAL)
         if first["array_done"] > listed_done:
@@ -321,7 +264,7 @@ def array_row(tasks: list[dict], now: float) -> list[Any]:
         first["user"],
         ", ".join(parts),
         first["priority"],
-        format_gpus(first["gpus"]),
+        f"{first['gpus']:g}",
         ",".join(map(str, on)) or "-",
         human_duration(now - min(t["submitted_at"] for t in tasks)),
         "",
@@ -351,12 +294,12 @@ def compact_indices(indices: list[int]) -> str:
 def _short_reason(job: dict) -> str:
     """The REASON column (Slurm's NODELIST(REASON)): why it waits, cut to fit;
     `eventsched explain ID` tells the whole of it."""
-    text = job.get("reason") or gpu_flags(job)  # issue 17: a running job's GPU memory and idleness
+    text = job.get("reason") or gpu_flags(job)  # a running job's: its GPU memory and idleness
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def gpu_flags(job: dict) -> str:
-    """Issue 17, for a running job: over its ``--gpu-mem``, idle since when."""
+    """For a running job: over its ``--gpu-mem``, idle since when."""
     import time
 
     parts = []
@@ -379,7 +322,7 @@ def render_status(status: dict) -> str:
         state = "paused" if g["paused"] else ("lost" if g.get("lost") else "")
         rows.append([g["id"], f"[{bar:<10}] {g['allocated']:.2f}", util, mem, temp, state, ",".join(map(str, g.get("jobs", [])))])
     headers = ["GPU", "ALLOCATED", "UTIL", "MEMORY", "TEMP", "STATE", "JOBS"]
-    if len({g.get("node") for g in status["gpus"]}) > 1:  # issue 12: GPUs of several nodes
+    if len({g.get("node") for g in status["gpus"]}) > 1:  # GPUs of several nodes
         rows = [[g.get("node", "")] + row for g, row in zip(status["gpus"], rows)]
         headers.insert(0, "NODE")
     text = table(headers, rows)
@@ -389,18 +332,16 @@ def render_status(status: dict) -> str:
     flagged = [f"job {j['id']}: {flags}" for j in jobs if j["state"] == JobState.RUNNING and (flags := gpu_flags(j))]
     foreign = [f"GPU {g['id']}: {p['user']} pid {p['pid']} holds {p['used_mib']} MiB"
                for g in status["gpus"] for p in g.get("foreign_processes", ())]
-    notes = "".join("\n" + line for line in flagged + foreign)  # issue 17
+    notes = "".join("\n" + line for line in flagged + foreign)
     return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}{notes}"
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    import json
-
-    if (args.watch or getattr(args, "history", None)) and os.environ.get("EVENTSCHED_URL"):
+    if (args.watch or args.history) and os.environ.get("EVENTSCHED_URL"):
         raise UserError("status --watch and --history need the daemon's socket (events, the read model); "
                         "over EVENTSCHED_URL run `status` alone")
     history = None
-    if getattr(args, "history", None):  # issue 17: sparklines and today's GPU-hours (cli/status_history.py)
+    if args.history:  # sparklines and today's GPU-hours (cli/status_history.py)
         from eventsched.cli.status_history import StatusHistory
 
         history = StatusHistory(args.history, state_dir_of(args), args.socket)
@@ -410,8 +351,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if history is not None:
             status = {**status, "history": history.data()}
             extra = "\n\n" + history.text()
-        if args.json:
-            print(json.dumps(status) if args.watch else json.dumps(status, indent=2), flush=True)
+        if args.json and args.watch:  # one line per update
+            import json
+
+            print(json.dumps(status), flush=True)
+        elif args.json:
+            print_json(status)
         elif args.watch:
             sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + extra + "\n")
             sys.stdout.flush()
@@ -476,14 +421,14 @@ def cmd_jobs_action(args: argparse.Namespace, action: str) -> int:
 
 
 def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
-    node, _, number = str(args.gpu).rpartition(":")  # issue 12: NODE:ID
+    node, _, number = str(args.gpu).rpartition(":")  # NODE:ID
     try:
         gpu_id = int(number)
     except ValueError:
         raise UserError(f"{args.gpu!r} is not a GPU id (a number, or NODE:ID like node-a:2)") from None
     with client(args) as c:
         gpu = getattr(c, action)(gpu_id, node=node)
-    where = f"{gpu['node']}:" if node and gpu.get("node") else ""  # issue 12: as it was named
+    where = f"{gpu['node']}:" if node and gpu.get("node") else ""  # as it was named
     print(f"gpu {where}{gpu['id']}: {'paused' if gpu['paused'] else 'accepting jobs'}")
     return 0
 
@@ -572,9 +517,14 @@ def state_dir_of(args: argparse.Namespace) -> Path:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from eventsched.runtime.config import ConfigError, serve_config
     from eventsched.runtime.daemon import serve
 
-    return serve(args)
+    try:
+        config = serve_config(args)
+    except ConfigError as exc:
+        fail(str(exc))
+    return serve(config)
 
 
 def cmd_log(args: argparse.Namespace) -> int:
@@ -588,29 +538,15 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from eventsched.cli.sql import run_sql
-    from eventsched.projections.sql import SqlError, needs_daemon
+    from eventsched.cli.sql import ask_daemon, run_sql
+    from eventsched.projections.sql import needs_daemon
 
     state_dir = state_dir_of(args)
-    if not needs_daemon(state_dir):
-        return run_sql(state_dir, args.query, args.format, output=args.output)
-    from eventsched.wire import protocol
-    from eventsched.wire.client import Client, ClientError
-
-    # the daemon bounds the query itself (catch-up, then its own time limit)
-    c = Client(args.socket or socket_location(args.state_dir), timeout=180.0)
-
-    def via_daemon(sql: str) -> dict[str, Any]:
-        try:
-            result: dict[str, Any] = c.request(protocol.RunSql(query=sql))
-            return result
-        except ClientError as exc:
-            raise SqlError(str(exc), 2) from None
-        except OSError as exc:  # e.g. the daemon took longer than the client waits
-            raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
-
-    with c:
-        return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon, output=args.output)
+    via_daemon = None
+    if needs_daemon(state_dir):  # the daemon bounds the query itself (catch-up, then its own time limit)
+        path = args.socket or socket_location(args.state_dir)
+        via_daemon = lambda sql: ask_daemon(path, sql, 180.0)  # noqa: E731
+    return run_sql(state_dir, args.query, args.format, via_daemon=via_daemon, output=args.output)
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
@@ -647,173 +583,20 @@ def cmd_config_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
+    from eventsched.cli.quick import show_health
+
     with client(args) as c:
-        info = c.ping()
-    if args.json:
-        print_json(info)
-    else:
-        print(f"ok: daemon pid {info['pid']}, log at seq {info['seq']}")
-    return 0
+        return show_health(c.ping(), args.json)
 
 
-# --- the parser -------------------------------------------------------------
-
-
-COMMANDS = (
-    "serve", "submit", "queue", "status", "cancel", "hold", "release", "pause-gpu", "resume-gpu",
-    "logs", "explain", "health", "sql", "metrics", "replay", "log", "config-sample", "submit-file", "attach",
-    "tenants", "tenant", "token", "nodes",
-)
-
-
-def build_parser(only: str | None = None) -> Parser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ``only`` just that command's (faster)."""
-    from eventsched import __version__
-    from eventsched.cli.parser import Parser, positive_seconds
-    from eventsched.cli.quick import COMMON_OPTIONS, SUBMIT_OPTIONS
+    from eventsched.cli.parser import build
 
-    def want(name: str) -> bool:
-        return only is None or only == name
-
-    common = Parser(add_help=False)  # parents=[...] must be Parsers too (typeshed)
-    for flags, options in COMMON_OPTIONS:  # --state-dir, --socket
-        common.add_argument(*flags, **options)
-
-    parser = Parser(prog="eventsched", description="GPU job scheduler for a shared machine")
-    parser.add_argument("--version", action="version", version=f"eventsched {__version__}")
-    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
-    sub.required = True
-
-    if want("serve"):
-        p = sub.add_parser("serve", parents=[common], help="run the scheduler daemon")
-        p.add_argument("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML")
-        p.add_argument("--policy", help="placement policy (fifo, priority, best-fit, fair-share, sjf-backfill, fgd)")
-        p.add_argument("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json")
-        p.add_argument("--sample-interval", type=positive_seconds, help="seconds between GPU samples (default 2)")
-        p.add_argument("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)")
-        p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-        p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)")
-        p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)")
-        p.add_argument("--ray", metavar="ADDRESS",
-                       help="run jobs on the GPU nodes of this Ray cluster (host:port, or auto); --gpus is then each node's")
-        p.add_argument("--http", metavar="HOST:PORT",
-                       help="also serve the JSON API for remote clients here, e.g. 127.0.0.1:8080 (docs/http-api.md)")
-        p.add_argument("--http-allow-remote", action="store_true",
-                       help="let --http bind a non-loopback address (only where TLS is handled by something else)")
-
-    if want("submit"):
-        p = sub.add_parser("submit", parents=[common], help="submit a job: eventsched submit [options] -- COMMAND ...")
-        for flags, options in SUBMIT_OPTIONS:  # one table, read by quick.py's fast path too
-            p.add_argument(*flags, **options)
-
-    if want("queue"):
-        p = sub.add_parser("queue", parents=[common], help="list queued and running jobs")
-        p.add_argument("--all", action="store_true", help="include finished jobs")
-        p.add_argument("--expand", action="store_true", help="one line per array task (arrays are folded into one line otherwise)")
-        p.add_argument("--json", action="store_true")
-
-    if want("status"):
-        p = sub.add_parser("status", parents=[common], help="GPUs, allocation and jobs")
-        p.add_argument("--json", action="store_true")
-        p.add_argument("--watch", action="store_true", help="keep updating as events arrive")
-        p.add_argument("--history", metavar="WINDOW",
-                       help="also per-GPU utilisation/memory sparklines over WINDOW (e.g. 1h) and today's GPU-hours per user")
-
-    if any(want(n) for n in ("cancel", "hold", "release")):
-        for name, what in (("cancel", "cancel jobs"), ("hold", "hold queued jobs"), ("release", "release held jobs")):
-            p = sub.add_parser(name, parents=[common], help=what)
-            p.add_argument("jobs", nargs="+", metavar="JOB")
-
-    if any(want(n) for n in ("pause-gpu", "resume-gpu")):
-        for name, what in (("pause-gpu", "place nothing new on a GPU"), ("resume-gpu", "accept jobs on a GPU again")):
-            p = sub.add_parser(name, parents=[common], help=what)
-            p.add_argument("gpu", metavar="[NODE:]ID", help="a GPU id, or NODE:ID on a cluster")
-
-    if want("explain"):
-        p = sub.add_parser("explain", parents=[common], help="why a job waits, and its story")
-        p.add_argument("job", type=int)
-        p.add_argument("--json", action="store_true")
-
-    if want("logs"):
-        p = sub.add_parser("logs", parents=[common], help="print a job's output")
-        p.add_argument("job", type=int)
-        p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-
-    if want("health"):
-        p = sub.add_parser("health", parents=[common], help="is the daemon up (exit 0) or not")
-        p.add_argument("--json", action="store_true")
-
-    if want("sql"):
-        p = sub.add_parser("sql", parents=[common], help="read-only SQL over the whole history (DuckDB)")
-        p.add_argument("query")
-        p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
-        p.add_argument("-o", "--output", metavar="FILE",
-                       help="write the result to FILE (written by this command, as you; parquet needs it)")
-
-    if want("metrics"):
-        p = sub.add_parser("metrics", parents=[common], help="wait/run times, utilisation, GPU-hours")
-        group = p.add_mutually_exclusive_group()
-        group.add_argument("--json", action="store_true")
-        group.add_argument("--prometheus", action="store_true")
-
-    if want("replay"):
-        p = sub.add_parser("replay", parents=[common], help="replay a log or trace under policies")
-        p.add_argument("source", help="a state dir, a log dir, or a trace file")
-        p.add_argument("--policy", action="append", required=True)
-        p.add_argument("--json", action="store_true")
-        p.add_argument("--static", action="store_true", help="FGD-style static packing experiment (Alibaba trace)")
-        p.add_argument("--seeds", default="42-51", help="seeds for --static (default 42-51)")
-        p.add_argument("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on")
-        p.add_argument("--nodes", type=int, metavar="K", help="for CSV traces: K machines of --gpus each (default 1)")
-        p.add_argument("--out", help="where replay logs go (default: a temporary directory)")
-        p.add_argument("--config", metavar="FILE", help="what-if: replay under this config's [tenants] and [scheduler] keys")
-
-    if want("log"):
-        p = sub.add_parser("log", help="inspect the event log")
-        log_sub = p.add_subparsers(dest="log_command", parser_class=Parser, metavar="ACTION")
-        log_sub.required = True
-        q = log_sub.add_parser("verify", help="check every frame's checksum")
-        q.add_argument("dir")
-        q = log_sub.add_parser("dump", help="one event per line")
-        q.add_argument("dir")
-        q.add_argument("--json", action="store_true")
-        q.add_argument("--from-seq", type=int, default=1)
-        q = log_sub.add_parser("repair", help="move damaged frames aside so the log opens again")
-        q.add_argument("dir")
-
-    if want("submit-file"):
-        p = sub.add_parser("submit-file", parents=[common], help="submit the lines of a jobs file (priority,script,conda_env,arguments,allowed_gpus)")
-        p.add_argument("file", metavar="FILE")
-        p.add_argument("--watch", action="store_true", help="keep following the file for new or edited lines (Ctrl-C stops)")
-        p.add_argument("--llm-config", metavar="FILE", help="llm_config.json for --llm NAME (default ./llm_config.json, else the state dir's)")
-        p.add_argument("--json", action="store_true")
-
-    if want("attach"):
-        from eventsched.cli.attach import add_parser as add_attach
-
-        add_attach(sub, common)
-
-    if want("tenants") or want("tenant"):
-        from eventsched.cli.tenants import add_parsers as add_tenants
-
-        add_tenants(sub, common)
-
-    if want("token"):
-        from eventsched.cli.token import add_parser as add_token
-
-        add_token(sub, common)
-
-    if want("config-sample"):
-        sub.add_parser("config-sample", help="print a commented sample config file")
-
-    if want("nodes"):  # issue 12
-        p = sub.add_parser("nodes", parents=[common], help="each node: name, state, GPUs, jobs")
-        p.add_argument("--json", action="store_true")
-
-    return parser
+    return build(only)
 
 
-def _nodes_cmd(args: argparse.Namespace) -> int:
+def cmd_nodes(args: argparse.Namespace) -> int:
     from eventsched.cli.nodes import show_nodes
 
     with client(args) as c:
@@ -821,20 +604,26 @@ def _nodes_cmd(args: argparse.Namespace) -> int:
     return show_nodes(nodes, as_json=args.json)
 
 
-def _tenants_cmd(name: str, args: argparse.Namespace) -> int:
+def cmd_tenants(args: argparse.Namespace) -> int:
     from eventsched.cli import tenants
 
-    return int(getattr(tenants, name)(args))
+    return tenants.cmd_tenants(args)
 
 
-def _token_cmd(args: argparse.Namespace) -> int:
+def cmd_tenant(args: argparse.Namespace) -> int:
+    from eventsched.cli import tenants
+
+    return tenants.cmd_tenant(args)
+
+
+def cmd_token(args: argparse.Namespace) -> int:
     from eventsched.cli.token import run
 
     return run(args)
 
 
 def _import_msgspec_lean() -> None:
-    """Import msgspec without typing_extensions: ~10 ms of every CLI call.
+    """Import msgspec without typing_extensions, which costs every CLI call.
 
     msgspec only takes ``get_type_hints``, ``Required`` and ``NotRequired``
     from typing_extensions when it is installed (the notebook stack brings
@@ -864,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, UnitError) as exc:
         fail(str(exc))
     except ClientError as exc:
-        fail(str(exc), code=1)
+        fail(str(exc), code=refusal_exit(exc.kind))
     except BrokenPipeError:
         return 0
     except TimeoutError:
@@ -885,32 +674,14 @@ def parse(argv: list[str]) -> Callable[[], int]:
     args = parser.parse_args(options)
     if command and args.command != "submit":
         fail(f"`--` is only for `submit`, not `{args.command}`")
-    handlers: dict[str, Callable[[], int]] = {
-        "serve": lambda: cmd_serve(args),
-        "submit": lambda: cmd_submit(args, command),
-        "queue": lambda: cmd_queue(args),
-        "status": lambda: cmd_status(args),
-        "cancel": lambda: cmd_cancel(args),
-        "hold": lambda: cmd_jobs_action(args, "hold"),
-        "release": lambda: cmd_jobs_action(args, "release"),
-        "pause-gpu": lambda: cmd_gpu_action(args, "pause_gpu"),
-        "resume-gpu": lambda: cmd_gpu_action(args, "resume_gpu"),
-        "logs": lambda: cmd_logs(args),
-        "explain": lambda: cmd_explain(args),
-        "health": lambda: cmd_health(args),
-        "sql": lambda: cmd_sql(args),
-        "metrics": lambda: cmd_metrics(args),
-        "replay": lambda: cmd_replay(args),
-        "log": lambda: cmd_log(args),
-        "config-sample": lambda: cmd_config_sample(args),
-        "submit-file": lambda: cmd_submit_file(args),
-        "attach": lambda: cmd_attach(args),
-        "tenants": lambda: _tenants_cmd("cmd_tenants", args),
-        "tenant": lambda: _tenants_cmd("cmd_tenant", args),
-        "nodes": lambda: _nodes_cmd(args),
-        "token": lambda: _token_cmd(args),
-    }
-    return handlers[args.command]
+    if args.command == "submit":
+        return lambda: cmd_submit(args, command)
+    if args.command in ("hold", "release"):
+        return lambda: cmd_jobs_action(args, args.command)
+    if args.command in ("pause-gpu", "resume-gpu"):
+        return lambda: cmd_gpu_action(args, args.command.replace("-", "_"))
+    handler: Callable[[argparse.Namespace], int] = globals()["cmd_" + args.command.replace("-", "_")]
+    return lambda: handler(args)
 
 
 if __name__ == "__main__":

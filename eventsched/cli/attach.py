@@ -14,17 +14,14 @@ import pwd
 import shutil
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eventsched.cli.errors import UserError
 
 if TYPE_CHECKING:
     from eventsched.wire.client import Client
 
-__all__ = ["add_parser", "run", "find_session"]
-
-
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("attach", parents=[common], help="attach to a --session job's terminal (tmux or screen)")
-    p.add_argument("job", type=int)
+__all__ = ["run", "find_session"]
 
 
 def find_session(job: int) -> str:
@@ -44,21 +41,7 @@ def find_session(job: int) -> str:
     return ""
 
 
-class AttachRefused(Exception):
-    """Nothing to attach to, or not yours: one line for the user."""
-
-
 def run(args: argparse.Namespace, c: Client) -> int:
-    """Refusals are one line on stderr and exit status 2 (not an import of
-    ``eventsched.cli``'s UserError: that package imports this module)."""
-    try:
-        return _attach(args, c)
-    except AttachRefused as exc:
-        print(f"eventsched: error: {exc}", file=sys.stderr)
-        return 2
-
-
-def _attach(args: argparse.Namespace, c: Client) -> int:
     from eventsched.runtime.launch.sessions import attach_argv
     from eventsched.wire import protocol
 
@@ -71,21 +54,21 @@ def _attach(args: argparse.Namespace, c: Client) -> int:
     except KeyError:
         me = str(os.getuid())
     if info["user"] != me:
-        raise AttachRefused(f"job {job} belongs to {info['user']}: only they can attach to its session")
+        raise UserError(f"job {job} belongs to {info['user']}: only they can attach to its session")
     state = info["state"]
     if state in ("queued", "held"):
-        raise AttachRefused(f"job {job} is {state}: its session starts when it runs")
+        raise UserError(f"job {job} is {state}: its session starts when it runs")
     if state != "running":
-        raise AttachRefused(f"job {job} has ended ({state}): its session is gone; `eventsched logs {job}` shows its output")
+        raise UserError(f"job {job} has ended ({state}): its session is gone; `eventsched logs {job}` shows its output")
     kind = find_session(job)
     if not kind:
-        raise AttachRefused(f"job {job} has no terminal session (submit it with --session tmux or --session screen)")
+        raise UserError(f"job {job} has no terminal session (submit it with --session tmux or --session screen)")
     if not os.isatty(0):
-        raise AttachRefused(f"attach needs a terminal; {' '.join(attach_argv(kind, job))} is the command")
+        raise UserError(f"attach needs a terminal; {' '.join(attach_argv(kind, job))} is the command")
     argv = attach_argv(kind, job)
     sys.stdout.flush()
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
-        raise AttachRefused(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     return 0  # not reached

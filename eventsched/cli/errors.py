@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import sys
+from eventsched.domain.text import print_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
 
-__all__ = ["EXIT_USAGE", "UserError", "fail"]
-
-EXIT_USAGE = 2
+__all__ = ["UserError", "fail", "refusal_exit"]
 
 
 class UserError(Exception):
     """A mistake of the user's: printed as one line, exit status 2."""
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    print(f"eventsched: error: {message}", file=sys.stderr)
+def refusal_exit(kind: str) -> int:
+    """The exit status for a daemon's refusal of this kind (a ``RefusalKind``
+    value): a request wrong in itself is a usage error, 2, as on the command
+    line; any other refusal, or no answer, is 1."""
+    return 2 if kind == "invalid" else 1
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    print_error(message)
     raise SystemExit(code)

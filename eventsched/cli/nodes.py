@@ -1,4 +1,4 @@
-"""``eventsched nodes [--json]`` (issue 12): each node, its state, GPUs and jobs.
+"""``eventsched nodes [--json]``: each node, its state, GPUs and jobs.
 
 On one machine that is the one node (``local``); under ``serve --ray`` every
 Ray node that offers GPUs, ``up`` or ``down`` (it left or died: its GPUs take
@@ -7,10 +7,9 @@ nothing new, its jobs ended ``lost``).
 
 from __future__ import annotations
 
-import json
 import time
 
-from eventsched.domain.text import table
+from eventsched.domain.text import print_json, table
 
 __all__ = ["show_nodes", "render_nodes"]
 
@@ -28,5 +27,8 @@ def render_nodes(nodes: list[dict]) -> str:
 
 def show_nodes(nodes: list[dict], *, as_json: bool) -> int:
     """Print ``nodes`` (``status``'s ``nodes``) as a table or as JSON."""
-    print(json.dumps(nodes, indent=2) if as_json else render_nodes(nodes))
+    if as_json:
+        print_json(nodes)
+    else:
+        print(render_nodes(nodes))
     return 0

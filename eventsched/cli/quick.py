@@ -6,10 +6,9 @@ argparse (with the ``re``, ``gettext`` and ``locale`` it imports), msgspec
 (``typing``, ``uuid``, ``decimal``, ``datetime``) and ``socket.py`` each cost
 more than everything else such a call does; this path needs none of them:
 
-- ``SUBMIT_OPTIONS`` is the one table of ``submit``'s options: ``build_parser``
-  adds them to argparse, and ``parse`` reads the plain spellings of them
-  (``--opt VALUE``, ``--opt=VALUE``, flags) with the same ``type``,
-  ``choices``, ``dest`` and defaults;
+- ``parse`` reads the plain spellings (``--opt VALUE``, ``--opt=VALUE``,
+  flags) of the options in ``commands.COMMANDS``, the table argparse is built
+  from, with the same ``type``, ``choices``, ``dest`` and defaults;
 - the job is built by the same ``spec_fields`` as the full path, and sent by
   ``wire.lean`` (msgpack by hand over ``_socket``).
 
@@ -17,7 +16,7 @@ Anything this path does not read exactly as argparse would (``--help``, an
 abbreviated or unknown option, a value that starts with ``-``, a bad value,
 ``--interactive``, ``--llm`` sizing, a user's mistake that needs its message)
 returns None *before anything is sent*, and the full parser takes over: its
-behaviour and messages are the contract (SPEC §2), this is only a shortcut.
+behaviour and messages are the contract, this is only a shortcut.
 """
 
 from __future__ import annotations
@@ -25,47 +24,14 @@ from __future__ import annotations
 import os
 import sys
 
-TYPE_CHECKING = False  # typing itself costs a CLI call ~3 ms; mypy reads this as True
+from eventsched.cli.commands import COMMANDS
+from eventsched.domain.text import print_json
+
+TYPE_CHECKING = False  # typing is costly to import; mypy reads this as True
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    Option = tuple[tuple[str, ...], dict[str, Any]]  # (flags, add_argument's keyword arguments)
-
-__all__ = ["COMMON_OPTIONS", "SUBMIT_OPTIONS", "HEALTH_OPTIONS", "Args", "parse", "plan", "submit_message"]
-
-COMMON_OPTIONS: list[Option] = [
-    (("--state-dir",), {"help": "state directory (default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched)"}),
-    (("--socket",), {"help": "control socket (default $EVENTSCHED_SOCKET or <state-dir>/eventsched.sock)"}),
-]
-
-# `eventsched submit`'s options, in --help's order (build_parser adds them)
-SUBMIT_OPTIONS: list[Option] = [
-    (("--gpus",), {"type": float, "help": "share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)"}),
-    (("--gpu-mem", "--mem"), {"dest": "gpu_mem", "type": int, "metavar": "MIB", "help": "GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)"}),
-    (("--gpu-ids",), {"metavar": "LIST", "help": "GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; with --gpus K, K of them; NODE:0,1 on a cluster"}),
-    (("--node",), {"metavar": "NAME", "help": "run on this node of a cluster (`eventsched nodes` lists them)"}),
-    (("--priority",), {"type": int, "default": 0, "help": "higher runs first (default 0)"}),
-    (("--name",), {}),
-    (("--time-limit",), {"metavar": "SECONDS", "help": "kill after this long (90, 15m, 2h)"}),
-    (("--requeue-on-time-limit",), {"action": "store_true", "help": "requeue at the back instead of killing for good"}),
-    (("--tenant",), {}),
-    (("--after",), {"action": "append", "metavar": "JOB", "help": "run only after JOB succeeded (repeatable)"}),
-    (("--retries",), {"type": int, "default": 0, "help": "retry a failed job up to N times"}),
-    (("--conda",), {"metavar": "ENV", "help": "activate this conda environment first"}),
-    (("--env-setup", "--env-setup-cmd"), {"dest": "env_setup", "metavar": "CMD", "help": 'shell set-up run first, e.g. "source venv/bin/activate"'}),
-    (("--array",), {"metavar": "SPEC", "help": "one task per index: 0-99, 1,3,5 or 0-99:2, with %%K for at most K at once; {index} in the command is the index"}),
-    (("--dedupe",), {"action": "store_true", "help": "refuse if an identical job is queued, running or succeeded"}),
-    (("--interactive",), {"action": "store_true", "help": "stream the job's output here; Ctrl+C detaches"}),
-    (("--session",), {"choices": ["tmux", "screen"], "help": "run in a detached terminal session (eventsched attach JOB)"}),
-    (("--host-mem",), {"type": int, "metavar": "MIB", "help": "host memory limit, MiB (enforced by the kernel)"}),
-    (("--llm-config",), {"metavar": "FILE", "help": "llm_config.json for --llm NAME in the command (default ./llm_config.json)"}),
-    (("--preemptible",), {"action": "store_true", "help": "may be stopped (and requeued) for a more urgent job"}),
-    (("--signal",), {"metavar": "SIG@SECONDS", "help": "when preempted: this signal first, SIGKILL SECONDS later (default TERM@preempt_grace_s)"}),
-    (("--json",), {"action": "store_true"}),
-]
-
-# the plain spellings of `health` that the fast path reads (build_parser has the rest)
-HEALTH_OPTIONS: list[Option] = [(("--json",), {"action": "store_true"})]
+__all__ = ["Args", "parse", "plan", "submit_message", "show_health", "show_ids"]
 
 # the kwargs ``parse`` understands; an option with any other one is left to argparse
 _UNDERSTOOD = frozenset({"dest", "type", "default", "action", "choices", "help", "metavar"})
@@ -83,18 +49,14 @@ class Args:
         raise AttributeError(name)
 
 
-def _dest(flags: tuple[str, ...], options: dict[str, Any]) -> str:
-    return str(options.get("dest") or flags[0].lstrip("-").replace("-", "_"))
-
-
-def parse(command: str, argv: list[str], table: list[Option]) -> Args | None:
+def parse(command: str, argv: list[str]) -> Args | None:
     """``argv`` (the options after ``command``, before ``--``) as argparse
-    would read them with ``table``'s options, or None where this cannot be
-    sure it reads them the same (argparse then reads them, and says why)."""
+    would read them, or None where this cannot be sure it reads them the
+    same (argparse then reads them, and says why)."""
     lookup: dict[str, tuple[str, dict[str, Any]]] = {}
     values: dict[str, Any] = {"command": command}
-    for flags, options in table:
-        dest = _dest(flags, options)
+    for flags, options in COMMANDS[command][1]:
+        dest = str(options.get("dest") or flags[0].lstrip("-").replace("-", "_"))
         values[dest] = options.get("default", False if options.get("action") == "store_true" else None)
         if options.keys() <= _UNDERSTOOD:  # else: not in lookup, so its use falls back
             for flag in flags:
@@ -139,31 +101,18 @@ def parse(command: str, argv: list[str], table: list[Option]) -> Args | None:
     return Args(**values)
 
 
-def _socket_path(args: Args) -> str:
-    from eventsched.domain.paths import socket_location
-
-    return args.socket or socket_location(args.state_dir)
-
-
-def _print_json(data: Any) -> None:  # as cli.print_json prints it
-    import json
-
-    json.dump(data, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
-
-
 def plan(argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]) -> Callable[[], int] | None:
     """The fast path's command for ``argv``, ready to run (nothing is sent
     yet), or None: then the full parser and handlers run. ``build`` is
     ``cli.spec_fields``: a job's fields from its options and command."""
     if os.environ.get("EVENTSCHED_NO_QUICK"):  # the full path for everything (tests compare the two)
         return None
-    remote = bool(os.environ.get("EVENTSCHED_URL"))  # issue 12: over HTTP (wire/http_client.py), never the socket
+    remote = bool(os.environ.get("EVENTSCHED_URL"))  # over HTTP (wire/http_client.py), never the socket
     if argv == ["--version"]:
         return _version
     if argv[:1] == ["health"] and not remote:
-        health = parse("health", argv[1:], COMMON_OPTIONS + HEALTH_OPTIONS)
-        return None if health is None else lambda: _health(health)
+        health = parse("health", argv[1:])
+        return None if health is None else lambda: show_health(_request(health, {"type": "Ping"}), health.json)
     submission = submit_message(argv, build)
     if submission is None:
         return None
@@ -180,7 +129,7 @@ def submit_message(
     if argv[:1] != ["submit"] or "--" not in argv:
         return None  # not a submit, or no command: argparse's message
     cut = argv.index("--")
-    args = parse("submit", argv[1:cut], COMMON_OPTIONS + SUBMIT_OPTIONS)
+    args = parse("submit", argv[1:cut])
     command = argv[cut + 1 :]
     if args is None or not command or args.interactive or any("--llm" in word for word in command):
         return None
@@ -205,15 +154,31 @@ def _version() -> int:
     return 0
 
 
-def _health(args: Args) -> int:
+def _request(args: Args, message: dict[str, Any]) -> Any:
+    from eventsched.domain.paths import socket_location
     from eventsched.wire.lean import request
 
-    info = request(_socket_path(args), {"type": "Ping"})
-    if args.json:
-        _print_json(info)
+    return request(args.socket or socket_location(args.state_dir), message)
+
+
+def show_health(info: dict[str, Any], as_json: bool) -> int:
+    """``health``'s answer, on either path."""
+    if as_json:
+        print_json(info)
     else:
         print(f"ok: daemon pid {info['pid']}, log at seq {info['seq']}")
     return 0
+
+
+def show_ids(ids: int | list[int], as_json: bool) -> None:
+    """A submission's job id (an array's: one a line), on either path."""
+    if as_json:
+        print_json({"ids": ids} if isinstance(ids, list) else {"id": ids})
+    elif isinstance(ids, list):
+        sys.stdout.write("".join(f"{i}\n" for i in ids))
+    else:
+        print(ids)
+    sys.stdout.flush()
 
 
 def _submit(args: Args, message: dict[str, Any], *, remote: bool = False) -> int:
@@ -223,20 +188,6 @@ def _submit(args: Args, message: dict[str, Any], *, remote: bool = False) -> int
         with from_environment() as c:
             data = c.call("POST", "/v1/jobs", {"spec": message["spec"], "array": message.get("array", [])})
     else:
-        from eventsched.wire.lean import request
-
-        data = request(_socket_path(args), message)
-    if "array" in message:
-        ids = [int(i) for i in data["ids"]]
-        if args.json:
-            _print_json({"ids": ids})
-        else:
-            sys.stdout.write("".join(f"{i}\n" for i in ids))
-        return 0
-    job = int(data["id"])
-    if args.json:
-        _print_json({"id": job})
-    else:
-        print(job)
-    sys.stdout.flush()
+        data = _request(args, message)
+    show_ids([int(i) for i in data["ids"]] if "array" in message else int(data["id"]), args.json)
     return 0

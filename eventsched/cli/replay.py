@@ -9,12 +9,13 @@ instead (``static_sim``).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from eventsched.domain.text import print_json
 
 __all__ = ["run_replay", "parse_seeds"]
 
@@ -64,7 +65,7 @@ def _run_static(args: argparse.Namespace) -> int:
     except (TraceError, ValueError) as e:
         return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     if args.json:
-        print(json.dumps(static_sim.result_dict(result), indent=2))
+        print_json(static_sim.result_dict(result))
     else:
         print(static_sim.format_table(result))
     return 0
@@ -94,7 +95,7 @@ def what_if(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
 
 def run_replay(args: argparse.Namespace) -> int:
     """Replay ``args.source`` under each ``args.policy``; print the comparison."""
-    if getattr(args, "static", False):
+    if args.static:
         return _run_static(args)
     from eventsched.core.policies import POLICIES
     from eventsched.sim.simulator import RECORDED, simulate
@@ -106,14 +107,14 @@ def run_replay(args: argparse.Namespace) -> int:
         if p != RECORDED and p not in POLICIES:
             return _fail(f"unknown policy {p!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
     try:
-        workload = load_source(args.source, gpus=getattr(args, "gpus", None), nodes=getattr(args, "nodes", None) or 1)
+        workload = load_source(args.source, gpus=args.gpus, nodes=args.nodes or 1)
     except ReplayError as e:
         return _fail(str(e))
     if RECORDED in policies and workload.kind != "log":
         return _fail(f"policy {RECORDED!r} needs a recorded log as the source")
     settings: dict[str, Any] = {}
     tenants = None
-    if getattr(args, "config", None):
+    if args.config:
         try:
             settings, tenants = what_if(args.config)
         except ValueError as e:
@@ -142,7 +143,7 @@ def run_replay(args: argparse.Namespace) -> int:
     table = compare(results, baseline=baseline)
     table["out"] = str(out)
     if args.json:
-        print(json.dumps(table, indent=2))
+        print_json(table)
     else:
         print(format_comparison(table))
         print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)")

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from typing import IO, Any, Callable, TextIO
 
+from eventsched.domain.rlimits import current_umask
 from eventsched.domain.text import table
 from eventsched.projections.sql import (
     EXIT_BAD_QUERY,
@@ -35,7 +36,7 @@ from eventsched.projections.sql import (
     query_typed,
 )
 
-__all__ = ["FORMATS", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
+__all__ = ["FORMATS", "ask_daemon", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -181,18 +182,12 @@ def write_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
             target.flush()  # type: ignore[union-attr]
             os.unlink(tmp)
         else:
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
             os.replace(tmp, os.fspath(target))  # type: ignore[arg-type]
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # --- the command -------------------------------------------------------------------
@@ -215,12 +210,27 @@ def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | No
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             print_result(columns, rows, fmt, f)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, output)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def ask_daemon(socket_path: str, sql: str, timeout_s: float) -> dict[str, Any]:
+    """``sql`` answered by the daemon, as this user (see ``needs_daemon``)."""
+    from eventsched.wire import protocol
+    from eventsched.wire.client import Client, ClientError
+
+    try:
+        with Client(socket_path, timeout=timeout_s) as c:
+            result: dict[str, Any] = c.request(protocol.RunSql(query=sql))
+            return result
+    except ClientError as exc:
+        raise SqlError(str(exc), 2) from None
+    except OSError as exc:  # e.g. the daemon took longer than the client waits
+        raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
 
 
 def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",

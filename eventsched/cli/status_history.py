@@ -1,4 +1,4 @@
-"""History at a glance (issue 17 item 4): ``eventsched status --history 1h``.
+"""History at a glance: ``eventsched status --history 1h``.
 
 Per GPU, a utilisation and a memory sparkline over the window, and per user
 the GPU-hours of the current day (UTC, the ``gpu_hours_daily`` view), all from
@@ -104,12 +104,9 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
         g = gpu(node, index)
         if total is not None:
             g["memory_total_mib"] = max(int(total), g["memory_total_mib"] or 0)
-        if kind == "bucket" and 0 <= int(b) < buckets:
-            g["by_bucket"][int(b)] = (float(mean_util), float(mean_mem), float(last_ts), float(last_util),
-                                      float(last_mem))
-        elif kind == "bucket" and int(b) >= buckets:  # a sample right at the window's end
-            g["by_bucket"][buckets - 1] = (float(mean_util), float(mean_mem), float(last_ts), float(last_util),
-                                           float(last_mem))
+        if kind == "bucket" and int(b) >= 0:  # a sample right at the window's end: the last column
+            g["by_bucket"][min(int(b), buckets - 1)] = (float(mean_util), float(mean_mem), float(last_ts),
+                                                        float(last_util), float(last_mem))
         elif kind == "before":
             g["before"] = (float(last_ts), float(last_util), float(last_mem))
     out = []
@@ -184,10 +181,9 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
 
 def span_text(seconds: float) -> str:
     """``3600`` -> ``1h``, ``60`` -> ``1m``, ``0.5`` -> ``0.5s``."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:.3g}s" if seconds < 60 else f"{seconds / 60:.3g}m"
+    from eventsched.domain.units import format_duration
+
+    return format_duration(seconds, "span")
 
 
 def _gib(mib: float | None) -> str:
@@ -230,23 +226,16 @@ def render_history(h: dict[str, Any]) -> str:
 
 def query_for(state_dir: str | os.PathLike[str], socket: str | None, timeout_s: float = 60.0) -> Query:
     """Run SQL here when this user can read the log, else ask the daemon (as ``eventsched sql`` does)."""
-    from eventsched.projections.sql import SqlError, needs_daemon, query
+    from eventsched.projections.sql import needs_daemon, query
 
     if not needs_daemon(state_dir):
         return lambda sql: query(state_dir, sql)
 
     def via_daemon(sql: str) -> tuple[list[str], list[Any]]:
+        from eventsched.cli.sql import ask_daemon
         from eventsched.domain.paths import socket_location
-        from eventsched.wire import protocol
-        from eventsched.wire.client import Client, ClientError
 
-        try:
-            with Client(socket or socket_location(state_dir), timeout=timeout_s) as c:
-                result = c.request(protocol.RunSql(query=sql))
-        except ClientError as exc:
-            raise SqlError(str(exc), 2) from None
-        except OSError as exc:
-            raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
+        result = ask_daemon(socket or socket_location(state_dir), sql, timeout_s)
         return list(result["columns"]), [tuple(row) for row in result["rows"]]
 
     return via_daemon

@@ -1,4 +1,4 @@
-"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--json]`` (I2, F19).
+"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--json]``.
 
 The seeds' jobs file (format and conversions: ``domain/jobsfile.py``), all
 its lines submitted over one connection. New ids go to stdout one per line;
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eventsched.domain.jobsfile import (
-    already_submitted,
     line_source,
     line_spec,
     parse_jobs_text,
@@ -41,6 +40,7 @@ from eventsched.domain.llm import (
     llm_name,
     parse_llm_config,
 )
+from eventsched.domain.text import print_json
 from eventsched.domain.units import UnitError
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def find_llm_config(explicit: str | None, state_dir: str | None) -> LlmConfig:
 def llm_sized(args: argparse.Namespace, command: list[str], spec: JobSpec) -> JobSpec:
     """``eventsched submit``: ``--llm NAME`` in the command sets ``gpus`` from
     llm_config.json, unless ``--gpus`` was given."""
-    if getattr(args, "gpus", None) is not None:
+    if args.gpus is not None:
         return spec
     words = command[1:]
     if len(command) == 1 and " " in command[0]:  # one shell string (run through sh -c)
@@ -105,7 +105,7 @@ def llm_sized(args: argparse.Namespace, command: list[str], spec: JobSpec) -> Jo
         return spec
     import msgspec
 
-    llm = find_llm_config(getattr(args, "llm_config", None), getattr(args, "state_dir", None))
+    llm = find_llm_config(args.llm_config, args.state_dir)
     return msgspec.structs.replace(spec, gpus=llm.gpus(name))
 
 
@@ -172,11 +172,10 @@ class JobsFile:
                 if announce:
                     print(result, flush=True)
                 continue
-            existing = already_submitted(result)
-            if existing is not None:
-                outcome.skipped.append({"line": job.line, "id": existing})
+            if result.existing is not None:  # submitted before: the core knows each line's source
+                outcome.skipped.append({"line": job.line, "id": result.existing})
             else:
-                self.error(outcome, job.line, result)
+                self.error(outcome, job.line, str(result))
         return outcome
 
 
@@ -207,8 +206,7 @@ def cmd_submit_file(args: argparse.Namespace, c: Client) -> int:
         if args.watch:
             print(json.dumps(outcome.json()), flush=True)
         else:
-            json.dump(outcome.json(), sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            print_json(outcome.json())
     elif outcome.skipped:
         n = len(outcome.skipped)
         print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} already submitted; skipped",

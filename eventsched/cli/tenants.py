@@ -1,20 +1,18 @@
-"""``eventsched tenants`` and ``eventsched tenant set|remove`` (F12)."""
+"""``eventsched tenants`` and ``eventsched tenant set|remove``."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from eventsched.domain.paths import socket_location
-from eventsched.domain.text import table
+from eventsched.domain.text import print_json, table
 from eventsched.domain.units import UnitError
 
 if TYPE_CHECKING:
     from eventsched.wire.client import Client
 
-__all__ = ["add_parsers", "cmd_tenants", "cmd_tenant"]
+__all__ = ["cmd_tenants", "cmd_tenant"]
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -23,35 +21,10 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(args.socket or socket_location(args.state_dir))
 
 
-def _print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("tenants", parents=[common], help="each tenant: quota, weight, usage now, fair share, recent usage")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("tenant", parents=[common], help="define or remove a tenant at run time (root or the daemon's user)")
-    actions = p.add_subparsers(dest="tenant_command", parser_class=type(p), metavar="ACTION")
-    actions.required = True
-    q = actions.add_parser("set", help="create a tenant or change the keys given (the rest stay as they are)")
-    q.add_argument("name")
-    q.add_argument("--users", metavar="A,B", help="its users (replaces the list)")
-    q.add_argument("--gpus", metavar="N", help="GPUs running at once (shares add up); 'none' for no ceiling")
-    q.add_argument("--gpu-mem", metavar="MIB", help="GPU memory reserved at once; 'none' for no ceiling")
-    q.add_argument("--jobs", metavar="N", help="jobs running at once; 'none' for no ceiling")
-    q.add_argument("--weight", type=float, help="fair-share weight (> 0)")
-    q.add_argument("--preemptible", choices=["yes", "no"], help="its jobs over its fair share may be preempted")
-    q.add_argument("--default-for", metavar="A,B", help="users for whom this is the tenant when they name none")
-    q.add_argument("--json", action="store_true")
-    q = actions.add_parser("remove", help="remove a tenant (its users fall back to the default tenant)")
-    q.add_argument("name")
-
-
 def cmd_tenants(args: argparse.Namespace) -> int:
     rows = _client(args).tenants()
     if args.json:
-        _print_json(rows)
+        print_json(rows)
         return 0
     print(table(
         ["TENANT", "WEIGHT", "GPUS", "QUOTA", "JOBS", "QUEUED", "SHARE", "RECENT", "FACTOR", "RECENT GPU-H"],
@@ -109,7 +82,7 @@ def cmd_tenant(args: argparse.Namespace) -> int:
         raise UnitError(f"tenant {args.name}: {exc}") from None
     rows = c.set_tenant(args.name, tenant)
     if args.json:
-        _print_json(rows)
+        print_json(rows)
     else:
         print(f"tenant {args.name} set")
     return 0

@@ -1,4 +1,4 @@
-"""``eventsched token create|list|revoke``: API tokens for ``serve --http`` (issue 12).
+"""``eventsched token create|list|revoke``: API tokens for ``serve --http``.
 
 Always over the daemon's socket, whatever ``EVENTSCHED_URL`` says: the daemon
 learns who is asking from the socket's peer credentials, so a token is only
@@ -8,31 +8,15 @@ ever made for the user who runs this (or, by root, for ``--user``).
 from __future__ import annotations
 
 import argparse
-import json
 import pwd
 import sys
 import time
-from typing import Any
 
 from eventsched.cli.errors import UserError
 from eventsched.domain.paths import socket_location
-from eventsched.domain.text import table
+from eventsched.domain.text import print_json, table
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("token", help="API tokens for the HTTP API (serve --http): create, list, revoke")
-    actions = p.add_subparsers(dest="token_command", parser_class=type(p), metavar="ACTION")
-    actions.required = True
-    q = actions.add_parser("create", parents=[common], help="print a new token for you (shown once; only its hash is kept)")
-    q.add_argument("--name", default="", help="a name to know it by (default token-ID)")
-    q.add_argument("--user", metavar="NAME", help="root only: a token of this user")
-    q.add_argument("--json", action="store_true")
-    q = actions.add_parser("list", parents=[common], help="your tokens (root: everyone's)")
-    q.add_argument("--json", action="store_true")
-    q = actions.add_parser("revoke", parents=[common], help="revoke a token by its id or name")
-    q.add_argument("token", metavar="ID|NAME")
+__all__ = ["run"]
 
 
 def _uid_of(name: str) -> int:
@@ -53,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
             for_uid = _uid_of(args.user) if args.user else -1
             made = c.request(protocol.CreateToken(name=args.name, for_uid=for_uid))
             if args.json:
-                json.dump(made, sys.stdout, indent=2)
-                sys.stdout.write("\n")
+                print_json(made)
             else:
                 print(made["token"])
                 print(
@@ -66,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if args.token_command == "list":
             tokens = c.request(protocol.ListTokens())
             if args.json:
-                json.dump(tokens, sys.stdout, indent=2)
-                sys.stdout.write("\n")
+                print_json(tokens)
             elif not tokens:
                 print("no tokens (make one with `eventsched token create`)")
             else:

@@ -1,44 +1,47 @@
-"""Text from users, made safe to print on someone else's terminal.
+"""Text for a terminal: users' strings made safe to print, the one table
+formatter, the one JSON printer and the one error line.
 
 Job names, commands and users' strings reach other users' terminals through
 ``queue``, ``status``, ``sql`` and ``explain``. A raw escape sequence there
 could retitle a window, hide lines or fake output, so every such string is
 printed through ``printable``: control characters (C0, DEL, C1) and the
 bidirectional overrides become visible escapes; everything else is kept.
+
+Imports nothing at module level: the CLI's fast path prints through it.
 """
 
 from __future__ import annotations
 
-import re
+import sys
 
-__all__ = ["printable", "has_control", "table"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
-# C0 controls except none, DEL, C1 controls, and the Unicode bidi controls
-# that reorder what a terminal shows (the "Trojan Source" characters)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+__all__ = ["printable", "has_control", "table", "print_json", "print_error"]
 
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+# C0 controls, DEL, C1 controls, and the Unicode bidi controls that reorder
+# what a terminal shows (the "Trojan Source" characters)
+_CONTROL = [*range(0x20), *range(0x7F, 0xA0), 0x61C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _CONTROL}
+_CONTROL_CHARS = frozenset(map(chr, _CONTROL))
 
 
 def printable(text: str) -> str:
     """``text`` with every control character shown as an escape (``\\x1b``)."""
-    return _CONTROL.sub(_escape, text)
+    return text.translate(_ESCAPES) if has_control(text) else text
 
 
 def has_control(text: str) -> bool:
-    return _CONTROL.search(text) is not None
+    return not _CONTROL_CHARS.isdisjoint(text)
 
 
-def table(headers: list[str], rows: list[list[str]], *, right: list[bool] | None = None, rule: bool = False) -> str:
+def table(headers: list[str], rows: list[list[Any]], *, right: list[bool] | None = None, rule: bool = False) -> str:
     """Aligned columns for a terminal: every cell through ``printable`` (names
-    are users' text); ``right`` right-aligns columns (numbers), ``rule`` draws
-    a line under the header. The one table formatter of the CLI, ``sql`` and
-    the notebook's text views."""
+    are users' text; None shows as nothing); ``right`` right-aligns columns
+    (numbers), ``rule`` draws a line under the header."""
     head = [printable(h) for h in headers]
-    cells = [[printable(c) for c in row] for row in rows]
+    cells = [["" if c is None else printable(str(c)) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(head)]
     align = right or [False] * len(head)
 
@@ -50,3 +53,17 @@ def table(headers: list[str], rows: list[list[str]], *, right: list[bool] | None
         out.append("  ".join("-" * w for w in widths))
     out.extend(line(row) for row in cells)
     return "\n".join(out)
+
+
+def print_json(data: Any, out: TextIO | None = None) -> None:
+    """``data`` as indented JSON and a newline: every ``--json`` output."""
+    import json
+
+    out = out or sys.stdout
+    json.dump(data, out, indent=2)
+    out.write("\n")
+
+
+def print_error(message: str) -> None:
+    """The one way a command says what went wrong: one line on stderr."""
+    print(f"eventsched: error: {message}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """The units users write: durations, GPU id lists, job id lists, ``fake:N[:MIB]``.
 
-One parser each, shared by the CLI, the daemon, the notebook magics and the
+One parser each (and the one duration formatter), shared by the CLI, the daemon, the notebook magics and the
 replay. Each raises ``UnitError`` (a ``ValueError``) with a one-line message
 that names what was wrong.
 """
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus", "DEFAULT_FAKE_MEM_MIB",
-    "MAX_ARRAY_TASKS", "parse_array", "parse_signal",
+    "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration",
 ]
 
 # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding.
@@ -55,6 +55,28 @@ def parse_duration(text: str) -> float:
     if number or total <= 0:
         raise UnitError(f"time limit {text!r}: use seconds or units like 90s, 15m, 2h, 1h30m")
     return total
+
+
+def format_duration(seconds: float | None, style: str = "clock") -> str:
+    """Seconds for a person, in one of three looks: ``clock`` (``queue``'s
+    TIME: ``42s``, ``5m03s``, ``2h05m``), ``decimal`` (replay comparisons:
+    ``42.0 s``, ``1.5 min``, ``2.25 h``), ``span`` (a window: ``1h``, ``90s``)."""
+    if seconds is None:
+        return ""
+    if style == "decimal":
+        for unit, size, digits in ((" d", 86400, 2), (" h", 3600, 2), (" min", 60, 1)):
+            if seconds >= size:
+                return f"{seconds / size:.{digits}f}{unit}"
+        return f"{seconds:.1f} s"
+    if style == "span":
+        for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+            if seconds >= size and seconds % size == 0:
+                return f"{int(seconds // size)}{unit}"
+        return f"{seconds:.3g}s" if seconds < 60 else f"{seconds / 60:.3g}m"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def parse_gpu_ids(text: str) -> list[int]:

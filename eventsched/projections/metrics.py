@@ -1,4 +1,4 @@
-"""`eventsched metrics`: the SPEC I5 figures, from the DuckDB read model.
+"""`eventsched metrics`: the scheduler's figures, from the DuckDB read model.
 
 * wait (submission to first start), run (time in completed attempts) and
   turnaround (submission to end, finished jobs): count, mean, median, p95.
@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -21,11 +20,12 @@ from typing import Any, TextIO
 import duckdb
 
 from eventsched.domain.states import FINAL, JobState
+from eventsched.domain.text import print_json, table
 from eventsched.projections.history import History, HistoryError
 
 __all__ = ["compute_metrics", "format_metrics", "prometheus_text", "run_metrics", "STATES"]
 
-# Every state a job can be in (SPEC §2), so that counts of 0 are reported too.
+# Every state a job can be in, so that counts of 0 are reported too.
 STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 
 _DURATIONS = {
@@ -46,7 +46,7 @@ def _summary(con: duckdb.DuckDBPyConnection, column: str, where: str) -> dict[st
 
 
 def compute_metrics(history: History) -> dict[str, Any]:
-    """The I5 figures on a current, consistent view of the history."""
+    """The figures on a current, consistent view of the history."""
     with history.reader() as con:
         position = con.execute("SELECT seq, ts FROM _position").fetchone()
         assert position is not None  # ensure_schema always writes the one row
@@ -76,7 +76,7 @@ def compute_metrics(history: History) -> dict[str, Any]:
                           "FROM forecast_errors").fetchone()
         forecasts = {"count": int(row[0]) if row else 0, "mean_abs_error_s": row[1] if row else None,
                      "median_abs_error_s": row[2] if row else None, "mean_error_s": row[3] if row else None}
-        idle = _idle_gpu_hours(con)  # issue 17
+        idle = _idle_gpu_hours(con)
     return {
         "log_seq": int(seq),
         "log_ts": ts,
@@ -90,7 +90,7 @@ def compute_metrics(history: History) -> dict[str, Any]:
         "preemptions": preemptions,
         # start forecasts shown (explain) against the real starts: forecast_errors
         "forecasts": forecasts,
-        # issue 17: GPU-hours held while idle, per user (the idle_gpu_hours view)
+        # GPU-hours held while idle, per user (the idle_gpu_hours view)
         "idle_gpu_hours": idle,
     }
 
@@ -112,38 +112,37 @@ def _num(value: float | int | None, digits: int = 1) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-    return [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+    """Indented under its title: names on the left, figures right-aligned."""
+    text = table(header, rows, right=[False] + [True] * (len(header) - 1), rule=True)
+    return ["  " + line for line in text.split("\n")]
 
 
 def format_metrics(m: dict[str, Any]) -> str:
     out = [f"history up to event {m['log_seq']}", ""]
     out.append("jobs")
     counts = [[s, str(n)] for s, n in m["jobs"]["by_state"].items()]
-    out += ["  " + x for x in _table(["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])]
+    out += _table(["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])
     out.append("")
     out.append("times (seconds)")
     rows = [[label, _num(m[key]["count"]), _num(m[key]["mean"]), _num(m[key]["median"]), _num(m[key]["p95"])]
             for label, key in (("wait", "wait_s"), ("run", "run_s"), ("turnaround", "turnaround_s"))]
-    out += ["  " + x for x in _table(["", "jobs", "mean", "median", "p95"], rows)]
+    out += _table(["", "jobs", "mean", "median", "p95"], rows)
     out.append("")
     out.append("GPU utilisation (%)")
     rows = [[f"{g['node']}:{g['gpu']}", str(g["samples"]), _num(g["utilization_mean"]), _num(g["utilization_peak"])]
             for g in m["gpus"]]
-    out += ["  " + x for x in _table(["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])]
+    out += _table(["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])
     for title, key, label in (("GPU-hours per user", "gpu_hours_by_user", "user"),
                               ("GPU-hours per tenant", "gpu_hours_by_tenant", "tenant")):
         out.append("")
         out.append(title)
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
-        out += ["  " + x for x in _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])]
-    if m.get("idle_gpu_hours"):  # issue 17
+        out += _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])
+    if m.get("idle_gpu_hours"):
         out += ["", "Idle GPU-hours per user (allocated, at most idle_utilization_pct busy)"]
         rows = [[r["user"] or "(none)", str(r["jobs"]), str(r["spells"]), _num(r["idle_gpu_hours"], 3)]
                 for r in m["idle_gpu_hours"]]
-        out += ["  " + x for x in _table(["user", "jobs", "spells", "idle GPU-hours"], rows)]
+        out += _table(["user", "jobs", "spells", "idle GPU-hours"], rows)
     fc = m.get("forecasts") or {}
     if fc.get("count"):
         out += ["", f"Start forecasts: {fc['count']} checked against the real start; mean absolute error "
@@ -154,8 +153,8 @@ def format_metrics(m: dict[str, Any]) -> str:
         rows = [[r["tenant"] or "(none)", _num(r["quota_gpus"]), _num(r["weight"]), _num(r["gpus_now"], 2),
                  str(r["running"]), str(r["waiting"]), _num(r["mean_wait_s"]), _num(r["gpu_hours"], 3),
                  _num(100 * (r["gpu_hours_share"] or 0.0)), str(r["preempted"])] for r in m["tenants"]]
-        out += ["  " + x for x in _table(["tenant", "quota", "weight", "GPUs now", "running", "waiting",
-                                          "mean wait s", "GPU-hours", "% of all", "preempted"], rows)]
+        out += _table(["tenant", "quota", "weight", "GPUs now", "running", "waiting",
+                       "mean wait s", "GPU-hours", "% of all", "preempted"], rows)
     return "\n".join(out)
 
 
@@ -276,7 +275,7 @@ def run_metrics(state_dir: str | os.PathLike[str], fmt: str = "table", *, out: T
             return 1
         raise
     if fmt == "json":
-        print(json.dumps(m, indent=2), file=out)
+        print_json(m, out)
     elif fmt == "prometheus":
         out.write(prometheus_text(m))
     else:

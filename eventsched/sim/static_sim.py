@@ -4,8 +4,8 @@ Pods of the Alibaba openb trace arrive one at a time in random order, are
 placed once on a 1,213-node cluster by a scoring policy (or dropped), and never
 leave. The metric is the share of GPU capacity left unallocated when the
 arrived GPU demand reaches 100 % of capacity; the median over seeds is compared
-with the paper. /work/shared/traces/FGD-EXPERIMENT.md describes every step;
-section numbers below refer to it.
+with the paper. The experiment's description, kept with the traces (see
+replays/alibaba-fgd/README.md), gives every step; section numbers refer to it.
 
 Randomness (what is and is not Go's math/rand): the FGD simulator seeds Go's
 global math/rand. We follow the same *procedure* with a Go-shaped API
@@ -423,31 +423,31 @@ def result_dict(result: StaticResult) -> dict:  # type: ignore[type-arg]
 
 def format_table(result: StaticResult) -> str:
     """Our unallocated-GPU % next to the paper's, one row per policy."""
-    lines = [
-        f"FGD Figure 9(a) static experiment: {result.pods} pods (tuned to {result.tune:g}x), "
-        f"{result.nodes} nodes / {result.gpus} GPUs, seeds {_seed_text(result.seeds)}",
-        "Unallocated GPU % when arrived GPU demand = 100 % of capacity (median over seeds)",
-        "",
-        f"{'policy':<11} {'ours':>7} {'paper':>7} {'diff':>6}   {'our seed range':>15}   "
-        f"{'paper range':>13}   {'failed pods':>11}   " + "  ".join(f"x={x:<3}" for x in XS),
-    ]
+    from eventsched.domain.text import table
+
+    rows = []
     for pr in result.policies:
         ours = pr.median.get(100, float("nan"))
         paper = (pr.paper or {}).get(100)
         pr_range = PAPER_SEED_RANGE.get(pr.policy) if pr.paper else None
         failed = statistics.median([r.failed for r in pr.runs]) if pr.runs else 0
-        lines.append(
-            f"{pr.policy:<11} {ours:>7.2f} "
-            + (f"{paper:>7.2f} {ours - paper:>+6.2f}" if paper is not None else f"{'-':>7} {'-':>6}")
-            + f"   {pr.seed_min:>6.2f}-{pr.seed_max:<6.2f}  "
-            + (f"   {pr_range[0]:>5.2f}-{pr_range[1]:<5.2f}" if pr_range else f"   {'-':>11}")
-            + f"   {failed:>11g}   "
-            + "  ".join(f"{pr.median.get(x, float('nan')):>5.2f}" for x in XS)
-        )
-    lines.append("")
-    lines.append("paper: Weng et al., ATC '23 artifact (median of seeds 42-51, Go math/rand); "
-                 "ours: same procedure, different PRNG bits (see static_sim docstring)")
-    return "\n".join(lines)
+        rows.append([
+            pr.policy, f"{ours:.2f}", "-" if paper is None else f"{paper:.2f}",
+            "-" if paper is None else f"{ours - paper:+.2f}", f"{pr.seed_min:.2f}-{pr.seed_max:.2f}",
+            f"{pr_range[0]:.2f}-{pr_range[1]:.2f}" if pr_range else "-", f"{failed:g}",
+            *(f"{pr.median.get(x, float('nan')):.2f}" for x in XS),
+        ])
+    headers = ["policy", "ours", "paper", "diff", "our seed range", "paper range", "failed pods", *(f"x={x}" for x in XS)]
+    return "\n".join([
+        f"FGD Figure 9(a) static experiment: {result.pods} pods (tuned to {result.tune:g}x), "
+        f"{result.nodes} nodes / {result.gpus} GPUs, seeds {_seed_text(result.seeds)}",
+        "Unallocated GPU % when arrived GPU demand = 100 % of capacity (median over seeds)",
+        "",
+        table(headers, rows, right=[False] + [True] * (len(headers) - 1)),
+        "",
+        "paper: Weng et al., ATC '23 artifact (median of seeds 42-51, Go math/rand); "
+        "ours: same procedure, different PRNG bits (see static_sim docstring)",
+    ])
 
 
 def _seed_text(seeds: list[int]) -> str:
@@ -457,13 +457,13 @@ def _seed_text(seeds: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m eventsched.static_sim POD_CSV NODE_CSV [--policy P]... [--seed S]... [--json]`."""
+    """`python -m eventsched.sim.static_sim POD_CSV NODE_CSV [--policy P]... [--seed S]... [--json]`."""
     import argparse
     import sys
 
     from eventsched.sim.traces import TraceError
 
-    ap = argparse.ArgumentParser(prog="python -m eventsched.static_sim",
+    ap = argparse.ArgumentParser(prog="python -m eventsched.sim.static_sim",
                                  description="FGD Figure 9(a) static experiment")
     ap.add_argument("pod_csv")
     ap.add_argument("node_csv")

@@ -7,15 +7,17 @@ little and starts fast.
 from __future__ import annotations
 
 import os
-import socket
-import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from eventsched.domain.events import Event, JobSpec, decode_many
 from eventsched.domain.paths import socket_location
 from eventsched.domain.tenants import Tenant
 from eventsched.wire import protocol
-from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
+from eventsched.wire.errors import ClientError, DaemonNotRunning, refused, went_away
+from eventsched.wire.framing import connect, exchange, read_frame
+
+if TYPE_CHECKING:
+    from _socket import socket
 
 __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
 
@@ -33,43 +35,15 @@ def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
         return b""
 
 
-def _send(sock: socket.socket, data: bytes) -> None:
-    """Send a request; if the daemon already hung up, its reason (e.g. too
-    many connections) is still there to read, so let the caller read it."""
-    try:
-        sock.sendall(data)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-
-
 class Client:
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, timeout: float | None = 30.0) -> None:
         # a string, not a Path: the CLI's import path stays free of pathlib
         self.socket_path: str = os.fspath(socket_path) if socket_path else socket_location()
         self.timeout = timeout
-        self._sock: socket.socket | None = None
+        self._sock: socket | None = None
 
-    # --- connection ------------------------------------------------------
-
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
-                try:
-                    sock.connect(self.socket_path)
-                    break
-                except BlockingIOError:  # the daemon's listen backlog is full for a moment
-                    if not delay:
-                        raise
-                    time.sleep(delay)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            sock.close()
-            raise DaemonNotRunning(self.socket_path) from exc
-        except PermissionError as exc:
-            sock.close()
-            raise ClientError(f"permission denied on the socket {self.socket_path}") from exc
-        return sock
+    def _connect(self) -> socket:
+        return connect(self.socket_path, self.timeout)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -82,41 +56,24 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @staticmethod
-    def _recv_exact(sock: socket.socket, n: int) -> bytes:
-        chunks = []
-        while n:
-            chunk = sock.recv(min(n, 1 << 20))
-            if not chunk:
-                raise ClientError("the daemon closed the connection")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+    _decode = staticmethod(protocol.server_message_decoder.decode)
 
-    def _receive(self, sock: socket.socket) -> protocol.Reply | protocol.EventBatch:
-        length = protocol.HEADER.unpack(self._recv_exact(sock, protocol.HEADER.size))[0]
-        return protocol.server_message_decoder.decode(self._recv_exact(sock, length))
+    def _receive(self, sock: socket) -> protocol.Reply | protocol.EventBatch:
+        return self._decode(read_frame(sock))
 
     def request(self, req: protocol.Request) -> Any:
         """Send one request on the shared connection; return the reply's data."""
         if self._sock is None:
             self._sock = self._connect()
         try:
-            _send(self._sock, protocol.frame(req))
-            reply = self._receive(self._sock)
-        except ClientError:
-            self.close()
-            raise
-        except (ConnectionResetError, BrokenPipeError) as exc:  # the daemon died mid-request
-            self.close()
-            raise went_away(exc) from None
-        except OSError:
+            reply = self._decode(exchange(self._sock, protocol.frame(req)))
+        except (ClientError, OSError):
             self.close()
             raise
         if not isinstance(reply, protocol.Reply):
             raise ClientError("unexpected message from the daemon")
         if not reply.ok:
-            raise ClientError(reply.error)
+            raise refused(reply.error, reply.kind, reply.data)
         return reply.data
 
     # --- commands --------------------------------------------------------
@@ -135,15 +92,18 @@ class Client:
         ids = []
         for reply in self._pipelined(specs):
             if not reply.ok:
-                raise ClientError(reply.error)
+                raise refused(reply.error, reply.kind, reply.data)
             ids.append(int(reply.data["id"]))
         return ids
 
-    def submit_each(self, specs: list[JobSpec]) -> list[int | str]:
+    def submit_each(self, specs: list[JobSpec]) -> list[int | ClientError]:
         """Like ``submit_many`` (one connection, pipelined), but a refusal
         does not stop the rest: one result per spec, in order, either the new
-        job's id or the daemon's one-line reason for refusing it."""
-        return [int(reply.data["id"]) if reply.ok else reply.error for reply in self._pipelined(specs)]
+        job's id or the daemon's refusal of it."""
+        return [
+            int(reply.data["id"]) if reply.ok else refused(reply.error, reply.kind, reply.data)
+            for reply in self._pipelined(specs)
+        ]
 
     def _pipelined(self, specs: list[JobSpec]) -> list[protocol.Reply]:
         """One ``SubmitJob`` per spec over one connection, a window at a
@@ -163,16 +123,10 @@ class Client:
                 if k + 1 < len(chunks):
                     sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
                 replies.extend(self._receive(sock) for _ in chunk)
-        except ClientError:
-            self.close()
-            raise
         except (ConnectionResetError, BrokenPipeError) as exc:
             self.close()
-            raise ClientError(
-                f"the daemon went away before answering ({exc.strerror}); whether it took the jobs is "
-                "in its log: check with `eventsched queue` once it is back"
-            ) from None
-        except OSError:
+            raise went_away(exc, "the jobs") from None
+        except (ClientError, OSError):
             self.close()
             raise
         out = []
@@ -185,15 +139,13 @@ class Client:
     def jobs(self, all: bool = False, page: int = 250) -> list[dict]:
         """Every job (``all``: finished ones too), in id order, fetched a page
         at a time so that a long listing never holds the daemon's loop for
-        long (issue 16); ``page=0`` asks for all of it in one reply."""
+        long; ``page=0`` asks for all of it in one reply."""
         if page <= 0:
             return self.request(protocol.ListJobs(all=all))
         out: list[dict] = []
         after = 0
         while True:
             reply = self.request(protocol.ListJobs(all=all, after=after, limit=page))
-            if isinstance(reply, list):  # a daemon from before paging: everything at once
-                return reply
             out.extend(reply["jobs"])
             if reply["next"] is None:
                 return out
@@ -260,10 +212,9 @@ class Client:
         sock = self._connect()
         sock.settimeout(None)
         try:
-            _send(sock, protocol.frame(protocol.Subscribe(from_seq=from_seq)))
-            reply = self._receive(sock)
+            reply = self._decode(exchange(sock, protocol.frame(protocol.Subscribe(from_seq=from_seq))))
             if isinstance(reply, protocol.Reply) and not reply.ok:
-                raise ClientError(reply.error)
+                raise refused(reply.error, reply.kind, reply.data)
             while True:
                 try:
                     message = self._receive(sock)

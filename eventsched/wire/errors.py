@@ -4,11 +4,24 @@
 
 from __future__ import annotations
 
-__all__ = ["ClientError", "DaemonNotRunning", "went_away"]
+__all__ = ["ClientError", "DaemonNotRunning", "refused", "went_away"]
 
 
 class ClientError(Exception):
-    """The daemon refused a request; str() is its one-line reason."""
+    """The daemon refused a request (or could not be asked); str() is the
+    one-line reason. ``kind``: the daemon's ``RefusalKind`` ("" when it did
+    not answer); ``existing``: the job a conflict is with."""
+
+    def __init__(self, message: str, kind: str = "", existing: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.existing = existing
+
+
+def refused(error: str, kind: str, data: object) -> ClientError:
+    """A refusing reply's ``error``, ``kind`` and ``data`` as a ClientError."""
+    existing = data.get("existing") if isinstance(data, dict) else None
+    return ClientError(error, kind, existing if isinstance(existing, int) else None)
 
 
 class DaemonNotRunning(ClientError):
@@ -20,9 +33,9 @@ class DaemonNotRunning(ClientError):
         self.path = path
 
 
-def went_away(exc: OSError) -> ClientError:
+def went_away(exc: OSError, what: str = "the request") -> ClientError:
     """The daemon hung up (or died) between a request and its reply."""
     return ClientError(
-        f"the daemon went away before answering ({exc.strerror}); whether it took the request is "
+        f"the daemon went away before answering ({exc.strerror}); whether it took {what} is "
         "in its log: check with `eventsched queue` once it is back"
     )

@@ -1,4 +1,4 @@
-"""The CLI's client of ``serve --http`` (issue 12): ``EVENTSCHED_URL`` and
+"""The CLI's client of ``serve --http``: ``EVENTSCHED_URL`` and
 ``EVENTSCHED_TOKEN`` set, ``submit``, ``queue``, ``cancel``, ``status``,
 ``explain`` and ``health`` go over HTTP with the same output and exit codes.
 
@@ -14,9 +14,9 @@ import json
 import os
 from urllib.parse import urlsplit
 
-from eventsched.wire.errors import ClientError
+from eventsched.wire.errors import ClientError, refused
 
-TYPE_CHECKING = False  # typing costs a CLI call ~3 ms (cli/quick.py's fast path comes here too)
+TYPE_CHECKING = False  # typing is costly to import (cli/quick.py's fast path comes here too)
 if TYPE_CHECKING:
     from typing import Any, Iterator
 
@@ -100,7 +100,9 @@ class HttpClient:
             reason = answer.get("error") if isinstance(answer, dict) else None
             if response.status == 401:
                 raise ClientError(f"{self.url}: {reason or 'unauthorized'} (EVENTSCHED_TOKEN)")
-            raise ClientError(reason or f"{self.url} answered HTTP {response.status} {response.reason}")
+            if reason and isinstance(answer, dict):
+                raise refused(str(reason), str(answer.get("kind", "")), answer)
+            raise ClientError(f"{self.url} answered HTTP {response.status} {response.reason}")
         if answer is None and response.status != 204:
             raise ClientError(f"{self.url} answered something that is not JSON (HTTP {response.status})")
         return answer

@@ -9,18 +9,17 @@ msgspec lays out the tagged ``Request`` struct (``{"type": "SubmitJob",
 "spec": {...}}``; fields left out take their defaults), the reply a plain
 dict (``{"type": "Reply", "ok": ..., "error": ..., "data": ...}``).
 
-It imports only ``_socket`` and ``_struct`` (``socket.py`` alone costs a
-CLI call ~5 ms: it builds enums). ``packb`` raises ``ValueError`` before
-anything is sent for what it cannot encode, so a caller can fall back to
-the full client.
+It imports only ``_struct`` and ``framing.py`` (which imports only
+``_socket``). ``packb`` raises ``ValueError`` before anything is sent for
+what it cannot encode, so a caller can fall back to the full client.
 """
 
 from __future__ import annotations
 
-import _socket
 import _struct
 
-from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
+from eventsched.wire.errors import ClientError, refused
+from eventsched.wire.framing import connect, exchange
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["packb", "unpackb", "request"]
 
-MAX_REPLY_BYTES = 1 << 30
 _DOUBLE = _struct.Struct(">d")
 _FLOAT = _struct.Struct(">f")
 
@@ -183,44 +181,6 @@ def unpackb(data: bytes) -> Any:
 # --- one request -------------------------------------------------------------
 
 
-def _recv_exact(sock: _socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise ClientError("the daemon closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
-    """A connected socket, or DaemonNotRunning / ClientError as ``Client`` says them."""
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
-            try:
-                sock.connect(path)
-                break
-            except BlockingIOError:  # the daemon's listen backlog is full for a moment
-                if not delay:
-                    raise
-                import time
-
-                time.sleep(delay)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        sock.close()
-        raise DaemonNotRunning(path) from exc
-    except PermissionError as exc:
-        sock.close()
-        raise ClientError(f"permission denied on the socket {path}") from exc
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def request(path: str, message: dict[str, Any], timeout: float | None = 30.0) -> Any:
     """Send ``message`` (a dict laid out as its ``protocol.Request`` struct);
     return the reply's ``data``, or raise ClientError with the daemon's reason.
@@ -230,23 +190,13 @@ def request(path: str, message: dict[str, Any], timeout: float | None = 30.0) ->
     body = packb(message)
     sock = connect(path, timeout)
     try:
-        try:
-            sock.sendall(len(body).to_bytes(4, "big") + body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the daemon hung up first (e.g. too many connections): its reason is there to read
-        try:
-            length = int.from_bytes(_recv_exact(sock, 4), "big")
-            if length > MAX_REPLY_BYTES:
-                raise ClientError("unexpected message from the daemon")
-            reply = unpackb(_recv_exact(sock, length))
-        except (ConnectionResetError, BrokenPipeError) as exc:  # the daemon died mid-request
-            raise went_away(exc) from None
-        except ValueError:
-            raise ClientError("unexpected message from the daemon") from None
+        reply = unpackb(exchange(sock, len(body).to_bytes(4, "big") + body))
+    except ValueError:
+        raise ClientError("unexpected message from the daemon") from None
     finally:
         sock.close()
     if type(reply) is not dict or reply.get("type") != "Reply":
         raise ClientError("unexpected message from the daemon")
     if not reply.get("ok"):
-        raise ClientError(str(reply.get("error", "")))
+        raise refused(str(reply.get("error", "")), str(reply.get("kind", "")), reply.get("data"))
     return reply.get("data")

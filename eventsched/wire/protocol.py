@@ -36,8 +36,8 @@ class SubmitJob(Request, frozen=True):
 
 class ListJobs(Request, frozen=True):
     all: bool = False
-    # issue 16: one page, ids above ``after``, at most ``limit`` (0: every job
-    # in one reply, as before); a paged reply is {"jobs": [...], "next": id or null}
+    # one page, ids above ``after``, at most ``limit`` (0: every job
+    # in one reply); a paged reply is {"jobs": [...], "next": id or null}
     after: int = 0
     limit: int = 0
 
@@ -115,7 +115,7 @@ class Subscribe(Request, frozen=True):
     from_seq: int = 0  # 0 = only events after now
 
 
-# --- API tokens (issue 12: `eventsched token`; only over the socket, where
+# --- API tokens (`eventsched token`; only over the socket, where
 # the peer is known from its credentials) ---
 
 
@@ -161,6 +161,7 @@ AnyRequest = Union[
 class Reply(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     ok: bool
     error: str = ""
+    kind: str = ""  # a refusal's RefusalKind; its data, if any: {"existing": job}
     data: Any = None
 
 

@@ -1,0 +1,201 @@
+"""The one table of ``eventsched``'s commands and their options.
+
+``parser.build`` turns it into argparse parsers; ``quick.parse`` reads the
+plain spellings of ``submit`` and ``health`` from it without argparse. Each
+option is ``(flags, add_argument's keyword arguments)``, plus two keys of our
+own: ``exclusive`` (the options so marked exclude each other) and, on a
+positional ``ACTION``, ``actions``: that command's own sub-commands. Plain
+data (no argparse, no typing) so that the fast path can afford to import it.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    Option = tuple[tuple[str, ...], dict[str, Any]]
+    Command = tuple[str, list[Option]]  # (help, options)
+
+__all__ = ["COMMANDS", "COMMON", "positive_seconds"]
+
+
+def positive_seconds(text: str) -> float:
+    """An interval in seconds that must be finite and above zero."""
+    from argparse import ArgumentTypeError
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise ArgumentTypeError(f"{text!r}: must be more than 0 seconds")
+    return value
+
+
+def arg(*flags: str, **kwargs: Any) -> Option:
+    """One option, spelled as argparse's ``add_argument`` takes it."""
+    return flags, kwargs
+
+
+def command(what: str, *options: Option, common: bool = True) -> Command:
+    """A command's help line and options (``--state-dir`` and ``--socket`` first, unless not ``common``)."""
+    return what, [*COMMON, *options] if common else list(options)
+
+
+def actions(dest: str, **commands: Command) -> Option:
+    """A positional ACTION naming one of ``commands`` (``log verify``, ``token create``)."""
+    return (dest,), {"metavar": "ACTION", "actions": commands}
+
+
+COMMON: list[Option] = [
+    arg("--state-dir", help="state directory (default $EVENTSCHED_STATE_DIR or ~/.local/share/eventsched)"),
+    arg("--socket", help="control socket (default $EVENTSCHED_SOCKET or <state-dir>/eventsched.sock)"),
+]
+JSON = arg("--json", action="store_true")
+JOBS = arg("jobs", nargs="+", metavar="JOB")
+GPU = arg("gpu", metavar="[NODE:]ID", help="a GPU id, or NODE:ID on a cluster")
+JOB = arg("job", type=int)
+
+COMMANDS: dict[str, Command] = {
+    "serve": command(
+        "run the scheduler daemon",
+        arg("--gpus", help="fake:N[:MEM_MIB] for simulated GPUs; default: NVML"),
+        arg("--policy", help="placement policy (fifo, priority, best-fit, fair-share, sjf-backfill, fgd)"),
+        arg("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json"),
+        arg("--sample-interval", type=positive_seconds, help="seconds between GPU samples (default 2)"),
+        arg("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)"),
+        arg("--log-level", default="info", choices=["debug", "info", "warning", "error"]),
+        arg("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)"),
+        arg("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)"),
+        arg("--ray", metavar="ADDRESS", help="run jobs on the GPU nodes of this Ray cluster (host:port, or auto); "
+                                             "--gpus is then each node's"),
+        arg("--http", metavar="HOST:PORT", help="also serve the JSON API for remote clients here, "
+                                                "e.g. 127.0.0.1:8080 (docs/http-api.md)"),
+        arg("--http-allow-remote", action="store_true",
+            help="let --http bind a non-loopback address (only where TLS is handled by something else)"),
+    ),
+    "submit": command(
+        "submit a job: eventsched submit [options] -- COMMAND ...",
+        arg("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)"),
+        arg("--gpu-mem", "--mem", dest="gpu_mem", type=int, metavar="MIB",
+            help="GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)"),
+        arg("--gpu-ids", metavar="LIST", help="GPU ids, e.g. 1,3 or 0-3: alone, exactly these GPUs; "
+                                              "with --gpus K, K of them; NODE:0,1 on a cluster"),
+        arg("--node", metavar="NAME", help="run on this node of a cluster (`eventsched nodes` lists them)"),
+        arg("--priority", type=int, default=0, help="higher runs first (default 0)"),
+        arg("--name"),
+        arg("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)"),
+        arg("--requeue-on-time-limit", action="store_true", help="requeue at the back instead of killing for good"),
+        arg("--tenant"),
+        arg("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)"),
+        arg("--retries", type=int, default=0, help="retry a failed job up to N times"),
+        arg("--conda", metavar="ENV", help="activate this conda environment first"),
+        arg("--env-setup", "--env-setup-cmd", dest="env_setup", metavar="CMD",
+            help='shell set-up run first, e.g. "source venv/bin/activate"'),
+        arg("--array", metavar="SPEC", help="one task per index: 0-99, 1,3,5 or 0-99:2, with %%K for at most K "
+                                            "at once; {index} in the command is the index"),
+        arg("--dedupe", action="store_true", help="refuse if an identical job is queued, running or succeeded"),
+        arg("--interactive", action="store_true", help="stream the job's output here; Ctrl+C detaches"),
+        arg("--session", choices=["tmux", "screen"], help="run in a detached terminal session (eventsched attach JOB)"),
+        arg("--host-mem", type=int, metavar="MIB", help="host memory limit, MiB (enforced by the kernel)"),
+        arg("--llm-config", metavar="FILE",
+            help="llm_config.json for --llm NAME in the command (default ./llm_config.json)"),
+        arg("--preemptible", action="store_true", help="may be stopped (and requeued) for a more urgent job"),
+        arg("--signal", metavar="SIG@SECONDS", help="when preempted: this signal first, SIGKILL SECONDS later "
+                                                    "(default TERM@preempt_grace_s)"),
+        JSON,
+    ),
+    "queue": command(
+        "list queued and running jobs",
+        arg("--all", action="store_true", help="include finished jobs"),
+        arg("--expand", action="store_true", help="one line per array task (arrays are folded into one line otherwise)"),
+        JSON,
+    ),
+    "status": command(
+        "GPUs, allocation and jobs",
+        JSON,
+        arg("--watch", action="store_true", help="keep updating as events arrive"),
+        arg("--history", metavar="WINDOW", help="also per-GPU utilisation/memory sparklines over WINDOW (e.g. 1h) "
+                                                "and today's GPU-hours per user"),
+    ),
+    "cancel": command("cancel jobs", JOBS),
+    "hold": command("hold queued jobs", JOBS),
+    "release": command("release held jobs", JOBS),
+    "pause-gpu": command("place nothing new on a GPU", GPU),
+    "resume-gpu": command("accept jobs on a GPU again", GPU),
+    "explain": command("why a job waits, and its story", JOB, JSON),
+    "logs": command("print a job's output", JOB,
+                    arg("-f", "--follow", action="store_true", help="keep printing until the job ends")),
+    "health": command("is the daemon up (exit 0) or not", JSON),
+    "sql": command(
+        "read-only SQL over the whole history (DuckDB)",
+        arg("query"),
+        arg("--format", choices=["table", "csv", "json", "parquet"], default="table"),
+        arg("-o", "--output", metavar="FILE",
+            help="write the result to FILE (written by this command, as you; parquet needs it)"),
+    ),
+    "metrics": command(
+        "wait/run times, utilisation, GPU-hours",
+        arg("--json", action="store_true", exclusive=True),
+        arg("--prometheus", action="store_true", exclusive=True),
+    ),
+    "replay": command(
+        "replay a log or trace under policies",
+        arg("source", help="a state dir, a log dir, or a trace file"),
+        arg("--policy", action="append", required=True),
+        JSON,
+        arg("--static", action="store_true", help="FGD-style static packing experiment (Alibaba trace)"),
+        arg("--seeds", default="42-51", help="seeds for --static (default 42-51)"),
+        arg("--gpus", help="for CSV traces: fake:N[:MEM_MIB] machine to replay on"),
+        arg("--nodes", type=int, metavar="K", help="for CSV traces: K machines of --gpus each (default 1)"),
+        arg("--out", help="where replay logs go (default: a temporary directory)"),
+        arg("--config", metavar="FILE", help="what-if: replay under this config's [tenants] and [scheduler] keys"),
+    ),
+    "log": command("inspect the event log", actions(
+        "log_command",
+        verify=command("check every frame's checksum", arg("dir"), common=False),
+        dump=command("one event per line", arg("dir"), JSON, arg("--from-seq", type=int, default=1), common=False),
+        repair=command("move damaged frames aside so the log opens again", arg("dir"), common=False),
+    ), common=False),
+    "submit-file": command(
+        "submit the lines of a jobs file (priority,script,conda_env,arguments,allowed_gpus)",
+        arg("file", metavar="FILE"),
+        arg("--watch", action="store_true", help="keep following the file for new or edited lines (Ctrl-C stops)"),
+        arg("--llm-config", metavar="FILE",
+            help="llm_config.json for --llm NAME (default ./llm_config.json, else the state dir's)"),
+        JSON,
+    ),
+    "attach": command("attach to a --session job's terminal (tmux or screen)", JOB),
+    "tenants": command("each tenant: quota, weight, usage now, fair share, recent usage", JSON),
+    "tenant": command("define or remove a tenant at run time (root or the daemon's user)", actions(
+        "tenant_command",
+        set=command(
+            "create a tenant or change the keys given (the rest stay as they are)",
+            arg("name"),
+            arg("--users", metavar="A,B", help="its users (replaces the list)"),
+            arg("--gpus", metavar="N", help="GPUs running at once (shares add up); 'none' for no ceiling"),
+            arg("--gpu-mem", metavar="MIB", help="GPU memory reserved at once; 'none' for no ceiling"),
+            arg("--jobs", metavar="N", help="jobs running at once; 'none' for no ceiling"),
+            arg("--weight", type=float, help="fair-share weight (> 0)"),
+            arg("--preemptible", choices=["yes", "no"], help="its jobs over its fair share may be preempted"),
+            arg("--default-for", metavar="A,B", help="users for whom this is the tenant when they name none"),
+            JSON,
+            common=False,
+        ),
+        remove=command("remove a tenant (its users fall back to the default tenant)", arg("name"), common=False),
+    )),
+    "token": command("API tokens for the HTTP API (serve --http): create, list, revoke", actions(
+        "token_command",
+        create=command(
+            "print a new token for you (shown once; only its hash is kept)",
+            arg("--name", default="", help="a name to know it by (default token-ID)"),
+            arg("--user", metavar="NAME", help="root only: a token of this user"),
+            JSON,
+        ),
+        list=command("your tokens (root: everyone's)", JSON),
+        revoke=command("revoke a token by its id or name", arg("token", metavar="ID|NAME")),
+    ), common=False),
+    "config-sample": command("print a commented sample config file", common=False),
+    "nodes": command("each node: name, state, GPUs, jobs", JSON),
+}

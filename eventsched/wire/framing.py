@@ -1,0 +1,83 @@
+"""A client's side of the control socket's framing: connect, send, read a frame.
+
+A frame is a 4-byte big-endian length, then that many bytes (msgpack, see
+``protocol.py``). Both clients speak through here: the full one
+(``client.py``) and the CLI fast path's one-request client (``lean.py``), so
+it imports only ``_socket`` (``socket.py`` builds enums at import, a cost
+every ``submit`` from a shell loop would pay).
+"""
+
+from __future__ import annotations
+
+import _socket
+
+from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
+
+__all__ = ["MAX_FRAME_BYTES", "connect", "exchange", "read_frame", "send"]
+
+MAX_FRAME_BYTES = 1 << 30  # a reply larger than this is not the daemon's
+
+
+def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
+    """A connected socket, or DaemonNotRunning / ClientError saying why not."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
+            try:
+                sock.connect(path)
+                break
+            except BlockingIOError:  # the daemon's listen backlog is full for a moment
+                if not delay:
+                    raise
+                import time
+
+                time.sleep(delay)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        raise DaemonNotRunning(path) from exc
+    except PermissionError as exc:
+        sock.close()
+        raise ClientError(f"permission denied on the socket {path}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def send(sock: _socket.socket, data: bytes) -> None:
+    """Send ``data``; if the daemon already hung up, its reason (e.g. too
+    many connections) is still there to read, so let the caller read it."""
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _exactly(sock: _socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))
+        if not chunk:
+            raise ClientError("the daemon closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(sock: _socket.socket) -> bytes:
+    """The next frame's bytes (without its length)."""
+    length = int.from_bytes(_exactly(sock, 4), "big")
+    if length > MAX_FRAME_BYTES:
+        raise ClientError("unexpected message from the daemon")
+    return _exactly(sock, length)
+
+
+def exchange(sock: _socket.socket, data: bytes) -> bytes:
+    """Send one framed request, read the frame that answers it; a daemon
+    that dies in between is a ClientError that says so."""
+    send(sock, data)
+    try:
+        return read_frame(sock)
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        raise went_away(exc) from None
