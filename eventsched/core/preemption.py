@@ -1,23 +1,27 @@
-"""Preemption (F13): stop running jobs to start a more urgent waiting one.
+"""Preemption: stop running jobs to start a more urgent waiting one.
 
 Pure, like the policies: ``plan(state, now)`` names the waiting job, the
 victims and the rule, or None; the core records the decision and signals.
 
-The waiting job considered is the one at the head of the queue (the best
-score among the first jobs of every shape) when it could not start. A
-running job may be stopped for it when
+The waiting job considered is the first one in the policy's order when it
+could not start. A running job may be stopped for it when
 
 - it was submitted ``--preemptible``, or its tenant is ``preemptible`` and
   over its fair share; and
-- a rule says the waiting job is more urgent: ``priority`` (a higher tier
-  than the victim's) or ``fair-share`` (the waiting job's tenant is under
-  its share and the victim's is over its share).
+- a rule says the waiting job is more urgent: ``priority`` (its priority plus
+  the aging tiers it has waited is above the victim's priority: a running job
+  does not wait) or ``fair-share`` (the waiting job's tenant is under its
+  share and the victim's is over its share); and
+- the waiting job would go before the victim queued again now (a preempted
+  job ages afresh), so the room goes to it and the victim does not come back
+  to be preempted again (docs/fair-share.md).
 
 Victims are the fewest, lowest-priority, most recently started jobs whose
-room lets the waiting job start (never one that would still not fit); a job
-preempted before is protected for ``preempt_protect_s`` after it restarts,
-and nothing new is preempted while an earlier preemption is still stopping,
-so preemption cannot loop.
+room lets the waiting job start (never one that would still not fit), never
+one placed in the same decision; a job preempted before is protected for
+``preempt_protect_s`` after it restarts, and nothing new is preempted while
+an earlier preemption is still stopping. Logs from before aging tiers
+(``aging_tiers = false``) keep the old rule: raw priorities, no order check.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import msgspec
 
 from eventsched.core.policies import (
+    DEFAULT_RUNTIME_S,
     Limits,
     View,
     _eligible,
@@ -44,21 +49,25 @@ class Preemption(msgspec.Struct, frozen=True, kw_only=True):
     rule: str  # "priority" or "fair-share"
 
 
-def _head(state: ClusterState, now: float) -> Job | None:
-    """The waiting job with the best score among the shapes' first jobs."""
-    offsets = _offsets(state, now, state.config.fair_share_weight) if state.policy == "fair-share" else {}
-    best = None
-    for shape, entries in state.queue.shape_queue.items():
-        key = _lane_key(entries[0], shape, offsets)
-        if best is None or key < best:
-            best = key
-    if best is None:
-        return None
-    job = state.jobs[best[2]]
+def _head(state: ClusterState, now: float, offsets: dict[str, float]) -> Job | None:
+    """The first waiting job in the policy's order (with aging tiers; else
+    the best score among the shapes' first jobs), if it may start."""
+    q, policy, best = state.queue, state.policy, None
+    if state.config.aging_tiers and policy == "fifo":
+        best = q.by_order[0][1]
+    elif state.config.aging_tiers and policy == "sjf-backfill":
+        predict = state.stats.predict
+        best = min((g[0][0], predict(r, DEFAULT_RUNTIME_S), g[0][1], g[0][2]) for r, g in q.by_rkey.items())[3]
+    elif state.config.aging_tiers and policy == "sjf-oracle":
+        truth = state.oracle
+        best = min((k, truth.get(j, DEFAULT_RUNTIME_S), o, j) for k, o, j in q.by_priority)[3]
+    else:
+        best = min(_lane_key(entries[0], shape, offsets) for shape, entries in q.shape_queue.items())[2]
+    job = state.jobs[best]
     return job if _eligible(state, job, now) and Limits(state).blocked(job) is None else None
 
 
-def plan(state: ClusterState, now: float) -> Preemption | None:
+def plan(state: ClusterState, now: float, placed: frozenset[int] = frozenset()) -> Preemption | None:
     jobs, cfg = state.jobs, state.config
     if state.being_preempted:
         return None  # one preemption at a time: let the last one finish first
@@ -68,12 +77,19 @@ def plan(state: ClusterState, now: float) -> Preemption | None:
     ids = dict(state.running_preemptible)
     for name in tenants:
         ids.update(state.running_of_tenant.get(name, {}))
-    maybe = [jobs[j] for j in ids if not jobs[j].cancel_reason]
-    if not maybe:
+    tiers = cfg.aging_tiers
+    maybe = [jobs[j] for j in ids if not jobs[j].cancel_reason and not (tiers and j in placed)]
+    if not maybe or not state.queue:
         return None  # the common case: nothing may be preempted (kept by the projection)
-    waiting = _head(state, now)
+    offsets = _offsets(state, now, cfg.fair_share_weight) if state.policy == "fair-share" else {}
+    waiting = _head(state, now, offsets)
     if waiting is None or waiting.count == 0:
         return None
+    q = state.queue
+    key = q.key(waiting)
+    # with tiers: its priority plus the tiers it waited, and its score as the policy orders
+    urgency = q.aged(now) - key[0] if tiers else float(waiting.spec.priority)
+    mine = key[0] - offsets.get(waiting.tenant, 0.0)
     shares = fair_shares(state, now)
     under = {t for t, (share, used, _) in shares.items() if used < share}
     over = {t for t, (share, used, _) in shares.items() if used > share}
@@ -83,7 +99,10 @@ def plan(state: ClusterState, now: float) -> Preemption | None:
             continue  # preempted before: protected for a while after its restart
         if not r.spec.preemptible and r.tenant not in over:
             continue  # a preemptible tenant's jobs are fair game only while it is over its share
-        if waiting.spec.priority > r.spec.priority:
+        if tiers and not (waiting.order < r.order if state.policy == "fifo" else
+                          mine < q.aged(now) - r.spec.priority - offsets.get(r.tenant, 0.0)):
+            continue  # queued again now, it would go first: the room would not reach the waiting job
+        if urgency > r.spec.priority:
             chosen.append((r, "priority"))
         elif waiting.tenant != r.tenant and waiting.tenant in under and r.tenant in over:
             chosen.append((r, "fair-share"))

@@ -20,9 +20,10 @@ from eventsched.core import gpu_watch, preemption
 from eventsched.core.policies import POLICIES, REPLAY_ONLY, decide
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
-from eventsched.domain.messages import Effect, Launch, Refused, Signal, WakeAt
+from eventsched.domain.messages import Effect, Launch, RefusalKind, Refused, Signal, WakeAt
 from eventsched.domain.settings import settings_dict
 from eventsched.domain.states import (
+    BLOCKS_DUPLICATES,
     FINAL,
     GPU_MEMORY_OVER,
     WAITING,
@@ -52,9 +53,6 @@ RUNNING = JobState.RUNNING
 SUCCEEDED = JobState.SUCCEEDED
 
 __all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
-
-LIVE_FOR_DEDUP = frozenset({QUEUED, RUNNING, SUCCEEDED, HELD, PREEMPTED})
-
 
 class _Out:
     """Collects what one message produced, applying each event at once.
@@ -113,7 +111,7 @@ def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Eve
     """
     handler = _HANDLERS.get(type(msg))
     if handler is None:
-        raise Refused(f"unsupported message {type(msg).__name__}")
+        raise Refused(RefusalKind.INVALID, f"unsupported message {type(msg).__name__}")
     out = _Out(state, now)
     handler(out, msg)
     wake = next_deadline(state, now)
@@ -130,16 +128,18 @@ def _schedule(out: _Out) -> None:
     state = out.state
     if not state.queue:
         return
-    for p in decide(state, out.now):
+    placements = decide(state, out.now)
+    for p in placements:
         out.decide(
             ev.JobPlaced(
                 job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem, policy=state.policy,
             )
         )
         job = state.jobs[p.job]
-        out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids)))
+        out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids),
+                                  attempt=job.attempts))
     if state.config.preemption and state.queue and _may_preempt(state):
-        _preempt(out)
+        _preempt(out, frozenset(p.job for p in placements))
     if state.idle_jobs and state.queue and state.config.idle_policy != "off":
         _reclaim_idle(out)
 
@@ -189,10 +189,11 @@ def _may_preempt(state: ClusterState) -> bool:
     return bool(state.running_preemptible) or any(t.preemptible for t in state.tenants.values())
 
 
-def _preempt(out: _Out) -> None:
-    """Stop the jobs a more urgent waiting job needs (F13): its warning
-    signal now, SIGKILL after the grace; it ends ``preempted`` and is requeued."""
-    found = preemption.plan(out.state, out.now)
+def _preempt(out: _Out, placed: frozenset[int]) -> None:
+    """Stop the jobs a more urgent waiting job needs, never one ``placed`` in
+    this decision: its warning signal now, SIGKILL after the grace; it ends
+    ``preempted`` and is requeued."""
+    found = preemption.plan(out.state, out.now, placed)
     if found is None:
         return
     for jid in found.victims:
@@ -206,10 +207,11 @@ def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
     """How a running job is stopped: a preemption (and issue 17's GPU memory
     and idle stops) warns with the job's own ``--signal`` and its grace (else
     ``preempt_grace_s``); the rest get SIGTERM and ``kill_grace_s``."""
+    grace, signum = state.config.kill_grace_s, 0
     if reason in WARNED_STOPS:
         grace = job.spec.warn_s if job.spec.warn_s >= 0 else state.config.preempt_grace_s
-        return Signal(job=job.id, grace_s=grace, reason=reason, signum=job.spec.warn_signal)
-    return Signal(job=job.id, grace_s=state.config.kill_grace_s, reason=reason)
+        signum = job.spec.warn_signal
+    return Signal(job=job.id, grace_s=grace, reason=reason, signum=signum, node=job.node or "local", attempt=job.attempts)
 
 
 def _cascade(out: _Out, job_id: int) -> None:
@@ -245,9 +247,9 @@ def _owned(state: ClusterState, ids: list[int], uid: int, verb: str) -> list[Job
     for jid in dict.fromkeys(ids):
         job = state.jobs.get(jid)
         if job is None:
-            raise Refused(f"no job {jid}")
+            raise Refused(RefusalKind.NOT_FOUND, f"no job {jid}")
         if uid != 0 and uid != job.spec.uid:
-            raise Refused(f"job {jid} belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}; only its owner or root may {verb} it")
+            raise Refused(RefusalKind.FORBIDDEN, f"job {jid} belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}; only its owner or root may {verb} it")
         jobs.append(job)
     return jobs
 
@@ -294,30 +296,30 @@ def _stopping(out: _Out, msg: m.Stopping) -> None:
 def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
     """Refuse a submission that could never run here, with the reason."""
     if not spec.command or not all(isinstance(a, str) for a in spec.command):
-        raise Refused("the job has no command")
+        raise Refused(RefusalKind.INVALID, "the job has no command")
     g = spec.gpus
     if not math.isfinite(g) or g < 0 or (g > 1 and g != int(g)):
-        raise Refused(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {g}")
+        raise Refused(RefusalKind.INVALID, f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {g}")
     count, milli = request_of(spec)
     if 0 < g < 1 and round(g * FULL) < 1:
-        raise Refused(f"--gpus {g} is below the smallest share (0.001)")
+        raise Refused(RefusalKind.INVALID, f"--gpus {g} is below the smallest share (0.001)")
     if spec.gpu_mem_mib < 0:
-        raise Refused(f"--gpu-mem must be >= 0 MiB, not {spec.gpu_mem_mib}")
+        raise Refused(RefusalKind.INVALID, f"--gpu-mem must be >= 0 MiB, not {spec.gpu_mem_mib}")
     if spec.time_limit_s is not None and not (math.isfinite(spec.time_limit_s) and spec.time_limit_s > 0):
-        raise Refused(f"--time-limit must be a positive number of seconds, not {spec.time_limit_s}")
+        raise Refused(RefusalKind.INVALID, f"--time-limit must be a positive number of seconds, not {spec.time_limit_s}")
     if spec.retries < 0:
-        raise Refused(f"--retries must be >= 0, not {spec.retries}")
+        raise Refused(RefusalKind.INVALID, f"--retries must be >= 0, not {spec.retries}")
     if spec.node and spec.node != state.node and spec.node not in state.node_gpus:
-        raise Refused(f"unknown node {spec.node!r}")
+        raise Refused(RefusalKind.NOT_FOUND, f"unknown node {spec.node!r}")
     gpus = state.node_gpus.get(spec.node, []) if spec.node else state.gpu_list
     if spec.gpu_ids is not None:
         if not spec.gpu_ids:
-            raise Refused("--gpu-ids is empty")
+            raise Refused(RefusalKind.INVALID, "--gpu-ids is empty")
         known = {x.id for x in gpus}
         unknown = sorted(i for i in set(spec.gpu_ids) if i not in known)
         if unknown:
             have = ", ".join(str(i) for i in sorted(known)) or "none"
-            raise Refused(f"unknown GPU id {', '.join(map(str, unknown))} (GPUs here: {have})")
+            raise Refused(RefusalKind.NOT_FOUND, f"unknown GPU id {', '.join(map(str, unknown))} (GPUs here: {have})")
         gpus = [x for x in gpus if x.id in spec.gpu_ids]
     if count == 0:
         return
@@ -327,19 +329,20 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
     else:
         most, pool, largest = fit_summary(gpus, spec.gpu_mem_mib)
     if not pool:
-        raise Refused("no GPU here can take this job (no GPUs, or all allowed ones are lost)")
+        raise Refused(RefusalKind.UNAVAILABLE, "no GPU here can take this job (no GPUs, or all allowed ones are lost)")
     if most >= count:
         return
     if spec.gpu_mem_mib and most < pool:
         raise Refused(
+            RefusalKind.INVALID,
             f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) but only {most} GPU(s) have that much "
             f"(largest: {largest} MiB)"
         )
     where = "allowed GPU(s)" if spec.gpu_ids is not None else "GPU(s) on one node"
     if spec.gpu_ids is None and not spec.node and len(state.node_gpus) > 1:  # issue 12: say why
-        raise Refused(f"asks for {count} GPUs but the largest node has {most}: a job's GPUs are all on one node "
+        raise Refused(RefusalKind.INVALID, f"asks for {count} GPUs but the largest node has {most}: a job's GPUs are all on one node "
                       f"({len(state.node_gpus)} nodes; ask for at most {most}, or run one job per node)")
-    raise Refused(f"asks for {count} GPUs but there are only {most} {where}")
+    raise Refused(RefusalKind.INVALID, f"asks for {count} GPUs but there are only {most} {where}")
 
 
 def _submit(out: _Out, msg: m.Submit) -> None:
@@ -349,32 +352,34 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         try:  # types (an int where a float belongs) exactly as the log will decode them
             spec = ev.normalise_spec(spec)
         except (msgspec.ValidationError, TypeError) as exc:
-            raise Refused(f"bad job spec: {exc}") from None
+            raise Refused(RefusalKind.INVALID, f"bad job spec: {exc}") from None
     try:
         spec = msgspec.structs.replace(spec, tenant=tenant_of_user(state.tenants, spec.user, spec.tenant))
     except TenantError as exc:
-        raise Refused(str(exc)) from None
+        raise Refused(RefusalKind.FORBIDDEN, str(exc)) from None
     check_spec(state, spec)
     _admit_tenant(state, spec)
     for dep in spec.after:
         d = state.jobs.get(dep)
         if d is None:
-            raise Refused(f"--after: no job {dep}")
+            raise Refused(RefusalKind.NOT_FOUND, f"--after: no job {dep}")
         if d.state in FINAL and d.state != SUCCEEDED:
-            raise Refused(f"--after: job {dep} already {d.state}, so this job could never run")
+            raise Refused(RefusalKind.CONFLICT, f"--after: job {dep} already {d.state}, so this job could never run")
     if spec.content_hash and (spec.uid, spec.content_hash) in state.by_hash:  # per user: no squatting
         dup = state.jobs[state.by_hash[(spec.uid, spec.content_hash)]]
-        if dup.state in LIVE_FOR_DEDUP:
-            raise Refused(f"duplicate of job {dup.id} ({dup.state})")
+        if dup.state in BLOCKS_DUPLICATES:
+            raise Refused(RefusalKind.CONFLICT, f"duplicate of job {dup.id} ({dup.state})", existing=dup.id)
     if spec.source and (spec.uid, spec.source) in state.by_source:  # a jobs-file line, once ever
-        raise Refused(f"already submitted as job {state.by_source[(spec.uid, spec.source)]}")
+        existing = state.by_source[(spec.uid, spec.source)]
+        raise Refused(RefusalKind.CONFLICT, f"already submitted as job {existing}", existing=existing)
     specs = _array_tasks(state, spec, msg.array) if msg.array else [spec]
     n = len(specs)
     if len(state.queue) + n > state.config.max_queued:
-        raise Refused(f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
+        raise Refused(RefusalKind.OVER_LIMIT, f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
     mine = state.queued_by_uid.get(spec.uid, 0)
     if mine + n > state.config.max_queued_per_user:
         raise Refused(
+            RefusalKind.OVER_LIMIT,
             f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
             "wait for some to start or cancel some"
         )
@@ -392,11 +397,12 @@ def _admit_tenant(state: ClusterState, spec: ev.JobSpec) -> None:
     count, milli = request_of(spec)
     name = spec.tenant
     if tenant.jobs is not None and tenant.jobs < 1:
-        raise Refused(f"tenant {name} may run no jobs (quota jobs = {tenant.jobs})")
+        raise Refused(RefusalKind.OVER_LIMIT, f"tenant {name} may run no jobs (quota jobs = {tenant.jobs})")
     if tenant.gpus is not None and count * milli > round(tenant.gpus * FULL):
-        raise Refused(f"asks for {count * milli / FULL:g} GPUs but tenant {name}'s quota is {tenant.gpus:g} GPUs at once")
+        raise Refused(RefusalKind.OVER_LIMIT, f"asks for {count * milli / FULL:g} GPUs but tenant {name}'s quota is {tenant.gpus:g} GPUs at once")
     if tenant.gpu_mem_mib is not None and count * spec.gpu_mem_mib > tenant.gpu_mem_mib:
         raise Refused(
+            RefusalKind.OVER_LIMIT,
             f"asks for {count * spec.gpu_mem_mib} MiB of GPU memory but tenant {name}'s quota is "
             f"{tenant.gpu_mem_mib} MiB at once"
         )
@@ -406,7 +412,7 @@ def _check_tenants(tenants: dict[str, Tenant]) -> None:
     try:
         check_tenants(tenants)
     except TenantError as exc:
-        raise Refused(str(exc)) from None
+        raise Refused(RefusalKind.INVALID, str(exc)) from None
 
 
 def _set_tenant(out: _Out, msg: m.SetTenant | m.SetTenants) -> None:
@@ -418,7 +424,7 @@ def _set_tenant(out: _Out, msg: m.SetTenant | m.SetTenants) -> None:
         tenants = dict(out.state.tenants)
         if msg.tenant is None:
             if msg.name not in tenants:
-                raise Refused(f"no tenant {msg.name!r}")
+                raise Refused(RefusalKind.NOT_FOUND, f"no tenant {msg.name!r}")
             del tenants[msg.name]
         else:
             tenants[msg.name] = msg.tenant
@@ -441,11 +447,11 @@ def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> l
     """One spec per index: ``{index}`` in the command replaced, the array's id
     (its first task's) and the index recorded (the executor exports both)."""
     if len(indices) > MAX_ARRAY_TASKS:
-        raise Refused(f"an array has at most {MAX_ARRAY_TASKS} tasks, not {len(indices)}")
+        raise Refused(RefusalKind.INVALID, f"an array has at most {MAX_ARRAY_TASKS} tasks, not {len(indices)}")
     if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-        raise Refused("array indices must be distinct and >= 0")
+        raise Refused(RefusalKind.INVALID, "array indices must be distinct and >= 0")
     if spec.array_cap < 0:
-        raise Refused(f"--array %K must be at least 1, not {spec.array_cap}")
+        raise Refused(RefusalKind.INVALID, f"--array %K must be at least 1, not {spec.array_cap}")
     first = state.next_job_id
     tasks = []
     for i in indices:
@@ -470,15 +476,14 @@ def _cancel(out: _Out, msg: m.Cancel) -> None:
     jobs = _owned(state, msg.jobs, msg.uid, "cancel")
     for job in jobs:
         if job.state in FINAL:
-            raise Refused(f"job {job.id} already {job.state}")
+            raise Refused(RefusalKind.CONFLICT, f"job {job.id} already {job.state}")
     _command(out, "cancel", jobs, msg)
     by = msg.by or f"uid:{msg.uid}"
-    grace = state.config.kill_grace_s
     for job in jobs:
         if job.state == RUNNING:
             if job.cancel_reason != "cancelled":
                 out.decide(ev.JobCancelRequested(job=job.id, by=by, reason="cancelled"))
-                out.effects.append(Signal(job=job.id, grace_s=grace, reason="cancelled"))
+                out.effects.append(_stop_signal(state, job, "cancelled"))
         elif can(job.state, ev.JobCancelled):  # a cascade above may have cancelled it already
             out.decide(ev.JobCancelled(job=job.id, by=by))
             _cascade(out, job.id)
@@ -489,7 +494,7 @@ def _hold(out: _Out, msg: m.Hold) -> None:
     jobs = _owned(out.state, msg.jobs, msg.uid, "hold")
     for job in jobs:
         if job.state not in WAITING:
-            raise Refused(f"job {job.id} is {job.state}; only waiting jobs can be held")
+            raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}; only waiting jobs can be held")
     _command(out, "hold", jobs, msg)
     by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
@@ -502,7 +507,7 @@ def _release(out: _Out, msg: m.Release) -> None:
     jobs = _owned(out.state, msg.jobs, msg.uid, "release")
     for job in jobs:
         if job.state not in WAITING:
-            raise Refused(f"job {job.id} is {job.state}, not held")
+            raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}, not held")
     _command(out, "release", jobs, msg)
     by = msg.by or f"uid:{msg.uid}"
     for job in jobs:
@@ -517,7 +522,7 @@ def _release(out: _Out, msg: m.Release) -> None:
 def _known_gpu(state: ClusterState, node: str, gpu: int) -> None:
     if (node, gpu) not in state.gpus:
         have = ", ".join(str(g.id) for g in state.node_gpus.get(node, ())) or "none"
-        raise Refused(f"no GPU {gpu} on node {node!r} (GPUs here: {have})")
+        raise Refused(RefusalKind.NOT_FOUND, f"no GPU {gpu} on node {node!r} (GPUs here: {have})")
 
 
 def _pause(out: _Out, msg: m.PauseGpu) -> None:
@@ -539,7 +544,7 @@ def _known_policy(policy: str) -> None:
     # (the daemon refuses the replay-only ones before they get here)
     if policy not in POLICIES:
         known = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
-        raise Refused(f"unknown policy {policy!r}; known: {known}")
+        raise Refused(RefusalKind.NOT_FOUND, f"unknown policy {policy!r}; known: {known}")
 
 
 def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
@@ -617,7 +622,7 @@ def _tick(out: _Out, msg: m.Tick) -> None:
     out.defer(ev.TimerFired(ts=out.now, cause="timer"))
     for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
         out.decide(ev.JobCancelRequested(job=jid, by="timer", reason="time-limit"))
-        out.effects.append(Signal(job=jid, grace_s=state.config.kill_grace_s, reason="time-limit"))
+        out.effects.append(_stop_signal(state, state.jobs[jid], "time-limit"))
     for jid, since in gpu_watch.due_idle(state, out.now):  # issue 17
         out.decide(ev.JobIdle(job=jid, since=since))
     for due, node in _nodes_gone_with_jobs(state):  # issue 12: gone too long to come back
@@ -627,7 +632,7 @@ def _tick(out: _Out, msg: m.Tick) -> None:
 
 
 def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
-    job = out.state.jobs.get(msg.job)
+    job, cfg = out.state.jobs.get(msg.job), out.state.config
     if job is None or job.state != RUNNING or job.pid == msg.pid:
         return  # late, duplicate or re-adopted: nothing new to record
     out.fact(
@@ -640,6 +645,8 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
         # Stopped between placement and start: the signal sent then found no
         # process yet, so send it again now that there is one.
         out.effects.append(_stop_signal(out.state, job, job.cancel_reason))
+    elif cfg.aging_tiers and cfg.preemption and out.state.queue and _may_preempt(out.state):
+        _preempt(out, frozenset())  # the decision that placed it could not stop it; this one may
 
 
 def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:

@@ -23,7 +23,7 @@ from eventsched.domain.messages import SchedulerConfig
 
 __all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
 
-SETTINGS_VERSION = 4
+SETTINGS_VERSION = 5
 VERSION_KEY = "settings_version"
 
 
@@ -52,7 +52,7 @@ def upcast_v2_v3(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
-    """v4 added issue 17's GPU memory and idle settings. A v3 log never looked
+    """v4 added the GPU memory and idle settings. A v3 log never looked
     for idle jobs: switch that off for it, so replaying or resuming it decides
     as it did (its samples carry no per-job memory, so the memory check is moot)."""
     out = dict(raw)
@@ -60,7 +60,17 @@ def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: upcast_v1_v2, 2: upcast_v2_v3, 3: upcast_v3_v4}
+def upcast_v4_v5(raw: dict[str, Any]) -> dict[str, Any]:
+    """v5 counts aging in whole tiers, and preempts only for a job that then
+    goes first (docs/fair-share.md). A v4 log aged continuously and compared
+    raw priorities to preempt: keep that for it, so it replays as it ran."""
+    out = dict(raw)
+    out.setdefault("aging_tiers", False)
+    return out
+
+
+UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: upcast_v1_v2, 2: upcast_v2_v3, 3: upcast_v3_v4, 4: upcast_v4_v5}
 
 
 def settings_dict(config: SchedulerConfig) -> dict[str, Any]:
