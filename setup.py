@@ -43,9 +43,9 @@ def _extensions() -> list:
 
 
 def _spawn_helper() -> list:
-    """The supervisor's posix_spawn into a cgroup (runtime/launch/_spawn.c). Optional:
-    without a C compiler the supervisor forks instead, about 0.7 ms slower
-    per job."""
+    """The supervisor's launch accelerator, clone3 into the job's cgroup
+    (runtime/launch/_spawn.c). Optional: without a C compiler the supervisor
+    forks instead (tests/test_native_spawn.py fails under CI then)."""
     return [Extension("eventsched.runtime.launch._spawn", ["eventsched/runtime/launch/_spawn.c"], optional=True)]
 
 

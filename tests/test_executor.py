@@ -1,5 +1,5 @@
 """The executor with real processes: environment, --cuda, shells, logs, exits,
-signals, run-as-user, and surviving the daemon's death (X1-X4, X7, X9)."""
+signals, run-as-user, and surviving the daemon's death."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ async def test_plain_command_is_never_interpreted_by_a_shell(tmp_path: Path) -> 
     assert not marker.exists()
 
 
-# --- X3: the only shells ---------------------------------------------------------
+# --- the only shells ---------------------------------------------------------------
 
 
 async def test_env_setup_runs_in_a_shell_before_the_command(tmp_path: Path) -> None:
@@ -391,7 +391,7 @@ async def test_job_process_ids_cover_the_job_and_its_children(tmp_path: Path) ->
     assert ex.job_process_ids() == set() and ex.running_jobs() == {}
 
 
-# --- X9: the daemon dies, the jobs do not ------------------------------------------------
+# --- the daemon dies, the jobs do not ------------------------------------------------
 
 DAEMON = """
 import anyio, json, sys
@@ -482,20 +482,14 @@ async def test_adopted_job_can_be_signalled(tmp_path: Path) -> None:
         assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
 
 
-@pytest.mark.parametrize("layout", ["attempt-file", "attempt-file-torn-exit", "old-record-dir", "old-pid-file"])
-def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path, layout: str) -> None:
+@pytest.mark.parametrize("torn", [False, True])
+def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path, torn: bool) -> None:
     attempt = tmp_path / "jobs/1/0"
     attempt.parent.mkdir(parents=True)
-    # a supervisor that recorded a start, then died without an exit record:
-    # in the attempt file (its exit line cut short, if torn), or in the
-    # attempt directory of an older version (a record file, or a pid file)
+    # a supervisor that recorded a start, then died without an exit record
+    # (its exit line cut short, if torn)
     started = json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
-    if layout.startswith("old-"):
-        attempt.mkdir()
-        (attempt / ("pid" if layout == "old-pid-file" else "record")).write_text(started + "\n")
-    else:
-        torn = '{"exit_code": 0, "signal": nu' if layout.endswith("torn-exit") else ""
-        attempt.write_text(started + "\n" + torn)
+    attempt.write_text(started + "\n" + ('{"exit_code": 0, "signal": nu' if torn else ""))
     (tmp_path / "jobs/2").mkdir(parents=True)  # died before starting its job
     (tmp_path / "jobs/2/0").touch()
     msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
@@ -765,7 +759,7 @@ async def test_killed_daemon_leaves_zygote_launched_jobs_running_and_recoverable
         assert await inbox.next() == ProcessExited(job=2, exit_code=None, signal=signal.SIGTERM)
 
 
-# --- X7: as root, jobs run as their user --------------------------------------------------
+# --- as root, jobs run as their user --------------------------------------------------
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="run-as-user needs root")
 

@@ -1,13 +1,15 @@
-"""The fast launch path (issue 13): a supervisor forked by the zygote gets its
-plan with the request (no spec.json unless it is too big for one message),
-creates the job's log itself, and records the job's cgroups in its pid record
-so that a restarted daemon can still clear them."""
+"""The launch path: a supervisor forked by the zygote gets its plan with the
+request (no spec.json unless it is too big for one message), creates the
+job's log itself, and records the job's cgroups in its pid record so that a
+restarted daemon can still clear them."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import subprocess
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +21,8 @@ import pytest
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import Message, ProcessExited, ProcessStarted
-from eventsched.runtime.launch.executor import Executor, _spec_cgroup
+from eventsched.runtime.launch import cgroupfs, cgroups
+from eventsched.runtime.launch.executor import Executor
 from eventsched.runtime.launch.zygote import INLINE_SPEC_BYTES
 
 pytestmark = pytest.mark.anyio
@@ -62,7 +65,8 @@ async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
     # the attempt is one file, a line per record: the pid line, then the exit line
     started, ended = (json.loads(line) for line in attempt.read_text().splitlines())
     assert {"cgroup", "memory_cgroup"} <= started.keys()
-    assert started["cgroup"] == (f"{ex._cgroups.parent}/job-7-0" if ex._cgroups else "")
+    parent = ex.containment.removeprefix("cgroup2:")
+    assert started["cgroup"] == (f"{parent}/job-7-0" if ex.containment != "process-group" else "")
     assert ended["exit_code"] == 0
     assert sorted(p.name for p in attempt.parent.iterdir()) == ["0", "output.log"]
     assert stat.S_IMODE(attempt.stat().st_mode) == 0o600
@@ -89,22 +93,24 @@ async def test_a_failed_start_is_still_recorded(tmp_path: Path) -> None:
     assert ended["exit_code"] == 127 and "command not found" in ended["error"]
 
 
-@pytest.mark.parametrize("old_directory", [False, True])
-def test_the_cgroup_comes_from_the_pid_record_else_spec_json(tmp_path: Path, old_directory: bool) -> None:
-    attempt = tmp_path / "jobs/1/0"
-    attempt.parent.mkdir(parents=True)
-    if old_directory:  # an attempt launched by an older version
-        attempt.mkdir()
-        spec_file = attempt / "spec.json"
-    else:
-        attempt.touch()
-        spec_file = tmp_path / "jobs/1/0.spec.json"
-    assert _spec_cgroup(attempt) == ""
-    spec_file.write_text(json.dumps({"cgroup": "/sys/fs/cgroup/x/job-1-0"}))
-    assert _spec_cgroup(attempt) == "/sys/fs/cgroup/x/job-1-0"
-    assert _spec_cgroup(attempt, started={"pid": 1}) == "/sys/fs/cgroup/x/job-1-0"  # an older record
-    started = {"pid": 1, "cgroup": "/sys/fs/cgroup/y/job-1-0", "memory_cgroup": ""}
-    assert _spec_cgroup(attempt, started=started) == "/sys/fs/cgroup/y/job-1-0"
-    assert _spec_cgroup(attempt, "memory_cgroup", started) == ""
-    # only ever a job's own cgroup
-    assert _spec_cgroup(attempt, started={"cgroup": "/sys/fs/cgroup"}) == ""
+@pytest.mark.skipif(cgroups.Cgroups.setup("/nonexistent-probe")[0] is None, reason="no writable cgroup v2 here")
+def test_a_restarted_daemon_clears_the_cgroup_a_lost_job_left(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    parent = ex.containment.removeprefix("cgroup2:")
+    os.makedirs(f"{parent}/job-1-0")
+    left = subprocess.Popen(["sleep", "100"], start_new_session=True)  # what the job left behind
+    try:
+        cgroupfs.write(f"{parent}/job-1-0/cgroup.procs", str(left.pid))
+        # its supervisor recorded the start (with the job's cgroup), then died
+        record = {"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1,
+                  "cgroup": f"{parent}/job-1-0", "memory_cgroup": "", "started_at": 0.0}
+        (tmp_path / "jobs/1").mkdir()
+        (tmp_path / "jobs/1/0").write_text(json.dumps(record) + "\n")
+        [lost] = ex.recover({1: (999999, 1)})
+        assert "supervisor gone" in lost.reason  # type: ignore[attr-defined]
+        assert left.wait(timeout=10) == -signal.SIGKILL
+        assert not os.path.exists(f"{parent}/job-1-0")
+    finally:
+        left.kill()
+        left.wait()
+        os.rmdir(parent)

@@ -13,27 +13,23 @@ on its own; the slow ones run a real root daemon and two real users.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import AsyncIterator, Iterator
 
 import anyio
 import daemon_harness
 import pytest
 from daemon_harness import Daemon
-from users_harness import (  # noqa: F401
-    VENV_BIN,
-    as_user,
-    needs_root,
-    public_dir,
-    root_daemon,
-    run_as,
-    user_env,
-    users,
-)
+from users_harness import VENV_BIN, as_user, needs_root, run_as, user_env
+from users_harness import public_dir, users  # noqa: F401 (fixtures)
 
 from eventsched.domain import rlimits
 from eventsched.domain.events import JobSpec
@@ -183,12 +179,18 @@ class Inbox:
             return await self.receive.receive()
 
 
-async def _running(ex: Executor):
+@contextlib.asynccontextmanager
+async def _running(ex: Executor) -> AsyncIterator[Inbox]:
+    """``ex`` running in a task group; the host task's errors pass through unwrapped."""
     inbox = Inbox()
     tg = anyio.create_task_group()
     await tg.__aenter__()
-    await tg.start(ex.run, inbox.send)
-    return inbox, tg
+    try:
+        await tg.start(ex.run, inbox.send)
+        yield inbox
+    finally:
+        tg.cancel_scope.cancel()
+        await tg.__aexit__(None, None, None)
 
 
 ESCAPE = textwrap.dedent(
@@ -241,30 +243,35 @@ def _escaped_pids(d: Path) -> list[int]:
     return [int((d / f"{how}.pid").read_text()) for how in ("setsid", "setpgid")]
 
 
-def _reap(pids: list[int]) -> None:
-    for pid in pids:  # whatever a failed test left behind
+@pytest.fixture
+def leftovers() -> Iterator[list[int]]:
+    """PIDs to SIGKILL after the test: whatever a failed test left behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
 
 
+def _all_die(pids: list[int]) -> None:
+    assert _wait(lambda: not any(_alive(p) for p in pids), timeout=10), [p for p in pids if _alive(p)]
+
+
 @needs_cgroups
 @pytest.mark.anyio
 @pytest.mark.parametrize("mode, sig", [("wait", signal.SIGTERM), ("wait-deaf", signal.SIGKILL)])
-async def test_executor_cancel_reaches_processes_that_left_the_group(tmp_path: Path, mode: str, sig: int) -> None:
+async def test_executor_cancel_reaches_processes_that_left_the_group(
+        tmp_path: Path, mode: str, sig: int, leftovers: list[int]) -> None:
     ex = Executor(tmp_path / "state")
     assert ex.containment.startswith("cgroup2:")
     out = tmp_path / "out"
     out.mkdir()
-    inbox, tg = await _running(ex)
-    pids: list[int] = []
-    try:
-        import sys
-
+    async with _running(ex) as inbox:
         started = await ex.launch(1, JobSpec(command=[sys.executable, "-S", "-c", ESCAPE, str(out), mode]), [0])
         await anyio.to_thread.run_sync(_wait, (out / "ready").exists)
-        pids = _escaped_pids(out)
+        leftovers.extend(pids := _escaped_pids(out))
         cg = Path(ex.containment.removeprefix("cgroup2:")) / "job-1-0"
         assert set(pids) | {started.pid} <= set(cgroups.procs(str(cg)))
         assert pids[0] in ex.job_process_ids()  # its GPU memory is the job's
@@ -273,34 +280,23 @@ async def test_executor_cancel_reaches_processes_that_left_the_group(tmp_path: P
         assert isinstance(exited, ProcessExited) and exited.signal == sig
         assert not any(_alive(p) for p in pids)
         assert not cg.exists()  # removed by the supervisor
-    finally:
-        _reap(pids)
-        tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
 
 
 @needs_cgroups
 @pytest.mark.anyio
 @pytest.mark.parametrize("zygote", [True, False])
-async def test_executor_kills_what_a_finished_job_left_behind(tmp_path: Path, zygote: bool) -> None:
-    import sys
-
+async def test_executor_kills_what_a_finished_job_left_behind(
+        tmp_path: Path, zygote: bool, leftovers: list[int]) -> None:
     ex = Executor(tmp_path / "state", zygote=zygote)
     out = tmp_path / "out"
     out.mkdir()
-    inbox, tg = await _running(ex)
-    pids: list[int] = []
-    try:
+    async with _running(ex) as inbox:
         await ex.launch(1, JobSpec(command=[sys.executable, "-S", "-c", ESCAPE, str(out), "exit"]), [0])
         exited = await inbox.next()
         assert isinstance(exited, ProcessExited) and exited.exit_code == 0
-        pids = _escaped_pids(out)
+        leftovers.extend(pids := _escaped_pids(out))
         # dead by the time the exit is reported: the GPUs are free for real
         assert not any(_alive(p) for p in pids)
-    finally:
-        _reap(pids)
-        tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
 
 
 ADOPT_DAEMON = """
@@ -321,47 +317,35 @@ anyio.run(main)
 
 @needs_cgroups
 @pytest.mark.anyio
-async def test_an_adopted_job_is_found_by_its_cgroup_and_cancelled_whole(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
+async def test_an_adopted_job_is_found_by_its_cgroup_and_cancelled_whole(
+        tmp_path: Path, leftovers: list[int]) -> None:
     out = tmp_path / "out"
     out.mkdir()
     state = tmp_path / "state"
     command = [sys.executable, "-S", "-c", ESCAPE, str(out), "wait-deaf"]
     daemon = subprocess.Popen([sys.executable, "-c", ADOPT_DAEMON, str(state), json.dumps(command)],
                               stdout=subprocess.PIPE, text=True)
-    pids: list[int] = []
     try:
         pid = int(daemon.stdout.readline())  # type: ignore[union-attr]
         assert _wait((out / "ready").exists)
     finally:
         daemon.kill()  # the daemon dies; the job and its supervisor do not
         daemon.wait()
-    try:
-        pids = _escaped_pids(out) + [pid]
-        ex = Executor(state)
-        assert ex.recover({1: (pid, 0)}) == []
-        assert set(pids) <= ex.job_process_ids()  # found through its cgroup, setsid'd child too
-        inbox, tg = await _running(ex)
-        try:
-            await ex.signal(1, grace_s=0.3)
-            exited = await inbox.next()
-            assert isinstance(exited, ProcessExited) and exited.signal == signal.SIGKILL
-        finally:
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
-        assert not any(_alive(p) for p in pids)
-    finally:
-        _reap(pids)
+    leftovers.extend(pids := _escaped_pids(out) + [pid])
+    ex = Executor(state)
+    assert ex.recover({1: (pid, 0)}) == []
+    assert set(pids) <= ex.job_process_ids()  # found through its cgroup, setsid'd child too
+    async with _running(ex) as inbox:
+        await ex.signal(1, grace_s=0.3)
+        exited = await inbox.next()
+        assert isinstance(exited, ProcessExited) and exited.signal == signal.SIGKILL
+    assert not any(_alive(p) for p in pids)
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("use_cgroups", [True, False])
 async def test_executor_applies_umask_and_limits_clamped(tmp_path: Path, use_cgroups: bool) -> None:
     import resource
-    import sys
 
     if use_cgroups and not HAVE_CGROUPS:
         pytest.skip("no writable cgroup v2 here")
@@ -383,14 +367,10 @@ async def test_executor_applies_umask_and_limits_clamped(tmp_path: Path, use_cgr
         umask=0o077,
         rlimits={"nofile": [256, INF], "core": [0, 0]},
     )
-    inbox, tg = await _running(ex)
-    try:
+    async with _running(ex) as inbox:
         await ex.launch(1, spec, [0])
         exited = await inbox.next()
         assert isinstance(exited, ProcessExited) and exited.exit_code == 0, ex.log_path(1).read_text()
-    finally:
-        tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
     log = ex.log_path(1).read_text()
     assert "mode 0o600" in log
     assert f"nofile 256 {hard}" in log  # unlimited asked, the daemon's hard limit given
@@ -486,65 +466,54 @@ def test_status_says_how_jobs_are_contained(daemon: Daemon) -> None:
         assert "jobs that leave their process group escape cancel" in daemon.stderr()
 
 
-def _contained(daemon: Daemon) -> None:
+def _escaping_job(user, daemon: Daemon, scripts: Path, name: str, mode: str, *args: str) -> tuple[int, Path]:
+    """A job whose children leave its process group, writing their pids to ``~/name``."""
     if not daemon.status()["containment"].startswith("cgroup2:"):
         pytest.skip("this machine gives the daemon no writable cgroup v2")
+    folder = Path(user.home) / name
+    return _submit(user, daemon, *args, "--", str(scripts / "escape.sh"), str(folder), mode), folder
+
+
+def _started(daemon: Daemon, job: int, folder: Path) -> list[int]:
+    assert _wait(lambda: (folder / "main.pid").exists()), daemon.jobs()[job]
+    return _pids(folder)
 
 
 @pytest.mark.slow
 @needs_root
-def test_cancel_kills_every_process_of_the_job_even_those_that_left_its_group(users, daemon, scripts) -> None:  # noqa: F811
-    _contained(daemon)
+def test_cancel_kills_every_process_of_the_job_even_those_that_left_its_group(
+        users, daemon, scripts, leftovers) -> None:  # noqa: F811
     alice, _ = users
-    folder = Path(alice.home) / "cancel"
-    job = _submit(alice, daemon, "--", str(scripts / "escape.sh"), str(folder), "wait")
-    pids: list[int] = []
-    try:
-        assert _wait(lambda: (folder / "main.pid").exists()), daemon.jobs()[job]
-        pids = _pids(folder)
-        assert all(_alive(p) for p in pids)
-        r = as_user(alice, daemon.state_dir, "cancel", str(job))
-        assert r.returncode == 0, r.stderr
-        daemon.wait_states([job], {"cancelled"})
-        # SIGTERM to all, then (kill_grace_s = 1) the cgroup is killed: the
-        # setpgid child ignores SIGTERM
-        assert _wait(lambda: not any(_alive(p) for p in pids), timeout=10), [p for p in pids if _alive(p)]
-    finally:
-        _reap(pids)
+    job, folder = _escaping_job(alice, daemon, scripts, "cancel", "wait")
+    leftovers.extend(pids := _started(daemon, job, folder))
+    assert all(_alive(p) for p in pids)
+    r = as_user(alice, daemon.state_dir, "cancel", str(job))
+    assert r.returncode == 0, r.stderr
+    daemon.wait_states([job], {"cancelled"})
+    # SIGTERM to all, then (kill_grace_s = 1) the cgroup is killed: the
+    # setpgid child ignores SIGTERM
+    _all_die(pids)
 
 
 @pytest.mark.slow
 @needs_root
-def test_a_child_left_behind_by_a_finished_job_is_killed(users, daemon, scripts) -> None:  # noqa: F811
-    _contained(daemon)
+def test_a_child_left_behind_by_a_finished_job_is_killed(users, daemon, scripts, leftovers) -> None:  # noqa: F811
     alice, _ = users
-    folder = Path(alice.home) / "leftover"
-    job = _submit(alice, daemon, "--", str(scripts / "escape.sh"), str(folder), "exit")
-    pids: list[int] = []
-    try:
-        daemon.wait_states([job], {"succeeded"})
-        pids = _pids(folder)[:2]
-        assert not any(_alive(p) for p in pids)  # already dead when the exit was recorded
-    finally:
-        _reap(pids)
+    job, folder = _escaping_job(alice, daemon, scripts, "leftover", "exit")
+    daemon.wait_states([job], {"succeeded"})
+    leftovers.extend(pids := _pids(folder)[:2])
+    assert not any(_alive(p) for p in pids)  # already dead when the exit was recorded
 
 
 @pytest.mark.slow
 @needs_root
-def test_the_time_limit_kills_the_escaped_children(users, daemon, scripts) -> None:  # noqa: F811
-    _contained(daemon)
+def test_the_time_limit_kills_the_escaped_children(users, daemon, scripts, leftovers) -> None:  # noqa: F811
     _, bob = users
-    folder = Path(bob.home) / "limit"
-    job = _submit(bob, daemon, "--time-limit", "2s", "--", str(scripts / "escape.sh"), str(folder), "wait")
-    pids: list[int] = []
-    try:
-        assert _wait(lambda: (folder / "main.pid").exists()), daemon.jobs()[job]
-        pids = _pids(folder)
-        jobs = daemon.wait_states([job], {"failed", "cancelled", "lost", "succeeded"}, timeout=20)
-        assert jobs[job]["state"] != "succeeded"
-        assert _wait(lambda: not any(_alive(p) for p in pids), timeout=10), [p for p in pids if _alive(p)]
-    finally:
-        _reap(pids)
+    job, folder = _escaping_job(bob, daemon, scripts, "limit", "wait", "--time-limit", "2s")
+    leftovers.extend(pids := _started(daemon, job, folder))
+    jobs = daemon.wait_states([job], {"failed", "cancelled", "lost", "succeeded"}, timeout=20)
+    assert jobs[job]["state"] != "succeeded"
+    _all_die(pids)
 
 
 @pytest.mark.slow
@@ -596,7 +565,7 @@ def test_a_user_cannot_raise_a_hard_limit_above_the_daemons(users, daemon, scrip
 
 @needs_cgroups
 def test_kill_all_falls_back_to_sigkill_of_each_pid_without_cgroup_kill(tmp_path: Path, monkeypatch) -> None:
-    import subprocess
+    from eventsched.runtime.launch import cgroupfs
 
     cg, why = cgroups.Cgroups.setup(tmp_path)
     assert cg is not None, why
@@ -604,16 +573,16 @@ def test_kill_all_falls_back_to_sigkill_of_each_pid_without_cgroup_kill(tmp_path
     sleepers = [subprocess.Popen(["sleep", "100"], start_new_session=True) for _ in range(3)]
     try:
         for p in sleepers:
-            cgroups._write(os.path.join(path, "cgroup.procs"), str(p.pid))
+            cgroupfs.write(os.path.join(path, "cgroup.procs"), str(p.pid))
         assert sorted(cgroups.procs(path)) == sorted(p.pid for p in sleepers)
-        real_write = cgroups._write
+        real_write = cgroupfs.write
 
         def no_kill_file(target: str, text: str) -> None:  # a kernel before 5.14
             if target.endswith("cgroup.kill"):
                 raise FileNotFoundError(target)
             real_write(target, text)
 
-        monkeypatch.setattr(cgroups, "_write", no_kill_file)
+        monkeypatch.setattr(cgroupfs, "write", no_kill_file)
         cgroups.kill_all(path)
         assert [p.wait(timeout=5) for p in sleepers] == [-signal.SIGKILL] * 3
         assert cgroups.remove(path, timeout_s=2.0)
@@ -629,12 +598,8 @@ async def test_the_posix_spawn_path_takes_the_umask_too(tmp_path: Path) -> None:
     # no cgroup and no limit to change: the supervisor posix_spawns the job
     ex = Executor(tmp_path / "state", cgroups=False)
     target = tmp_path / "made"
-    inbox, tg = await _running(ex)
-    try:
+    async with _running(ex) as inbox:
         await ex.launch(1, JobSpec(command=["touch", str(target)], umask=0o077), [0])
         exited = await inbox.next()
         assert isinstance(exited, ProcessExited) and exited.exit_code == 0
-    finally:
-        tg.cancel_scope.cancel()
-        await tg.__aexit__(None, None, None)
     assert target.stat().st_mode & 0o777 == 0o600

@@ -1,1 +1,1 @@
-"""Starting jobs: the executor, the zygote, the per-job supervisor, cgroups, terminal sessions, script paths."""
+"""Starting jobs: the executor, the zygote, the per-job supervisor and its plan, cgroups, terminal sessions."""

@@ -1,17 +1,18 @@
-/* Start a job in its cgroup without copying the supervisor's memory.
+/* The supervisor's launch accelerator: start() (supervisor.py) without
+ * copying the supervisor's memory.
  *
- * The supervisor (a Python process) used to fork a child that joined the job's
- * cgroup, took the job's limits and identity, and exec'd. The fork copies the
- * page tables and then every page either process writes: ~0.7 ms per job on
- * the dev VM, a fifth of a trivial job's whole cost. posix_spawn avoids the
- * copy (vfork) but cannot place the child in a cgroup before glibc 2.41, and
- * moving it there afterwards waits for an RCU grace period (~12 ms).
+ * The portable start() forks a child that joins the job's cgroup, takes the
+ * job's limits and identity, and execs. The fork copies the page tables and
+ * then every page either process writes, and joining a cgroup after birth
+ * waits for an RCU grace period. posix_spawn avoids the copy (vfork) but
+ * cannot place the child in a cgroup before glibc 2.41.
  *
  * spawn() here is posix_spawn with that missing attribute: clone3 with
  * CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP on a stack of its own, a child
- * that makes only raw system calls (it shares our memory until it execs), and
- * the reason for a failure handed back in that shared memory. x86-64 only;
- * elsewhere the module has no spawn() and the supervisor forks as before.
+ * that makes only raw system calls (it shares our memory until it execs) in
+ * the order of the portable child's steps, and the failed step and errno
+ * handed back in that shared memory. x86-64 only; elsewhere the module has
+ * no spawn() and the supervisor forks.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -1,4 +1,4 @@
-"""Each job in its own cgroup v2, so nothing it starts escapes a cancel (issue 18).
+"""Each job in its own cgroup v2, so nothing it starts escapes a cancel.
 
 A process group is not a container: a job that calls ``setsid`` or
 ``setpgid`` leaves it, and a signal to the group no longer reaches it. A
@@ -13,8 +13,8 @@ owner of a delegated subtree) can move a process out. So:
   ``<own cgroup>/eventsched-<hash of the state dir>`` (or a sibling of the
   daemon's cgroup, if a child of it cannot hold processes), moves a throw-away
   ``sleep`` into a probe cgroup there and kills it;
-- each job attempt gets ``<parent>/job-<id>-<attempt>``, which the job's
-  forked child joins before it switches identity and execs (``supervisor.py``);
+- each job attempt gets ``<parent>/job-<id>-<attempt>``, which the job is
+  born in, or joins before it switches identity and execs (``supervisor.py``);
 - cancel and time limits signal every process listed in ``cgroup.procs`` and
   kill with ``cgroup.kill`` (or SIGKILL of every pid, on kernels before 5.14);
   when the job's main process ends, the supervisor empties and removes it.
@@ -24,8 +24,7 @@ before, contained by their process group only, and ``setup`` says why in one
 line. No controller is enabled anywhere: the cgroups only group and kill, so
 the "no internal processes" rule does not apply.
 
-The functions below that take a cgroup path are also used, inline, by the
-stdlib-only supervisor (which imports nothing from eventsched).
+The I/O on one cgroup directory is ``cgroupfs.py``, which the supervisor shares.
 """
 
 from __future__ import annotations
@@ -35,12 +34,14 @@ import errno
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from eventsched.runtime.launch.cgroupfs import kill_all, procs, remove, signal_all
+from eventsched.runtime.launch.cgroupfs import read as _read
+from eventsched.runtime.launch.cgroupfs import write as _write
 
 __all__ = [
     "Cgroups",
@@ -50,13 +51,11 @@ __all__ = [
     "procs",
     "signal_all",
     "kill_all",
-    "populated",
     "remove",
     "HostMemory",
     "MEMORY_MODES",
     "v1_memory_dir",
     "enable_memory_v2",
-    "oom_kills",
 ]
 
 
@@ -101,10 +100,15 @@ def own_cgroup(proc_cgroup: str) -> str | None:
 
 def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bool] = os.path.isdir) -> str | None:
     """The directory of our own cgroup under a cgroup2 mount, or None."""
-    path = own_cgroup(proc_cgroup)
+    return _mounted_dir(cgroup2_mounts(mountinfo), own_cgroup(proc_cgroup), isdir)
+
+
+def _mounted_dir(mounts: list[tuple[str, str]], path: str | None, isdir: Callable[[str], bool]) -> str | None:
+    """Where the cgroup ``path`` of a hierarchy is, under the first of its
+    ``mounts`` (root within the hierarchy, mount point) that holds it."""
     if path is None:
         return None
-    for root, mount in cgroup2_mounts(mountinfo):
+    for root, mount in mounts:
         if root == "/":
             rel = path
         elif path == root or path.startswith(root.rstrip("/") + "/"):
@@ -117,91 +121,7 @@ def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[st
     return None
 
 
-# --- I/O on one cgroup (the executor's; the supervisor has its own copy) -------
-
-
-def procs(path: str) -> list[int]:
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def populated(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "cgroup.events"), "rb") as f:
-            for line in f.read().splitlines():
-                if line.startswith(b"populated "):
-                    return line.split()[1] != b"0"
-    except OSError:
-        return False
-    return bool(procs(path))
-
-
-def signal_all(path: str, sig: int) -> int:
-    """Send ``sig`` to every process in the cgroup, again for any forked
-    meanwhile (a few rounds); returns how many were signalled."""
-    seen: set[int] = set()
-    for _ in range(4):
-        new = [p for p in procs(path) if p not in seen]
-        if not new:
-            break
-        for pid in new:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        seen.update(new)
-    return len(seen)
-
-
-def kill_all(path: str) -> None:
-    """SIGKILL everything in the cgroup: ``cgroup.kill`` (Linux 5.14+, atomic
-    even against a fork bomb), else SIGKILL each pid until none is left."""
-    try:
-        _write(os.path.join(path, "cgroup.kill"), "1")
-        return
-    except OSError:
-        pass
-    deadline = time.monotonic() + 2.0
-    while procs(path) and time.monotonic() < deadline:
-        signal_all(path, signal.SIGKILL)
-        time.sleep(0.01)
-
-
-def remove(path: str, timeout_s: float = 0.0) -> bool:
-    """rmdir the (emptied) cgroup; True if it is gone."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.rmdir(path)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError as e:
-            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
-                return False
-        time.sleep(0.01)
-
-
 # --- the daemon's parent cgroup ------------------------------------------------
-
-
-def _write(path: str, text: str) -> None:
-    """Write a cgroup control file; never creates one (outside cgroupfs,
-    that would pass for success)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _probe(parent: str) -> str:
@@ -296,7 +216,7 @@ class Cgroups:
             os.rmdir(self.parent)
 
 
-# --- host memory limits (issue 11) ----------------------------------------------
+# --- host memory limits ------------------------------------------------------------
 #
 # A job's host memory limit is enforced by the kernel, by the best means the
 # machine offers, found once at start-up (``HostMemory.setup``):
@@ -332,19 +252,7 @@ def v1_memory_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bo
         parts = line.split(":", 2)
         if len(parts) == 3 and "memory" in parts[1].split(","):
             own = parts[2] or "/"
-    if own is None:
-        return None
-    for root, mount in mounts:
-        if root == "/":
-            rel = own
-        elif own == root or own.startswith(root.rstrip("/") + "/"):
-            rel = own[len(root.rstrip("/")) :]
-        else:
-            continue
-        candidate = os.path.normpath(mount + "/" + rel.lstrip("/"))
-        if isdir(candidate):
-            return candidate
-    return None
+    return _mounted_dir(mounts, own, isdir)
 
 
 def _controllers(path: str) -> set[str]:
@@ -364,17 +272,6 @@ def enable_memory_v2(parent: str) -> bool:
     except OSError:
         return False
     return True
-
-
-def oom_kills(path: str) -> int:
-    """Processes the kernel killed for the memory limit of the cgroup at
-    ``path`` (v2 ``memory.events`` or v1 ``memory.oom_control``); 0 if unknown."""
-    for name in ("memory.events", "memory.oom_control"):
-        for line in _read(os.path.join(path, name)).splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-    return 0
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,15 @@
-"""Launch, signal and reap job processes (X1-X4, X7, X9).
+"""Launch, signal and reap job processes.
 
 Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
 process in its own session that outlives the daemon, like conmon or
-containerd-shim. While ``run`` is active, supervisors are forked by one
-long-lived zygote (``supervisor.py --zygote``, started by ``run``), so a launch
-costs a fork rather than an interpreter start-up; without it (before ``run``,
-or if it cannot be started) a supervisor is started cold. A dead zygote is
-replaced at the next launch; the supervisors it forked run on, and so do they
-when the daemon dies (the zygote then reads EOF and exits). The executor and a
-supervisor share nothing but the job's files::
+containerd-shim. Supervisors are forked by a zygote (``supervisor.py
+--zygote``): while ``run`` is active, one long-lived zygote, so a launch costs
+a fork at most rather than an interpreter start-up; otherwise (before
+``run``, or ``zygote=False``) one started for that launch alone. A dead
+zygote is replaced at the next launch; the supervisors it forked run on, and
+so do they when the daemon dies (the zygote then reads EOF and exits). The
+executor and a supervisor share nothing but the zygote's socket and the job's
+files::
 
     <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
     <state_dir>/jobs/<job>/<attempt>           created with O_EXCL: "this attempt was launched";
@@ -16,41 +17,36 @@ supervisor share nothing but the job's files::
                     write by the supervisor: the pid line (job pid + /proc start
                     time, cgroups) once the job runs, the exit line (exit code or
                     signal, end time) once it has ended
-    <state_dir>/jobs/<job>/<attempt>.spec.json argv, env, cwd, credentials (executor ->
-                    supervisor; only for a cold start or a plan too big to travel
-                    with the zygote's request, which carries it otherwise)
-
-(An attempt launched by an older version is a directory holding ``record``,
-or ``pid`` and ``exit``, and ``spec.json``; it is read as before.)
+    <state_dir>/jobs/<job>/<attempt>.spec.json the plan (``plan.Plan``), only when it is
+                    too big to travel with the zygote's request
 
 Creating the attempt file is the launch's commit point: a second launch of
 the same (job, attempt) is refused, even by a restarted daemon, so nothing is
-ever launched twice. Exits are noticed without polling: a pidfd on the
-supervisor, or the pipe its zygote worker closes once the exit is recorded;
-``recover`` re-adopts supervisors after a restart.
+ever launched twice. Exits are noticed without polling: the pipe a zygote
+worker closes once the exit is recorded; ``recover`` re-adopts supervisors
+(by pidfd) after a restart.
 
 Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
 otherwise the command is exec'd as an argv, never interpreted.
 
-Containment (issue 18): where the daemon can manage cgroup v2 (``cgroups.py``),
-each attempt runs in its own cgroup ``<parent>/job-<id>-<attempt>``, which
-the job joins before exec; signals then reach every process in it, including
-those that left the job's process group (``setsid``, ``setpgid``). Elsewhere
-jobs are contained by their process group only, and the executor says so once,
-at start-up. The job also gets the submitter's umask and resource limits,
+Containment: where the daemon can manage cgroup v2 (``cgroups.py``), each
+attempt runs in its own cgroup ``<parent>/job-<id>-<attempt>``, which the job
+is born in; signals then reach every process in it, including those that
+left the job's process group (``setsid``, ``setpgid``). Elsewhere jobs are
+contained by their process group only, and the executor says so once, at
+start-up. The job also gets the submitter's umask and resource limits,
 clamped to the daemon's own (``rlimits.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import pwd
 import shlex
 import signal as _signal
-import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +59,7 @@ import msgspec
 
 from eventsched.domain import rlimits as _rl
 from eventsched.domain.events import JobSpec
+from eventsched.domain.paths import DEFAULT_PATH
 from eventsched.domain.messages import (
     Message,
     NeverLaunched,
@@ -72,12 +69,8 @@ from eventsched.domain.messages import (
 )
 from eventsched.runtime.launch import cgroups as _cg
 from eventsched.runtime.launch import sessions as _sessions
-from eventsched.runtime.launch.zygote import (
-    INLINE_SPEC_BYTES,
-    SUPERVISOR,
-    Zygote,
-    ZygoteRequest,
-)
+from eventsched.runtime.launch.plan import Plan, append_record, encode
+from eventsched.runtime.launch.zygote import INLINE_SPEC_BYTES, Zygote
 
 __all__ = [
     "Executor",
@@ -86,10 +79,8 @@ __all__ = [
     "rewrite_cuda",
     "job_argv",
     "job_env",
-    "DEFAULT_PATH",
 ]
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
 _log = logging.getLogger("eventsched.executor")
 # an async method run in the executor's task group (anyio wants a coroutine function)
@@ -108,7 +99,7 @@ class AlreadyLaunched(LaunchError):
 
 
 def rewrite_cuda(argv: list[str], gpu_ids: list[int]) -> list[str]:
-    """X2: replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
+    """Replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
     physical ids (the seed scheduler's contract: scripts that copy it into
     ``CUDA_VISIBLE_DEVICES`` keep working). CPU-only jobs are left alone."""
     if not gpu_ids:
@@ -128,7 +119,8 @@ def _visible(gpu_ids: list[int]) -> str:
 
 
 def job_argv(spec: JobSpec, gpu_ids: list[int], *, job: int = 0, log_path: str = "") -> list[str]:
-    """The argv to exec: the command itself, or ``bash -c`` only for X3;
+    """The argv to exec: the command itself, or ``bash -c`` only for conda,
+    env_setup or a shell command line;
     for a ``--session`` job, the waiter that runs that inside the session
     (``sessions.py``; it appends the session's output to ``log_path``)."""
     argv = _plain_argv(spec, gpu_ids)
@@ -152,7 +144,7 @@ def _plain_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
     if spec.env_setup:
         # braces, not a subshell: the set-up must change *this* shell's env
         lines.append("{\n" + spec.env_setup + "\n} " + fail)
-    # the set-up must not move the job off its GPUs (seed 004 order)
+    # the set-up must not move the job off its GPUs
     lines.append(f"export CUDA_VISIBLE_DEVICES={shlex.quote(_visible(gpu_ids))}")
     # spec.shell: the user asked for a shell command line; otherwise exec argv
     lines.append(" ".join(command) if spec.shell else "exec " + shlex.join(command))
@@ -169,11 +161,11 @@ def job_env(
         env["USER"] = env["LOGNAME"] = user
     if home:
         env["HOME"] = home
-    env["CUDA_VISIBLE_DEVICES"] = _visible(gpu_ids)  # X1; "" hides every GPU
+    env["CUDA_VISIBLE_DEVICES"] = _visible(gpu_ids)  # "" hides every GPU
     # NVML numbers GPUs by PCI bus; CUDA's default order may differ
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["EVENTSCHED_JOB_ID"] = str(job)
-    if spec.array_index >= 0:  # an --array task (SPEC §2)
+    if spec.array_index >= 0:  # an --array task
         env["EVENTSCHED_ARRAY_ID"], env["EVENTSCHED_ARRAY_INDEX"] = str(spec.array_id), str(spec.array_index)
     return env
 
@@ -181,44 +173,16 @@ def job_env(
 # --- I/O helpers ------------------------------------------------------------
 
 
-def _read_all(fd: int) -> bytes:
-    """Everything left in ``fd``, which is closed."""
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:  # os.open/os.read: a file per job (spec.json, an old attempt's records), without io's layers
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        return msgspec.json.decode(_read_all(fd))
-    except msgspec.DecodeError:
-        return None
-
-
 def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     """(pid record, exit record) of an attempt, each None until written: the
-    lines of its file ``jobs/ID/ATTEMPT`` (runtime/launch/supervisor.py). An attempt
-    launched by an older version is a directory: its ``record`` file, or its
-    ``pid`` and ``exit`` files."""
+    lines of its file ``jobs/ID/ATTEMPT``."""
     try:
-        fd = os.open(attempt_path, os.O_RDONLY | os.O_CLOEXEC)
+        with open(attempt_path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return None, None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        if os.path.exists(attempt_path / "record"):
-            return _read_records(attempt_path / "record")
-        return _read_json(attempt_path / "pid"), _read_json(attempt_path / "exit")
     started = ended = None
-    for line in _read_all(fd).split(b"\n")[:-1]:  # whole lines only: the last may be half-written
+    for line in data.split(b"\n")[:-1]:  # whole lines only: the last may be half-written
         try:
             record = msgspec.json.decode(line)
         except msgspec.DecodeError:
@@ -230,16 +194,6 @@ def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
         elif ended is None and "exit_code" in record:
             ended = record
     return started, ended
-
-
-def _append_record(attempt_path: Path, record: dict) -> None:
-    """An exit line written by the daemon itself (a launch that failed before
-    any supervisor could), as a supervisor writes one."""
-    fd = os.open(attempt_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-    try:
-        os.write(fd, msgspec.json.encode(record) + b"\n")
-    finally:
-        os.close(fd)
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -298,7 +252,7 @@ def _group_list(user: str, gid: int) -> list[int]:
 
 
 def _credentials(spec: JobSpec) -> _Creds | None:
-    """X7: whom to run as. None = keep the daemon's identity (not root, or
+    """Whom to run as. None = keep the daemon's identity (not root, or
     a spec without an owner, which only in-process callers can build)."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
@@ -319,27 +273,16 @@ def _credentials(spec: JobSpec) -> _Creds | None:
 class _Watch:
     """A supervisor the executor waits on (launched here or adopted)."""
 
-    __slots__ = (
-        "job", "attempt_path", "pgid", "pidfd", "popen", "report", "ended", "cgroup", "memcg", "of_job", "_event"
-    )
+    __slots__ = ("job", "attempt_path", "pgid", "pidfd", "report", "ended", "cgroup", "memcg", "of_job", "_event")
 
     def __init__(
-        self,
-        job: int,
-        attempt_path: Path,
-        pgid: int,
-        pidfd: int,
-        popen: subprocess.Popen | None,
-        report: bool = True,
-        cgroup: str = "",
-        memcg: str = "",
+        self, job: int, attempt_path: Path, pgid: int, pidfd: int, *, cgroup: str = "", memcg: str = ""
     ) -> None:
         self.job = job
         self.attempt_path = attempt_path
         self.pgid = pgid  # the job's pid == its process group == its session
-        self.pidfd = pidfd  # readable once the exit is recorded: the supervisor's pidfd, or its worker's pipe
-        self.popen = popen  # set when the supervisor is our child: reap it
-        self.report = report
+        self.pidfd = pidfd  # readable once the exit is recorded: its worker's pipe, or an adopted supervisor's pidfd
+        self.report = True  # False: a stray's end, not the job's
         self.ended = False
         self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
         self.memcg = memcg  # its cgroup v1 memory directory (host memory limit); "" = none
@@ -360,30 +303,27 @@ class _Watch:
         self.event().set()
 
 
-def _spec_path(attempt_path: Path) -> Path:
-    """Where a plan the zygote's request cannot carry is written: beside the
-    attempt, ``jobs/ID/ATTEMPT.spec.json`` (inside it for an older version's
-    attempt directory)."""
-    if attempt_path.is_dir():
-        return attempt_path / "spec.json"
-    return attempt_path.with_name(attempt_path.name + ".spec.json")
+def _job_cgroup(started: dict, key: str = "cgroup") -> str:
+    """The cgroup (``key="memory_cgroup"``: the v1 memory cgroup) an
+    attempt's pid record names, or "": only ever a job's own, which is
+    killed and removed by path."""
+    cg = started.get(key)
+    return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
 
 
 def _write_spec(attempt_path: Path, data: bytes) -> None:
-    # 0o600: the environment may hold the user's secrets
-    spec_fd = os.open(_spec_path(attempt_path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(spec_fd, "wb") as f:
+    """A plan too big for the zygote's request, beside its attempt (0o600:
+    the environment may hold the user's secrets)."""
+    path = attempt_path.with_name(attempt_path.name + ".spec.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
 
 
-def _spec_cgroup(attempt_path: Path, key: str = "cgroup", started: dict | None = None) -> str:
-    """The cgroup an attempt was launched into (from its pid record, else
-    its spec.json), or ""; ``key="memory_cgroup"``: its cgroup v1 memory
-    directory."""
-    plan = started if started is not None and key in started else _read_json(_spec_path(attempt_path))
-    cg = plan.get(key) if isinstance(plan, dict) else None
-    # only ever a job's own cgroup, which is killed and removed by path
-    return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
+def _remove_cgroups(*paths: str) -> None:
+    for path in paths:
+        if path:
+            _cg.remove(path)
 
 
 class Executor:
@@ -398,6 +338,7 @@ class Executor:
         python: str = sys.executable,
         zygote: bool = True,
         cgroups: bool = True,
+        max_host_mem_mib: int = 0,
     ):
         self.node = node
         self.jobs_dir = Path(state_dir) / "jobs"
@@ -409,10 +350,10 @@ class Executor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._pending: list[tuple[_TaskFn, tuple[object, ...]]] = []
         self._send: Callable[[Message], Awaitable[None]] | None = None
-        # forks the supervisors while ``run`` is active; cold starts otherwise
+        # one zygote forks the supervisors while ``run`` is active; else one per launch
         self._use_zygote = zygote
         self._zygote: Zygote | None = None
-        # issue 18: each job in its own cgroup where we can make one
+        # each job in its own cgroup where we can make one
         self._cgroups: _cg.Cgroups | None = None
         if cgroups:
             self._cgroups, why = _cg.Cgroups.setup(state_dir)
@@ -420,7 +361,7 @@ class Executor:
                 _log.warning("%s: jobs that leave their process group escape cancel", why)
             else:
                 _log.info("jobs run in their own cgroups under %s", self._cgroups.parent)
-        # issue 11: how host memory limits are enforced (EVENTSCHED_MEMORY_LIMIT
+        # how host memory limits are enforced (EVENTSCHED_MEMORY_LIMIT
         # = cgroup2 | cgroup1 | rlimit-as picks one, if available)
         if cgroups:
             forced = os.environ.get("EVENTSCHED_MEMORY_LIMIT", "")
@@ -429,7 +370,7 @@ class Executor:
             self.host_memory, why = _cg.HostMemory("rlimit-as"), "RLIMIT_AS set before exec (cgroups off)"
         _log.info("host memory limits: %s: %s", self.host_memory.mode, why)
         # the daemon's [scheduler] max_host_mem_mib: the limit of jobs that ask for none
-        self.max_host_mem_mib = 0
+        self.max_host_mem_mib = max_host_mem_mib
 
     @property
     def memory_limit(self) -> str:
@@ -465,11 +406,14 @@ class Executor:
     # --- launch ---------------------------------------------------------
 
     async def launch(
-        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0
+        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0, node: str | None = None
     ) -> ProcessStarted:
         """Start the job; return once it has exec'd. ``attempt`` tells a
         requeued or retried run (pass e.g. the ``JobPlaced`` seq) from a
-        duplicate of one already launched, which raises ``AlreadyLaunched``."""
+        duplicate of one already launched, which raises ``AlreadyLaunched``.
+        ``node``: where the job was placed; only this executor's own runs here."""
+        if node is not None and node != self.node:
+            raise LaunchError(f"job {job} is placed on node {node}; this machine is {self.node}")
         if not spec.command:
             raise LaunchError("empty command")
         try:  # the submitter's limits, never above ours (the server validated them too)
@@ -483,7 +427,7 @@ class Executor:
         try:
             job_dir.mkdir(mode=0o711 if creds else 0o700, exist_ok=True)
             # the commit point: launched. The attempt is one file, its
-            # supervisor's record (an inode costs 0.06-0.3 ms on ext4)
+            # supervisor's record (each inode costs CPU: docs/launch-path.md)
             os.close(os.open(attempt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except FileExistsError:
             raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
@@ -512,170 +456,79 @@ class Executor:
                 soft, hard = limits.get("as", [-1, -1])
                 limits["as"] = [cap if soft == -1 else min(soft, cap), cap if hard == -1 else min(hard, cap)]
         log_path = self.log_path(job)
-        env = job_env(
-            job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""
+        plan = Plan(
+            argv=job_argv(spec, gpu_ids, job=job, log_path=os.path.abspath(log_path)),
+            env=job_env(job, spec, gpu_ids, home=creds.home if creds else spec.home, user=creds.user if creds else ""),
+            cwd=spec.cwd or "/",
+            log=os.path.abspath(log_path),  # supervisors run in /
+            uid=creds.uid if creds else -1,
+            gid=creds.gid if creds else -1,
+            groups=creds.groups if creds else None,
+            umask=spec.umask,
+            rlimits=limits,
+            cgroup=cgroup,
+            memory_cgroup=memcg,
+            memory_limit=memory_mode,
         )
-        plan = {
-            "job": job,
-            "argv": job_argv(spec, gpu_ids, job=job, log_path=os.path.abspath(log_path)),
-            "env": env,
-            "cwd": spec.cwd or "/",
-            "uid": creds.uid if creds else None,
-            "gid": creds.gid if creds else None,
-            "groups": creds.groups if creds else None,
-            "log": os.path.abspath(log_path),  # supervisors run in /
-            "cgroup": cgroup,
-            # host memory limit: how (cgroup2 | cgroup1 | rlimit-as; "" = none),
-            # the v1 memory cgroup to join (cgroup1): the supervisor tells an
-            # exit for the limit from any other
-            "memory_limit": memory_mode,
-            "memory_cgroup": memcg,
-            "umask": spec.umask,
-            "rlimits": limits,
-        }
         try:
-            # To a supervisor forked by the zygote the plan travels with the
-            # request (a file created per job costs ~0.3 ms of CPU on ext4);
-            # a cold one, or a plan too big for one message, reads spec.json.
-            data = msgspec.json.encode(plan)
-            inline = len(data) <= INLINE_SPEC_BYTES
-            if not inline:
-                _write_spec(attempt_path, data)
-            # the supervisor forked by the zygote creates (and chowns) the
-            # log itself, off the daemon's loop; a cold one is handed it open
-            handed = self._hand_to_zygote(attempt_path, data if inline else None)
-            if handed is None:
-                if inline:
-                    _write_spec(attempt_path, data)
-                log_fd = os.open(
-                    log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-                )
-                try:
-                    if creds:  # the job writes its own log as itself
-                        os.fchown(log_fd, creds.uid, creds.gid)
-                    popen, ready_r = self._cold_start(attempt_path, log_fd)
-                finally:
-                    os.close(log_fd)
+            answer, done_fd = await self._hand_over(attempt_path, encode(plan))
         except OSError as e:
             reason = f"cannot start the supervisor: {e.strerror or e}"
-            if cgroup:
-                _cg.remove(cgroup)
-            if memcg:
-                _cg.remove(memcg)
+            _remove_cgroups(cgroup, memcg)
             # recorded like a supervisor would, so a restart reads "launch-failed"
             with contextlib.suppress(OSError):
-                _append_record(attempt_path, {"exit_code": 127, "signal": None, "error": reason})
+                append_record(str(attempt_path), exit_code=127, signal=None, error=reason)
             raise LaunchError(reason) from None
-        if handed is not None:
-            return await self._zygote_started(job, attempt_path, *handed, cgroup=cgroup, memcg=memcg)
-
-        pidfd = os.pidfd_open(popen.pid)
-        try:
-            # Shielded: once a supervisor runs, we must learn its pid even if
-            # the engine is being cancelled, or the job would go unwatched.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
-                line = await _read_line(ready_r)
-        finally:
-            os.close(ready_r)
-        words = line.split(" ", 1) if line else []
-        if words and words[0] == "ok":
+        words = answer.split(" ", 1)
+        if words[0] == "ok":
             pid, start_time = (int(x) for x in words[1].split())
-            self._watch(_Watch(job, attempt_path, pid, pidfd, popen, cgroup=cgroup, memcg=memcg))
+            w = _Watch(job, attempt_path, pid, done_fd, cgroup=cgroup, memcg=memcg)
+            if done_fd < 0:
+                # No pipe came with the answer (out of descriptors: the kernel
+                # drops it). Its worker lives on after the job: watch the job.
+                w.pidfd, w.of_job = _job_pidfd(pid, start_time), True
+            self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
-        # Failed: reap the supervisor in the background, report nothing more.
-        if cgroup:  # the supervisor removes it too; the job never ran in it
-            _cg.remove(cgroup)
-        if memcg:
-            _cg.remove(memcg)
-        self._watch(_Watch(job, attempt_path, 0, pidfd, popen, report=False, cgroup=cgroup, memcg=memcg))
-        if words and words[0] == "error":
+        if done_fd >= 0:
+            os.close(done_fd)
+        _remove_cgroups(cgroup, memcg)  # the job never ran in them
+        if words[0] == "error":
             raise LaunchError(words[1] if len(words) > 1 else "unknown error")
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
 
-    def _cold_start(self, attempt_path: Path, log_fd: int) -> tuple[subprocess.Popen, int]:
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            os.set_blocking(ready_w, True)
-            popen = subprocess.Popen(
-                [self._python, "-I", "-S", SUPERVISOR, os.path.abspath(attempt_path), str(ready_w)],
-                stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
-                close_fds=True,
-                pass_fds=(ready_w,),
-                start_new_session=True,  # the daemon's session and signals are not its
-                cwd="/",
-            )
-        except BaseException:
-            os.close(ready_r)
-            raise
-        finally:
-            os.close(ready_w)
-        return popen, ready_r
-
-    def _hand_to_zygote(
-        self, attempt_path: Path, spec: bytes | None = None
-    ) -> tuple[Zygote, int, ZygoteRequest] | None:
-        """Give the launch to the zygote (restarted if it died); None = the
-        caller starts the supervisor cold. Only while ``run`` is active: the
-        zygote lives as long as ``run``."""
-        if not self._use_zygote or self._tg is None:
-            return None
+    async def _hand_over(self, attempt_path: Path, data: bytes) -> tuple[str, int]:
+        """Give the launch to a zygote: the long-lived one while ``run`` is
+        active (restarted if it died), else one started for this launch
+        alone. Returns the supervisor's answer ("ok PID START", "error
+        REASON", "" if none came) and the fd that turns readable once its
+        worker is done with the launch (-1 if none came)."""
+        # The plan travels with the request (a file per job costs CPU);
+        # one too big for a message waits in spec.json.
+        inline = len(data) <= INLINE_SPEC_BYTES
+        if not inline:
+            _write_spec(attempt_path, data)
+        keep = self._use_zygote and self._tg is not None
         for _ in range(2):
-            z = self._zygote
-            if z is not None and not z.alive():
-                z.retire()
-                z = self._zygote = None
-            if z is None:
-                try:
-                    z = self._zygote = Zygote(self._python)
-                except OSError:
-                    return None
-            handed = z.submit(attempt_path, spec)
+            z = self._zygote if keep else None
+            if z is None or not z.alive():
+                if z is not None:
+                    z.retire()
+                z = Zygote(self._python)
+                if keep:
+                    self._zygote = z
+            handed = z.submit(attempt_path, data if inline else None)
             if handed is not None:
-                return (z, *handed)
+                break
             z.retire()  # it took nothing: safe to hand over again
-            self._zygote = None
-        return None
-
-    async def _zygote_started(
-        self,
-        job: int,
-        attempt_path: Path,
-        z: Zygote,
-        token: int,
-        req: ZygoteRequest,
-        *,
-        cgroup: str = "",
-        memcg: str = "",
-    ) -> ProcessStarted:
+        else:
+            raise OSError(errno.EPIPE, "the zygote took no launch")
         # Shielded: once a supervisor runs, we must learn its pid even if
         # the engine is being cancelled, or the job would go unwatched.
         with anyio.CancelScope(shield=True), anyio.move_on_after(_READY_TIMEOUT_S):
-            await z.wait(token, req)
-        log_path = self.log_path(job)
-        words = req.result.split(" ", 1) if req.result else []
-        if words and words[0] == "ok":
-            pid, start_time = (int(x) for x in words[1].split())
-            w: _Watch | None = None
-            if req.pidfd >= 0:
-                w = _Watch(job, attempt_path, pid, req.pidfd, None, cgroup=cgroup, memcg=memcg)
-            else:
-                # No pipe came with the answer (out of descriptors: the kernel
-                # drops it). Its worker lives on after the job: watch the job.
-                w = _Watch(job, attempt_path, pid, _job_pidfd(pid, start_time), None, cgroup=cgroup, memcg=memcg)
-                w.of_job = True
-            self._watch(w)
-            return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
-        if req.pidfd >= 0:  # not our child: the zygote reaps it
-            os.close(req.pidfd)
-        if cgroup:  # the job never ran (its child was reaped before the error)
-            _cg.remove(cgroup)
-        if memcg:
-            _cg.remove(memcg)
-        if words and words[0] == "error":
-            raise LaunchError(words[1] if len(words) > 1 else "unknown error")
-        raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
+            await z.wait(*handed)
+        if not keep:
+            z.retire()
+        return handed[1].result, handed[1].pidfd
 
     # --- signal ---------------------------------------------------------
 
@@ -736,7 +589,7 @@ class Executor:
                     out.append(self._started(job, started))
                 out.append(_exited(job, ended))
             elif started is not None:
-                self._clear_cgroup(attempt_path, started)
+                _clear_cgroups(started)
                 out.append(
                     ProcessLost(
                         job=job,
@@ -749,7 +602,7 @@ class Executor:
         return out
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
-        """Issue 12: (job, attempt, job pid) of every attempt on this disk
+        """(job, attempt, job pid) of every attempt on this disk
         whose supervisor is still alive without an exit record (the liveness
         test of ``recover``'s re-adoption), watched here or not."""
         out: list[tuple[int, int, int]] = []
@@ -774,7 +627,7 @@ class Executor:
         return out
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
-        """Issue 12: stop one attempt that must not run (a stray): SIGTERM its
+        """Stop one attempt that must not run (a stray): SIGTERM its
         cgroup, else its process group, SIGKILL after ``grace_s``, and wait
         (a little longer) for its supervisor to end. Its exit is not reported.
         Returns the job's pid, 0 when it was not alive."""
@@ -827,21 +680,8 @@ class Executor:
         if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
             os.close(pidfd)
             return None
-        return _Watch(
-            job, attempt_path, started["pid"], pidfd, None,
-            cgroup=_spec_cgroup(attempt_path, started=started),
-            memcg=_spec_cgroup(attempt_path, "memory_cgroup", started),
-        )
-
-    def _clear_cgroup(self, attempt_path: Path, started: dict | None = None) -> None:
-        """The supervisor is gone without recording an exit: whatever is
-        left of the job must not keep its GPUs once it is reported lost."""
-        cg = _spec_cgroup(attempt_path, started=started)
-        if cg and os.path.isdir(cg):
-            _clear(cg, True)
-        memcg = _spec_cgroup(attempt_path, "memory_cgroup", started)
-        if memcg and os.path.isdir(memcg):
-            _clear(memcg, True)
+        cgroup, memcg = _job_cgroup(started), _job_cgroup(started, "memory_cgroup")
+        return _Watch(job, attempt_path, started["pid"], pidfd, cgroup=cgroup, memcg=memcg)
 
     # --- the long-running task ----------------------------------------------
 
@@ -857,7 +697,7 @@ class Executor:
         async with anyio.create_task_group() as tg:
             self._tg, self._send = tg, send
             if self._use_zygote and self._zygote is None:
-                with contextlib.suppress(OSError):  # else launches start cold
+                with contextlib.suppress(OSError):  # else the first launch tries again
                     self._zygote = Zygote(self._python)
             try:
                 pending, self._pending = self._pending, []
@@ -892,8 +732,6 @@ class Executor:
                 await anyio.wait_readable(w.pidfd)  # the supervisor exited, or its worker is done with it
             finally:
                 os.close(w.pidfd)
-        if w.popen is not None:
-            w.popen.wait()  # our child, already exited: reap the zombie
         ended = _read_records(w.attempt_path)[1]
         if w.of_job:
             ended = await _exit_record(w.attempt_path, ended)
@@ -924,12 +762,12 @@ class Executor:
 
     def job_process_ids(self) -> set[int]:
         """Pids of every process in a watched job's session (the job and its
-        descendants), for telling job GPU memory from foreign (F2)."""
+        descendants), for telling job GPU memory from foreign."""
         return set(self.job_processes())
 
     def job_processes(self) -> dict[int, int]:
         """{pid: job} of every process of a watched job: its cgroup's, else its
-        session's (the job and its descendants); GPU memory per job (issue 17)."""
+        session's (the job and its descendants): GPU memory per job."""
         sessions = {w.pgid: j for j, w in self._watched.items() if w.pgid > 0}
         pids: dict[int, int] = {}
         for j, w in self._watched.items():  # also what left the session
@@ -996,22 +834,16 @@ def _clear(cgroup: str, kill: bool) -> None:
     _cg.remove(cgroup, timeout_s=2.0 if kill else 0.0)
 
 
+def _clear_cgroups(started: dict) -> None:
+    """The supervisor is gone without recording an exit: whatever is left of
+    the job must not keep its GPUs once it is reported lost."""
+    for cg in (_job_cgroup(started), _job_cgroup(started, "memory_cgroup")):
+        if cg and os.path.isdir(cg):
+            _clear(cg, True)
+
+
 def _killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
-
-
-async def _read_line(fd: int) -> str:
-    buf = b""
-    while b"\n" not in buf:
-        await anyio.wait_readable(fd)
-        try:
-            chunk = os.read(fd, 4096)
-        except BlockingIOError:
-            continue
-        if not chunk:
-            break
-        buf += chunk
-    return buf.decode(errors="replace").strip()

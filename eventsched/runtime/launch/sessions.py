@@ -23,7 +23,7 @@ the user's later sessions down with it when the job's cgroup is emptied.
   that code, or kills itself with signal N for a status 128+N (the shell's
   convention: a command that *exits* 130 reads as killed by SIGINT). Not
   ``remain-on-exit`` + ``#{pane_dead_status}`` alone: tmux 3.3a now and then
-  misses the SIGCHLD of a pane that exits at once (1 in ~15 here), and the
+  misses the SIGCHLD of a pane that exits at once, and the
   status never comes; that route (and the ``pane-died`` hook) is kept for a
   pane whose shell is killed before it can report;
 - output: ``pipe-pane`` appends the pane's output (as a terminal shows it,
@@ -40,11 +40,9 @@ window saw (``128+N`` for a signal N).
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
 
-__all__ = ["SESSION_KINDS", "session_name", "session_argv", "refusal", "attach_argv"]
+__all__ = ["SESSION_KINDS", "session_name", "session_argv", "attach_argv"]
 
 SESSION_KINDS = ("tmux", "screen")
 
@@ -139,23 +137,8 @@ def session_argv(kind: str, job: int, command: list[str], log_path: str) -> list
     raise ValueError(f"unknown session kind {kind!r}")
 
 
-def refusal(kind: str, path: str) -> str | None:
-    """Why a ``--session kind`` job cannot run with ``path`` as its PATH, or None."""
-    if not kind:
-        return None
-    if kind not in SESSION_KINDS:
-        return f"--session must be tmux or screen, not {kind!r}"
-    if shutil.which(kind, path=path) is None:
-        return f"{kind} is not installed on this machine; apt-get install {kind}"
-    return None
-
-
 def attach_argv(kind: str, job: int) -> list[str]:
     name = session_name(job)
     if kind == "tmux":
         return ["tmux", "-L", name, "attach-session", "-t", f"={name}"]
     return ["screen", "-r", name]
-
-
-def default_path(env: dict[str, str]) -> str:
-    return env.get("PATH") or os.defpath

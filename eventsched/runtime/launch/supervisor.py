@@ -1,39 +1,39 @@
 """Per-job supervisor: starts one job, waits for it, records how it ended.
 
-Run by the workers of a long-lived zygote (``supervisor.py --zygote
-SOCK_FD``, see ``zygote``): a worker supervises one job at a time and then
-waits for the next, so a launch costs neither an interpreter start-up nor,
-mostly, a fork; or, as a fallback, run cold as ``python -I -S supervisor.py ATTEMPT
-[READY_FD]``. It is a standalone, stdlib-only script (no ``eventsched`` imports, no ``json``, no
-``subprocess``) because its start-up time is part of every job's dispatch
-latency. Like conmon or containerd-shim it outlives the daemon: it runs in its
-own session and talks to the daemon only through the attempt's files (plus
-one line on READY_FD, if given, so a live daemon learns the pid without polling):
+The daemon runs ``python -I -S supervisor.py --zygote SOCK_FD`` (its end is
+``zygote.py``): a long-lived process whose workers each supervise one job at
+a time and then wait for the next, so a launch costs neither an interpreter
+start-up nor, mostly, a fork. When the daemon keeps no zygote (before
+``Executor.run``, or ``zygote=False``) it starts one for a single launch.
+The script is stdlib-only (besides its siblings ``plan`` and ``cgroupfs``,
+loaded by path) because its start-up is part of a launch's latency. Like
+conmon or containerd-shim it outlives the daemon: it runs in its own session
+and talks to the daemon through the zygote's socket and the attempt's files:
 
-- reads  ``ATTEMPT.spec.json`` (or gets the same with the zygote's request):
-  argv, env, cwd, uid/gid/groups (null = keep),
-  cgroup (a cgroup v2 directory the job joins before exec; absent = none),
-  memory_cgroup (a cgroup v1 memory directory it joins too; issue 11),
-  memory_limit (how its host memory is limited, so an exit for the limit
-  is told from any other: ``"oom": true`` in the exit record),
-  umask and rlimits (already clamped by the daemon; clamped again here)
-- appends to ``ATTEMPT`` (``jobs/ID/N``, the file whose creation by the daemon
-  was the launch's commit point), one JSON object per line, each in one write:
-  the pid line once the job has exec'd (with the job's cgroups, for a
-  restarted daemon to clear), the exit line when it has ended. One file per
-  attempt, not a directory with a file per record: on this ext4 each inode
-  costs 0.06-0.3 ms of CPU (``docs/launch-path.md``)
+- gets the plan (``plan.Plan``) with the zygote's request, or from
+  ``ATTEMPT.spec.json`` when it is too big for one message;
+- appends to ``ATTEMPT`` (``jobs/ID/N``, the file whose creation by the
+  daemon was the launch's commit point) one JSON object per line, each in
+  one write: the pid line once the job has exec'd (with the job's cgroups,
+  for a restarted daemon to clear), the exit line when it has ended. One
+  file per attempt, not a file per record: each inode costs CPU
+  (``docs/launch-path.md``).
 
-Its own stdout/stderr are the job's log (opened by the executor for a cold
-start, by the supervisor itself when forked by the zygote), so a supervisor
+Its stdout/stderr are the job's log, which it opens itself, so a supervisor
 failure ends up where the user looks.
+
+``start(plan)`` starts a job: by the C accelerator (``_spawn.c``) where it is
+built, else by the portable reference, a fork and ``_child``. Both take the
+same steps in the same order and report a failure as (step, errno), which
+``_failure`` words once.
 """
 
 from __future__ import (
     annotations,  # annotations stay strings: typing is never imported (start-up time)
 )
 
-import _signal as signal  # not `signal`: its enum import costs ~4 ms
+import _signal as signal  # not `signal` nor `socket`: their enum import costs start-up time
+import _socket
 import errno
 import os
 import sys
@@ -41,32 +41,28 @@ import time
 
 TYPE_CHECKING = False  # mypy reads this as typing.TYPE_CHECKING; typing is never imported here
 if TYPE_CHECKING:
-    import socket
+    from types import ModuleType
+    from typing import NoReturn
 
-try:  # the C scanner behind json, without json's 7 ms import of ``re``
-    import _json
+    from eventsched.runtime.launch import cgroupfs
+    from eventsched.runtime.launch import plan as _plan
+    from eventsched.runtime.launch.plan import Plan
 
-    class _Ctx:
-        strict = True
-        object_hook = None
-        object_pairs_hook = None
-        parse_float = float
-        parse_int = int
-        parse_constant = float
-        memo: dict = {}
 
-    # typeshed wants a make_scanner as the context; C code reads these attributes off any object
-    _scan = _json.make_scanner(_Ctx())  # type: ignore[arg-type]
+def _sibling(name: str) -> ModuleType:
+    """A module beside this file, imported or run as a script (``-I`` keeps
+    this directory off sys.path)."""
+    if __package__:
+        return getattr(__import__(__package__, fromlist=[name]), name)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return __import__(name)
+    finally:
+        del sys.path[0]
 
-    def _loads(text: str, /) -> dict:  # spec.json is always an object
-        return _scan(text, 0)[0]
 
-    _quote = _json.encode_basestring_ascii
-except Exception:  # another interpreter: pay for the real thing
-    import json
-
-    _loads = json.loads
-    _quote = json.dumps
+if not TYPE_CHECKING:
+    cgroupfs, _plan = _sibling("cgroupfs"), _sibling("plan")
 
 
 def _proc_start_time(pid: int) -> int:
@@ -90,43 +86,8 @@ def _own_start_time() -> int:
     return _own_start[0][1]
 
 
-def _append_record(attempt: str, line: str) -> None:
-    """One line of the attempt's record in one write (O_APPEND): a reader
-    takes only whole lines, so it never sees half of one."""
-    fd = os.open(attempt, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
 def _record_exit(attempt: str, exit_code: int | None, sig: int | None, error: str = "", oom: bool = False) -> None:
-    _append_record(
-        attempt,
-        '{"exit_code": %s, "signal": %s, "ended_at": %r, "error": %s, "oom": %s}\n'
-        % (
-            "null" if exit_code is None else int(exit_code),
-            "null" if sig is None else int(sig),
-            time.time(),
-            _quote(error),
-            "true" if oom else "false",
-        ),
-    )
-
-
-def _oom_kills(path: str) -> int:
-    """The kernel's count of processes killed for the memory limit of the
-    cgroup at ``path`` (v2 memory.events or v1 memory.oom_control)."""
-    for name in ("memory.events", "memory.oom_control"):
-        try:
-            with open(os.path.join(path, name), "rb") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            if line.startswith(b"oom_kill "):
-                return int(line.split()[1])
-    return 0
+    _plan.append_record(attempt, exit_code=exit_code, signal=sig, ended_at=time.time(), error=error, oom=oom)
 
 
 # what a program prints when an allocation fails (RLIMIT_AS): Python, C++,
@@ -154,44 +115,11 @@ def _allocation_failed(log_path: str, since: int) -> bool:
     return any(word in tail for word in _ALLOCATION_FAILED)
 
 
-def _tell(ready_fd: int, line: str, keep: bool = False) -> None:
-    """Say ``line`` on ``ready_fd``, then close it unless ``keep`` (a worker's
-    socket to the daemon serves every launch it is given)."""
-    if ready_fd < 0:
-        return
-    try:
-        os.write(ready_fd, line.encode())
-    except OSError:  # the daemon is gone: the files say it all
-        pass
-    if keep:
-        return
-    try:
-        os.close(ready_fd)
-    except OSError:
-        pass
+# --- start(plan) -> pid | Failure ------------------------------------------------
 
 
-def _execvpe(file: str, argv: list[str], env: dict[str, str]) -> None:
-    """os.execvpe without its lazy ``import warnings``, which would fail once
-    we are a user who cannot read root's Python. Searches the job's PATH."""
-    if "/" in file:
-        os.execve(file, argv, env)
-    saved: OSError | None = None
-    last: OSError = FileNotFoundError(file)
-    for d in (env.get("PATH") or os.defpath).split(":"):
-        try:
-            os.execve(os.path.join(d or ".", file), argv, env)
-        except (FileNotFoundError, NotADirectoryError) as e:
-            last = e
-        except OSError as e:  # e.g. EACCES: remember it, keep looking (like execvp)
-            last = e
-            if saved is None:
-                saved = e
-    raise saved if saved is not None else last
-
-
-class _Failed(Exception):
-    """The job could not be started; the message is for the user."""
+class Failure(str):
+    """Why the job could not be started: one line for the user."""
 
 
 # default in the job, whatever we did with them (ignored ones survive exec)
@@ -202,446 +130,282 @@ _JOB_DEFAULT_SIGNALS = (
 )
 
 
-def _same_identity(spec: dict) -> bool:
+def _same_identity(p: Plan) -> bool:
     """True if the job runs as we do: no uid/gid/groups to switch."""
-    if spec.get("uid") is None:
-        return True
-    return (
-        spec["uid"] == os.getuid() == os.geteuid()
-        and spec["gid"] == os.getgid() == os.getegid()
+    return p.uid < 0 or (
+        p.uid == os.getuid() == os.geteuid()
+        and p.gid == os.getgid() == os.getegid()
         # the primary group in the supplementary list adds no permission
-        and set(spec.get("groups") or []) - {spec["gid"]} == set(os.getgroups()) - {os.getgid()}
+        and set(p.groups) - {p.gid} == set(os.getgroups()) - {os.getgid()}
     )
 
 
 def _le(a: int, b: int) -> bool:
     """a <= b for resource limits, where -1 (RLIM_INFINITY) is above all."""
-    if b == -1:
-        return True
-    return a != -1 and a <= b
+    return b == -1 or (a != -1 and a <= b)
 
 
-def _rlimit_changes(spec: dict) -> list[tuple[int, int, int]]:
+def _rlimit_changes(p: Plan) -> list[tuple[int, int, int]]:
     """[(resource, soft, hard)] the job's limits differ from ours by. The
     daemon clamped them already; clamped again (last line of defence, as root
     could raise a hard limit): never above our own hard limit, soft <= hard."""
-    wanted = spec.get("rlimits") or {}
-    if not wanted:
+    if not p.rlimits:
         return []
     import resource
 
     changes = []
-    for name, pair in sorted(wanted.items()):
+    for name, (soft, hard) in sorted(p.rlimits.items()):
         res = getattr(resource, "RLIMIT_" + name.upper(), None)
-        if res is None or len(pair) != 2:
+        if res is None:
             continue  # the daemon validated them: nothing unknown gets here
-        soft, hard = int(pair[0]), int(pair[1])
         cur_soft, cur_hard = resource.getrlimit(res)
-        if not _le(hard, cur_hard):
-            hard = cur_hard
-        if not _le(soft, hard):
-            soft = hard
+        hard = hard if _le(hard, cur_hard) else cur_hard
+        soft = soft if _le(soft, hard) else hard
         if (soft, hard) != (cur_soft, cur_hard):
             changes.append((res, soft, hard))
     return changes
 
 
-def _join_cgroup(path: str) -> None:
-    """Move the calling process into the cgroup at ``path`` ("0" = ourselves)."""
-    fd = os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+class _Exec:
+    """A plan as the kernel takes it, worked out before any child exists."""
+
+    __slots__ = ("paths", "argv", "envp", "cwd", "limits", "identity")
+
+    def __init__(self, p: Plan) -> None:
+        self.argv = [os.fsencode(a) for a in p.argv]
+        self.envp = [os.fsencode(k + "=" + v) for k, v in p.env.items()]
+        self.cwd = os.fsencode(p.cwd)
+        argv0 = p.argv[0]
+        if "/" in argv0:
+            self.paths = [self.argv[0]]
+        else:  # where execvp would look: each directory of the job's PATH
+            dirs = (p.env.get("PATH") or os.defpath).split(":")
+            self.paths = [os.fsencode(os.path.join(d or ".", argv0)) for d in dirs]
+        self.limits = _rlimit_changes(p)
+        self.identity = None if _same_identity(p) else (p.uid, p.gid, p.groups)
+
+
+def _prepare(p: Plan) -> _Exec | Failure:
+    argv0 = p.argv[0]
     try:
-        os.write(fd, b"0")
-    finally:
-        os.close(fd)
+        x = _Exec(p)
+    except ValueError as e:  # a lone surrogate no file name can hold
+        return Failure("cannot execute %s: %s" % (argv0, e))
+    if any(not k or "=" in k for k in p.env):
+        return Failure("cannot execute %s: illegal environment variable name" % argv0)
+    if any(b"\0" in s for s in (*x.argv, *x.envp, x.cwd)):
+        return Failure("cannot execute %s: embedded null byte" % argv0)
+    return x
 
 
-_CLONE_INTO_CGROUP = 0x200000000
-_SYS_CLONE3 = 435  # the same on every architecture with the generic syscall table (x86-64 too)
-_libc_handle: list = []  # [ctypes.CDLL] once loaded; the zygote loads it before forking supervisors
+def _failure(p: Plan, step: str, err: int, detail: str = "") -> Failure:
+    """The one line for a start that failed at ``step`` (a step of
+    ``_spawn.c``'s child, by name) with errno ``err`` (0: see ``detail``)."""
+    argv0 = p.argv[0]
+    if step == "execute" and err == errno.ENOENT and "/" not in argv0:
+        return Failure("command not found: %s" % argv0)
+    doing = {
+        "join cgroup": "join cgroup %s" % p.cgroup,
+        "join memory cgroup": "join cgroup %s" % p.memory_cgroup,
+        "set resource limits": "set resource limits",
+        "switch identity": "switch to uid %d gid %d" % (p.uid, p.gid),
+        "change directory": "change to directory %s" % p.cwd,
+        "execute": "execute %s" % argv0,
+    }.get(step, "start the job")  # signals, setsid, descriptors, umask
+    return Failure("cannot %s: %s" % (doing, os.strerror(err) if err else detail))
 
 
-def _libc() -> object | None:
-    if not _libc_handle:
-        try:
-            import ctypes
-
-            _libc_handle.append(ctypes.CDLL(None, use_errno=True))
-        except (ImportError, OSError):
-            _libc_handle.append(None)
-    return _libc_handle[0]
+def start(p: Plan) -> int | Failure:
+    """Start the job in its own session and process group (pgid == pid),
+    in its cgroups, with its umask, limits and identity, its signals
+    defaulted, only fds 0-2 (/dev/null, log, log) open; its pid once it has
+    exec'd, else why not."""
+    started = clone_start(p)
+    return fork_start(p) if started is None else started
 
 
-def _fork_into_cgroup(path: str) -> int | None:
-    """fork(), the child born inside the cgroup at ``path`` (clone3 with
-    CLONE_INTO_CGROUP, Linux 5.7+). Moving a process into a cgroup afterwards
-    waits for an RCU grace period (~13 ms on an idle machine); being born
-    there costs nothing. The pid (0 in the child), or None where the kernel
-    or this Python cannot: then fork and join instead."""
-    libc = _libc()
-    if libc is None:
-        return None
-    import ctypes
-
+def fork_start(p: Plan) -> int | Failure:
+    """``start`` in portable Python: fork, and the child (``_child``) sets
+    itself up and execs."""
+    x = _prepare(p)
+    if isinstance(x, Failure):
+        return x
+    errr, errw = os.pipe2(os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal,
-    # stack, stack_size, tls, set_tid, set_tid_size, cgroup (all u64)
-    fields = (_CLONE_INTO_CGROUP, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, fd)
-    args = b"".join(v.to_bytes(8, sys.byteorder) for v in fields)
-    pid = libc.syscall(_SYS_CLONE3, ctypes.c_char_p(args), ctypes.c_size_t(len(args)))  # type: ignore[attr-defined]
-    if pid == 0:
-        return 0  # the child: fd is close-on-exec (and closed before exec anyway)
-    os.close(fd)
-    return pid if pid > 0 else None  # ENOSYS, EINVAL (old kernel), EBUSY...: fork and join
-
-
-def _cgroup_procs(path: str) -> list[int]:
-    try:
-        with open(os.path.join(path, "cgroup.procs"), "rb") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def _cgroup_signal(path: str, signum: int) -> None:
-    for pid in _cgroup_procs(path):
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-
-def _cgroup_populated(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "cgroup.events"), "rb") as f:
-            for line in f.read().splitlines():
-                if line.startswith(b"populated "):
-                    return line.split()[1] != b"0"
-    except OSError:
-        return False
-    return bool(_cgroup_procs(path))
-
-
-def _cgroup_empty(path: str, timeout_s: float = 10.0) -> None:
-    """Kill everything left in the job's cgroup and wait (bounded) until it
-    is empty, so the GPUs are free when the exit is recorded."""
-    if not _cgroup_populated(path):  # most jobs leave nothing behind: nothing to kill
-        return
-    try:
-        fd = os.open(os.path.join(path, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"1")
-            kill = False
-        finally:
-            os.close(fd)
-    except OSError:  # before Linux 5.14: one pid at a time
-        kill = True
-    deadline = time.monotonic() + timeout_s
-    pause = 0.001
-    while _cgroup_populated(path) and time.monotonic() < deadline:
-        if kill:
-            _cgroup_signal(path, signal.SIGKILL)
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-
-
-def _cgroup_remove(path: str, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() >= deadline:
-                return  # the daemon tries again when it sees us gone
-        time.sleep(0.01)
-
-
-def _spawn(spec: dict) -> int:
-    """Start the job with posix_spawn (glibc: vfork + exec, so nothing of
-    our memory is copied: a fork of a Python process costs milliseconds of
-    page faults). Only for jobs that run as we do, with no cgroup to join
-    and no resource limit to change. Returns its pid."""
-    cwd = spec.get("cwd") or "/"
-    try:
-        os.chdir(cwd)  # ours, then inherited; same identity, same permissions
+        pid = os.fork()
     except OSError as e:
-        raise _Failed("cannot change to directory %s: %s" % (cwd, e.strerror))
-    if spec.get("umask", -1) >= 0:
-        os.umask(spec["umask"])  # ours too: it only narrows our own files' modes
-    argv, env = spec["argv"], spec["env"]
-    argv0 = argv[0]
-    paths = _exec_paths(argv0, env)
-    saved: OSError | None = None
-    last: OSError = FileNotFoundError(argv0)
-    for path in paths:
-        try:
-            return os.posix_spawn(path, argv, env, setsid=True, setsigdef=_JOB_DEFAULT_SIGNALS)
-        except (FileNotFoundError, NotADirectoryError) as e:
-            last = e
-        except OSError as e:  # e.g. EACCES: remember it, keep looking (like execvp)
-            last = e
-            if saved is None:
-                saved = e
-        except Exception as e:  # noqa: BLE001 - e.g. a NUL byte in an argument
-            raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
-    err = saved if saved is not None else last
-    if isinstance(err, FileNotFoundError) and "/" not in argv0:
-        raise _Failed("command not found: %s" % argv0)
-    raise _Failed("cannot execute %s: %s" % (argv0, err.strerror or err))
+        os.close(errr)
+        os.close(errw)
+        return Failure("cannot fork: %s" % e.strerror)
+    if pid == 0:
+        _child(p, x, errw)
+    os.close(errw)
+    report = b""
+    while chunk := os.read(errr, 4096):  # EOF once it has exec'd (CLOEXEC), else why not
+        report += chunk
+    os.close(errr)
+    if not report:
+        return pid
+    os.waitpid(pid, 0)
+    step, err, detail = report.decode(errors="replace").split("\n", 2)
+    return _failure(p, step, int(err), detail)
 
 
-def _child(spec: dict, errw: int, switch: bool, limits: list[tuple[int, int, int]], joined: bool = False) -> None:
-    """In the forked child: join the job's cgroup, take the submitter's umask
-    and limits, switch identity (if ``switch``), become the job. Never returns.
-
-    Everything here runs as the supervisor, before the job's first
-    instruction: the cgroup is joined before anything else can happen, so
-    every process the job ever starts is born inside it."""
-    doing = "start the job"
-    argv0 = spec["argv"][0]
+def _child(p: Plan, x: _Exec, errw: int) -> NoReturn:
+    """The forked child: the steps of ``_spawn.c``'s child, in its order,
+    then exec. Everything here runs as the supervisor, before the job's first
+    instruction: every process the job starts is born in its cgroup."""
+    step = "reset signals"
     try:
         for s in _JOB_DEFAULT_SIGNALS:
             signal.signal(s, signal.SIG_DFL)
-        os.setsid()  # its own session and process group: pgid == pid
-        if spec.get("cgroup") and not joined:  # else born there (_fork_into_cgroup)
-            doing = "join cgroup %s" % spec["cgroup"]
-            _join_cgroup(spec["cgroup"])
-        if spec.get("memory_cgroup"):  # cgroup v1 (hybrid host): its memory limit
-            doing = "join cgroup %s" % spec["memory_cgroup"]
-            _join_cgroup(spec["memory_cgroup"])
-        # keep 0-2 (/dev/null, log, log) and the exec-error pipe (CLOEXEC)
+        step = "setsid"
+        os.setsid()
+        for step, cg in (("join cgroup", p.cgroup), ("join memory cgroup", p.memory_cgroup)):
+            if cg:
+                cgroupfs.join(cg)
+        step = "close descriptors"  # all but 0-2 and the error pipe (CLOEXEC)
         os.closerange(3, errw)
         os.closerange(errw + 1, 1 << 20)
-        if spec.get("umask", -1) >= 0:
-            os.umask(spec["umask"])
-        if limits:
+        if p.umask >= 0:
+            os.umask(p.umask)
+        step = "set resource limits"
+        if x.limits:
             import resource
 
-            doing = "set resource limits"
-            for res, soft, hard in limits:  # before setuid: lowers, never raises
+            for res, soft, hard in x.limits:  # before setuid: lowers, never raises
                 resource.setrlimit(res, (soft, hard))
-        if switch and spec.get("uid") is not None:
-            doing = "switch to uid %s gid %s" % (spec["uid"], spec["gid"])
-            # groups first, uid last: once uid changes we may not change groups
-            os.setgroups(spec.get("groups") or [])
-            os.setgid(spec["gid"])
-            os.setuid(spec["uid"])
-        cwd = spec.get("cwd") or "/"
-        doing = "change to directory %s" % cwd
-        os.chdir(cwd)  # as the user, so permissions apply
-        doing = "execute %s" % argv0
-        _execvpe(argv0, spec["argv"], spec["env"])
+        step = "switch identity"
+        if x.identity is not None:  # groups first, uid last: once uid changes we may not change groups
+            os.setgroups(p.groups)
+            os.setgid(p.gid)
+            os.setuid(p.uid)
+        step = "change directory"
+        os.chdir(x.cwd)  # as the user, so permissions apply
+        step = "execute"
+        # like execvp: ENOENT and ENOTDIR mean "look further"; another error
+        # (EACCES...) is remembered and reported if nothing else runs
+        saved: OSError | None = None
+        last: OSError = FileNotFoundError(errno.ENOENT, "")
+        for path in x.paths:
+            try:
+                os.execve(path, x.argv, p.env)
+            except (FileNotFoundError, NotADirectoryError) as e:
+                last = e
+            except OSError as e:
+                saved = saved or e
+        raise saved or last
     except BaseException as e:  # noqa: BLE001 - report anything, then die
-        if doing.startswith("execute") and isinstance(e, FileNotFoundError) and "/" not in argv0:
-            msg = "command not found: %s" % argv0
-        elif isinstance(e, OSError) and e.strerror:
-            msg = "cannot %s: %s" % (doing, e.strerror)
-        else:
-            msg = "cannot %s: %s: %s" % (doing, type(e).__name__, e)
+        err = e.errno if isinstance(e, OSError) and e.errno else 0
         try:
-            os.write(errw, msg.encode(errors="replace")[:1000])
+            os.write(errw, ("%s\n%d\n%s: %s" % (step, err, type(e).__name__, e)).encode(errors="replace")[:1000])
         finally:
             os._exit(127)
 
 
-_native_handle: list = []  # [the _spawn module, or None] once looked for
+_native: list = []  # [the _spawn module, or None] once looked for
 
 
-def _native() -> object | None:
-    """``_spawn`` (built from _spawn.c beside us), whose spawn() starts a job
-    in its cgroup without copying our memory; None where it was not built,
-    has no spawn() on this architecture, or EVENTSCHED_SPAWN=fork asks for
-    the fork path. Loaded by path: ``-I`` keeps our directory off sys.path."""
-    if not _native_handle:
+def _accelerator() -> ModuleType | None:
+    """``_spawn`` (built from _spawn.c) where it has spawn() (x86-64 Linux),
+    unless EVENTSCHED_SPAWN=fork asks for the fork; else None."""
+    if not _native:
         module = None
         if os.environ.get("EVENTSCHED_SPAWN", "") != "fork":
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             try:
-                import _spawn  # type: ignore[import-not-found]
-
-                module = _spawn if hasattr(_spawn, "spawn") else None
+                module = _sibling("_spawn")
             except ImportError:
                 pass
-            finally:
-                del sys.path[0]
-        _native_handle.append(module)
-    return _native_handle[0]
+        _native.append(module if hasattr(module, "spawn") else None)
+    return _native[0]
 
 
-def _exec_paths(argv0: str, env: dict[str, str]) -> list[str]:
-    """Where execvp would look for ``argv0``: itself, or each of the job's PATH."""
-    if "/" in argv0:
-        return [argv0]
-    return [os.path.join(d or ".", argv0) for d in (env.get("PATH") or os.defpath).split(":")]
-
-
-def _native_spawn(native: object, spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int | None:
-    """_fork_exec's work done by _spawn.spawn: the same steps, the same
-    messages, no copy of our memory. Returns the job's pid once it has exec'd,
-    or None where clone3 itself failed (the caller forks instead)."""
-    argv, env = spec["argv"], spec["env"]
-    argv0 = argv[0]
-    try:
-        envp = []
-        for key, value in env.items():
-            if not key or "=" in key:
-                raise ValueError("illegal environment variable name")
-            envp.append(os.fsencode(key + "=" + value))
-        paths = [os.fsencode(p) for p in _exec_paths(argv0, env)]
-        args = [os.fsencode(a) for a in argv]
-        cwd = os.fsencode(spec.get("cwd") or "/")
-    except (ValueError, TypeError) as e:  # e.g. a NUL byte in an argument
-        raise _Failed("cannot execute %s: %s: %s" % (argv0, type(e).__name__, e))
-    memcg = spec.get("memory_cgroup") or ""
-    identity = (spec["uid"], spec["gid"], spec.get("groups") or []) if switch and spec.get("uid") is not None else None
+def clone_start(p: Plan) -> int | Failure | None:
+    """``start`` by the C accelerator: clone3 with CLONE_VM | CLONE_VFORK,
+    the child born in the job's cgroup (CLONE_INTO_CGROUP), so nothing of
+    our memory is copied and no join waits for the kernel. None where it is
+    not built or the kernel cannot (then ``fork_start``)."""
+    native = _accelerator()
+    if native is None:
+        return None
+    x = _prepare(p)
+    if isinstance(x, Failure):
+        return x
     fd = -1
-    if spec.get("cgroup"):
+    if p.cgroup:
         try:
-            fd = os.open(spec["cgroup"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(p.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            raise _Failed("cannot join cgroup %s: %s" % (spec["cgroup"], e.strerror))
+            return _failure(p, "join cgroup", e.errno or 0)
+    memcg = os.fsencode(os.path.join(p.memory_cgroup, "cgroup.procs")) if p.memory_cgroup else None
     try:
-        pid, step, err = native.spawn(  # type: ignore[attr-defined]
-            paths, args, envp, fd, os.fsencode(os.path.join(memcg, "cgroup.procs")) if memcg else None,
-            cwd, spec.get("umask", -1), _JOB_DEFAULT_SIGNALS, limits, identity,
+        pid, step, err = native.spawn(
+            x.paths, x.argv, x.envp, fd, memcg, x.cwd, p.umask, _JOB_DEFAULT_SIGNALS, x.limits, x.identity
         )
     except OSError as e:  # clone3 itself: no process was made
         if e.errno in (errno.ENOSYS, errno.EINVAL, errno.E2BIG):  # a kernel before 5.7: never again
-            _native_handle[:] = [None]
-        return None  # the fork path says what is wrong, if anything is
+            _native[:] = [None]
+        return None
     finally:
         if fd >= 0:
             os.close(fd)
-    if pid > 0:
-        return pid
-    if step == "execute" and err == errno.ENOENT and "/" not in argv0:
-        raise _Failed("command not found: %s" % argv0)
-    # worded as _child words them
-    doing = {
-        "join memory cgroup": "join cgroup %s" % memcg,
-        "set resource limits": "set resource limits",
-        "switch identity": "switch to uid %s gid %s" % (spec.get("uid"), spec.get("gid")),
-        "change directory": "change to directory %s" % (spec.get("cwd") or "/"),
-        "execute": "execute %s" % argv0,
-    }.get(step, "start the job")  # signals, setsid, descriptors, umask
-    raise _Failed("cannot %s: %s" % (doing, os.strerror(err)))
+    return pid if pid > 0 else _failure(p, step, err)
 
 
-def _fork_exec(spec: dict, switch: bool, limits: list[tuple[int, int, int]]) -> int:
-    """Start the job in a forked child that joins its cgroup, sets its
-    limits and switches identity (if ``switch``: root daemon, job of another
-    user) first. Returns its pid once it has exec'd."""
-    native = _native()
-    if native is not None:
-        pid = _native_spawn(native, spec, switch, limits)
-        if pid is not None:
-            return pid
-    errr, errw = os.pipe2(os.O_CLOEXEC)
-    born = _fork_into_cgroup(spec["cgroup"]) if spec.get("cgroup") else None
-    try:
-        pid = os.fork() if born is None else born
-    except OSError as e:
-        os.close(errr)
-        os.close(errw)
-        raise _Failed("cannot fork: %s" % e.strerror)
-    if pid == 0:
-        _child(spec, errw, switch, limits, joined=born is not None)
-    os.close(errw)
-    chunks = []
-    while True:  # EOF when exec succeeded (CLOEXEC), else the child's reason
-        chunk = os.read(errr, 4096)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(errr)
-    if chunks:
-        os.waitpid(pid, 0)
-        raise _Failed(b"".join(chunks).decode(errors="replace"))
-    return pid
+# --- one job, start to end ------------------------------------------------------------
 
 
-def _supervise(
-    attempt: str, ready_fd: int, prefix: str, open_log: bool, plan: bytes = b"", keep_ready: bool = False
-) -> int:
-    """Be the supervisor of the job whose attempt file is ``attempt``: start it, say so on
-    ``ready_fd`` (lines start with ``prefix``; closed after, unless
-    ``keep_ready``), wait, record its end. ``plan``: the spec, sent with the
-    zygote's request (else spec.json)."""
-    # The daemon's terminal and its death must not reach us (we are its shim).
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes) -> None:
+    """Be the supervisor of the job attempt whose record is ``attempt``:
+    start its job, answer ``token`` on ``sock``, wait, record its end.
+    ``data``: the plan, sent with the request (else in spec.json)."""
     job_pid = [0]
     cgroup = [""]
 
-    def forward(signum: int, frame: object) -> None:  # stopping the supervisor stops its job
-        if cgroup[0] and _cgroup_procs(cgroup[0]):  # all of it, even what left its group
-            _cgroup_signal(cgroup[0], signum)
-        elif job_pid[0]:
+    def forward(signum: int, frame: object) -> None:  # stopping the supervisor stops its job, all of it
+        if not (cgroup[0] and cgroupfs.signal_all(cgroup[0], signum)) and job_pid[0]:
             try:
                 os.killpg(job_pid[0], signum)
             except OSError:
                 pass
 
     signal.signal(signal.SIGTERM, forward)
-
-    if ready_fd >= 0:  # the job must not inherit it
-        os.set_inheritable(ready_fd, False)
-    attempt = os.path.abspath(attempt)  # _spawn changes our directory
-    if not plan:
+    if not data:
         with open(attempt + ".spec.json", "rb") as f:
-            plan = f.read()
-    spec = _loads(plan.decode())
-    if open_log:  # our stdout/stderr become the job's log, as in a cold start
-        # created here, as the daemon does for a cold start: 0600, and the
-        # job's user owns it (the job writes its own log as itself)
-        log = os.open(spec["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        if spec.get("uid") is not None and os.geteuid() == 0:
-            os.fchown(log, spec["uid"], spec["gid"])
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-
+            data = f.read()
+    p = _plan.decode(data)
+    # the job's log, 0600, owned by the job's user (it writes it as itself)
+    log = os.open(p.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    if p.uid >= 0 and os.geteuid() == 0:
+        os.fchown(log, p.uid, p.gid)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     try:  # where this attempt's output starts in the log (for _allocation_failed)
         log_start = os.fstat(1).st_size
     except OSError:
         log_start = 0
-    try:
-        same = _same_identity(spec)
-        limits = _rlimit_changes(spec)
-        if same and not spec.get("cgroup") and not spec.get("memory_cgroup") and not limits:
-            pid = _spawn(spec)
-        else:
-            pid = _fork_exec(spec, not same, limits)
-    except _Failed as e:
-        for key in ("cgroup", "memory_cgroup"):  # the child that joined it is reaped: it is empty
-            if spec.get(key):
-                _cgroup_remove(spec[key], 0.5)
-        error = str(e).replace("\n", " ")
-        _record_exit(attempt, 127, None, error)
-        _tell(ready_fd, "%serror %s\n" % (prefix, error), keep_ready)
-        return 0
-    job_pid[0] = pid
-    cgroup[0] = spec.get("cgroup") or ""
-    memcg = spec.get("memory_cgroup") or ""
-    mode = spec.get("memory_limit") or ""
-    # the cgroup whose oom_kill count tells a kill for the memory limit
-    oom_cgroup = memcg if mode == "cgroup1" else cgroup[0] if mode == "cgroup2" else ""
 
+    pid = start(p)
+    if isinstance(pid, Failure):
+        for path in (p.cgroup, p.memory_cgroup):  # the child that joined it is reaped: it is empty
+            if path:
+                cgroupfs.remove(path, 0.5)
+        error = pid.replace("\n", " ")
+        _record_exit(attempt, 127, None, error)
+        _send(sock, "%s error %s" % (token, error))
+        return
+    job_pid[0] = pid
+    cgroup[0] = p.cgroup
+    # the cgroup whose oom_kill count tells a kill for the memory limit
+    oom_cgroup = {"cgroup1": p.memory_cgroup, "cgroup2": p.cgroup}.get(p.memory_limit, "")
     start_time = _proc_start_time(pid)
-    # with the cgroups, which a restarted daemon clears if we die (spec.json
-    # may not exist: the zygote passes the plan in its request)
-    _append_record(
-        attempt,
-        '{"pid": %d, "start_time": %d, "supervisor_pid": %d, "supervisor_start_time": %d,'
-        ' "started_at": %r, "cgroup": %s, "memory_cgroup": %s}\n'
-        % (pid, start_time, os.getpid(), _own_start_time(), time.time(), _quote(cgroup[0]), _quote(memcg)),
+    _plan.append_record(
+        attempt, pid=pid, start_time=start_time, supervisor_pid=os.getpid(),
+        supervisor_start_time=_own_start_time(), started_at=time.time(),
+        cgroup=p.cgroup, memory_cgroup=p.memory_cgroup,
     )
-    _tell(ready_fd, "%sok %d %d\n" % (prefix, pid, start_time), keep_ready)
+    _send(sock, "%s ok %d %d" % (token, pid, start_time))
 
     # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
     # while we kill what the job left behind in its process group, and in
@@ -651,26 +415,25 @@ def _supervise(
         os.killpg(pid, signal.SIGKILL)
     except OSError:
         pass
-    if cgroup[0]:
-        _cgroup_empty(cgroup[0])
-    elif memcg:  # no cgroup v2: what is left in the v1 one goes too
-        _cgroup_signal(memcg, signal.SIGKILL)
+    if p.cgroup:  # so the GPUs are free when the exit is recorded
+        if cgroupfs.populated(p.cgroup):  # most jobs leave nothing behind
+            cgroupfs.kill_all(p.cgroup, 10.0)
+    elif p.memory_cgroup:  # no cgroup v2: what is left in the v1 one goes too
+        cgroupfs.signal_all(p.memory_cgroup, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     oom = False
     if code != 0 and oom_cgroup:
-        oom = _oom_kills(oom_cgroup) > 0
-    elif code != 0 and mode == "rlimit-as":
-        oom = _allocation_failed(spec.get("log") or "", log_start)
-    if cgroup[0]:
-        _cgroup_remove(cgroup[0])
-    if memcg:
-        _cgroup_remove(memcg)
-    if code < 0:
-        _record_exit(attempt, None, -code, oom=oom)
-    else:
-        _record_exit(attempt, code, None, oom=oom)
-    return 0
+        oom = cgroupfs.oom_kills(oom_cgroup) > 0
+    elif code != 0 and p.memory_limit == "rlimit-as":
+        oom = _allocation_failed(p.log, log_start)
+    for path in (p.cgroup, p.memory_cgroup):
+        if path:  # else the daemon tries again when it sees us gone
+            cgroupfs.remove(path, 2.0)
+    _record_exit(attempt, None if code < 0 else code, -code if code < 0 else None, oom=oom)
+
+
+# --- the zygote and its workers -------------------------------------------------------
 
 
 def _noop(signum: int, frame: object) -> None:
@@ -694,8 +457,8 @@ def zygote(sock_fd: int) -> int:
 
     A worker (``_worker``) is a child of ours that supervises one job at a
     time and then waits for the next launch; we fork one when none is idle.
-    A fresh fork costs the copies of every page the supervisor writes
-    (~0.6k page faults, ~1 ms); a worker pays them once.
+    A fresh fork costs the copies of every page the supervisor writes; a
+    worker pays them once.
 
     EOF from the daemon (it stopped or died) ends us: idle workers read EOF
     and exit; busy ones finish supervising their job, record its end, and
@@ -703,7 +466,6 @@ def zygote(sock_fd: int) -> int:
     """
     import gc
     import select
-    import socket
 
     try:
         os.setsid()
@@ -711,9 +473,8 @@ def zygote(sock_fd: int) -> int:
         pass
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _libc()  # loaded once here: every worker forked from us starts jobs with clone3 at no import cost
-    _native()
-    sock = socket.socket(fileno=sock_fd)
+    _accelerator()  # loaded once here, for every worker forked from us
+    sock = _socket.socket(fileno=sock_fd)
     # SIGCHLD only wakes the loop: reaping happens there
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -721,11 +482,11 @@ def zygote(sock_fd: int) -> int:
     poller = select.poll()
     poller.register(sock_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    workers: dict[int, tuple[socket.socket, int]] = {}  # fd of our end of its socket -> (that end, its pid)
-    idle: list[socket.socket] = []  # the workers waiting for a launch
+    workers: dict[int, tuple[_socket.socket, int]] = {}  # fd of our end of its socket -> (that end, its pid)
+    idle: list[_socket.socket] = []  # the workers waiting for a launch
     holding: dict[int, str] = {}  # fd of a busy worker -> the token of the launch it was given
 
-    def drop(w: socket.socket) -> None:  # closing our end makes it exit once idle
+    def drop(w: _socket.socket) -> None:  # closing our end makes it exit once idle
         token = holding.pop(w.fileno(), None)
         if token is not None:  # it died with a launch: if it never answered, this is the answer
             _send(sock, "%s error the supervisor died before starting the job" % token)
@@ -808,14 +569,13 @@ def zygote(sock_fd: int) -> int:
 
 
 def _fork_worker(
-    sock: socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int
+    sock: _socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int
 ) -> int:
     """Fork a worker for ``request`` (it stays for the next ones); the fd of
     our end of its socket, -1 if it could not be forked (the daemon is told)."""
     import select
-    import socket
 
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     try:
         pid = os.fork()
     except OSError as e:
@@ -845,27 +605,25 @@ def _fork_worker(
     return ours.fileno()
 
 
-def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> int:
+def _worker(sock: _socket.socket, zygote_sock: _socket.socket, request: bytes) -> int:
     """Supervise one job per request, then ask ``zygote_sock`` for the next.
     EOF there (the zygote is gone: the daemon stopped or died) ends us."""
-    umask = os.umask(0o077)
-    os.umask(umask)
     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     while request:
-        head, _, plan = request.partition(b"\0")  # the plan, if sent with the request
+        head, _, data = request.partition(b"\0")  # the plan, if sent with the request
         token, _, attempt = head.decode(errors="surrogateescape").partition(" ")
         # readable (EOF) for the daemon once this launch is done with, or we die
         done_r, done_w = os.pipe2(os.O_CLOEXEC)
         _send(sock, "%s forked %d" % (token, os.getpid()), done_r)
         os.close(done_r)
         try:
-            _supervise(attempt, sock.fileno(), token + " ", True, plan, keep_ready=True)
+            _supervise(attempt, sock, token, data)
         except BaseException as e:  # noqa: BLE001 - tell, then die
             try:
                 _record_exit(attempt, 127, None, "supervisor failed: %s" % e)
             except BaseException:  # noqa: BLE001
                 pass
-            _tell(sock.fileno(), "%s error supervisor failed: %s\n" % (token, e))
+            _send(sock, "%s error supervisor failed: %s" % (token, e))
             return 127
         try:
             # before the daemon learns the job ended, so that its next launch
@@ -877,8 +635,6 @@ def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> 
             os.close(done_w)
         # back as the zygote made us: nothing of that job's stays
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.chdir("/")
-        os.umask(umask)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         try:
@@ -888,12 +644,10 @@ def _worker(sock: socket.socket, zygote_sock: socket.socket, request: bytes) -> 
     return 0
 
 
-def _send(sock: socket.socket, text: str, fd: int = -1) -> None:
-    import socket
-
+def _send(sock: _socket.socket, text: str, fd: int = -1) -> None:
     try:
-        if fd >= 0:
-            socket.send_fds(sock, [text.encode()], [fd])
+        if fd >= 0:  # with the descriptor (SCM_RIGHTS)
+            sock.sendmsg([text.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd.to_bytes(4, sys.byteorder))])
         else:
             sock.send(text.encode())
     except OSError:  # the daemon is gone: the next recv says so
@@ -910,17 +664,7 @@ def _reap() -> None:
             return
 
 
-def main(argv: list[str]) -> int:
-    if argv[1] == "--zygote":
-        return zygote(int(argv[2]))
-    try:
-        os.setsid()  # detach from the daemon's session (if Popen did not)
-    except OSError:
-        pass
-    return _supervise(argv[1], int(argv[2]) if len(argv) > 2 else -1, "", False)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # supervisor.py --zygote SOCK_FD
     # _exit: nothing to flush, and interpreter teardown would delay the
-    # moment the daemon's pidfd sees us go (~1-4 ms)
-    os._exit(main(sys.argv))
+    # moment the daemon sees us go
+    os._exit(zygote(int(sys.argv[2])))

@@ -1,9 +1,8 @@
-"""The daemon's end of the launch zygote (``supervisor.py --zygote``): one
-long-lived process that hands each launch to a supervisor worker it forked
-(reused job after job), so a launch costs neither an interpreter start-up
-(~20 ms of CPU) nor, mostly, a fork (~1 ms with its page copies). A pipe
-that turns readable once the worker is done with the launch comes back over
-the socket (SCM_RIGHTS), in place of a pidfd of a one-job supervisor."""
+"""The daemon's end of the launch zygote (``supervisor.py --zygote``): a
+process that hands each launch to a supervisor worker it forked (reused job
+after job), so a launch costs neither an interpreter start-up nor, mostly, a
+fork with its page copies. A pipe that turns readable once the worker is
+done with the launch comes back over the socket (SCM_RIGHTS)."""
 
 from __future__ import annotations
 
@@ -19,10 +18,10 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-__all__ = ["INLINE_SPEC_BYTES", "SUPERVISOR", "Zygote", "ZygoteRequest"]
+__all__ = ["INLINE_SPEC_BYTES", "Zygote", "ZygoteRequest"]
 
 
-SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))  # stdlib only: started with python -I -S
+_SUPERVISOR = str(Path(__file__).with_name("supervisor.py"))  # stdlib only: started with python -I -S
 # a plan up to this size travels in the request (the zygote reads 64 KiB);
 # a bigger one (a huge environment) is read from spec.json
 INLINE_SPEC_BYTES = 60_000
@@ -40,10 +39,9 @@ class ZygoteRequest:
 
 
 class Zygote:
-    """The daemon's end of ``supervisor.py --zygote``: a long-lived process
-    whose workers supervise one launch at a time (no interpreter start-up,
-    ~20 ms of CPU, and mostly no fork per launch). Replies arrive on one socket, tagged with the
-    request's token; whichever launch holds ``lock`` reads them for all
+    """The daemon's end of ``supervisor.py --zygote``, whose workers
+    supervise one launch at a time. Replies arrive on one socket, tagged with
+    the request's token; whichever launch holds ``lock`` reads them for all
     (no background task, so a launch finishes even while ``run`` is being
     cancelled)."""
 
@@ -51,7 +49,7 @@ class Zygote:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.popen = subprocess.Popen(
-                [python, "-I", "-S", SUPERVISOR, "--zygote", str(theirs.fileno())],
+                [python, "-I", "-S", _SUPERVISOR, "--zygote", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -78,8 +76,8 @@ class Zygote:
         return not self.retired and not self.eof and self.popen.poll() is None
 
     def submit(self, attempt: Path, spec: bytes | None = None) -> tuple[int, ZygoteRequest] | None:
-        """Hand over a launch (``spec``: the plan, else the supervisor reads
-        spec.json); None if the zygote did not take it (dead)."""
+        """Hand over a launch (``spec``: the encoded plan, else the supervisor
+        reads spec.json); None if the zygote did not take it (dead)."""
         self.next_token += 1
         token = self.next_token
         try:
@@ -176,7 +174,7 @@ def _readable(fd: int) -> bool:
 async def _wait_readable(*fds: int) -> None:
     """Until one of ``fds`` is readable: readers on the asyncio loop the
     daemon runs on, rather than a task group of ``anyio.wait_readable``
-    (a task group per launch cost a tenth of the launch's CPU)."""
+    (cheaper: no task group per launch)."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
