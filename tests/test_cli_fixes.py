@@ -63,7 +63,8 @@ def test_cancel_plan_names_the_owner_and_spares_others_jobs() -> None:
     ann, bob, array = 1, 2, 3
     ids, refused = cancel_plan(state, [ann, bob, array], [(array, 2), (array, 7)], 1000, arrays=True)
     assert ids == [ann, array, array + 1, array + 2]
-    assert refused == [{"job": bob, "reason": "belongs to bob"}, {"job": f"{array}_7", "reason": f"array {array} has no task 7"}]
+    assert refused == [{"job": bob, "reason": "belongs to bob", "kind": "forbidden"},
+                       {"job": f"{array}_7", "reason": f"array {array} has no task 7", "kind": "not_found"}]
     # without ``arrays`` (the Python API's Client.cancel) an id is one job
     ids, _ = cancel_plan(state, [array], [], 1000)
     assert ids == [array]

@@ -28,19 +28,13 @@ from typing import Iterator
 
 import pytest
 from daemon_harness import Daemon
-from users_harness import (  # noqa: F401
-    VENV_BIN,
-    User,
-    as_user,
-    needs_root,
-    public_dir,
-    root_daemon,
-    run_as,
-    user_env,
-    users,
-)
+from users_harness import VENV_BIN, User, as_user, needs_root, root_daemon, run_as, user_env
+from users_harness import public_dir, users  # noqa: F401 (fixtures)
 
-from eventsched.runtime.api.connection import Connection
+from eventsched.runtime.api.connection import Connection, Context, Flusher
+from eventsched.runtime.api.fair_use import FairUse
+from eventsched.runtime.api.feed import Feed
+from eventsched.runtime.config import ConnectionLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "alice-output-secret-7f3a"
@@ -224,13 +218,12 @@ class _Transport(asyncio.Transport):
         pass
 
 
-class _Server:
-    admitted = 0
-    read_buffer = memoryview(bytearray(64))
-
-    def admit(self, conn: object) -> str | None:
-        self.admitted += 1
-        return None  # admitted
+def _context() -> Context:
+    """What a connection is handed, with nothing behind the dispatcher."""
+    fair_use = FairUse(ConnectionLimits(), frozenset({0}), 8)
+    feed = Feed(Path("/nonexistent"), frozenset({0}), lambda: 0)
+    return Context(fair_use=fair_use, feed=feed, flusher=Flusher(), dispatch=lambda *_: None,
+                   start_soon=lambda *_: None, read_buffer=memoryview(bytearray(64)))
 
 
 def test_a_peer_whose_credentials_cannot_be_read_is_dropped_unheard() -> None:
@@ -240,12 +233,12 @@ def test_a_peer_whose_credentials_cannot_be_read_is_dropped_unheard() -> None:
     its credentials are asked for."""
     gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     gone.close()
-    server = _Server()
-    conn = Connection(server)  # type: ignore[arg-type]
+    ctx = _context()
+    conn = Connection(ctx)
     transport = _Transport(gone)
-    conn.connection_made(transport)  # type: ignore[arg-type]
+    conn.connection_made(transport)
     assert transport.aborted and conn.closed and conn.peer is None
-    assert server.admitted == 0 and transport.written == b"", "it was counted or answered without an identity"
+    assert ctx.fair_use.open_total == 0 and transport.written == b"", "it was counted or answered without an identity"
     request = b"\x00\x00\x00\x05\x81\xa4type"
     conn.get_buffer(-1)[: len(request)] = request  # as asyncio's transport reads it
     conn.buffer_updated(len(request))  # nothing it sends is read
@@ -255,11 +248,11 @@ def test_a_peer_whose_credentials_cannot_be_read_is_dropped_unheard() -> None:
 def test_a_live_peer_reads_as_its_real_uid() -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with a, b:
-        server = _Server()
-        conn = Connection(server)  # type: ignore[arg-type]
-        conn.connection_made(_Transport(a))  # type: ignore[arg-type]
+        ctx = _context()
+        conn = Connection(ctx)
+        conn.connection_made(_Transport(a))
         assert conn.peer is not None and conn.peer.uid == os.getuid() and conn.peer.pid == os.getpid()
-        assert server.admitted == 1
+        assert ctx.fair_use.open_by_uid == {os.getuid(): {conn}}
 
 
 # -- fair use under an active flood ---------------------------------------------------------

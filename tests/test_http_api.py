@@ -286,7 +286,7 @@ def test_both_transports_print_the_same(setup: Setup) -> None:
 
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("EVENTSCHED_")}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("EVENTSCHED_") or k == "EVENTSCHED_PURE"}
     return subprocess.run([*EVENTSCHED, *args], env={**environ, **env}, capture_output=True, text=True, timeout=30)
 
 

@@ -12,7 +12,7 @@ import pytest
 from daemon_harness import Daemon
 
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.launch.script_paths import check
+from eventsched.runtime.api.script_paths import check
 
 
 @pytest.fixture

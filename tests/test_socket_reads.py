@@ -32,7 +32,7 @@ def daemon(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             for gpu in range(2):
                 d.cli("pause-gpu", str(gpu))  # nothing launches: the jobs stay as submitted
             assert d.process is not None
-            loaded = "runtime/connection.cpython" in Path(f"/proc/{d.process.pid}/maps").read_text()
+            loaded = "runtime/api/connection.cpython" in Path(f"/proc/{d.process.pid}/maps").read_text()
             assert loaded == (request.param == "installed" and "eventsched.runtime.api.connection" in _compiled.compiled())
             yield d
 
@@ -111,11 +111,11 @@ def test_replies_to_a_pipelined_burst_come_back_in_order(daemon: Daemon) -> None
 
 
 def test_a_connection_whose_replies_cannot_be_written_is_cut_off_and_the_rest_are_written() -> None:
-    """flush_replies runs inside the engine's loop: a failure there must cost
+    """The flusher runs inside the engine's loop: a failure there must cost
     the one connection, never the engine (which would stop the daemon)."""
     import asyncio
 
-    from eventsched.runtime.api.server import Server
+    from eventsched.runtime.api.connection import Flusher
 
     class Conn:
         def __init__(self, broken: bool) -> None:
@@ -130,11 +130,11 @@ def test_a_connection_whose_replies_cannot_be_written_is_cut_off_and_the_rest_ar
             self.cut = why
 
     async def main() -> list[Conn]:
-        server = Server(None, Path("/nonexistent.sock"))  # type: ignore[arg-type]
+        flusher = Flusher()
         conns = [Conn(False), Conn(True), Conn(False)]
         for conn in conns:
-            server.flush_soon(conn)  # type: ignore[arg-type]
-        server.flush_replies()  # as the engine calls it after a batch
+            flusher.soon(conn)
+        flusher.flush_all()  # as the engine calls it after a batch
         await asyncio.sleep(0.01)  # the fallback call_soon was cancelled: nothing is written twice
         return conns
 

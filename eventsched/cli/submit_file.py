@@ -6,12 +6,10 @@ a bad line is ``FILE:LINE: reason`` on stderr, the others still load, and the
 exit status is 1. A line the daemon already has (same user, same
 ``PATH:LINE:SHA`` source) is skipped, never submitted twice.
 
-``--watch`` keeps following the file: every half second it compares the
-file's identity, size and times with the last look, and on a change re-reads
-it whole (a truncated or rewritten file is just read again: sources dedupe).
-A last line without its newline yet is held back until the file has stood
-still for one more look, so a half-written line is never submitted. Ctrl-C
-stops it cleanly.
+``--watch`` keeps following the file: on a change of its identity, size or
+times it is read again whole (sources dedupe); a last line without its
+newline is held back until the file has stood still for one more look, so a
+half-written line is never submitted.
 
 Also home of the ``llm_config.json`` lookup shared with ``eventsched submit``:
 ``--llm-config FILE``, else ``./llm_config.json``, else the state directory's.
@@ -27,19 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eventsched.domain.jobsfile import (
-    line_source,
-    line_spec,
-    parse_jobs_text,
-)
-from eventsched.domain.llm import (
-    DEFAULT_LLM_CONFIG,
-    LLM_CONFIG_NAME,
-    LlmConfig,
-    LlmConfigError,
-    llm_name,
-    parse_llm_config,
-)
+from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text
+from eventsched.domain.llm import (DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, llm_name,
+                                  parse_llm_config)
 from eventsched.domain.text import print_json
 from eventsched.domain.units import UnitError
 
@@ -228,6 +216,13 @@ def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bo
     seen = _fingerprint(args.file)
     held = False  # a last line without its newline waits for the file to stand still
     trouble = ""  # the last problem reported (reported once, until it changes)
+
+    def report(problem: str) -> None:
+        nonlocal trouble
+        if problem != trouble:
+            print(problem, file=sys.stderr, flush=True)
+            trouble = problem
+
     while True:
         time.sleep(WATCH_INTERVAL_S)
         now = _fingerprint(args.file)
@@ -236,17 +231,12 @@ def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bo
         complete = now == seen  # unchanged since the last look: a held line is whole
         seen = now
         if now is None:
-            problem = f"eventsched: {args.file} is gone; waiting for it to come back"
-            if problem != trouble:
-                print(problem, file=sys.stderr, flush=True)
-                trouble = problem
+            report(f"eventsched: {args.file} is gone; waiting for it to come back")
             continue
         try:
             text = jobs.read()
         except FileProblem as exc:
-            if str(exc) != trouble:
-                print(f"eventsched: {exc}", file=sys.stderr, flush=True)
-                trouble = str(exc)
+            report(f"eventsched: {exc}")
             continue
         held = not complete and bool(text) and not text.endswith("\n")
         if held:
@@ -254,10 +244,7 @@ def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bo
         try:
             outcome = jobs.submit(c, text, announce=not args.json)
         except (ClientError, OSError) as exc:
-            problem = f"eventsched: {exc}; still watching {args.file}"
-            if problem != trouble:
-                print(problem, file=sys.stderr, flush=True)
-                trouble = problem
+            report(f"eventsched: {exc}; still watching {args.file}")
             seen = None  # try again at the next look
             continue
         trouble = ""

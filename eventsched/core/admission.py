@@ -18,7 +18,7 @@ import math
 
 from eventsched.core.limits import SubmitLimits
 from eventsched.domain.events import JobSpec
-from eventsched.domain.messages import Refused
+from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.rlimits import RlimitError
 from eventsched.domain.rlimits import validate as validate_rlimits
 from eventsched.domain.text import has_control
@@ -42,45 +42,47 @@ def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> 
         pass  # root and the daemon's user may use any priority the type holds
     elif abs(spec.priority) > limits.max_user_priority:
         raise Refused(
+            RefusalKind.FORBIDDEN,
             f"--priority {spec.priority} is outside [-{limits.max_user_priority}, {limits.max_user_priority}]; "
             "higher priorities are for operators"
         )
     if abs(spec.priority) > 1 << 31:
-        raise Refused(f"--priority {spec.priority} is too large")
+        raise Refused(RefusalKind.INVALID, f"--priority {spec.priority} is too large")
     if not 0 <= spec.retries <= limits.max_retries:
-        raise Refused(f"--retries must be between 0 and {limits.max_retries}, not {spec.retries}")
+        raise Refused(RefusalKind.INVALID, f"--retries must be between 0 and {limits.max_retries}, not {spec.retries}")
     t = spec.time_limit_s
     if t is not None and not (math.isfinite(t) and 0 < t <= limits.max_time_limit_s):
-        raise Refused(f"--time-limit must be between 0 and {limits.max_time_limit_s:g} seconds, not {t:g}")
+        raise Refused(RefusalKind.INVALID, f"--time-limit must be between 0 and {limits.max_time_limit_s:g} seconds, not {t:g}")
     if not 0 <= spec.gpu_mem_mib <= limits.max_gpu_mem_mib:
-        raise Refused(f"--gpu-mem must be between 0 and {limits.max_gpu_mem_mib} MiB, not {spec.gpu_mem_mib}")
+        raise Refused(RefusalKind.INVALID, f"--gpu-mem must be between 0 and {limits.max_gpu_mem_mib} MiB, not {spec.gpu_mem_mib}")
     if not math.isfinite(spec.gpus) or not 0 <= spec.gpus <= limits.max_gpu_ids:
-        raise Refused(f"--gpus must be between 0 and {limits.max_gpu_ids}, not {spec.gpus:g}")
+        raise Refused(RefusalKind.INVALID, f"--gpus must be between 0 and {limits.max_gpu_ids}, not {spec.gpus:g}")
     if spec.gpu_ids is not None and (len(spec.gpu_ids) > limits.max_gpu_ids
                                      or any(not 0 <= g < 1 << 20 for g in spec.gpu_ids)):
-        raise Refused("--gpu-ids lists too many GPUs or an impossible id")
+        raise Refused(RefusalKind.INVALID, "--gpu-ids lists too many GPUs or an impossible id")
     if len(spec.after) > limits.max_after or any(not 0 < j < 1 << 53 for j in spec.after):
-        raise Refused(f"--after takes at most {limits.max_after} valid job ids")
+        raise Refused(RefusalKind.INVALID, f"--after takes at most {limits.max_after} valid job ids")
     if len(spec.name) > limits.max_name_chars:
-        raise Refused(f"--name is {len(spec.name)} characters; at most {limits.max_name_chars}")
+        raise Refused(RefusalKind.INVALID, f"--name is {len(spec.name)} characters; at most {limits.max_name_chars}")
     # control characters in names are kept (a default name is the command's
     # own) and escaped wherever they are printed (text.printable)
     if has_control(spec.tenant) or len(spec.tenant) > limits.max_name_chars:
-        raise Refused("--tenant must be a short name without control characters")
+        raise Refused(RefusalKind.INVALID, "--tenant must be a short name without control characters")
     words = [*spec.command, spec.conda]
     command = 0 if _within(words, limits.max_command_bytes) else _bytes(words) - 1
     if command > limits.max_command_bytes:
-        raise Refused(f"the command is {command} bytes; at most {limits.max_command_bytes}")
+        raise Refused(RefusalKind.INVALID, f"the command is {command} bytes; at most {limits.max_command_bytes}")
     strings = [*spec.env, *spec.env.values(), spec.env_setup]
     env = 0 if _within(strings, limits.max_env_bytes) else _bytes(strings)
     if env > limits.max_env_bytes:
         raise Refused(
+            RefusalKind.INVALID,
             f"the environment and --env-setup are {env} bytes; at most {limits.max_env_bytes} "
             "(submit from a shell with a smaller environment, e.g. `env -i PATH=$PATH eventsched submit ...`)"
         )
     if len(spec.cwd) > 4096 or "\0" in spec.cwd:
-        raise Refused("the working directory is not a valid path")
+        raise Refused(RefusalKind.INVALID, "the working directory is not a valid path")
     try:  # the supervisor clamps them to the daemon's own limits; refuse nonsense here
         validate_rlimits(spec.rlimits, spec.umask)
     except RlimitError as exc:
-        raise Refused(str(exc)) from None
+        raise Refused(RefusalKind.INVALID, str(exc)) from None

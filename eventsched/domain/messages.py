@@ -8,6 +8,7 @@ Messages are never stored; the events they produce are.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal
 
 import msgspec
@@ -46,6 +47,7 @@ __all__ = [
     "Signal",
     "WakeAt",
     "Refused",
+    "RefusalKind",
     "SchedulerConfig",
 ]
 
@@ -55,20 +57,21 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
     node: str = "local"
     policy: str = "best-fit"
-    default_time_limit_s: float | None = None  # global time limit (F9)
-    kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL (F8)
-    max_queued: int = 100_000  # I9
+    default_time_limit_s: float | None = None  # global time limit
+    kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL
+    max_queued: int = 100_000  # jobs waiting, in all
     max_queued_per_user: int = 20_000  # one user cannot fill the global queue
-    max_running: int = 0  # I9; 0 = no limit
-    # GPU health thresholds (F10): a GPU over any of them gets nothing new.
+    max_running: int = 0  # jobs running at once; 0 = no limit
+    # GPU health thresholds: a GPU over any of them gets nothing new.
     max_gpu_memory_used_pct: float = 100.0
     max_gpu_utilization_pct: float = 100.0
     max_gpu_temperature_c: float = 1000.0
-    retry_backoff_s: float = 2.0  # first retry delay, doubled each time (F17)
-    # --- teams (F11-F13); docs/fair-share.md has the formula ---------------
-    # a waiting job's score = priority + aging_per_hour x hours waited
+    retry_backoff_s: float = 2.0  # first retry delay, doubled each time
+    # --- teams: aging, quotas, fair share; docs/fair-share.md has the formula
+    # a waiting job's score = priority + aging tiers waited
     #                        + fair_share_weight x its tenant's fair-share factor (0..1]
     aging_per_hour: float = 0.1  # a priority tier per 10 hours waited
+    aging_tiers: bool = True  # whole tiers at fixed times (False: continuous, as logs before v5 ran)
     fair_share_weight: float = 10.0  # fair share is worth up to 10 priority points
     usage_half_life_s: float = 86400.0  # recent usage decays by half in this long
     # a blocked gang job at the head gets its GPUs reserved: smaller jobs use
@@ -80,7 +83,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     preemption: bool = True  # preempt preemptible jobs for more urgent ones
     preempt_grace_s: float = 30.0  # warning signal, then this long, then SIGKILL
     preempt_protect_s: float = 600.0  # a job preempted once then runs at least this long
-    # --- issue 17 (docs/gpu-memory-and-idle.md) ---------------------------
+    # --- GPU memory over request, idle jobs (docs/gpu-memory-and-idle.md) ---
     # a job whose processes hold more GPU memory than its --gpu-mem: "warn"
     # (an event, shown by explain, queue and the panel) or "stop" (its warning
     # signal, SIGKILL after the grace; it ends failed, "GPU memory over request")
@@ -92,7 +95,7 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # what to do with an idle job while a waiting job could use its GPUs:
     # "off", "requeue" (back to the queue) or "stop" (cancelled, reason "idle")
     idle_policy: Literal["off", "requeue", "stop"] = "off"
-    # --- issue 12: several machines ----------------------------------------
+    # --- several machines ------------------------------------------------------
     # a node gone this long takes its running jobs to lost (then requeued by
     # their retry policy); back sooner, they are re-adopted (0: lost at once)
     node_lost_after_s: float = 60.0
@@ -127,6 +130,8 @@ class RecordForecast(Message, frozen=True):
     job: int
     estimated_start: float
     by: str = ""
+    p10: float | None = None
+    p90: float | None = None
 
 
 class SetTenants(Message, frozen=True):
@@ -159,7 +164,7 @@ class Submit(Message, frozen=True):
     # the spec's types already are exactly what the log will decode: it came
     # out of msgspec's decoder for JobSpec (the socket, the HTTP API, a
     # replayed log) or through ``events.normalise_spec``, so the core need not
-    # normalise it again (0.6 us of a submission's 20; each job of a replay)
+    # normalise it again (for every submission, and each job of a replay)
     normalised: bool = False
 
 
@@ -240,7 +245,7 @@ class GpuObserved(Message, frozen=True):
     temperature_c: float
     power_w: float
     foreign_memory_mib: int = -1
-    # issue 17: job -> MiB its processes hold here; processes of no job
+    # job -> MiB its processes hold here; processes of no job
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[GpuProcess] = []
 
@@ -298,6 +303,7 @@ class Launch(Effect, frozen=True):
     spec: JobSpec
     node: str
     gpu_ids: list[int]
+    attempt: int = 1  # the job's placements so far, this one included: tells a retry from a duplicate
 
 
 class Signal(Effect, frozen=True):
@@ -307,6 +313,8 @@ class Signal(Effect, frozen=True):
     grace_s: float
     reason: str = "cancelled"
     signum: int = 0  # the first signal (0: SIGTERM)
+    node: str = "local"  # where the job runs
+    attempt: int = 1  # which of its placements is to stop
 
 
 class WakeAt(Effect, frozen=True):
@@ -315,9 +323,24 @@ class WakeAt(Effect, frozen=True):
     at: float
 
 
-class Refused(Exception):
-    """A command that cannot be accepted; nothing was changed."""
+class RefusalKind(StrEnum):
+    """What sort of refusal: front doors choose an HTTP status or an exit
+    code by it, never by the words of the reason."""
 
-    def __init__(self, reason: str) -> None:
+    INVALID = "invalid"  # the request itself is wrong: fix it
+    FORBIDDEN = "forbidden"  # this user may not
+    NOT_FOUND = "not_found"  # it names a job, GPU, node, tenant or token that is not there
+    CONFLICT = "conflict"  # the state of things rules it out (already ended, submitted before)
+    UNAVAILABLE = "unavailable"  # the daemon cannot take it now (shutting down, overloaded, a fault)
+    OVER_LIMIT = "over_limit"  # a limit or quota stands in the way
+
+
+class Refused(Exception):
+    """A command that cannot be accepted; nothing was changed. ``existing``:
+    the job a conflict is with (a duplicate, a jobs-file line seen before)."""
+
+    def __init__(self, kind: RefusalKind, reason: str, existing: int | None = None) -> None:
         super().__init__(reason)
+        self.kind = kind
         self.reason = reason
+        self.existing = existing

@@ -7,22 +7,21 @@ writes the reply, so a submission costs no task switch of its own. (The
 daemon runs anyio on its asyncio backend.) Replies go out in request order
 even when a client pipelines requests.
 
-They are *buffered* protocols, reading into the server's one read buffer:
-asyncio's plain protocol receives into a new 256 KiB bytes object per read.
-What that costs depends on the heap's state: 12 us a request in
-bench/bare_commit_server.py (its heap grown and trimmed on every read), 1-3
-us in the daemon. Replies of a batch are written as soon as the engine has
-answered all of it (``Server.flush_replies``).
+They are *buffered* protocols, all reading into one shared buffer: asyncio's
+plain protocol receives into a new 256 KiB bytes object per read, a cost
+that grows with the heap. Replies of a batch are written as soon as the
+engine has answered all of it (``Flusher``).
 
-This module is compiled with mypyc (``eventsched/_compiled.py``): the
-per-request path here runs ~2 us a submission faster. ``Connection`` stays
-an ordinary class to Python (its base is asyncio's), so tests may drive it.
+This module is compiled with mypyc (``eventsched/_compiled.py``), as the
+per-request path. ``Connection`` stays an ordinary class to Python (its base
+is asyncio's), so tests may drive it.
 
-Flow control: a connection is not read while it has many replies outstanding
-or unread replies above a high-water mark; a client that leaves more than its
-share unread is cut off rather than buffered without bound. A subscription's
-history is read in chunks, each sent once the previous one drained, redacted
-for its viewer (``visibility``).
+A connection is handed what it shares with the others (``Context``): the
+per-user accounting (``fair_use``), the event feed (``feed``), the flusher
+and the request dispatcher; it never sees the server. It is not read while it
+has many replies outstanding, unread replies above a high-water mark, or its
+user's share of the engine in use. A subscription's history is read in
+chunks, each sent once the previous one drained.
 """
 
 from __future__ import annotations
@@ -30,25 +29,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import select
 import socket
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import anyio
 import anyio.abc
 import msgspec
 
-from eventsched.domain import messages as msg
-from eventsched.domain.paths import log_dir
+from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.text import printable
 from eventsched.domain.visibility import BatchView
 from eventsched.projections.cluster import ClusterState
-from eventsched.storage import log as eventlog
+from eventsched.runtime.api.fair_use import FairUse
+from eventsched.runtime.api.feed import Feed
 from eventsched.wire import protocol
-
-if TYPE_CHECKING:
-    from eventsched.runtime.api.server import Server
 
 logger = logging.getLogger("eventsched.server")
 
@@ -61,13 +58,9 @@ SUBSCRIBER_BACKLOG_BYTES = 16 << 20
 WRITE_HIGH_WATER = 256 << 10
 WRITE_LOW_WATER = 64 << 10
 MAX_OUTSTANDING_REPLIES = 256
-# history is read and sent in chunks of about this size, each once the last drained
-HISTORY_CHUNK_BYTES = 256 << 10
 # a subscriber whose history has not drained for this long is dropped
 SUBSCRIBER_STALL_S = 60.0
-# subscriptions of one user being sent history at once (the others wait)
-HISTORY_PER_USER = 2
-# the server's read buffer: one recv reads at most this much of a request
+# the shared read buffer: one recv reads at most this much of a request
 READ_CHUNK = 64 << 10
 
 
@@ -94,12 +87,75 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid, groups=groups)
 
 
+Reply = Callable[[Any, Refused | None], None]
+
+
+def refusal_reply(refusal: Refused) -> protocol.Reply:
+    data = {"existing": refusal.existing} if refusal.existing is not None else None
+    return protocol.Reply(ok=False, error=refusal.reason, kind=refusal.kind, data=data)
+
+
+class Flushable(Protocol):
+    def flush(self) -> None: ...
+
+    def cut_off(self, why: str) -> None: ...
+
+
+class Flusher:
+    """Connections with replies ready: written once the engine has answered
+    its whole batch (``flush_all``, the engine's ``on_answered``: the clients
+    have their acknowledgements before the effects are performed), or at the
+    end of this step of the loop for any other reply."""
+
+    def __init__(self) -> None:
+        self._unflushed: list[Flushable] = []
+        self._handle: asyncio.Handle | None = None
+
+    def soon(self, conn: Flushable) -> None:
+        self._unflushed.append(conn)
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_soon(self.flush_all)
+
+    def flush_all(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        connections, self._unflushed = self._unflushed, []
+        for conn in connections:
+            try:
+                conn.flush()
+            except Exception:  # runs inside the engine's loop: a bug costs this connection, not the engine
+                logger.exception("writing replies failed")
+                conn.cut_off("could not be written its replies")
+
+
+class Context:
+    """What every connection shares, handed to each."""
+
+    def __init__(
+        self,
+        *,
+        fair_use: FairUse,
+        feed: Feed,
+        flusher: Flusher,
+        dispatch: Callable[[protocol.Request, Peer, Reply, Connection], None],
+        start_soon: Callable[..., Any],
+        read_buffer: memoryview,
+    ) -> None:
+        self.fair_use = fair_use
+        self.feed = feed
+        self.flusher = flusher
+        self.dispatch = dispatch  # hands a request on (to the engine, or a task); its reply is called once
+        self.start_soon = start_soon  # runs a task in the server's task group
+        self.read_buffer = read_buffer  # every connection reads into it (see get_buffer)
+
 
 class Connection(asyncio.BufferedProtocol):
     """One client connection: framing, ordering of replies, flow control, subscriptions."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.fair_use = ctx.fair_use
         self.transport: asyncio.Transport | None = None
         self.peer: Peer | None = None
         self.buffer = bytearray()
@@ -118,8 +174,8 @@ class Connection(asyncio.BufferedProtocol):
         self._backlog: list[bytes] | None = None
         self._backlog_bytes = 0
         self._slot_bytes = 0  # replies ready but waiting behind an earlier one
-        self._flush_soon = False  # it is in the server's list of connections to flush
-        self._waiting_share = False  # its user has their share of requests in the engine (issue 14)
+        self._flush_soon = False  # it is in the flusher's list
+        self._waiting_share = False  # its user has their share of requests in the engine
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -130,11 +186,11 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             transport.abort()
             return
-        refusal = self.server.admit(self)
+        refusal = self.fair_use.admit(self, self.peer.uid, self.peer.pid)
         if refusal is not None:
             # one clear reply, then the slot is free again at once
             self.closed = True
-            transport.write(protocol.frame(protocol.Reply(ok=False, error=refusal)))
+            transport.write(protocol.frame(protocol.Reply(ok=False, error=refusal, kind=RefusalKind.OVER_LIMIT)))
             transport.close()
             return
         self.admitted = True
@@ -146,9 +202,11 @@ class Connection(asyncio.BufferedProtocol):
         self.slots.clear()
         self._slot_bytes = 0
         self._backlog = None
+        self.ctx.feed.subscribers.discard(self)
         if self.admitted:
             self.admitted = False
-            self.server.release(self)
+            assert self.peer is not None
+            self.fair_use.release(self, self.peer.uid)
 
     def eof_received(self) -> bool:
         # The client may half-close after its last request: answer what is
@@ -175,6 +233,21 @@ class Connection(asyncio.BufferedProtocol):
             return 0
         return self.transport.get_write_buffer_size() + self._slot_bytes
 
+    def gone(self) -> bool:
+        """Closed, or its client hung up altogether (a half-close, a client
+        that shut down writing and waits for its answer, is not gone)."""
+        if self.closed or self.transport is None:
+            return True
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        try:
+            poller = select.poll()
+            poller.register(sock.fileno(), 0)  # POLLHUP and POLLERR are always reported
+            return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
+        except (OSError, ValueError):
+            return True
+
     def guard(self, read: Callable[[ClusterState], Any]) -> Callable[[ClusterState], Any]:
         """``read``, skipped when nobody will read its answer: the connection
         is gone, or its user already leaves half their share unread (a
@@ -183,12 +256,13 @@ class Connection(asyncio.BufferedProtocol):
         def guarded(state: ClusterState) -> Any:
             if self.closed:
                 return None
-            limit = self.server.connection_limits.max_unread_bytes_per_user
+            limit = self.fair_use.limits.max_unread_bytes_per_user
             assert self.peer is not None
-            waiting = self.server.unread_by(self.peer.uid)
+            waiting = self.fair_use.unread_by(self.peer.uid)
             if waiting >= limit // 2:
-                raise msg.Refused(
-                    f"uid {self.peer.uid} leaves {waiting} bytes of replies unread (limit {limit}); read them first"
+                raise Refused(
+                    RefusalKind.OVER_LIMIT,
+                    f"uid {self.peer.uid} leaves {waiting} bytes of replies unread (limit {limit}); read them first",
                 )
             return read(state)
 
@@ -211,11 +285,18 @@ class Connection(asyncio.BufferedProtocol):
         """Write, unless this user leaves too much unread: then cut off."""
         if self.closed or self.transport is None:
             return False
-        if not self.server.may_buffer(self, len(data)):
-            self.cut_off(f"leaves more than {self.server.connection_limits.max_unread_bytes_per_user} bytes unread")
+        if not self._may_buffer(len(data)):
             return False
         self.transport.write(data)
         return True
+
+    def _may_buffer(self, size: int) -> bool:
+        """May ``size`` more bytes wait for this client? If not, it is cut off."""
+        assert self.peer is not None
+        if self.fair_use.may_buffer(self.peer.uid, size):
+            return True
+        self.cut_off(f"leaves more than {self.fair_use.limits.max_unread_bytes_per_user} bytes unread")
+        return False
 
     def cut_off(self, why: str) -> None:
         """Drop a client that does not read: its unread data goes at once."""
@@ -231,12 +312,12 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         # shared by every connection: asyncio calls buffer_updated right
         # after the recv, before any other connection reads
-        return self.server.read_buffer
+        return self.ctx.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.subscribed or self.closed:
             return  # a subscriber has nothing more to say
-        self.buffer += self.server.read_buffer[:nbytes]
+        self.buffer += self.ctx.read_buffer[:nbytes]
         self._process()
 
     def _process(self) -> None:
@@ -259,7 +340,7 @@ class Connection(asyncio.BufferedProtocol):
                 (length,) = unpack_header(buffer)
                 if length > protocol.MAX_MESSAGE_BYTES:
                     # the stream cannot be re-synchronised after this
-                    self._reply_now(protocol.Reply(ok=False, error=protocol.too_long(length)))
+                    self._reply_now(protocol.Reply(ok=False, error=protocol.too_long(length), kind=RefusalKind.INVALID))
                     self._hang_up()
                     return
                 end = header_size + length
@@ -277,11 +358,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def _may_dispatch(self) -> bool:
         assert self.peer is not None
-        self._waiting_share = not self.server.may_dispatch(self)
+        self._waiting_share = not self.fair_use.may_dispatch(self, self.peer.uid)
         return not self._waiting_share
 
     def resume_share(self) -> None:
-        """Its user's share of the engine has room again (called by the server)."""
+        """Its user's share of the engine has room again (called by ``fair_use``)."""
         self._waiting_share = False
         self._process()
 
@@ -296,10 +377,11 @@ class Connection(asyncio.BufferedProtocol):
         try:
             request = protocol.request_decoder.decode(body)
         # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8,
-        # and RecursionError for ~1,000 nested arrays or maps (issue 14, found by fuzzing)
+        # and RecursionError for ~1,000 nested arrays or maps (found by fuzzing)
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             # the error may quote the peer's bytes: escape them so it stays one printable line
-            self._reply_now(protocol.Reply(ok=False, error=f"bad request: {printable(str(exc))}"))
+            error = f"bad request: {printable(str(exc))}"
+            self._reply_now(protocol.Reply(ok=False, error=error, kind=RefusalKind.INVALID))
             return
         if isinstance(request, protocol.Subscribe):
             self._subscribe(request.from_seq)
@@ -308,20 +390,18 @@ class Connection(asyncio.BufferedProtocol):
         self.slots.append(slot)
         assert self.peer is not None
         uid = self.peer.uid
-        self.server.dispatched(uid)
+        self.fair_use.dispatched(uid)
         counted = True
 
-        def reply(result: Any, error: str | None) -> None:
+        def reply(result: Any, error: Refused | None) -> None:
             nonlocal counted
             if counted:  # exactly once, even for a connection already gone
                 counted = False
-                self.server.answered(uid)
+                self.fair_use.answered(uid)
             if self.closed:
                 return
-            message = protocol.Reply(ok=False, error=error) if error is not None else protocol.Reply(ok=True, data=result)
-            data = protocol.frame(message)
-            if not self.server.may_buffer(self, len(data)):
-                self.cut_off(f"leaves more than {self.server.connection_limits.max_unread_bytes_per_user} bytes unread")
+            data = protocol.frame(refusal_reply(error) if error is not None else protocol.Reply(ok=True, data=result))
+            if not self._may_buffer(len(data)):
                 return
             slot[0] = data
             self._slot_bytes += len(data)
@@ -329,14 +409,13 @@ class Connection(asyncio.BufferedProtocol):
             # send) per connection for all of it, once the batch is answered
             if not self._flush_soon:
                 self._flush_soon = True
-                self.server.flush_soon(self)
+                self.ctx.flusher.soon(self)
 
-        assert self.peer is not None
         try:
-            self.server.dispatch(request, self.peer, reply, self)
+            self.ctx.dispatch(request, self.peer, reply, self)
         except Exception as exc:  # a bug must cost one reply, not the daemon
             logger.exception("request %s failed", type(request).__name__)
-            reply(None, f"internal error: {exc}")
+            reply(None, Refused(RefusalKind.UNAVAILABLE, f"internal error: {exc}"))
 
     def _reply_now(self, message: protocol.Reply) -> None:
         data = protocol.frame(message)
@@ -379,15 +458,12 @@ class Connection(asyncio.BufferedProtocol):
         self.subscribed = True
         self._update_reading()  # input is ignored from now on
         self._backlog = []
-        # registration and upto in one step of the loop: history up to upto
-        # plus the live batches after it lose nothing
-        self.server.subscribers.add(self)
-        upto = self.server.engine.committed_seq
+        upto = self.ctx.feed.subscribe(self)
         self._write(protocol.frame(protocol.Reply(ok=True, data={"seq": upto})))
-        self.server._tg.start_soon(self._send_history, from_seq, upto)
+        self.ctx.start_soon(self._send_history, from_seq, upto)
 
     def deliver(self, view: BatchView) -> None:
-        """A live batch (called by the server's fan-out)."""
+        """A live batch (called by the feed's fan-out)."""
         if self.closed:
             return
         assert self.peer is not None
@@ -417,17 +493,16 @@ class Connection(asyncio.BufferedProtocol):
 
     async def _send_history(self, from_seq: int, upto: int) -> None:
         assert self.peer is not None
-        server = self.server
+        feed = self.ctx.feed
         cursor = None
         try:
             if 0 < from_seq <= upto:
-                async with server.history_slot(self.peer.uid):
-                    cursor = eventlog.read_batches(log_dir(server.engine.state_dir), from_seq=from_seq)
+                async with feed.slot(self.peer.uid):
+                    cursor = feed.history(from_seq)
                     done = False
                     while not done and not self.closed:
                         payloads, done = await anyio.to_thread.run_sync(
-                            server.history_chunk, cursor, from_seq, upto, self.peer.uid,
-                            limiter=server._history_limiter,
+                            feed.chunk, cursor, from_seq, upto, self.peer.uid, limiter=feed.limiter
                         )
                         for payload in payloads:
                             if not await self._paced_write(protocol.frame(protocol.EventBatch(payload=payload))):

@@ -1,4 +1,4 @@
-"""``serve --http HOST:PORT``: a small JSON API for remote clients (SPEC L2).
+"""``serve --http HOST:PORT``: a small JSON API for remote clients.
 
 Starlette on hypercorn, served on the daemon's own event loop (anyio's
 asyncio backend; hypercorn's asyncio ``serve`` path, given its sockets and a
@@ -23,10 +23,11 @@ Endpoints (docs/http-api.md):
     GET    /v1/jobs/{id}/explain         as `explain --json`
     GET    /v1/status                    as `status --json`
 
-Every error is JSON ``{"error": "one line"}``: 401 for a missing, unknown or
-revoked token (nothing is done), 400 for a body that is not valid JSON or
-not a valid request, 413 for a body over ``MAX_BODY_BYTES``, 404 for an
-unknown job or path, 403 for someone else's job, 400 for any other refusal.
+Every error is JSON ``{"error": "one line", "kind": RefusalKind}`` (and
+``"existing": id`` for a conflict with a job): 401 for a missing, unknown or
+revoked token (nothing is done), 413 for a body over ``MAX_BODY_BYTES``, 404
+for an unknown path; any other status comes from the refusal's kind
+(``HTTP_STATUS``).
 
 Starlette and hypercorn are the ``http`` extra; this module imports them only
 when the API is started, and ``prepare`` says how to install them.
@@ -50,6 +51,7 @@ import anyio.abc
 import msgspec
 
 from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.text import printable
 from eventsched.runtime.api.connection import Peer
 from eventsched.wire import protocol
@@ -155,22 +157,29 @@ def prepare(address: str, *, allow_remote: bool = False) -> HttpPlan:
     return HttpPlan(config=config, url=f"http://{shown}:{bound[1]}")
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+HTTP_STATUS = {
+    RefusalKind.INVALID: 400,
+    RefusalKind.FORBIDDEN: 403,
+    RefusalKind.NOT_FOUND: 404,
+    RefusalKind.CONFLICT: 409,
+    RefusalKind.UNAVAILABLE: 503,
+    RefusalKind.OVER_LIMIT: 429,
+}
+
+
+class ApiError(Refused):
+    """A refusal with a status of its own rather than its kind's (401, 413)."""
+
+    def __init__(self, status: int, kind: RefusalKind, reason: str) -> None:
+        super().__init__(kind, reason)
         self.status = status
-        self.message = message
 
 
-def refusal_status(reason: str) -> int:
-    """The HTTP status of a refusal the socket would send as a plain reason."""
-    if reason.startswith("no job ") or reason.startswith("no such job"):
-        return 404
-    if " belongs to " in reason or reason.startswith("only root"):
-        return 403
-    if "overloaded" in reason or "shutting down" in reason:
-        return 503
-    return 400
+def error_json(refusal: Refused) -> dict[str, Any]:
+    body: dict[str, Any] = {"error": refusal.reason, "kind": refusal.kind}
+    if refusal.existing is not None:
+        body["existing"] = refusal.existing
+    return body
 
 
 class SubmitBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -217,38 +226,41 @@ class Api:
         header = request.headers.get("authorization", "")
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
-            raise ApiError(401, "missing token: send `Authorization: Bearer TOKEN` (make one with `eventsched token create`)")
+            raise ApiError(
+                401, RefusalKind.FORBIDDEN,
+                "missing token: send `Authorization: Bearer TOKEN` (make one with `eventsched token create`)",
+            )
         record = self.server.token_store().lookup(secret.strip())
         if record is None:
             client = request.client.host if request.client else "?"
             logger.warning("refused a request from %s: unknown or revoked token", client)
-            raise ApiError(401, "unknown or revoked token")
+            raise ApiError(401, RefusalKind.FORBIDDEN, "unknown or revoked token")
         peer = self.peer_of(record.uid)
         if peer is None:
-            raise ApiError(401, f"the user of token {record.id} (uid {record.uid}) no longer exists")
+            raise ApiError(401, RefusalKind.FORBIDDEN, f"the user of token {record.id} (uid {record.uid}) no longer exists")
         return peer
 
     # --- the socket's request handling ---------------------------------------
 
     async def ask(self, request: protocol.Request, peer: Peer) -> Any:
         """``request`` through ``Server.dispatch`` as ``peer``; its answer."""
-        done: asyncio.Future[tuple[Any, str | None]] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[tuple[Any, Refused | None]] = asyncio.get_running_loop().create_future()
 
-        def reply(result: Any, error: str | None) -> None:
+        def reply(result: Any, error: Refused | None) -> None:
             if not done.done():
                 done.set_result((result, error))
 
         self.server.dispatch(request, peer, reply)
         result, error = await done
         if error is not None:
-            raise ApiError(refusal_status(error), error)
+            raise error
         return result
 
     async def body(self, request: Request, kind: type[msgspec.Struct]) -> Any:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
             await discard_body(request)
-            raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+            raise ApiError(413, RefusalKind.OVER_LIMIT, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         data = bytearray()
         seen = 0
         async for chunk in request.stream():
@@ -258,15 +270,15 @@ class Api:
             elif seen > DISCARD_BODY_BYTES:
                 break
         if seen > MAX_BODY_BYTES:
-            raise ApiError(413, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+            raise ApiError(413, RefusalKind.OVER_LIMIT, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         try:
             return msgspec.json.decode(bytes(data), type=kind)
         except msgspec.ValidationError as exc:
-            raise ApiError(400, f"bad request: {exc}") from None
+            raise Refused(RefusalKind.INVALID, f"bad request: {exc}") from None
         # msgspec raises UnicodeDecodeError for a string that is not UTF-8 and
-        # RecursionError for ~1,000 nested arrays (issue 14, found by fuzzing)
+        # RecursionError for ~1,000 nested arrays (found by fuzzing)
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise ApiError(400, f"malformed JSON: {printable(str(exc))}") from None
+            raise Refused(RefusalKind.INVALID, f"malformed JSON: {printable(str(exc))}") from None
 
     # --- endpoints -------------------------------------------------------------
 
@@ -288,7 +300,7 @@ class Api:
     async def jobs(self, request: Request) -> Any:
         peer = self.authenticate(request)
         everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
-        # a page at a time, as the CLI asks: a long queue never holds the loop for long (issue 16)
+        # a page at a time, as the CLI asks: a long queue never holds the loop for long
         out: list[Any] = []
         after = 0
         while True:
@@ -305,13 +317,13 @@ class Api:
             page = await self.ask(protocol.ListJobs(all=True, after=job_id - 1, limit=1), peer)
             if page["jobs"] and page["jobs"][0]["id"] == job_id:
                 return page["jobs"][0]
-        raise ApiError(404, f"no job {job_id}")
+        raise Refused(RefusalKind.NOT_FOUND, f"no job {job_id}")
 
     async def cancel(self, request: Request) -> Any:
         peer = self.authenticate(request)
         body: CancelBody = await self.body(request, CancelBody)
         if not body.jobs and not body.array_tasks:
-            raise ApiError(400, "no job id given")
+            raise Refused(RefusalKind.INVALID, "no job id given")
         return await self.ask(
             protocol.CancelJobs(jobs=body.jobs, arrays=body.arrays, array_tasks=body.array_tasks), peer
         )
@@ -321,9 +333,8 @@ class Api:
         job_id = request.path_params["job"]
         result = await self.ask(protocol.CancelJobs(jobs=[job_id]), peer)
         if result["refused"]:
-            reason = result["refused"][0]["reason"]
-            status = 404 if reason == "no such job" else 403 if reason.startswith("belongs to") else 409
-            raise ApiError(status, f"job {job_id}: {reason}")
+            refused = result["refused"][0]
+            raise Refused(refused["kind"], f"job {job_id}: {refused['reason']}")
         return result["jobs"][0]
 
     async def explain(self, request: Request) -> Any:
@@ -345,9 +356,10 @@ def build_app(api: Api) -> Starlette:
         async def run(request: Request) -> Response:
             try:
                 result = await handler(request)
-            except ApiError as exc:
-                headers = {"WWW-Authenticate": 'Bearer realm="eventsched"'} if exc.status == 401 else None
-                return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+            except Refused as exc:
+                status = exc.status if isinstance(exc, ApiError) else HTTP_STATUS[exc.kind]
+                headers = {"WWW-Authenticate": 'Bearer realm="eventsched"'} if status == 401 else None
+                return JSONResponse(error_json(exc), status_code=status, headers=headers)
             except Exception as exc:  # a bug must cost one reply, not the daemon
                 logger.exception("HTTP %s %s failed", request.method, request.url.path)
                 return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)

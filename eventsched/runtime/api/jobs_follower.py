@@ -1,9 +1,9 @@
-"""The daemon follows a jobs file itself (config ``jobs_file = "PATH"``, I2).
+"""The daemon follows a jobs file itself (config ``jobs_file = "PATH"``).
 
 Every second the follower looks at the file (a few ``stat`` calls); when its
 identity, size, times, owner or mode changed it reads it whole, and submits
 the lines the daemon has not seen, each through the same admission as a
-socket submission from the file's owner (``Server._as_peer``: identity,
+socket submission from the file's owner (``admission``: identity,
 ``check_submission``, the host limits; then the core). A line is known by
 its ``PATH:LINE:SHA`` source (``domain/jobsfile.py``), which the core keeps in
 the replayed state: restarting the daemon, or re-reading a truncated or
@@ -47,7 +47,6 @@ import anyio.to_thread
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSpec
 from eventsched.domain.jobsfile import (
-    already_submitted,
     line_source,
     line_spec,
     parse_jobs_text,
@@ -59,9 +58,9 @@ from eventsched.domain.llm import (
     LlmConfigError,
     parse_llm_config,
 )
+from eventsched.domain.paths import DEFAULT_PATH
 from eventsched.projections.cluster import ClusterState
 from eventsched.runtime.api.connection import Peer
-from eventsched.runtime.launch.executor import DEFAULT_PATH
 from eventsched.runtime.api.server import Server
 
 __all__ = ["follow_jobs_file", "JobsFileFollower", "Unsafe", "Owner", "open_checked", "INTERVAL_S", "MAX_FILE_BYTES"]
@@ -218,9 +217,6 @@ class JobsFileFollower:
         while True:
             try:
                 await self.step()
-            except msg.Refused as refusal:  # the engine is shutting down
-                logger.info("jobs file %s: %s", self.path, refusal.reason)
-                return
             except Exception:  # a bug must cost one look, not the daemon
                 logger.exception("jobs file %s: unexpected error; looking again later", self.path)
             await anyio.sleep(self.interval_s)
@@ -349,7 +345,7 @@ class JobsFileFollower:
             spec = line_spec(job, resolved_path=self.path, llm=self._llm, base=base)
             try:
                 # the socket's own admission, as if the owner had submitted it
-                spec = self.server._as_peer(spec, peer)
+                spec = self.server.admission.as_peer(spec, peer)
             except msg.Refused as refusal:
                 logger.error("%s:%d: %s", self.path, job.line, refusal.reason)
                 continue
@@ -360,14 +356,14 @@ class JobsFileFollower:
     async def _submit_window(self, window: list[tuple[int, JobSpec]], owner: Owner) -> None:
         """Hand a window of lines to the engine at once (one group commit),
         then wait for every answer."""
-        results: list[tuple[int, Any, str | None]] = []
+        results: list[tuple[int, Any, msg.Refused | None]] = []
         done = anyio.Event()
 
         def answer(_state: ClusterState, events: list[Event]) -> int:
             return int(events[0].job)  # type: ignore[attr-defined]
 
         def reply_for(line: int) -> Any:
-            def reply(result: Any, error: str | None) -> None:
+            def reply(result: Any, error: msg.Refused | None) -> None:
                 results.append((line, result, error))
                 if len(results) == len(window):
                     done.set()
@@ -383,16 +379,14 @@ class JobsFileFollower:
             if error is None:
                 self.submitted += 1
                 logger.info("%s:%d: submitted as job %d (user %s)", self.path, line, result, owner.user)
-            elif already_submitted(error) is not None:
-                skipped += 1
-            elif error == "the daemon is shutting down":
-                raise msg.Refused(error)
-            elif error.startswith("the daemon is overloaded"):
-                # not the line's fault: send it again at the next look
+            elif error.kind == msg.RefusalKind.CONFLICT and error.existing is not None:
+                skipped += 1  # submitted before (the core knows each line's source)
+            elif error.kind == msg.RefusalKind.UNAVAILABLE:
+                # not the line's fault (overloaded, stopping): send it again at the next look
                 self.known.discard(next(s.source for n, s in window if n == line))
                 self._fingerprint = None
             else:
-                logger.error("%s:%d: %s", self.path, line, error)
+                logger.error("%s:%d: %s", self.path, line, error.reason)
         if skipped:
             logger.debug("%s: %d lines already submitted", self.path, skipped)
 

@@ -1,4 +1,4 @@
-"""`serve --metrics-port`: Prometheus scrapes the SPEC I5 figures over HTTP.
+"""`serve --metrics-port`: wait, run and turnaround times, GPU use and GPU-hours for Prometheus.
 
 A deliberately tiny HTTP/1.0 responder: one GET path, no keep-alive. The
 figures come from the DuckDB read model, computed in a worker thread so a

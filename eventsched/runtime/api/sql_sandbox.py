@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = ["SqlLimits", "SqlRunner", "drop_privileges", "hung_up", "main"]
+__all__ = ["SqlLimits", "SqlRunner", "drop_privileges", "main"]
 
 MIB = 1 << 20
 MAX_SQL_BYTES = 1 << 20
@@ -276,8 +276,9 @@ _CHILD = (
 
 def _child_env() -> dict[str, str]:
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/nonexistent"}
-    if "TZ" in os.environ:
-        env["TZ"] = os.environ["TZ"]
+    for name in ("TZ", "EVENTSCHED_PURE"):  # EVENTSCHED_PURE: the daemon's own build, sources or compiled
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
@@ -288,23 +289,6 @@ def _demote(pid: int) -> None:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError, ValueError):
                 os.setpriority(os.PRIO_PROCESS, int(tid), 10)
-
-
-def hung_up(sock: Any) -> bool:
-    """Whether the peer of a Unix stream socket closed it altogether (POLLHUP).
-
-    A half-close (the client shut down writing and waits for its answer) is
-    not a hang-up: only a peer that closed both ways, or died, makes the
-    kernel report POLLHUP on our end.
-    """
-    import select
-
-    try:
-        poller = select.poll()
-        poller.register(sock.fileno(), 0)  # POLLHUP and POLLERR are always reported
-        return any(events & (select.POLLHUP | select.POLLERR | select.POLLNVAL) for _, events in poller.poll(0))
-    except (OSError, ValueError):
-        return True
 
 
 async def _reap(process: Any) -> None:

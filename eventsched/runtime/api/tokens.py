@@ -1,4 +1,4 @@
-"""API tokens for ``serve --http`` (issue 12): who a bearer token speaks for.
+"""API tokens for ``serve --http``: who a bearer token speaks for.
 
 ``eventsched token create`` (over the socket, so the daemon knows the caller
 from its peer credentials) makes a random token and returns it once; the
@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from eventsched.domain.messages import Refused
+from eventsched.domain.messages import RefusalKind, Refused
 
 logger = logging.getLogger("eventsched.tokens")
 
@@ -102,15 +102,15 @@ class TokenStore:
         """A new token of ``uid``: (its record, the secret, shown once)."""
         name = name.strip()
         if len(name) > MAX_NAME or any(not (c.isalnum() or c in "-_.@") for c in name):
-            raise Refused(f"a token's name is up to {MAX_NAME} letters, digits and - _ . @, not {name[:80]!r}")
+            raise Refused(RefusalKind.INVALID, f"a token's name is up to {MAX_NAME} letters, digits and - _ . @, not {name[:80]!r}")
         with self._lock:
             mine = [r for r in self._by_hash.values() if r.uid == uid]
             if len(mine) >= MAX_TOKENS_PER_USER:
-                raise Refused(f"uid {uid} already has {len(mine)} tokens (limit {MAX_TOKENS_PER_USER}); revoke some first")
+                raise Refused(RefusalKind.OVER_LIMIT, f"uid {uid} already has {len(mine)} tokens (limit {MAX_TOKENS_PER_USER}); revoke some first")
             token_id = secrets.token_hex(4)
             name = name or f"token-{token_id}"
             if any(r.name == name for r in mine):
-                raise Refused(f"you already have a token named {name!r}; revoke it or choose another name")
+                raise Refused(RefusalKind.CONFLICT, f"you already have a token named {name!r}; revoke it or choose another name")
             secret = PREFIX + secrets.token_urlsafe(32)
             record = TokenRecord(id=token_id, name=name, uid=uid, created=round(time.time(), 3), sha256=digest(secret))
             self._by_hash[record.sha256] = record
@@ -136,9 +136,9 @@ class TokenStore:
             if len(candidates) > 1 and len(own) == 1:
                 candidates = own  # an operator's own token of that name comes first
             if not candidates:
-                raise Refused(f"no token {key!r} of yours (see `eventsched token list`)")
+                raise Refused(RefusalKind.NOT_FOUND, f"no token {key!r} of yours (see `eventsched token list`)")
             if len(candidates) > 1:
-                raise Refused(f"several tokens are named {key!r}; revoke one by its id (`eventsched token list`)")
+                raise Refused(RefusalKind.INVALID, f"several tokens are named {key!r}; revoke one by its id (`eventsched token list`)")
             record = candidates[0]
             del self._by_hash[record.sha256]
             try:

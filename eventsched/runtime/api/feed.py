@@ -1,0 +1,90 @@
+"""Event subscriptions: each committed batch to every subscriber, and each
+new subscriber's history from the log, as its user may see it.
+
+Subscribers see every job's metadata but only their own jobs' environment
+(``visibility``). History is read in chunks in worker threads, a few
+subscriptions of one user at a time, so what a stalled one holds stays
+bounded (up to one log frame).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable, Protocol
+
+import anyio
+
+from eventsched.domain.events import Event, encode_many
+from eventsched.domain.paths import log_dir
+from eventsched.domain.visibility import BatchView, redact_events
+from eventsched.storage import log as eventlog
+
+# history is read and sent in chunks of about this size, each once the last drained
+HISTORY_CHUNK_BYTES = 256 << 10
+# subscriptions of one user being sent history at once (the others wait)
+HISTORY_PER_USER = 2
+
+
+class Subscriber(Protocol):
+    def deliver(self, view: BatchView) -> None: ...
+
+
+class Feed:
+    def __init__(self, state_dir: Path, operators: frozenset[int], committed: Callable[[], int]) -> None:
+        self.state_dir = state_dir
+        self.operators = operators
+        self.committed = committed  # the last sequence number the engine made durable
+        self.subscribers: set[Subscriber] = set()
+        self.limiter = anyio.CapacityLimiter(4)  # worker threads reading history
+        self._slots: dict[int, asyncio.Semaphore] = {}
+
+    def subscribe(self, subscriber: Subscriber) -> int:
+        """Register ``subscriber``; the seq its history runs up to. Both in
+        one step of the loop: history up to it plus the live batches after
+        it lose nothing."""
+        self.subscribers.add(subscriber)
+        return self.committed()
+
+    def fan_out(self, payload: bytes) -> bool:
+        """The engine's subscriber: each batch to every subscriber."""
+        if self.subscribers:
+            view = BatchView(payload, self.operators)
+            for subscriber in list(self.subscribers):
+                subscriber.deliver(view)
+        return True
+
+    def slot(self, uid: int) -> asyncio.Semaphore:
+        """Held by one of ``uid``'s subscriptions while it is sent history."""
+        slot = self._slots.get(uid)
+        if slot is None:
+            slot = self._slots[uid] = asyncio.Semaphore(HISTORY_PER_USER)
+        return slot
+
+    def history(self, from_seq: int) -> Iterator[list[Event]]:
+        return eventlog.read_batches(log_dir(self.state_dir), from_seq=from_seq)
+
+    def chunk(self, cursor: Iterator[list[Event]], from_seq: int, upto: int, viewer: int) -> tuple[list[bytes], bool]:
+        """The next ~HISTORY_CHUNK_BYTES of ``cursor`` (from ``history``) as
+        ``viewer`` may see it; True once ``upto`` is reached. Runs in a
+        worker thread."""
+        payloads: list[bytes] = []
+        size = 0
+        for batch in cursor:
+            kept = redact_events([event for event in batch if from_seq <= event.seq <= upto], viewer, self.operators)
+            if kept:
+                payload = encode_many(kept)
+                if len(payload) > HISTORY_CHUNK_BYTES and len(kept) > 1:
+                    # a big group commit goes out in pieces, each paced
+                    parts = -(-len(payload) // HISTORY_CHUNK_BYTES)
+                    step = -(-len(kept) // parts)
+                    payloads.extend(encode_many(kept[i : i + step]) for i in range(0, len(kept), step))
+                else:
+                    payloads.append(payload)
+                size += len(payload)
+            if batch and batch[-1].seq >= upto:
+                return payloads, True
+            if size >= HISTORY_CHUNK_BYTES:
+                return payloads, False
+        return payloads, True
