@@ -2,7 +2,7 @@
 
 Log growth. The engine's own path for a sample, on a virtual clock: every
 ``--interval`` seconds (the default sample interval, 2 s) each GPU gives a
-``GpuObserved``; ``gpus.significant`` (what the engine's ``_worth_logging``
+``GpuObserved``; ``gpus.significant`` (what the engine's ``gpus.SampleFilter``
 asks) decides whether it is logged; a logged one goes through
 ``core.handle`` and its events are appended to a real log on disk (fdatasync
 per batch, as the daemon commits one batch per sampling round). 24 simulated

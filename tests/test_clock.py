@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from eventsched.domain import events as ev
-from eventsched.runtime.engine import SteadyClock
+from eventsched.runtime.ports import SteadyClock
 from eventsched.storage import log as eventlog
 
 LIBFAKETIME = next(

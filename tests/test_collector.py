@@ -24,7 +24,7 @@ from eventsched.domain.paths import snapshot_dir
 from eventsched.domain.states import JobState
 from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState
-from eventsched.runtime.engine import Engine
+from eventsched.testing import local_engine
 from eventsched.runtime.gpus import FakeBackend
 from eventsched.storage import log as eventlog
 
@@ -123,7 +123,7 @@ def test_the_engine_loads_a_state_with_the_collector_off_and_freezes_it(tmp_path
 
     collector.freeze_survivors = spy  # type: ignore[assignment]
     try:
-        state = Engine(state_dir, SchedulerConfig(), backend)._load_state()
+        state = local_engine(state_dir, backend)._load_state()
     finally:
         collector.freeze_survivors = original  # type: ignore[assignment]
     assert sum(job.state == JobState.QUEUED for job in state.jobs.values()) == 2000
@@ -135,10 +135,8 @@ def test_the_engine_loads_a_state_with_the_collector_off_and_freezes_it(tmp_path
 def _fill_and_snapshot(tmp_path: Path, fork_safe: bool) -> tuple[Path, int]:
     """An engine that snapshots every 50 events takes 120 submissions; the
     snapshot files it left and the log's last seq."""
-    from eventsched.runtime.engine import Engine as _Engine
-
     state_dir = tmp_path / "state"
-    engine = _Engine(state_dir, SchedulerConfig(), FakeBackend(1), snapshot_every=50)
+    engine = local_engine(state_dir, FakeBackend(1), snapshot_every=50)
     engine.executor.fork_safe = fork_safe
 
     async def main() -> int:
@@ -219,7 +217,7 @@ def test_stopping_waits_for_the_snapshot_writer(tmp_path: Path, monkeypatch: pyt
 
     _slow_save(monkeypatch, 1.0)
     state_dir = tmp_path / "state"
-    engine = Engine(state_dir, SchedulerConfig(), FakeBackend(1), snapshot_every=20)
+    engine = local_engine(state_dir, FakeBackend(1), snapshot_every=20)
     engine.executor.fork_safe = True
     children: list[int] = []
 

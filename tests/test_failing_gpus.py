@@ -183,19 +183,19 @@ def test_a_bad_reading_is_recorded_once_as_an_error_and_never_used(fault: str) -
     assert [type(e).__name__ for e in c.sample()] == ["GpuErrored"]  # a new fault is news again
 
 
-def test_a_gpu_back_from_failure_is_not_thinned_away_by_the_engine(tmp_path: Path) -> None:
+def test_a_gpu_back_from_failure_is_not_thinned_away_by_the_engine() -> None:
     """The engine logs a sample only when it changed; the first good sample
     after a failure must pass even when it equals the last one logged."""
-    from eventsched.runtime.engine import Engine
+    from eventsched.runtime.gpus import SampleFilter
 
     c = Cluster(1)
-    engine = Engine(tmp_path / "state", SchedulerConfig(), c.b)
-    engine.state = c.state
+    samples = SampleFilter()
     sample = c.b.sample()[0]
     assert isinstance(sample, GpuObserved)
-    assert engine._worth_logging(sample, 10.0)
+    assert samples.keep(sample, 10.0, c.state)
+    assert not samples.keep(sample, 10.5, c.state)  # the same again: thinned
     c.do(GpuFailed(node="local", gpu=0, error="NVML: GPU is lost", lost=True))
-    assert engine._worth_logging(sample, 11.0), "the GPU would stay lost until a reading changed"
+    assert samples.keep(sample, 11.0, c.state), "the GPU would stay lost until a reading changed"
 
 
 # --- a real daemon on the fake NVML -------------------------------------------------

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from eventsched.domain.jobsfile import parse_jobs_text
-from eventsched.runtime.config import SAMPLE, ConfigError, ServeConfig, load_config
+from eventsched.runtime.config import SAMPLE, ConfigError, FileConfig, load_config
 from eventsched.wire import protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -38,7 +38,7 @@ FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCh
 
 def _one_line_or_config(path: Path) -> None:
     try:
-        assert isinstance(load_config(path), ServeConfig)
+        assert isinstance(load_config(path), FileConfig)
     except ConfigError as exc:
         said = str(exc)
         assert said and "\n" not in said.strip() and "Traceback" not in said, said

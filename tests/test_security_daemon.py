@@ -24,16 +24,8 @@ import anyio
 import daemon_harness
 import pytest
 from daemon_harness import Daemon
-from users_harness import (  # noqa: F401
-    VENV_BIN,
-    as_user,
-    needs_root,
-    public_dir,
-    root_daemon,
-    run_as,
-    user_env,
-    users,
-)
+from users_harness import VENV_BIN, as_user, needs_root, root_daemon, run_as, user_env
+from users_harness import public_dir, users  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, needs_root]
 
@@ -299,8 +291,9 @@ def test_a_low_open_file_limit_lowers_the_connection_limit_and_jobs_still_run(us
 
 def test_the_gpu_sampler_survives_running_out_of_file_descriptors(tmp_path: Path, caplog) -> None:
     from eventsched.domain.messages import SchedulerConfig
-    from eventsched.runtime.engine import Engine, Query
+    from eventsched.runtime.engine import Query
     from eventsched.runtime.gpus import FakeBackend
+    from eventsched.testing import local_engine
 
     class Exhausted(FakeBackend):
         def sample(self, job_pids=()):  # type: ignore[no-untyped-def]
@@ -309,7 +302,7 @@ def test_the_gpu_sampler_survives_running_out_of_file_descriptors(tmp_path: Path
     answers = []
 
     async def main() -> None:
-        engine = Engine(tmp_path / "state", SchedulerConfig(), Exhausted(2), sample_interval_s=0.01)
+        engine = local_engine(tmp_path / "state", Exhausted(2), SchedulerConfig(), sample_interval_s=0.01)
         async with anyio.create_task_group() as tg:
             await tg.start(engine.run)
             await anyio.sleep(0.3)
@@ -333,19 +326,26 @@ def big_queue(users, daemon, script) -> None:  # noqa: F811
     warm_up(users[0], script, daemon)
 
 
-def test_subscribers_that_never_read_keep_memory_bounded(users, daemon, script, big_queue) -> None:  # noqa: F811
+def _memory_stays_bounded(users, script: str, daemon: Daemon, attack_name: str, *args: str, connections: int) -> None:
+    """bob holds connections that never read; the daemon's memory stays bounded and alice is answered."""
     alice, bob = users
     before = rss_mb(daemon)
-    with Held(bob, script, daemon.socket, "unread-subscriptions", "40") as flood:
-        assert flood.line() == {"connections": 40}
+    with Held(bob, script, daemon.socket, attack_name, *args) as flood:
+        assert flood.line() == {"connections": connections}
         assert flood.line() == "holding"
-        time.sleep(2.0)  # history read and sent as far as it goes
-        probe(alice, script, daemon, "unread_subscriptions")
+        time.sleep(2.0)  # every reply sent as far as it goes (or cut off)
+        key = attack_name.replace("-", "_")
+        probe(alice, script, daemon, key)
         growth = rss_mb(daemon) - before
-        MEASURED["unread_subscriptions_rss_growth_mb"] = growth
+        MEASURED[f"{key}_rss_growth_mb"] = growth
         assert growth < RSS_GROWTH_MB, growth
         alive(daemon)
     alive(daemon)
+
+
+def test_subscribers_that_never_read_keep_memory_bounded(users, daemon, script, big_queue) -> None:  # noqa: F811
+    _memory_stays_bounded(users, script, daemon, "unread-subscriptions", "40", connections=40)
+    alice, _ = users
     # a subscriber that reads still gets the whole history
     upto = _seq(daemon)
     got = attack(alice, script, daemon.socket, "history", str(upto), timeout=90)
@@ -353,18 +353,7 @@ def test_subscribers_that_never_read_keep_memory_bounded(users, daemon, script, 
 
 
 def test_unread_listings_keep_memory_bounded(users, daemon, script, big_queue) -> None:  # noqa: F811
-    alice, bob = users
-    before = rss_mb(daemon)
-    with Held(bob, script, daemon.socket, "unread-listings", "40", "40") as flood:
-        assert flood.line() == {"connections": 41}
-        assert flood.line() == "holding"
-        time.sleep(2.0)  # every listing answered (or cut off)
-        probe(alice, script, daemon, "unread_listings")
-        growth = rss_mb(daemon) - before
-        MEASURED["unread_listings_rss_growth_mb"] = growth
-        assert growth < RSS_GROWTH_MB, growth
-        alive(daemon)
-    alive(daemon)
+    _memory_stays_bounded(users, script, daemon, "unread-listings", "40", "40", connections=41)
 
 
 # --- files ----------------------------------------------------------------------

@@ -1,11 +1,9 @@
 """The ``eventsched`` command.
 
 Imports are lazy: a ``submit`` from a shell loop must not pay for anyio,
-DuckDB or the scheduler core. Its common spellings (and ``health``,
-``--version``) take ``quick.py``'s path, which imports no argparse, msgspec,
-typing, json or socket.py either; so this module's top imports only what
-that path needs (bench/bench_cli.py measures it, tests/test_cli_startup.py
-checks the imports).
+DuckDB or the scheduler core, and its fast path (``quick.py``) not even for
+argparse or msgspec; so the top imports only what that path needs
+(tests/test_cli_startup.py checks them).
 """
 
 from __future__ import annotations
@@ -30,9 +28,6 @@ if TYPE_CHECKING:
     from eventsched.wire.client import Client
 
 
-# --- parsing helpers --------------------------------------------------------
-
-
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options before ``--``, the job's command after it."""
     if "--" in argv:
@@ -41,25 +36,19 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-# --- client-side commands -------------------------------------------------
-
-
 def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
     if os.environ.get("EVENTSCHED_URL"):  # the daemon's HTTP API instead of its socket
         from eventsched.wire.http_client import from_environment
 
         return from_environment()  # type: ignore[return-value]  # the same methods, over HTTP
+    return socket_client(args)
+
+
+def socket_client(args: argparse.Namespace) -> Client:
+    """The daemon's socket, whatever ``EVENTSCHED_URL`` says."""
     from eventsched.wire.client import Client
 
     return Client(args.socket or socket_location(args.state_dir))
-
-
-def _warning(text: str | None) -> dict[str, Any]:
-    """``--signal SIG@SECONDS`` as JobSpec fields."""
-    if not text:
-        return {}
-    signum, seconds = parse_signal(text)
-    return {"warn_signal": signum, "warn_s": seconds}
 
 
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
@@ -82,9 +71,11 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         raise UserError("no command given: put it after `--`, e.g. eventsched submit --gpus 1 -- python train.py")
     if args.gpus is not None and not (args.gpus >= 0):
         raise UserError(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {args.gpus}")
+    if args.host_mem is not None and args.host_mem <= 0:
+        raise UserError(f"--host-mem must be a positive number of MiB, not {args.host_mem}")
     env = dict(os.environ)
     env.pop("EVENTSCHED_TOKEN", None)  # a secret: never in a job's environment (nor so in the log)
-    shell = is_shell_string(command)
+    shell = is_shell_string(command)  # -- "python x.py --lr 3" runs through the shell
     node = args.node or ""
     ids_text = args.gpu_ids
     if ids_text and ":" in ids_text:  # --gpu-ids NODE:0,1
@@ -93,42 +84,24 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
             raise UserError(f"--gpu-ids {args.gpu_ids} names node {on!r} but --node says {node!r}")
         node = on
     gpu_ids = parse_gpu_ids(ids_text) if ids_text else None
+    warn = parse_signal(args.signal) if args.signal else None  # --signal SIG@SECONDS
     return dict(
-        node=node,
-        command=command,
-        shell=shell,  # -- "python x.py --lr 3" runs through the shell
-        cwd=os.getcwd(),
-        env=env,
+        node=node, command=command, shell=shell, cwd=os.getcwd(), env=env,
         name=args.name or default_name(command, shell),
         # --gpu-ids alone means exactly those GPUs; with --gpus K, K of them
         gpus=args.gpus if args.gpus is not None else float(len(gpu_ids)) if gpu_ids else 1.0,
-        gpu_mem_mib=args.gpu_mem or 0,
-        gpu_ids=gpu_ids,
-        priority=args.priority,
+        gpu_mem_mib=args.gpu_mem or 0, gpu_ids=gpu_ids, priority=args.priority,
         time_limit_s=parse_duration(args.time_limit) if args.time_limit else None,
         on_time_limit="requeue" if args.requeue_on_time_limit else "kill",
-        tenant=args.tenant or "",
-        after=parse_job_ids(args.after) if args.after else [],
-        retries=args.retries,
-        conda=args.conda or "",
-        env_setup=args.env_setup or "",
-        interactive=args.interactive,
+        tenant=args.tenant or "", after=parse_job_ids(args.after) if args.after else [], retries=args.retries,
+        conda=args.conda or "", env_setup=args.env_setup or "", interactive=args.interactive,
         content_hash=content_hash(command, os.getcwd(), args, env) if args.dedupe else "",
         # the job gets our umask and limits (the daemon clamps them to its own)
-        umask=rlimits.current_umask(),
-        rlimits=rlimits.current(),
+        umask=rlimits.current_umask(), rlimits=rlimits.current(),
         array_cap=parse_array(args.array)[1] if args.array is not None else 0,  # %K
-        session=args.session or "",
-        host_mem_mib=_host_mem(args.host_mem),
-        preemptible=args.preemptible,
-        **_warning(args.signal),
+        session=args.session or "", host_mem_mib=args.host_mem or 0, preemptible=args.preemptible,
+        **({"warn_signal": warn[0], "warn_s": warn[1]} if warn else {}),
     )
-
-
-def _host_mem(mib: int | None) -> int:
-    if mib is not None and mib <= 0:
-        raise UserError(f"--host-mem must be a positive number of MiB, not {mib}")
-    return mib or 0
 
 
 # what only describes the terminal a job was submitted from, not what it computes
@@ -215,20 +188,9 @@ def cmd_queue(args: argparse.Namespace) -> int:
             elapsed = (j["ended_at"] or now) - j["started_at"]
         else:
             elapsed = None
-        rows.append(
-            [
-                j["id"],
-                j["name"][:24],
-                j["user"],
-                j["state"],
-                j["priority"],
-                f"{j['gpus']:g}",
-                ",".join(map(str, j["gpu_ids"])) or "-",
-                human_duration(elapsed),
-                "" if j["exit_code"] is None else j["exit_code"],
-                _short_reason(j),
-            ]
-        )
+        rows.append([j["id"], j["name"][:24], j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
+                     ",".join(map(str, j["gpu_ids"])) or "-", human_duration(elapsed),
+                     "" if j["exit_code"] is None else j["exit_code"], _short_reason(j)])
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
     nodes = {j.get("node") for j in jobs if j.get("node")}
     if len(nodes) > 1 and len(rows) == len(jobs):  # jobs on several nodes (arrays unfolded)
@@ -258,18 +220,10 @@ def array_row(tasks: list[dict], now: float) -> list[Any]:
             parts.append(f"{first['array_done'] - listed_done} done")
     on = sorted({g for t in tasks if t["state"] == JobState.RUNNING for g in t["gpu_ids"]})
     waiting = next((t for t in tasks if t.get("reason")), None)
-    return [
-        f"{first['array_id']}[{compact_indices([t['array_index'] for t in tasks])}]",
-        first["name"][:24],
-        first["user"],
-        ", ".join(parts),
-        first["priority"],
-        f"{first['gpus']:g}",
-        ",".join(map(str, on)) or "-",
-        human_duration(now - min(t["submitted_at"] for t in tasks)),
-        "",
-        _short_reason(waiting) if waiting is not None else "",
-    ]
+    return [f"{first['array_id']}[{compact_indices([t['array_index'] for t in tasks])}]", first["name"][:24],
+            first["user"], ", ".join(parts), first["priority"], f"{first['gpus']:g}", ",".join(map(str, on)) or "-",
+            human_duration(now - min(t["submitted_at"] for t in tasks)), "",
+            _short_reason(waiting) if waiting is not None else ""]
 
 
 def compact_indices(indices: list[int]) -> str:
@@ -444,7 +398,6 @@ def follow_output(
     from eventsched.wire import protocol
     from eventsched.wire.client import read_new_output
 
-    final = FINAL
     info = c.request(protocol.JobLogPath(job=job))
     path = info["path"]
     position = 0
@@ -460,13 +413,13 @@ def follow_output(
                 position += len(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
-            if not follow or state in final:
+            if not follow or state in FINAL:
                 break
             if time.monotonic() >= next_check:
                 info = c.request(protocol.JobLogPath(job=job))
                 state = info["state"]
                 next_check = time.monotonic() + 0.5
-                if state in final:
+                if state in FINAL:
                     continue  # one more read catches the last output
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -556,12 +509,6 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return run_metrics(state_dir_of(args), fmt)
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    from eventsched.cli.replay import run_replay
-
-    return run_replay(args)
-
-
 def cmd_submit_file(args: argparse.Namespace) -> int:
     from eventsched.cli.submit_file import cmd_submit_file as run
 
@@ -604,32 +551,10 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     return show_nodes(nodes, as_json=args.json)
 
 
-def cmd_tenants(args: argparse.Namespace) -> int:
-    from eventsched.cli import tenants
-
-    return tenants.cmd_tenants(args)
-
-
-def cmd_tenant(args: argparse.Namespace) -> int:
-    from eventsched.cli import tenants
-
-    return tenants.cmd_tenant(args)
-
-
-def cmd_token(args: argparse.Namespace) -> int:
-    from eventsched.cli.token import run
-
-    return run(args)
-
-
 def _import_msgspec_lean() -> None:
-    """Import msgspec without typing_extensions, which costs every CLI call.
-
-    msgspec only takes ``get_type_hints``, ``Required`` and ``NotRequired``
-    from typing_extensions when it is installed (the notebook stack brings
-    it), and Python >= 3.11's typing has all three. The block is lifted at
-    once, so any later import of typing_extensions works as usual.
-    """
+    """Import msgspec without typing_extensions, which costs every CLI call:
+    msgspec takes from it only what Python >= 3.11's typing has. The block is
+    lifted at once, so a later import of typing_extensions works as usual."""
     if "msgspec" in sys.modules or "typing_extensions" in sys.modules or sys.version_info < (3, 11):
         return
     sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # makes its import fail
@@ -662,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# the commands whose whole handler lives in another module
+ELSEWHERE = {"replay": "eventsched.cli.replay.run_replay", "tenants": "eventsched.cli.tenants.cmd_tenants",
+             "tenant": "eventsched.cli.tenants.cmd_tenant", "token": "eventsched.cli.token.run"}
+
+
 def parse(argv: list[str]) -> Callable[[], int]:
     """The command ``argv`` asks for, read by argparse (which exits with a
     one-line message on a usage error)."""
@@ -680,8 +610,13 @@ def parse(argv: list[str]) -> Callable[[], int]:
         return lambda: cmd_jobs_action(args, args.command)
     if args.command in ("pause-gpu", "resume-gpu"):
         return lambda: cmd_gpu_action(args, args.command.replace("-", "_"))
-    handler: Callable[[argparse.Namespace], int] = globals()["cmd_" + args.command.replace("-", "_")]
+    if args.command in ELSEWHERE:  # a module of its own, imported only to run it
+        module, _, name = ELSEWHERE[args.command].rpartition(".")
+        handler = getattr(__import__(module, fromlist=[name]), name)
+    else:
+        handler = globals()["cmd_" + args.command.replace("-", "_")]
     return lambda: handler(args)
+
 
 
 if __name__ == "__main__":

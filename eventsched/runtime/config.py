@@ -1,8 +1,11 @@
-"""The TOML config file (SPEC I3): validated at start, with clear errors."""
+"""The TOML config file, validated at start with clear errors, and ``ServeConfig``:
+the file overridden by the command line, what the daemon is built from."""
 
 from __future__ import annotations
 
+import argparse
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +13,9 @@ import msgspec
 
 from eventsched.core.limits import SubmitLimits
 from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.tenants import Tenant, TenantConfig, TenantError, check_tenants
+from eventsched.domain.units import UnitError, parse_duration
 
 
 class ConfigError(Exception):
@@ -38,7 +43,7 @@ class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
 
 class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """Limits the daemon enforces on the host, not the scheduler: written
-    under ``[scheduler]`` in the file (SPEC §2), kept out of the recorded
+    under ``[scheduler]`` in the file, kept out of the recorded
     scheduler settings because no decision depends on them."""
 
     # a job's program or script, resolved, must lie under one of these ([]: anywhere)
@@ -51,12 +56,11 @@ class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
 JOB_LIMIT_KEYS = ("allowed_script_paths", "max_host_mem_mib")
 
 
-class ServeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class FileConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """What a config file may set; command-line options override it."""
 
     gpus: str | None = None
     policy: str | None = None
-    # > 0: a negative interval crashed the sampler after start (issue 14, found by fuzzing)
     sample_interval_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0
     scheduler: SchedulerConfig = SchedulerConfig()
     limits: SubmitLimits = SubmitLimits()
@@ -75,11 +79,11 @@ policy = "best-fit"            # fifo, priority, best-fit, fair-share, sjf-backf
 sample_interval_s = 2.0        # seconds between GPU samples
 
 [scheduler]
-default_time_limit_s = 86400   # global time limit for every job (F9)
+default_time_limit_s = 86400   # global time limit for every job
 kill_grace_s = 10.0            # SIGTERM, then SIGKILL after this long
 max_queued = 10000             # submissions beyond this are refused
 max_running = 0                # 0 = no limit on concurrent jobs
-max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this (F10)
+max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this
 max_gpu_utilization_pct = 100.0
 max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
 retry_backoff_s = 2.0          # first retry delay, doubled each time
@@ -130,14 +134,63 @@ def sample_config() -> str:
     return SAMPLE
 
 
-def load_config(path: str | Path | None) -> ServeConfig:
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """Everything ``eventsched serve`` runs with, built once by ``serve_config``."""
+
+    state_dir: Path
+    socket: Path
+    file: FileConfig  # the config file, with --gpus, --policy, --time-limit and --sample-interval applied
+    log_level: str = "info"
+    ray: str | None = None  # a Ray cluster's address: its nodes run the jobs
+    http: str | None = None  # HOST:PORT of the JSON API
+    http_allow_remote: bool = False
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """``serve``'s command line over its config file; ``ConfigError`` (one line) for a bad value."""
+    from eventsched.core.policies import POLICIES, REPLAY_ONLY
+
+    file = load_config(args.config)
+    scheduler = file.scheduler
+    if args.policy or file.policy:
+        scheduler = msgspec.structs.replace(scheduler, policy=args.policy or file.policy)
+    if getattr(args, "time_limit", None):
+        try:
+            scheduler = msgspec.structs.replace(scheduler, default_time_limit_s=parse_duration(args.time_limit))
+        except UnitError as exc:
+            raise ConfigError(str(exc)) from None
+    if scheduler.policy in REPLAY_ONLY:
+        raise ConfigError(f"{scheduler.policy} is a reference for replays only: {REPLAY_ONLY[scheduler.policy]}")
+    if scheduler.policy not in POLICIES:
+        live = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
+        raise ConfigError(f"unknown policy {scheduler.policy!r}; choose one of {live}")
+    file = msgspec.structs.replace(file, scheduler=scheduler, gpus=args.gpus or file.gpus,
+                                   sample_interval_s=args.sample_interval or file.sample_interval_s)
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    return ServeConfig(
+        state_dir=state_dir,
+        socket=Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None),
+        file=file,
+        log_level=args.log_level,
+        ray=getattr(args, "ray", None),
+        http=getattr(args, "http", None),
+        http_allow_remote=getattr(args, "http_allow_remote", False),
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+    )
+
+
+def load_config(path: str | Path | None) -> FileConfig:
     if path is None:
-        return ServeConfig()
+        return FileConfig()
     if str(path).endswith(".json"):  # the seeds' config.json, translated (seed_config.py)
         from eventsched.runtime.seed_config import SeedConfigError, translate_file
 
         try:
-            return config_from_dict(translate_file(path, ServeConfig, JOB_LIMIT_KEYS), str(path))
+            return config_from_dict(translate_file(path, FileConfig, JOB_LIMIT_KEYS), str(path))
         except SeedConfigError as exc:
             raise ConfigError(str(exc)) from None
     try:
@@ -151,7 +204,7 @@ def load_config(path: str | Path | None) -> ServeConfig:
     return config_from_dict(raw, str(path))
 
 
-def config_from_dict(raw: dict[str, Any], where: str) -> ServeConfig:
+def config_from_dict(raw: dict[str, Any], where: str) -> FileConfig:
     """Validate a parsed config (TOML, or a seed's JSON translated to it)."""
     raw = dict(raw)
     # a section given as a number or a string is msgspec's to name below, not a TypeError here
@@ -163,14 +216,14 @@ def config_from_dict(raw: dict[str, Any], where: str) -> ServeConfig:
         raw["scheduler"] = scheduler
         raw["job_limits"] = {**(raw.get("job_limits") or {}), **moved}
     try:
-        config = msgspec.convert(raw, ServeConfig)
+        config = msgspec.convert(raw, FileConfig)
         check_tenants(plain_tenants(config))
     except (msgspec.ValidationError, TenantError) as exc:
         raise ConfigError(f"config file {where}: {_name_tenant(raw, str(exc))}") from None
     return config
 
 
-def plain_tenants(config: ServeConfig) -> dict[str, Tenant]:
+def plain_tenants(config: FileConfig) -> dict[str, Tenant]:
     """The tenants as the core records them."""
     return {name: t.plain() for name, t in config.tenants.items()}
 

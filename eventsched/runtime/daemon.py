@@ -2,37 +2,30 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import msgspec
 
 from eventsched.core.tenants_report import tenants_report
-from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
-from eventsched.domain.units import UnitError, parse_duration
-from eventsched.runtime.config import (
-    ConfigError,
-    ServeConfig,
-    load_config,
-    plain_tenants,
-)
+from eventsched.domain.text import print_error
+from eventsched.runtime.config import ServeConfig, plain_tenants
 from eventsched.storage import log as eventlog
 
 if TYPE_CHECKING:
     from eventsched.runtime.gpus import GpuBackend
+    from eventsched.runtime.ports import Executor
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line (SPEC I7), for journald or jq."""
+    """One JSON object per line, for journald or jq."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -46,30 +39,8 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def _fail(message: str) -> int:
-    print(f"eventsched: error: {message}", file=sys.stderr)
-    return 2
-
-
-def resolve(args: argparse.Namespace) -> tuple[ServeConfig, Path, Path]:
-    config = load_config(args.config)
-    scheduler = config.scheduler
-    if args.policy:
-        scheduler = msgspec.structs.replace(scheduler, policy=args.policy)
-    elif config.policy:
-        scheduler = msgspec.structs.replace(scheduler, policy=config.policy)
-    if getattr(args, "time_limit", None):
-
-        scheduler = msgspec.structs.replace(scheduler, default_time_limit_s=parse_duration(args.time_limit))
-    config = msgspec.structs.replace(
-        config,
-        scheduler=scheduler,
-        gpus=args.gpus or config.gpus,
-        sample_interval_s=args.sample_interval or config.sample_interval_s,
-    )
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
-    socket_path = Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None)
-    return config, state_dir, socket_path
+class SetupError(Exception):
+    """What stops the daemon before it starts (a bad --gpus, no Ray, a port in use): one line."""
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -89,62 +60,73 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, soft
 
 
-def serve(args: argparse.Namespace) -> int:
-    from eventsched.core.policies import POLICIES, REPLAY_ONLY
-    from eventsched.runtime.gpus import NvmlUnavailable, parse_gpus_option
-
+def serve(config: ServeConfig) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    from eventsched import _compiled
-
-    if stale := _compiled.stale():  # a checkout edited since its build: say which code runs
-        logging.getLogger("eventsched.daemon").warning(
-            "compiled modules are older than their sources (%s): the old code runs until scripts/setup.sh "
-            "rebuilds them (or serve with EVENTSCHED_PURE=1)", ", ".join(stale))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     try:
-        config, state_dir, socket_path = resolve(args)
-    except (ConfigError, UnitError) as exc:
-        return _fail(str(exc))
-    if config.scheduler.policy not in POLICIES or config.scheduler.policy in REPLAY_ONLY:
-        if config.scheduler.policy in REPLAY_ONLY:
-            return _fail(f"{config.scheduler.policy} is a reference for replays only: {REPLAY_ONLY[config.scheduler.policy]}")
-        live = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
-        return _fail(f"unknown policy {config.scheduler.policy!r}; choose one of {live}")
-    try:
-        if getattr(args, "ray", None):  # issue 12: --gpus is each node's; the daemon's own node has none
-            from eventsched.runtime.cluster import ray_cluster
+        backend = _gpus(config)
+        http_plan = None
+        if config.http:  # checked and bound before the daemon starts
+            from eventsched.runtime.api.http_api import HttpSetupError, prepare
 
-            if config.gpus and config.gpus.strip() != "nvml":
-                parse_gpus_option(config.gpus, node=config.scheduler.node)  # a bad value: said now
             try:
-                ray_cluster.connect(args.ray, ray_cluster.namespace_for(state_dir))
-            except ray_cluster.RayUnavailable as exc:
-                return _fail(str(exc))
-            backend: GpuBackend = ray_cluster.RayGpus(None, config.scheduler.node, args.ray)
-        else:
-            backend = parse_gpus_option(config.gpus, node=config.scheduler.node)
-    except NvmlUnavailable as exc:
-        return _fail(str(exc))
-    except ValueError as exc:
-        return _fail(f"--gpus: {exc}")
-    args.http_plan = None
-    if getattr(args, "http", None):  # issue 12: checked and bound before the daemon starts
-        from eventsched.runtime.api.http_api import HttpSetupError, prepare
-
-        try:
-            args.http_plan = prepare(args.http, allow_remote=getattr(args, "http_allow_remote", False))
-        except HttpSetupError as exc:
-            return _fail(str(exc))
+                http_plan = prepare(config.http, allow_remote=config.http_allow_remote)
+            except HttpSetupError as exc:
+                raise SetupError(str(exc)) from None
+    except SetupError as exc:
+        print_error(str(exc))
+        return 2
     try:
-        anyio.run(_serve, config, state_dir, socket_path, backend, args)
+        anyio.run(_serve, config, backend, http_plan)
     except BaseException as exc:  # task groups wrap what their tasks raised
-        message = why_it_stopped(exc, state_dir)
+        message = why_it_stopped(exc, config.state_dir)
         if message is None:
             raise
         print(message, file=sys.stderr)
         return 2
     return 0
+
+
+def _gpus(config: ServeConfig) -> GpuBackend | None:
+    """This machine's GPUs; None on a Ray cluster, connected now (its nodes
+    run the jobs, ``--gpus`` being each node's)."""
+    from eventsched.runtime.gpus import NvmlUnavailable, parse_gpus_option
+
+    gpus, node = config.file.gpus, config.file.scheduler.node
+    try:
+        if not config.ray:
+            return parse_gpus_option(gpus, node=node)
+        if gpus and gpus.strip() != "nvml":
+            parse_gpus_option(gpus, node=node)  # a bad value: said now, not by each node
+    except NvmlUnavailable as exc:
+        raise SetupError(str(exc)) from None
+    except ValueError as exc:
+        raise SetupError(f"--gpus: {exc}") from None
+    from eventsched.runtime.cluster import ray_cluster
+
+    try:
+        ray_cluster.connect(config.ray, ray_cluster.namespace_for(config.state_dir))
+    except ray_cluster.RayUnavailable as exc:
+        raise SetupError(str(exc)) from None
+    return None
+
+
+def _executor(config: ServeConfig, backend: GpuBackend | None) -> tuple[GpuBackend, Executor]:
+    """The executor (and on a Ray cluster, the GPU backend that samples its nodes)."""
+    from eventsched.runtime.engine import prepare_state_dir
+    from eventsched.runtime.launch.executor import Executor as LocalExecutor
+
+    prepare_state_dir(config.state_dir)  # before the executor makes jobs/ in it
+    node = config.file.scheduler.node
+    local = LocalExecutor(config.state_dir, node=node, max_host_mem_mib=config.file.job_limits.max_host_mem_mib)
+    if backend is not None:
+        return backend, local
+    from eventsched.runtime.cluster.ray_cluster import RayExecutor, RayGpus, namespace_for
+
+    assert config.ray is not None
+    ray = RayExecutor(local, gpus=config.file.gpus or "", namespace=namespace_for(config.state_dir))
+    return RayGpus(ray, node, config.ray), ray
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -182,43 +164,40 @@ def why_it_stopped(exc: BaseException, state_dir: Path) -> str | None:
     return None
 
 
-async def _serve(config: ServeConfig, state_dir: Path, socket_path: Path, backend: GpuBackend, args: argparse.Namespace) -> None:
-    from eventsched.runtime.engine import Engine, Query
+async def _serve(config: ServeConfig, gpus: GpuBackend | None, http_plan: Any) -> None:
     from eventsched.runtime.api.server import Server, status
+    from eventsched.runtime.engine import Engine, Query
 
     log = logging.getLogger("eventsched.daemon")
     before, after = raise_open_file_limit()
     log.info("open-file limit %d (soft limit was %d)", after, before)
-    engine = Engine(state_dir, config.scheduler, backend, sample_interval_s=config.sample_interval_s,
-                    tenants=plain_tenants(config) if config.tenants else None)
-    if getattr(args, "ray", None):  # issue 12: the nodes of a Ray cluster run the jobs
-        from eventsched.runtime.cluster.ray_cluster import RayExecutor, RayGpus, namespace_for
-
-        engine.executor = RayExecutor(state_dir, node=config.scheduler.node, gpus=config.gpus or "",
-                                      state=lambda: engine.state, namespace=namespace_for(state_dir))
-        if isinstance(backend, RayGpus):
-            backend.executor = engine.executor
-    engine.executor.max_host_mem_mib = config.job_limits.max_host_mem_mib  # issue 11: the default limit
-    server = Server(engine, socket_path, limits=config.limits, connections=config.connections, job_limits=config.job_limits)
+    file = config.file
+    backend, executor = _executor(config, gpus)
+    engine = Engine(config.state_dir, file.scheduler, backend, executor=executor, sample_interval_s=file.sample_interval_s,
+                    tenants=plain_tenants(file) if file.tenants else None)
+    server = Server(engine, config.socket, limits=file.limits, connections=file.connections, job_limits=file.job_limits)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)
-        if config.jobs_file:  # I2: the daemon follows a jobs file itself, as its owner
+        if file.jobs_file:  # the daemon follows a jobs file itself, as its owner
             from eventsched.runtime.api.jobs_follower import follow_jobs_file
 
-            await tg.start(follow_jobs_file, server, config.jobs_file)
-        if args.metrics_port is not None:
+            await tg.start(follow_jobs_file, server, file.jobs_file)
+        if config.metrics_port is not None:
             from eventsched.runtime.api.metrics_http import serve_metrics
 
-            await tg.start(serve_metrics, args.metrics_host, args.metrics_port, state_dir, lambda: engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())})))
-            log.info("Prometheus metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
-        if getattr(args, "http_plan", None) is not None:  # issue 12: the JSON API (http_api.py)
+            def metrics() -> Any:
+                return engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())}))
+
+            await tg.start(serve_metrics, config.metrics_host, config.metrics_port, config.state_dir, metrics)
+            log.info("Prometheus metrics on http://%s:%d/metrics", config.metrics_host, config.metrics_port)
+        if http_plan is not None:
             from eventsched.runtime.api.http_api import serve_http
 
-            await tg.start(serve_http, server, args.http_plan)
+            await tg.start(serve_http, server, http_plan)
         log.info(
             "serving on %s, state in %s, policy %s, gpus %s, pid %d",
-            socket_path, state_dir, config.scheduler.policy, backend.name, os.getpid(),
+            config.socket, config.state_dir, file.scheduler.policy, backend.name, os.getpid(),
         )
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:

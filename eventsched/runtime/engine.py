@@ -38,6 +38,7 @@ from eventsched.domain.messages import (
     Launch,
     Message,
     ProcessExited,
+    RefusalKind,
     Refused,
     SchedulerConfig,
     Signal,
@@ -52,10 +53,12 @@ from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector, snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.runtime import snapshot_child
-from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
-from eventsched.runtime.gpus import GpuBackend, significant
+from eventsched.runtime.gpus import GpuBackend, SampleFilter
+from eventsched.runtime.launch.executor import AlreadyLaunched, LaunchError
+from eventsched.runtime.ports import Clock, Executor, SteadyClock
 from eventsched.storage import log as eventlog
 from eventsched.storage import snapshots
+from eventsched.storage.fileops import FileOps
 
 logger = logging.getLogger("eventsched.engine")
 
@@ -69,28 +72,6 @@ GATHER_STEPS = 6
 RETRY_AFTER_FULL_S = 1.0  # an observation refused by a full disk is handled again this much later
 
 
-class SteadyClock:
-    """The daemon's time: the wall clock read at start-up, then moved on by
-    the monotonic clock. A step of the wall clock during a run (an admin,
-    NTP, a restored VM) then neither fires time limits early nor holds them
-    back, charges no phantom hours of GPU use, and never stamps an event
-    earlier than the one before it; a restart reads the wall clock again."""
-
-    def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self._monotonic = monotonic
-        self._origin = wall() - monotonic()
-
-    def __call__(self) -> float:
-        return self._origin + self._monotonic()
-
-    def not_before(self, floor: float) -> None:
-        """Start no earlier than ``floor`` (the log's last time: the wall
-        clock went back across a restart)."""
-        behind = floor - self()
-        if behind > 0:
-            self._origin += behind
-
-
 @dataclass
 class Query:
     """A read of the projection, answered after the batch it arrived in commits."""
@@ -99,7 +80,7 @@ class Query:
 
 
 Answer = Callable[[ClusterState, list[ev.Event]], Any]
-Reply = Callable[[Any, str | None], None]
+Reply = Callable[[Any, Refused | None], None]
 
 
 class Pending:
@@ -113,7 +94,7 @@ class Pending:
         self.answer = answer
         # called once, inside the loop, after the commit: (result, error)
         self.reply = reply
-        self.error: str | None = None
+        self.error: Refused | None = None
         self.produced: list[ev.Event] = []
 
 
@@ -131,6 +112,22 @@ def prepare_state_dir(state_dir: Path) -> None:
         os.chmod(state_dir, mode)  # e.g. 0755 from an earlier version or a harness
 
 
+class _Outbox:
+    """How the executor reaches the engine (``ports.Outbox``)."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def __call__(self, message: Message, /) -> None:
+        await self._engine.tell(message)
+
+    @property
+    def state(self) -> ClusterState | None:
+        return self._engine.state
+
+
 class Engine:
     def __init__(
         self,
@@ -138,25 +135,26 @@ class Engine:
         config: SchedulerConfig,
         backend: GpuBackend,
         *,
+        executor: Executor,
         sample_interval_s: float = 2.0,
         snapshot_every: int = 50_000,
         segment_bytes: int = 64 << 20,
-        clock: Callable[[], float] | None = None,  # default: a SteadyClock
+        clock: Clock | None = None,  # default: a SteadyClock
         tenants: dict[str, Tenant] | None = None,
+        log_ops: FileOps | None = None,  # the log's file calls (a test's slow or full disk)
     ) -> None:
         self.state_dir = state_dir
         self.config = config
         self.tenants = tenants  # the config file's [tenants] (None: keep the log's)
         self.backend = backend
+        self.executor = executor
         self.sample_interval_s = sample_interval_s
         self.snapshot_every = snapshot_every
         self.segment_bytes = segment_bytes
-        self.clock = clock if clock is not None else SteadyClock()
+        self.log_ops = log_ops
+        self.clock: Clock = clock if clock is not None else SteadyClock()
         self._last_now = 0.0  # the latest time handed to the core: times in the log never go back
         self._last_requesters = 0  # requests the last batch answered: about how many will come back
-        # before the executor makes jobs/ (and with it, a 0755 state dir)
-        prepare_state_dir(state_dir)
-        self.executor = Executor(state_dir, node=config.node)
         self.state: ClusterState | None = None
         self.log: eventlog.LogWriter | None = None
         # A plain deque and one wake-up event rather than a memory stream: a
@@ -166,6 +164,7 @@ class Engine:
         # asyncio backend): anyio's Event and to_thread look the backend up
         # on every call, which cost a fifth of a submission's CPU
         self._inbox_ready = asyncio.Event()
+        self._inbox_room = asyncio.Event()  # set when a batch is taken: an exit waiting for room goes in
         self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
         self._commit_in_thread = False  # the last commit was slow (see _commit)
         self._subscribers: set[Callable[[bytes], bool]] = set()
@@ -176,7 +175,7 @@ class Engine:
         self._last_snapshot_seq = 0
         self._snapshot_child: int | None = None  # the pid writing a snapshot
         self._stopping = False
-        self._last_logged_sample: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
+        self._samples = SampleFilter()
         self.committed_seq = 0
 
     # --- the public face (used by the server) ----------------------------
@@ -186,31 +185,32 @@ class Engine:
         done = anyio.Event()
         outcome: list[Any] = []
 
-        def reply(result: Any, error: str | None) -> None:
+        def reply(result: Any, error: Refused | None) -> None:
             outcome[:] = [result, error]
             done.set()
 
-        if self._stopping:
-            raise Refused("the daemon is shutting down")
-        if len(self._inbox) >= INBOX_SIZE:
-            raise Refused("the daemon is overloaded; try again")
-        self._enqueue(Pending(item, answer, reply))
+        self.submit_nowait(item, answer, reply)
         await done.wait()
         result, error = outcome
         if error is not None:
-            raise Refused(error)
+            raise error
         return result
 
     def submit_nowait(self, item: Message | Query, answer: Answer | None, reply: Reply) -> None:
         """For callers inside the event loop that cannot await (the socket
         protocol): ``reply`` is called from the loop once the item is done."""
         if self._stopping:
-            reply(None, "the daemon is shutting down")
+            reply(None, Refused(RefusalKind.UNAVAILABLE, "the daemon is shutting down"))
             return
         if len(self._inbox) >= INBOX_SIZE:
-            reply(None, "the daemon is overloaded; try again")
+            reply(None, Refused(RefusalKind.UNAVAILABLE, "the daemon is overloaded; try again"))
             return
         self._enqueue(Pending(item, answer, reply))
+
+    @property
+    def backlog(self) -> int:
+        """Messages waiting in the inbox."""
+        return len(self._inbox)
 
     def _enqueue(self, pending: Pending) -> None:
         self._inbox.append(pending)
@@ -223,7 +223,8 @@ class Engine:
         while len(self._inbox) >= INBOX_SIZE:
             if isinstance(item, GpuObserved):
                 return
-            await anyio.sleep(0.01)
+            self._inbox_room.clear()
+            await self._inbox_room.wait()
         self._enqueue(Pending(item))
         await anyio.lowlevel.checkpoint()
 
@@ -263,7 +264,7 @@ class Engine:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         prepare_state_dir(self.state_dir)
-        self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes)
+        self.log = eventlog.LogWriter.open(log_dir(self.state_dir), segment_bytes=self.segment_bytes, ops=self.log_ops)
         try:
             if self.log.recovered is not None:
                 logger.warning("log recovery: %s", self.log.recovered)
@@ -271,8 +272,7 @@ class Engine:
             self.committed_seq = self.log.next_seq - 1
             for last in eventlog.read(log_dir(self.state_dir), from_seq=max(1, self.committed_seq)):
                 self._last_now = last.ts
-            if isinstance(self.clock, SteadyClock):
-                self.clock.not_before(self._last_now)
+            self.clock.not_before(self._last_now)
             self._last_snapshot_seq = self.state.last_seq
             gpus = self.backend.discover()
             started = Started(
@@ -294,8 +294,7 @@ class Engine:
             for message in [started, *recovered]:
                 self._enqueue(Pending(message))
             # the state is never walked by a full collection, whose pauses would
-            # grow with the backlog, and young passes are fewer (issue 16;
-            # projections/collector.py)
+            # grow with the backlog, and young passes are fewer (projections/collector.py)
             with collector.freezing_after_full_collections(), collector.fewer_young_passes():
                 await self._serve(task_status)
         finally:
@@ -306,13 +305,13 @@ class Engine:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._main_loop)
-            tg.start_soon(self.executor.run, self.tell)
+            tg.start_soon(self.executor.run, _Outbox(self))
             tg.start_soon(self._timer)
             tg.start_soon(self._sampler)
             task_status.started()
 
     async def stop(self, reason: str = "signal") -> None:
-        """Record the stop, then cancel every task. Jobs keep running (X9)."""
+        """Record the stop, then cancel every task. Jobs keep running."""
         if self._stopping:
             return
         if not hasattr(self, "_tg"):  # never ran: nothing to record or cancel
@@ -352,6 +351,7 @@ class Engine:
                 self._inbox_ready.clear()
             await self._gather()
             batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
+            self._inbox_room.set()
             # clamped: an injected clock (or anything else) that goes back
             # must not put a smaller time after a larger one in the log
             now = self._last_now = max(self.clock(), self._last_now)
@@ -360,12 +360,12 @@ class Engine:
             for pending in batch:
                 if isinstance(pending.item, Query):
                     continue
-                if isinstance(pending.item, GpuObserved) and not self._worth_logging(pending.item, now):
+                if isinstance(pending.item, GpuObserved) and not self._samples.keep(pending.item, now, self.state):
                     continue
                 try:
                     events, item_effects = core.handle(self.state, pending.item, now)
                 except Refused as refusal:
-                    pending.error = refusal.reason
+                    pending.error = refusal
                     continue
                 pending.produced = events
                 produced.extend(events)
@@ -392,17 +392,12 @@ class Engine:
         requests already readable on other connections join it and its one
         fdatasync.
 
-        One step always: without it, a commit carried 2.8 of eight waiting
-        clients' submissions (8.8 -> 11.4-12.4 k/s). More steps, up to
-        GATHER_STEPS, while fewer requests wait than the last batch answered:
-        clients that each wait for their acknowledgement send the next request
-        as soon as it arrives, but as processes on a busy machine they wake
-        one after another. With 8 such processes a commit then carried 7.7
-        submissions instead of 5.0-6.1, and they were acknowledged at 17.0-18.3
-        instead of 14.5-15.5 k/s (3 alternating pairs). Counting steps did
-        better than a deadline of 50 or 200 us. A lone client, or a burst that
-        is all there already, takes no step more; a step with nothing to read
-        costs ~2 us.
+        One step always; more, up to GATHER_STEPS, while fewer requests wait
+        than the last batch answered: clients that each wait for their
+        acknowledgement send the next request as soon as it arrives, but as
+        processes on a busy machine they wake one after another. A lone
+        client, or a burst that is all there already, takes no step more.
+        docs/launch-path.md has the measurements behind this.
         """
         await asyncio.sleep(0)
         for _ in range(GATHER_STEPS):
@@ -422,7 +417,7 @@ class Engine:
                 else:
                     result = pending.produced
             except Refused as refusal:
-                pending.error = refusal.reason
+                pending.error = refusal
         pending.reply(result, pending.error)
 
     async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
@@ -435,11 +430,10 @@ class Engine:
         try:
             # Every reply waits for this commit, so the loop has little to do
             # meanwhile: while commits are quick they run on it, the hand-off
-            # to a thread and back costing two context switches, more than a
-            # few requests' fdatasync (8 waiting clients: 84 vs 114 us of
-            # daemon CPU a submission, bench/bench_scheduler.py). After a slow
-            # one (a busy or slow disk) they go to the thread, so sockets,
-            # exits and timers are not held for an fdatasync's length.
+            # to a thread and back costing more than a few requests'
+            # fdatasync (docs/launch-path.md). After a slow one (a busy or
+            # slow disk) they go to the thread, so sockets, exits and timers
+            # are not held for an fdatasync's length.
             started = time.monotonic()
             if self._commit_in_thread:
                 last, payload = await asyncio.get_running_loop().run_in_executor(
@@ -454,7 +448,7 @@ class Engine:
             logger.error("append refused: %s", exc)
             for pending in batch:
                 if pending.produced:
-                    pending.error = str(exc)
+                    pending.error = Refused(RefusalKind.UNAVAILABLE, str(exc))
                     pending.produced = []
             self.state = await anyio.to_thread.run_sync(self._load_state)
             # A requester is told and may try again; an observation has no one
@@ -472,7 +466,7 @@ class Engine:
         return True
 
     async def _retry_after_full(self, items: list[Message]) -> None:
-        await anyio.sleep(RETRY_AFTER_FULL_S)
+        await self.clock.sleep(RETRY_AFTER_FULL_S)
         for item in items:
             self._enqueue(Pending(item))
 
@@ -482,18 +476,6 @@ class Engine:
             # from the last seq it saw
             if not deliver(payload):
                 self._subscribers.discard(deliver)
-
-    def _worth_logging(self, sample: GpuObserved, now: float) -> bool:
-        key = (sample.node, sample.gpu)
-        gpu = self.state.gpus.get(key) if self.state is not None else None
-        if gpu is not None and (gpu.lost or gpu.error):
-            self._last_logged_sample.pop(key, None)  # a failed GPU reading well is news: it is back
-        previous = self._last_logged_sample.get(key)
-        prev_ts, prev = previous if previous else (0.0, None)
-        if not significant(prev, sample, last_ts=prev_ts, now=now):
-            return False
-        self._last_logged_sample[key] = (now, sample)
-        return True
 
     async def _snapshot(self) -> None:
         assert self.state is not None
@@ -529,9 +511,7 @@ class Engine:
         """Carry out one effect of the core; every kind of effect is handled here."""
         match effect:
             case Launch():
-                # a requeued or retried job is launched again under a new attempt
-                assert self.state is not None
-                self._tg.start_soon(self._launch, effect, self.state.jobs[effect.job].attempts)
+                self._tg.start_soon(self._launch, effect)
             case Signal():
                 self._tg.start_soon(self.executor.signal, effect.job, effect.grace_s, effect.signum)
             case WakeAt():
@@ -548,9 +528,10 @@ class Engine:
                 if gpu.node == self.config.node and not gpu.lost:
                     self.backend.set_load(gpu.id, gpu.used_milli / 1000, gpu.reserved_mib)
 
-    async def _launch(self, effect: Launch, attempt: int) -> None:
+    async def _launch(self, effect: Launch) -> None:
         try:
-            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids, attempt=attempt)
+            started = await self.executor.launch(effect.job, effect.spec, effect.gpu_ids,
+                                                 attempt=effect.attempt, node=effect.node)
         except AlreadyLaunched:
             return  # its supervisor reports how it goes
         except (LaunchError, OSError) as exc:  # OSError: e.g. out of file descriptors (EMFILE)
@@ -569,8 +550,14 @@ class Engine:
                 self._wake_at = math.inf
                 await self.tell(Tick())
                 continue
-            with anyio.move_on_after(min(delay, 3600.0)):
-                await self._wake_changed.wait()
+            async with anyio.create_task_group() as tg:  # whichever comes first: the time, or an earlier deadline
+                tg.start_soon(self._until_changed, tg.cancel_scope)
+                await self.clock.sleep(min(delay, 3600.0))
+                tg.cancel_scope.cancel()
+
+    async def _until_changed(self, scope: anyio.CancelScope) -> None:
+        await self._wake_changed.wait()
+        scope.cancel()
 
     async def _sampler(self) -> None:
         failures = 0
@@ -587,4 +574,4 @@ class Engine:
                 samples = []
             for sample in samples:
                 await self.tell(sample)
-            await anyio.sleep(self.sample_interval_s)
+            await self.clock.sleep(self.sample_interval_s)

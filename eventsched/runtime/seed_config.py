@@ -9,18 +9,18 @@ name. Relative paths are taken from the config file's folder.
 =========================================  =================================================  ======================================
 seed key                                   eventsched                                         note
 =========================================  =================================================  ======================================
-scheduler.job_timeout_s                    scheduler.default_time_limit_s                     global time limit per job (F9)
+scheduler.job_timeout_s                    scheduler.default_time_limit_s                     global time limit per job
 scheduler.num_gpus                         (ignored)                                          GPUs come from NVML, or --gpus fake:N
 scheduler.max_workers                      (ignored)                                          no worker pool: one event loop places
 scheduler.worker_timeout_s                 (ignored)                                          idem
 scheduler.graceful_shutdown_timeout_s      (ignored)                                          jobs keep running when the daemon stops
-gpu.memory_threshold (0-1)                 scheduler.max_gpu_memory_used_pct (x100)           F10
-gpu.load_threshold (0-1)                   scheduler.max_gpu_utilization_pct (x100)           F10
+gpu.memory_threshold (0-1)                 scheduler.max_gpu_memory_used_pct (x100)
+gpu.load_threshold (0-1)                   scheduler.max_gpu_utilization_pct (x100)
 gpu.monitor_interval_s                     sample_interval_s
 gpu.allocation_precision                   (ignored)                                          shares are exact (thousandths of a GPU)
 gpu.utilization_window_s                   (ignored)                                          history is in the log (``eventsched sql``)
-jobs.queue_size_limit                      scheduler.max_queued                               I9
-jobs.max_concurrent_jobs                   scheduler.max_running                              I9
+jobs.queue_size_limit                      scheduler.max_queued
+jobs.max_concurrent_jobs                   scheduler.max_running
 jobs.max_assignment_attempts               (ignored)                                          a job waits in the queue until it fits
 jobs.assignment_retry_wait_s               (ignored)                                          idem
 files.jobs_file                            jobs_file                                          the daemon follows it (jobs_follower)
@@ -32,8 +32,8 @@ files.monitor_interval_s                   (ignored)                            
 logging.level                              (ignored)                                          ``serve --log-level``
 logging.structured, max_log_size_mb,       (ignored)                                          always JSON lines; rotation is journald's
 backup_count, metrics_enabled
-security.allowed_script_paths              scheduler.allowed_script_paths                     X8
-security.max_memory_per_job_gb             scheduler.max_host_mem_mib (x1024)                 X8; only if enable_resource_limits
+security.allowed_script_paths              scheduler.allowed_script_paths
+security.max_memory_per_job_gb             scheduler.max_host_mem_mib (x1024)                 only if enable_resource_limits
 security.enable_resource_limits            (switch)                                           false: max_memory_per_job_gb is not applied
 =========================================  =================================================  ======================================
 
@@ -164,7 +164,7 @@ def seed_config_to_dict(
     raw: Any, where: str, folder: str, ours: type, scheduler_extra: Iterable[str] = ()
 ) -> dict[str, Any]:
     """The seed's parsed JSON as eventsched's config dict (SeedConfigError: one
-    line). ``ours``: the config struct (``ServeConfig``), whose fields pass
+    line). ``ours``: the config struct (``FileConfig``), whose fields pass
     through, as do [scheduler]'s (``SchedulerConfig``'s and ``scheduler_extra``)."""
     if not isinstance(raw, dict):
         raise SeedConfigError(f"config file {where}: expected a JSON object of sections (scheduler, gpu, jobs, files, ...)")

@@ -1,10 +1,9 @@
-"""Snapshots written by a forked child (issue 16), as Redis's BGSAVE does.
+"""Snapshots written by a forked child, as Redis's BGSAVE does.
 
-Encoding the state stops the loop for as long as it takes: 90 ms at 100,000
-jobs on the 2-core machine (140 ms on a slower core), once per 50,000
-events, long enough to be the longest stall a submitter sees. A fork costs
-5-10 ms there; the child, a copy-on-write image of the state at that
-instant, encodes and writes it while the loop goes on. Its price is memory:
+Encoding a large state stops the loop for as long as it takes, long enough
+to be the longest stall a submitter sees; a fork costs far less, and the
+child, a copy-on-write image of the state at that instant, encodes and
+writes it while the loop goes on. Its price is memory:
 the pages it touches (reference counts) are copied, up to the state's size
 again for the fraction of a second it runs.
 

@@ -1,4 +1,4 @@
-"""Several machines on Ray (issue 12): the daemon's side of a cluster.
+"""Several machines on Ray: the daemon's side of a cluster.
 
 ``serve --ray ADDRESS|auto`` connects the daemon (still the one writer of the
 one log) to a Ray cluster. Every Ray node that offers GPUs (a ``GPU``
@@ -6,8 +6,9 @@ resource, or a ``node:NAME`` custom resource, which also names it) becomes a
 node of ours; on each, a ``NodeAgent`` actor (``ray_node_actor.py``) pinned
 there is its executor and GPU sampler. ``RayExecutor`` is the engine's
 executor: jobs placed on the daemon's own node (CPU-only jobs, by default)
-run here as on one machine; the rest go to their node's agent. Placement
-stays the core's: Ray only carries the launch.
+go to the local executor it is given, as on one machine; the rest go to
+their node's agent. Placement stays the core's: each ``Launch`` names its
+node and attempt, and Ray only carries it.
 
 Faults are facts: a node that appears is ``NodeUp`` (-> ``NodeJoined``), one
 Ray reports dead or gone is ``NodeDown`` (-> ``NodeLeft``, its jobs ``lost``),
@@ -38,7 +39,7 @@ import os
 import socket
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -58,8 +59,9 @@ from eventsched.domain.messages import (
 )
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import ClusterState
-from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 from eventsched.runtime.gpus import GpuSample
+from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
+from eventsched.runtime.ports import Outbox
 
 __all__ = ["RayExecutor", "RayGpus", "RayUnavailable", "connect", "node_name", "namespace_for"]
 
@@ -139,44 +141,38 @@ class _Agent:
         self.ready = anyio.Event()
 
 
-class RayExecutor(Executor):
+class RayExecutor:
     """The engine's executor on a cluster (see the module's docstring)."""
 
     fork_safe = False  # gRPC's threads do not survive a fork: snapshots stay on the loop
 
-    def __init__(
-        self,
-        state_dir: Path,
-        *,
-        node: str,
-        gpus: str,
-        state: Callable[[], ClusterState | None],
-        namespace: str,
-    ) -> None:
-        super().__init__(state_dir, node=node)
-        self.state_dir = Path(state_dir)
+    def __init__(self, local: Executor, *, gpus: str, namespace: str) -> None:
+        self.local = local  # runs the daemon's own node's jobs
+        self.node = local.node
+        self.state_dir = local.jobs_dir.parent
         self.gpus_option = gpus or "nvml"
-        self._state = state
         self.namespace = namespace
         self._agents: dict[str, _Agent] = {}
         self._remote_jobs: dict[int, str] = {}  # job -> node, for jobs launched or adopted remotely
-        self._send_up: Callable[[Message], Awaitable[None]] | None = None
+        self._outbox: Outbox | None = None
+        self._to_recover: tuple[dict[int, tuple[int, int]], dict[int, int]] = ({}, {})
         self._pulling: dict[int, anyio.Lock] = {}  # job -> held while its output is copied
 
-    # --- the engine's interface ----------------------------------------------
+    # --- the engine's interface (ports.Executor) -----------------------------------
 
     def recover(
         self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
     ) -> list[Message]:
-        """Jobs of the daemon's own node are recovered now; a remote node's
-        when its agent answers (``_join``), or are lost with it."""
-        local = {job: value for job, value in running.items() if self._node_of(job) == self.node}
-        return super().recover(local, {j: a for j, a in (attempts or {}).items() if j in local})
+        """Nothing yet: the daemon's own node's jobs are recovered when
+        ``run`` starts, a remote node's when its agent answers (``_join``)."""
+        self._to_recover = (running, attempts or {})
+        return []
 
-    async def launch(self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0) -> ProcessStarted:
-        node = self._node_of(job)
-        if node == self.node:
-            return await super().launch(job, spec, gpu_ids, attempt=attempt)
+    async def launch(
+        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 1, node: str | None = None
+    ) -> ProcessStarted:
+        if node is None or node == self.node:
+            return await self.local.launch(job, spec, gpu_ids, attempt=attempt)
         agent = await self._connected(node)
         self._remote_jobs[job] = node
         with anyio.fail_after(_CALL_TIMEOUT_S):
@@ -201,43 +197,51 @@ class RayExecutor(Executor):
         raise LaunchError(f"node {node} is not connected")
 
     async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
-        node = self._remote_jobs.get(job) or self._node_of(job)
-        agent = self._agents.get(node) if node != self.node else None
+        node = self._remote_jobs.get(job)
+        agent = self._agents.get(node) if node is not None else None
         if agent is None or agent.actor is None:
-            await super().signal(job, grace_s, signum)
+            await self.local.signal(job, grace_s, signum)
             return
         with contextlib.suppress(Exception):  # the node is gone: its loss is reported apart
             await agent.actor.signal.remote(job, grace_s, signum)
 
-    async def run(
-        self,
-        send: Callable[[Message], Awaitable[None]],
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        self._send_up = send
+    def job_processes(self) -> dict[int, int]:
+        return self.local.job_processes()
+
+    def log_path(self, job: int) -> Path:  # a remote job's output is mirrored there
+        return self.local.log_path(job)
+
+    @property
+    def containment(self) -> str:
+        return self.local.containment
+
+    @property
+    def memory_limit(self) -> str:
+        return self.local.memory_limit
+
+    async def run(self, send: Outbox, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._outbox = send
+        running, attempts = self._to_recover
+        state = send.state
+        here = {j: v for j, v in running.items() if state is None or state.jobs[j].node in ("", None, self.node)}
+        for message in self.local.recover(here, {j: a for j, a in attempts.items() if j in here}):
+            await send(message)  # before the local executor runs: a start is told before its exit
         async with anyio.create_task_group() as tg:
-            await tg.start(super().run, send)
+            await tg.start(self.local.run, send)
             tg.start_soon(self._watch_cluster, tg)
             tg.start_soon(self._mirror_loop)
             task_status.started()
 
+    def _state(self) -> ClusterState | None:
+        return self._outbox.state if self._outbox is not None else None
+
     # --- nodes --------------------------------------------------------------------
-
-    def _node_of(self, job: int) -> str:
-        state = self._state()
-        if state is None or job not in state.jobs or not state.jobs[job].node:
-            return self.node
-        return state.jobs[job].node
-
-    def nodes(self) -> dict[str, _Agent]:
-        return dict(self._agents)
 
     async def _watch_cluster(self, tg: anyio.abc.TaskGroup) -> None:
         import ray
 
-        assert self._send_up is not None
-        send = self._send_up
+        assert self._outbox is not None
+        send = self._outbox
         lost = False
         first = True
         while True:
@@ -314,12 +318,12 @@ class RayExecutor(Executor):
 
     async def _join(self, agent: _Agent, restarted: bool) -> None:
         """Tell the core the node is up, then re-adopt its jobs."""
-        assert self._send_up is not None
+        assert self._outbox is not None
         hello = await self._hello(agent)
         if hello["boot"] != agent.boot:  # else a passing failure: the same actor, nothing to tell
             agent.boot = hello["boot"]
             gpus: list[GpuInfo] = hello["gpus"]
-            await self._send_up(NodeUp(node=agent.name, gpus=gpus, ray_node=agent.ray_node,
+            await self._outbox(NodeUp(node=agent.name, gpus=gpus, ray_node=agent.ray_node,
                                        gpu_backend=hello["gpu_backend"], restarted=restarted))
         running, attempts = self._running_on(agent.name)
         await self._kill_strays(agent, attempts)
@@ -334,7 +338,7 @@ class RayExecutor(Executor):
                                          log_path=str(self.log_path(msg.job)))
                 elif isinstance(msg, (ProcessExited, ProcessLost)):
                     await self._pull_output(agent, msg.job)
-                await self._send_up(msg)
+                await self._outbox(msg)
         agent.ready.set()
 
     async def _kill_strays(self, agent: _Agent, current: dict[int, int]) -> None:
@@ -342,7 +346,7 @@ class RayExecutor(Executor):
         one there (``current``: job -> attempt, as the log has them) is killed
         and recorded (``StrayAttemptKilled``): the node was declared gone, its
         jobs lost and requeued, so such an attempt would run a job twice."""
-        assert self._send_up is not None
+        assert self._outbox is not None
         with anyio.fail_after(_CALL_TIMEOUT_S):
             live: list[tuple[int, int, int]] = await agent.actor.live_attempts.remote()
         for job, attempt, pid in live:
@@ -364,13 +368,13 @@ class RayExecutor(Executor):
             with anyio.fail_after(_CALL_TIMEOUT_S):
                 killed: int = await agent.actor.kill_attempt.remote(job, attempt, _STRAY_GRACE_S)
             _log.warning("node %s: killed stray attempt %d of job %d (pid %d): %s", agent.name, attempt, job, pid, why)
-            await self._send_up(StrayKilled(node=agent.name, job=job, attempt=attempt, pid=killed or pid,
+            await self._outbox(StrayKilled(node=agent.name, job=job, attempt=attempt, pid=killed or pid,
                                             reason=why))
 
     async def _run_agent(self, agent: _Agent) -> None:
         from ray.exceptions import RayError
 
-        assert self._send_up is not None
+        assert self._outbox is not None
         with agent.scope:
             restarted = False
             while True:
@@ -399,7 +403,7 @@ class RayExecutor(Executor):
                     if isinstance(msg, (ProcessExited, ProcessLost)):
                         await self._pull_output(agent, job)
                         self._remote_jobs.pop(job, None)
-                    await self._send_up(msg)
+                    await self._outbox(msg)
 
     def _current(self, node: str, job: int, attempt: int) -> bool:
         state = self._state()
@@ -411,7 +415,7 @@ class RayExecutor(Executor):
     # --- output -------------------------------------------------------------------
 
     def _offset_file(self, job: int, node: str) -> Path:
-        return self.jobs_dir / str(job) / f".mirror-{node}"
+        return self.local.jobs_dir / str(job) / f".mirror-{node}"
 
     async def _pull_output(self, agent: _Agent, job: int) -> None:
         """Copy what the job wrote on its node since the last copy (one copy
@@ -485,7 +489,7 @@ class RayGpus:
     """The engine's GPU backend on a cluster: the daemon's own node has none
     of ours (a GPU machine joins as a Ray node); samples come from the agents."""
 
-    def __init__(self, executor: RayExecutor | None, node: str, address: str) -> None:
+    def __init__(self, executor: RayExecutor, node: str, address: str) -> None:
         self.executor = executor
         self.node = node
         self.name = f"ray:{address}"
@@ -494,7 +498,7 @@ class RayGpus:
         return []
 
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
-        return self.executor.sample_all() if self.executor is not None else []
+        return self.executor.sample_all()
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
         pass

@@ -1,4 +1,4 @@
-"""The executor of one node of a Ray cluster (issue 12), run there as an actor.
+"""The executor of one node of a Ray cluster, run there as an actor.
 
 ``ray_cluster.py`` starts one ``NodeAgent`` per node that offers GPUs, pinned
 to it (``NodeAffinitySchedulingStrategy(soft=False)``), detached and named, so

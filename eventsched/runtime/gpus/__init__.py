@@ -9,7 +9,7 @@ take milliseconds): the engine runs them in a worker thread.
 ``significant`` is the pure rule that keeps the log lean: a sample is appended
 only when it changed meaningfully, or when the last one logged is a minute old.
 
-Per-process memory (issue 17): NVML lists the compute (and graphics)
+Per-process memory: NVML lists the compute (and graphics)
 processes on each GPU with the memory each holds; ``attribute`` maps them to
 our jobs through the executor's ``{pid: job}`` (each job's cgroup, else its
 session: the job and every descendant) and names the rest (pid, uid, user).
@@ -33,11 +33,14 @@ import importlib.util
 import os
 import pwd
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from eventsched.domain.events import GpuProcess
 from eventsched.domain.messages import GpuFailed, GpuInfo, GpuObserved
 from eventsched.domain.units import DEFAULT_FAKE_MEM_MIB, UnitError, parse_fake_gpus
+
+if TYPE_CHECKING:
+    from eventsched.projections.cluster import ClusterState
 
 __all__ = [
     "GpuBackend",
@@ -47,6 +50,7 @@ __all__ = [
     "FakeBackend",
     "parse_gpus_option",
     "significant",
+    "SampleFilter",
     "attribute",
     "FAKE_MEM_VAR",
     "FAKE_UTIL_VAR",
@@ -85,7 +89,7 @@ class GpuBackend(Protocol):
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
         """One observation per GPU. ``job_pids``: the scheduler's jobs and
         their descendants (a ``{pid: job}`` mapping attributes their memory
-        to each job); GPU memory of any other process is foreign (F2)."""
+        to each job); GPU memory of any other process is foreign."""
         ...
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
@@ -388,7 +392,7 @@ class FakeBackend:
         self._reserved[gpu] = max(reserved_mib, 0)
 
     def set_foreign(self, gpu: int, mib: int) -> None:
-        """Memory held by a process outside the scheduler (F2)."""
+        """Memory held by a process outside the scheduler."""
         self._check(gpu)
         self._foreign[gpu] = max(mib, 0)
 
@@ -499,8 +503,28 @@ def significant(
     )
 
 
+class SampleFilter:
+    """Which samples the engine logs: each GPU's is compared (``significant``)
+    with the last one logged of it; the first good reading of a GPU the
+    state has failed is always news, even when it equals that last one."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
+
+    def keep(self, sample: GpuObserved, now: float, state: ClusterState | None) -> bool:
+        key = (sample.node, sample.gpu)
+        gpu = state.gpus.get(key) if state is not None else None
+        if gpu is not None and (gpu.lost or gpu.error):
+            self._last.pop(key, None)
+        prev_ts, prev = self._last.get(key, (0.0, None))
+        if not significant(prev, sample, last_ts=prev_ts, now=now):
+            return False
+        self._last[key] = (now, sample)
+        return True
+
+
 def _jobs_moved(prev: dict[int, int], new: dict[int, int], step: float) -> bool:
-    """A job came onto the GPU or left it, or its memory moved by ``step`` (issue 17)."""
+    """A job came onto the GPU or left it, or its memory moved by ``step``."""
     if prev.keys() != new.keys():
         return True
     return any(abs(new[j] - prev[j]) >= step for j in new)

@@ -1,0 +1,105 @@
+"""What the engine needs from the world outside the log: an executor that
+starts and stops job processes, and a clock. The engine is handed both, so a
+cluster executor or a test's fake clock plugs in without the engine knowing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+import anyio
+import anyio.abc
+
+from eventsched.domain.events import JobSpec
+from eventsched.domain.messages import Message, ProcessStarted
+from eventsched.projections.cluster import ClusterState
+
+
+class Outbox(Protocol):
+    """What the engine hands its executor's ``run``: awaiting it sends an
+    observation to the inbox; ``state`` is the engine's projection (None
+    before start-up), for an executor that must know which attempt of a job
+    is current (a cluster's node coming back)."""
+
+    async def __call__(self, message: Message, /) -> None: ...
+
+    @property
+    def state(self) -> ClusterState | None: ...
+
+
+class Executor(Protocol):
+    """Starts, stops and watches job processes for the engine.
+
+    ``launch`` returns once the job has exec'd, or raises ``LaunchError``
+    (``AlreadyLaunched`` for a duplicate of an attempt already started);
+    ``signal`` returns at once; what happens to a process later (its exit, its
+    loss) comes back through the outbox given to ``run``."""
+
+    fork_safe: bool  # the engine may fork a snapshot writer beside it
+
+    async def launch(
+        self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = ..., node: str | None = ...
+    ) -> ProcessStarted: ...
+
+    async def signal(self, job: int, grace_s: float, signum: int = ...) -> None: ...
+
+    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = ...) -> list[Message]:
+        """At start-up, for ``{job: (pid, start_time)}`` the log has running:
+        the messages that say how each is now (started, exited, lost)."""
+        ...
+
+    async def run(self, send: Outbox, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None: ...
+
+    def job_processes(self) -> dict[int, int]:
+        """``{pid: job}`` of every process of a running job (GPU memory per job)."""
+        ...
+
+    def log_path(self, job: int) -> Path:
+        """Where the job's output is (``logs`` reads it)."""
+        ...
+
+    @property
+    def containment(self) -> str:
+        """How a job's processes are held together: ``cgroup2:<dir>`` or ``process-group``."""
+        ...
+
+    @property
+    def memory_limit(self) -> str:
+        """How host memory limits are enforced: ``cgroup2``, ``cgroup1`` or ``rlimit-as``."""
+        ...
+
+
+class Clock(Protocol):
+    """The engine's time: ``clock()`` reads it, ``sleep`` waits on it."""
+
+    def __call__(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    def not_before(self, floor: float) -> None:
+        """Read no earlier than ``floor`` from now on (the log's last time)."""
+        ...
+
+
+class SteadyClock:
+    """The daemon's time: the wall clock read at start-up, then moved on by
+    the monotonic clock. A step of the wall clock during a run (an admin,
+    NTP, a restored VM) then neither fires time limits early nor holds them
+    back, charges no phantom hours of GPU use, and never stamps an event
+    earlier than the one before it; a restart reads the wall clock again."""
+
+    def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._origin = wall() - monotonic()
+
+    def __call__(self) -> float:
+        return self._origin + self._monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(seconds)
+
+    def not_before(self, floor: float) -> None:
+        behind = floor - self()
+        if behind > 0:  # the wall clock went back across a restart
+            self._origin += behind
