@@ -387,9 +387,8 @@ def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
     return 0
 
 
-def follow_output(
-    c: Client, job: int, *, follow: bool = True, detach_message: bool = False, exit_status: bool = False
-) -> int:
+def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: bool = False,
+                  exit_status: bool = False) -> int:
     """Print a job's output file; with ``follow``, until the job ends. With
     ``exit_status``, return the job's exit code (128+N if signal N killed it)."""
     import time
@@ -399,10 +398,7 @@ def follow_output(
     from eventsched.wire.client import read_new_output
 
     info = c.request(protocol.JobLogPath(job=job))
-    path = info["path"]
-    position = 0
-    state = info["state"]
-    next_check = 0.0
+    path, state, position, next_check = info["path"], info["state"], 0, 0.0
     try:
         while True:
             try:

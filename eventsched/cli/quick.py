@@ -1,22 +1,14 @@
 """The fast path of ``eventsched submit`` (and ``health``, ``--version``).
 
 A sweep queued from a shell loop is one short process per job, so a
-``submit`` should cost little more than the interpreter's own start-up.
-argparse (with the ``re``, ``gettext`` and ``locale`` it imports), msgspec
-(``typing``, ``uuid``, ``decimal``, ``datetime``) and ``socket.py`` each cost
-more than everything else such a call does; this path needs none of them:
-
-- ``parse`` reads the plain spellings (``--opt VALUE``, ``--opt=VALUE``,
-  flags) of the options in ``commands.COMMANDS``, the table argparse is built
-  from, with the same ``type``, ``choices``, ``dest`` and defaults;
-- the job is built by the same ``spec_fields`` as the full path, and sent by
-  ``wire.lean`` (msgpack by hand over ``_socket``).
-
-Anything this path does not read exactly as argparse would (``--help``, an
-abbreviated or unknown option, a value that starts with ``-``, a bad value,
-``--interactive``, ``--llm`` sizing, a user's mistake that needs its message)
-returns None *before anything is sent*, and the full parser takes over: its
-behaviour and messages are the contract, this is only a shortcut.
+``submit`` should cost little more than the interpreter's start-up; argparse,
+msgspec and ``socket.py`` each cost more than the rest of such a call. So
+``parse`` reads the plain spellings of the options in ``commands.COMMANDS``
+(the table argparse is built from), the job is built by the full path's
+``spec_fields`` and sent by ``wire.lean``. Anything not read exactly as
+argparse would (``--help``, an abbreviation, a value starting with ``-``, a
+bad value, ``--interactive``, ``--llm``) returns None *before anything is
+sent*, and the full parser takes over: its messages are the contract.
 """
 
 from __future__ import annotations
@@ -51,8 +43,7 @@ class Args:
 
 def parse(command: str, argv: list[str]) -> Args | None:
     """``argv`` (the options after ``command``, before ``--``) as argparse
-    would read them, or None where this cannot be sure it reads them the
-    same (argparse then reads them, and says why)."""
+    would read them, or None where this cannot be sure it reads them the same."""
     lookup: dict[str, tuple[str, dict[str, Any]]] = {}
     values: dict[str, Any] = {"command": command}
     for flags, options in COMMANDS[command][1]:
@@ -103,8 +94,7 @@ def parse(command: str, argv: list[str]) -> Args | None:
 
 def plan(argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]) -> Callable[[], int] | None:
     """The fast path's command for ``argv``, ready to run (nothing is sent
-    yet), or None: then the full parser and handlers run. ``build`` is
-    ``cli.spec_fields``: a job's fields from its options and command."""
+    yet), or None for the full path. ``build`` is ``cli.spec_fields``."""
     if os.environ.get("EVENTSCHED_NO_QUICK"):  # the full path for everything (tests compare the two)
         return None
     remote = bool(os.environ.get("EVENTSCHED_URL"))  # over HTTP (wire/http_client.py), never the socket
@@ -123,9 +113,8 @@ def plan(argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]) ->
 def submit_message(
     argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]
 ) -> tuple[Args, dict[str, Any]] | None:
-    """``eventsched submit ... -- COMMAND``'s options, and its request as
-    ``wire.lean`` sends it (``protocol.SubmitJob`` as a dict, its spec made
-    by ``build``), or None where the full path must read ``argv``."""
+    """``submit ... -- COMMAND``'s options and its ``SubmitJob`` as a dict for
+    ``wire.lean``, or None where the full path must read ``argv``."""
     if argv[:1] != ["submit"] or "--" not in argv:
         return None  # not a submit, or no command: argparse's message
     cut = argv.index("--")

@@ -113,7 +113,7 @@ def run_replay(args: argparse.Namespace) -> int:
     if RECORDED in policies and workload.kind != "log":
         return _fail(f"policy {RECORDED!r} needs a recorded log as the source")
     settings: dict[str, Any] = {}
-    tenants = None
+    tenants: dict[str, Any] | None = None
     if args.config:
         try:
             settings, tenants = what_if(args.config)
@@ -129,18 +129,13 @@ def run_replay(args: argparse.Namespace) -> int:
                 return _fail(f"{target} already holds a log; choose another --out")
     else:
         out = Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
-    results = []
     try:
-        for p in policies:
-            results.append(simulate(workload, p, out / p, settings=settings, tenants=tenants))
+        results = [simulate(workload, p, out / p, settings=settings, tenants=tenants) for p in policies]
     except ReplayError as e:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"cannot write the replay logs under {out}: {e.strerror or e}")
-    baseline = None
-    if workload.kind == "log":
-        baseline = ("as recorded", workload.name)
-    table = compare(results, baseline=baseline)
+    table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
     table["out"] = str(out)
     if args.json:
         print_json(table)

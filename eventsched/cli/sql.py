@@ -1,15 +1,9 @@
 """``eventsched sql``'s output: a result as an aligned table, CSV, JSON or Parquet.
 
-The query itself (read-only statements, the hardened connection) is
-``projections.sql``; a user who cannot read the log is answered by the daemon
-(``needs_daemon``) with the same rules.
-
-Parquet is written here, by the client process, as the user who asked, from
-the rows and column types the query returned (in this process, or from the
-daemon's sandbox over the socket). The daemon never writes a file a user names:
-a root daemon writing to a user-chosen path would be a way to overwrite any
-file. The file is written beside its final name and renamed into place, so a
-reader never sees half of it.
+The query itself is ``projections.sql``'s (or the daemon's, for a user who
+cannot read the log: ``needs_daemon``). Every file is written here, by the
+client process, as the user who asked: a root daemon writing to a path a user
+names could overwrite any file.
 """
 
 from __future__ import annotations
@@ -21,20 +15,14 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 from typing import IO, Any, Callable, TextIO
 
 from eventsched.domain.rlimits import current_umask
 from eventsched.domain.text import table
-from eventsched.projections.sql import (
-    EXIT_BAD_QUERY,
-    EXIT_ERROR,
-    EXIT_OK,
-    SqlError,
-    _plain,
-    query_typed,
-)
+from eventsched.projections.sql import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, _plain, query_typed
 
 __all__ = ["FORMATS", "ask_daemon", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
 
@@ -127,7 +115,7 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None, path: str) -> None:
+def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str], path: str) -> None:
     """Write the rows to ``path`` as Parquet through a private in-memory DuckDB,
     each column cast back to its DuckDB type where that is known (DuckDB's
     writer keeps INTERVAL, HUGEINT, UUID and nested types that Arrow's cannot)."""
@@ -137,12 +125,11 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
     names = [f"c{i}" for i in range(len(columns))]  # result columns may repeat a name
     arrays = [_arrow_column([_plain(row[i]) for row in rows]) for i in range(len(columns))]
     raw = pa.Table.from_arrays(arrays, names=names)
-    known = types if types and len(types) == len(columns) else [""] * len(columns)
     con = duckdb.connect()  # this process's own SQL, over the rows it holds
     try:
         con.register("result", raw)
         exprs = []
-        for name, column, kind in zip(names, columns, known):
+        for name, column, kind in zip(names, columns, types):
             expr = _quoted(name)
             if kind and _SCALAR.fullmatch(kind) and not kind.startswith("INTERVAL["):
                 candidate = _cast(expr, kind)
@@ -159,41 +146,42 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
         con.close()
 
 
-def write_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None,
-                  target: str | os.PathLike[str] | IO[bytes]) -> None:
-    """Write a result as one Parquet file (zstd): to a path, atomically, or to a binary stream.
-
-    NaN and infinities become NULL, as in the JSON output (the daemon's rows
-    cross the socket as plain values).
-    """
-    if not columns:
-        raise OSError("the statement returned no columns")
-    streaming = not isinstance(target, (str, os.PathLike))
-    folder = None if streaming else os.path.dirname(os.path.abspath(os.fspath(target)))  # type: ignore[arg-type]
-    base = "result.parquet" if streaming else os.path.basename(os.fspath(target))  # type: ignore[arg-type]
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+def _replace(path: str, write: Callable[[str], None]) -> None:
+    """``write`` a temporary file beside ``path``, then rename it into place: a
+    reader never sees half of it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
     os.close(fd)
     try:
-        _copy_parquet(columns, rows, types, tmp)
-        if streaming:
-            with open(tmp, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    target.write(chunk)  # type: ignore[union-attr]
-            target.flush()  # type: ignore[union-attr]
-            os.unlink(tmp)
-        else:
-            os.chmod(tmp, 0o666 & ~current_umask())
-            os.replace(tmp, os.fspath(target))  # type: ignore[arg-type]
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
 
 
+def write_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str],
+                  target: str | os.PathLike[str] | IO[bytes]) -> None:
+    """Write a result as one Parquet file (zstd): to a path, atomically, or to a binary stream.
+    NaN and infinities become NULL, as in the JSON output."""
+    if not columns:
+        raise OSError("the statement returned no columns")
+    if isinstance(target, (str, os.PathLike)):
+        return _replace(os.fspath(target), lambda tmp: _copy_parquet(columns, rows, types, tmp))
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = os.path.join(folder, "result.parquet")
+        _copy_parquet(columns, rows, types, tmp)
+        with open(tmp, "rb") as f:
+            shutil.copyfileobj(f, target)
+    target.flush()
+
+
 # --- the command -------------------------------------------------------------------
 
 
-def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | None, fmt: str,
+def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str], fmt: str,
           output: str | None, out: TextIO) -> None:
     if fmt == "parquet":
         if output in (None, "-"):
@@ -201,21 +189,14 @@ def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str] | No
             write_parquet(columns, rows, types, out.buffer if hasattr(out, "buffer") else sys.stdout.buffer)
         else:
             write_parquet(columns, rows, types, output)
-        return
-    if output in (None, "-"):
+    elif output in (None, "-"):
         print_result(columns, rows, fmt, out)
-        return
-    folder = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            print_result(columns, rows, fmt, f)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    else:
+        def text(tmp: str) -> None:
+            with open(tmp, "w", encoding="utf-8", newline="") as f:
+                print_result(columns, rows, fmt, f)
+
+        _replace(output, text)
 
 
 def ask_daemon(socket_path: str, sql: str, timeout_s: float) -> dict[str, Any]:
@@ -258,11 +239,9 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
             print(f"eventsched sql: cannot write {output}: no directory {folder}", file=err)
             return EXIT_BAD_QUERY
     try:
-        types: list[str] | None
         if via_daemon is not None:
             result = via_daemon(sql)
-            columns, rows = result["columns"], [tuple(row) for row in result["rows"]]
-            types = result.get("types")  # a daemon from before types were sent: Arrow infers them
+            columns, rows, types = result["columns"], [tuple(row) for row in result["rows"]], result["types"]
         else:
             columns, rows, types = query_typed(state_dir, sql)
     except SqlError as e:

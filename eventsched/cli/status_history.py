@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 __all__ = ["HOLD_S", "SPARK", "fetch_history", "history_query", "parse_window", "render_history",
-           "series_from_rows", "span_text", "sparkline", "StatusHistory"]
+           "series_from_rows", "span_text", "sparkline", "StatusHistory", "query_for", "via_socket"]
 
 SPARK = "▁▂▃▄▅▆▇█"
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -117,15 +117,13 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
         for i in range(buckets):
             seen = g["by_bucket"].get(i)
             if seen is not None:
-                util.append(seen[0])
-                mem.append(seen[1])
-                held = (seen[2], seen[3], seen[4])
-            elif held is not None and start + i * bucket_s - held[0] <= HOLD_S:
-                util.append(held[1])
-                mem.append(held[2])
+                held = seen[2:]
+                reading = seen[:2]
             else:
-                util.append(None)
-                mem.append(None)
+                fresh = held is not None and start + i * bucket_s - held[0] <= HOLD_S
+                reading = held[1:] if fresh else (None, None)
+            util.append(reading[0])
+            mem.append(reading[1])
         known_util = [u for u in util if u is not None]
         known_mem = [m for m in mem if m is not None]
         out.append({
@@ -224,21 +222,25 @@ def render_history(h: dict[str, Any]) -> str:
 # --- where the rows come from ----------------------------------------------------
 
 
-def query_for(state_dir: str | os.PathLike[str], socket: str | None, timeout_s: float = 60.0) -> Query:
+def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
     """Run SQL here when this user can read the log, else ask the daemon (as ``eventsched sql`` does)."""
+    from eventsched.domain.paths import socket_location
     from eventsched.projections.sql import needs_daemon, query
 
     if not needs_daemon(state_dir):
         return lambda sql: query(state_dir, sql)
+    return via_socket(socket or socket_location(state_dir))
 
-    def via_daemon(sql: str) -> tuple[list[str], list[Any]]:
+
+def via_socket(socket_path: str | os.PathLike[str], timeout_s: float = 60.0) -> Query:
+    """SQL answered by the daemon at ``socket_path``, as this user."""
+    def run(sql: str) -> tuple[list[str], list[Any]]:
         from eventsched.cli.sql import ask_daemon
-        from eventsched.domain.paths import socket_location
 
-        result = ask_daemon(socket or socket_location(state_dir), sql, timeout_s)
+        result = ask_daemon(os.fspath(socket_path), sql, timeout_s)
         return list(result["columns"]), [tuple(row) for row in result["rows"]]
 
-    return via_daemon
+    return run
 
 
 class StatusHistory:
@@ -252,9 +254,7 @@ class StatusHistory:
         self._read_at = -math.inf
 
     def data(self) -> dict[str, Any]:
-        from eventsched.domain.units import (
-            UnitError,  # printed by the CLI as one line (not cli.UserError: no cycle)
-        )
+        from eventsched.domain.units import UnitError  # printed by the CLI as one line
         from eventsched.projections.sql import SqlError
 
         if self._data is None or time.monotonic() - self._read_at >= REFRESH_S:

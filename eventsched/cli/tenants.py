@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from eventsched.domain.paths import socket_location
+from eventsched.cli import socket_client as _client
 from eventsched.domain.text import print_json, table
 from eventsched.domain.units import UnitError
 
-if TYPE_CHECKING:
-    from eventsched.wire.client import Client
-
 __all__ = ["cmd_tenants", "cmd_tenant"]
-
-
-def _client(args: argparse.Namespace) -> Client:
-    from eventsched.wire.client import Client
-
-    return Client(args.socket or socket_location(args.state_dir))
 
 
 def cmd_tenants(args: argparse.Namespace) -> int:

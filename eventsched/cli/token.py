@@ -12,8 +12,8 @@ import pwd
 import sys
 import time
 
+from eventsched.cli import socket_client
 from eventsched.cli.errors import UserError
-from eventsched.domain.paths import socket_location
 from eventsched.domain.text import print_json, table
 
 __all__ = ["run"]
@@ -30,9 +30,8 @@ def _uid_of(name: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from eventsched.wire import protocol
-    from eventsched.wire.client import Client
 
-    with Client(args.socket or socket_location(args.state_dir)) as c:
+    with socket_client(args) as c:
         if args.token_command == "create":
             for_uid = _uid_of(args.user) if args.user else -1
             made = c.request(protocol.CreateToken(name=args.name, for_uid=for_uid))

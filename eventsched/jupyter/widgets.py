@@ -11,6 +11,7 @@ cell runs blocking code.
 
 from __future__ import annotations
 
+import functools
 import html
 import threading
 import time
@@ -19,24 +20,18 @@ from typing import Any, Callable
 
 from eventsched.domain import events as ev
 from eventsched.domain.states import ACTIVE, FINAL, TRANSITIONS, WAITING, IllegalTransition, JobState, move
+from eventsched.domain.text import table
+from eventsched.domain.units import format_duration as human_duration
 
 __all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text",
-           "render_history_html", "history_via_socket"]
+           "render_history_html"]
 
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
 TAIL_LINES = 20
 THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
 
-STATE_COLOURS = {
-    "running": "#2e7d32",
-    "queued": "#1565c0",
-    "held": "#6a1b9a",
-    "succeeded": "#555",
-    "failed": "#c62828",
-    "cancelled": "#8d6e63",
-    "preempted": "#ef6c00",
-    "lost": "#c62828",
-}
+STATE_COLOURS = {"running": "#2e7d32", "queued": "#1565c0", "held": "#6a1b9a", "succeeded": "#555",
+                 "failed": "#c62828", "cancelled": "#8d6e63", "preempted": "#ef6c00", "lost": "#c62828"}
 
 
 # --- the pure fold ----------------------------------------------------------
@@ -142,38 +137,9 @@ def _gpu(model: PanelModel, node: str, gpu: int) -> dict[str, Any]:
     )
 
 
-def _on_daemon_started(m: PanelModel, e: ev.DaemonStarted) -> None:
-    m.policy = e.policy
-
-
-def _on_gpu_discovered(m: PanelModel, e: ev.GpuDiscovered) -> None:
-    g = _gpu(m, e.node, e.gpu)
-    g.update(memory_total_mib=e.memory_total_mib, model=e.model, lost=False)
-
-
-def _on_gpu_sampled(m: PanelModel, e: ev.GpuSampled) -> None:
-    g = _gpu(m, e.node, e.gpu)
-    g.update(utilization=e.utilization, memory_used_mib=e.memory_used_mib,
-             memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c,
-             foreign_processes=[{"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib}
-                                for p in e.foreign_processes])
-
-
 def _on_gpu_errored(m: PanelModel, e: ev.GpuErrored) -> None:
     if (e.node, e.gpu) in m.gpus and e.lost:
         m.gpus[(e.node, e.gpu)]["lost"] = True
-
-
-def _on_gpu_paused(m: PanelModel, e: ev.GpuPaused) -> None:
-    _gpu(m, e.node, e.gpu)["paused"] = True
-
-
-def _on_gpu_resumed(m: PanelModel, e: ev.GpuResumed) -> None:
-    _gpu(m, e.node, e.gpu)["paused"] = False
-
-
-def _on_policy_changed(m: PanelModel, e: ev.PolicyChanged) -> None:
-    m.policy = e.policy
 
 
 def _on_job_submitted(m: PanelModel, e: ev.JobSubmitted) -> None:
@@ -222,13 +188,17 @@ def _on_job_event(m: PanelModel, e: Any) -> None:
 
 
 _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
-    ev.DaemonStarted: _on_daemon_started,
-    ev.GpuDiscovered: _on_gpu_discovered,
-    ev.GpuSampled: _on_gpu_sampled,
+    ev.DaemonStarted: lambda m, e: setattr(m, "policy", e.policy),
+    ev.PolicyChanged: lambda m, e: setattr(m, "policy", e.policy),
+    ev.GpuDiscovered: lambda m, e: _gpu(m, e.node, e.gpu).update(
+        memory_total_mib=e.memory_total_mib, model=e.model, lost=False),
+    ev.GpuSampled: lambda m, e: _gpu(m, e.node, e.gpu).update(
+        utilization=e.utilization, memory_used_mib=e.memory_used_mib, memory_total_mib=e.memory_total_mib,
+        temperature_c=e.temperature_c, foreign_processes=[
+            {"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib} for p in e.foreign_processes]),
     ev.GpuErrored: _on_gpu_errored,
-    ev.GpuPaused: _on_gpu_paused,
-    ev.GpuResumed: _on_gpu_resumed,
-    ev.PolicyChanged: _on_policy_changed,
+    ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True),
+    ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False),
     ev.JobSubmitted: _on_job_submitted,
     **{event_type: _on_job_event for _, event_type in TRANSITIONS},
 }
@@ -242,8 +212,6 @@ def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
 
 
 def _elapsed(job: dict[str, Any], now: float) -> str:
-    from eventsched.cli import human_duration
-
     if job["state"] in WAITING:
         start, end = job.get("submitted_at"), now
     else:
@@ -269,8 +237,6 @@ JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT", "NOTE"]
 
 def job_note(job: dict[str, Any], now: float) -> str:
     """For a running job: over its GPU memory request, idle for how long."""
-    from eventsched.cli import human_duration
-
     if job.get("state") != "running":
         return ""
     notes = []
@@ -309,11 +275,7 @@ def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jo
 
 
 def render_jobs_text(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
-    from eventsched.cli import table
-
-    if not jobs:
-        return empty
-    return table(JOB_COLUMNS, [_job_cells(j, now) for j in jobs])
+    return table(JOB_COLUMNS, [_job_cells(j, now) for j in jobs]) if jobs else empty
 
 
 def render_text(model: PanelModel, now: float) -> str:
@@ -422,19 +384,6 @@ def render_history_html(h: dict[str, Any]) -> str:
             f"<span style='color:{UTIL_COLOUR}'>utilisation</span> and "
             f"<span style='color:{MEM_COLOUR}'>memory</span> per GPU</p><table>{''.join(rows)}</table>"
             f"<p style='margin:4px 0'><b>GPU-hours today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
-
-
-def history_via_socket(socket_path: str | Path) -> Callable[[str], tuple[list[str], list[Any]]]:
-    """SQL answered by the panel's daemon (as this user), like ``eventsched sql`` for a root daemon's users."""
-    def run(sql: str) -> tuple[list[str], list[Any]]:
-        from eventsched.wire import protocol
-        from eventsched.wire.client import Client
-
-        with Client(socket_path, timeout=60.0) as c:
-            result = c.request(protocol.RunSql(query=sql))
-        return list(result["columns"]), [tuple(row) for row in result["rows"]]
-
-    return run
 
 
 # --- the background thread ------------------------------------------------
@@ -582,7 +531,8 @@ def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def _make_panel_class() -> type:
+@functools.cache
+def _panel_class() -> type:
     import ipywidgets as w
 
     class StatusPanel(w.VBox):
@@ -673,10 +623,10 @@ def _make_panel_class() -> type:
             threading.Thread(target=self._refresh_history, name="eventsched-panel-history", daemon=True).start()
 
         def _refresh_history(self) -> None:
-            from eventsched.cli.status_history import fetch_history
+            from eventsched.cli.status_history import fetch_history, via_socket
 
             try:
-                data = fetch_history(history_via_socket(self.socket_path), HISTORY_WINDOW_S)
+                data = fetch_history(via_socket(self.socket_path), HISTORY_WINDOW_S)
                 self.history_html.value = render_history_html(data)
             except Exception as exc:  # shown in the panel, never raised into a cell
                 self.history_html.value = f"<p class='es-empty'><i>history: {html.escape(str(exc))}</i></p>"
@@ -719,13 +669,7 @@ def _make_panel_class() -> type:
     return StatusPanel
 
 
-_panel_class: type | None = None
-
-
 def StatusPanel(socket_path: str | Path, status: dict[str, Any]) -> Any:  # noqa: N802 - a class, built lazily
     """Create the panel for the GPUs in ``status`` (a ``Client.status()``);
     ipywidgets is imported only when one is made."""
-    global _panel_class
-    if _panel_class is None:
-        _panel_class = _make_panel_class()
-    return _panel_class(socket_path, status)
+    return _panel_class()(socket_path, status)

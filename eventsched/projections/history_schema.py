@@ -8,17 +8,13 @@ whenever any of it changes: the read model is then rebuilt from the log.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from eventsched.domain.states import DONE_FOR_GOOD, FINAL, STOP_OUTCOMES, TRANSITIONS, WAITING, JobState
 
-# 2: user-supplied numbers (retries) are BIGINT, so no value an old log holds breaks folding
-# 4: tenants (tenant_configs, tenant_quotas, tenant_usage, preemptions)
-# 5: start forecasts (forecasts, forecast_errors)
-# 6: GPU memory and idle findings in job_events; idle_spans, idle_gpu_hours, gpu_memory_overruns
-# 7: a cluster's node events in daemon_events; node_events, gpu_hours_by_node
-# 8: job states generated from the transition table (illegal moves ignored, every exit rule)
-SCHEMA_VERSION = 8
+# 9: start forecasts' 80 % ranges (forecasts.p10, p90; forecast_errors.covered, width_s)
+SCHEMA_VERSION = 9
 
 
 def _sql_set(items: Iterable[str]) -> str:
@@ -78,7 +74,7 @@ CREATE TABLE IF NOT EXISTS tenant_configs (
     seq BIGINT, ts DOUBLE, tenant VARCHAR, users VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, jobs BIGINT,
     weight DOUBLE, preemptible BOOLEAN, "by" VARCHAR);
 CREATE TABLE IF NOT EXISTS forecasts (
-    seq BIGINT, ts DOUBLE, job BIGINT, estimated_start DOUBLE, "by" VARCHAR);
+    seq BIGINT, ts DOUBLE, job BIGINT, estimated_start DOUBLE, "by" VARCHAR, p10 DOUBLE, p90 DOUBLE);
 CREATE TABLE IF NOT EXISTS jobs (
     id BIGINT, name VARCHAR, "user" VARCHAR, uid BIGINT, tenant VARCHAR, command VARCHAR,
     gpus DOUBLE, gpu_mem_mib BIGINT, priority BIGINT, state VARCHAR,
@@ -177,7 +173,8 @@ CREATE OR REPLACE VIEW forecast_errors AS
 SELECT f.job, f.ts AS made_at, f.estimated_start, j.first_started_at AS started_at,
        j.first_started_at - f.estimated_start AS error_s,
        abs(j.first_started_at - f.estimated_start) AS abs_error_s,
-       f.estimated_start - f.ts AS forecast_wait_s, j.first_started_at - f.ts AS actual_wait_s
+       f.estimated_start - f.ts AS forecast_wait_s, j.first_started_at - f.ts AS actual_wait_s,
+       j.first_started_at BETWEEN f.p10 AND f.p90 AS covered, f.p90 - f.p10 AS width_s
 FROM forecasts f JOIN jobs j ON j.id = f.job
 WHERE j.first_started_at IS NOT NULL;
 
@@ -223,16 +220,8 @@ CREATE OR REPLACE VIEW gpu_hours_by_node AS
 SELECT node, count(DISTINCT job) AS jobs, sum(gpu_hours) AS gpu_hours FROM placement_spans GROUP BY node;
 """
 
-TABLES = (
-    "jobs", "job_events", "submissions", "placements", "placement_events",
-    "gpu_samples", "gpus", "gpu_events", "daemon_events", "tenant_configs", "forecasts", "_position",
-)
-VIEWS = (
-    "job_times", "placement_spans", "gpu_hours_by_user", "gpu_hours_by_tenant",
-    "gpu_hours_daily", "gpu_utilization", "gpu_utilization_summary", "job_state_counts",
-    "tenant_quotas", "preemptions", "tenant_usage", "forecast_errors",
-    "idle_spans", "idle_gpu_hours", "gpu_memory_overruns", "node_events", "gpu_hours_by_node",
-)
+TABLES = tuple(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _RAW_DDL))
+VIEWS = tuple(re.findall(r"CREATE OR REPLACE VIEW (\w+)", _VIEWS_DDL))
 
 # Jobs recomputed from the raw tables, for the ids in the registered `_touched`;
 # each event moves the job by the transition table, or is ignored if it does not fit.

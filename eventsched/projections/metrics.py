@@ -28,21 +28,20 @@ __all__ = ["compute_metrics", "format_metrics", "prometheus_text", "run_metrics"
 # Every state a job can be in, so that counts of 0 are reported too.
 STATES: tuple[str, ...] = tuple(s.value for s in JobState)
 
-_DURATIONS = {
-    "wait_s": "wait_s IS NOT NULL",
-    "run_s": "run_s IS NOT NULL",
-    "turnaround_s": "turnaround_s IS NOT NULL",
-}
-
-
-def _summary(con: duckdb.DuckDBPyConnection, column: str, where: str) -> dict[str, float | int | None]:
+def _summary(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, float | int | None]:
     row = con.execute(
         f"SELECT count({column}), sum({column}), avg({column}), quantile_cont({column}, 0.5), "
-        f"quantile_cont({column}, 0.95) FROM jobs WHERE {where}"
+        f"quantile_cont({column}, 0.95) FROM jobs WHERE {column} IS NOT NULL"
     ).fetchone()
     assert row is not None  # an aggregate always returns one row
     count, total, mean, median, p95 = row
     return {"count": int(count), "sum": total or 0.0, "mean": mean, "median": median, "p95": p95}
+
+
+def _dicts(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
+    cur = con.execute(sql)
+    names = [d[0] for d in cur.description or []]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
 def compute_metrics(history: History) -> dict[str, Any]:
@@ -54,29 +53,23 @@ def compute_metrics(history: History) -> dict[str, Any]:
         by_state = dict.fromkeys(STATES, 0)
         for state, n in con.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall():
             by_state[state or "unknown"] = int(n)
-        durations = {name: _summary(con, name, where) for name, where in _DURATIONS.items()}
-        gpus = [
-            {"node": node, "gpu": int(gpu), "samples": int(n), "utilization_mean": mean, "utilization_peak": peak}
-            for node, gpu, n, mean, peak in con.execute(
-                "SELECT node, gpu, samples, utilization_mean, utilization_peak "
-                "FROM gpu_utilization_summary ORDER BY node, gpu"
-            ).fetchall()
-        ]
-        users = [{"user": u, "gpu_hours": h or 0.0, "jobs": int(j)} for u, h, j in con.execute(
-            'SELECT "user", gpu_hours, jobs FROM gpu_hours_by_user ORDER BY "user"').fetchall()]
-        tenants = [{"tenant": t, "gpu_hours": h or 0.0, "jobs": int(j)} for t, h, j in con.execute(
-            "SELECT tenant, gpu_hours, jobs FROM gpu_hours_by_tenant ORDER BY tenant").fetchall()]
-        cols = ["tenant", "quota_gpus", "quota_gpu_mem_mib", "quota_jobs", "weight", "gpu_hours", "gpu_hours_share",
-                "gpus_now", "running", "waiting", "mean_wait_s", "preempted"]
-        usage = [dict(zip(cols, row)) for row in con.execute(
-            f"SELECT {', '.join(cols)} FROM tenant_usage ORDER BY tenant").fetchall()]
+        durations = {name: _summary(con, name) for name in ("wait_s", "run_s", "turnaround_s")}
+        gpus = _dicts(con, "SELECT node, gpu, samples, utilization_mean, utilization_peak "
+                           "FROM gpu_utilization_summary ORDER BY node, gpu")
+        users = _dicts(con, 'SELECT "user", coalesce(gpu_hours, 0.0) AS gpu_hours, jobs '
+                            'FROM gpu_hours_by_user ORDER BY "user"')
+        tenants = _dicts(con, "SELECT tenant, coalesce(gpu_hours, 0.0) AS gpu_hours, jobs "
+                              "FROM gpu_hours_by_tenant ORDER BY tenant")
+        usage = _dicts(con, "SELECT tenant, quota_gpus, quota_gpu_mem_mib, quota_jobs, weight, gpu_hours, "
+                            "gpu_hours_share, gpus_now, running, waiting, mean_wait_s, preempted "
+                            "FROM tenant_usage ORDER BY tenant")
         counted = con.execute("SELECT count(*) FROM preemptions").fetchone()
         preemptions = int(counted[0]) if counted else 0
-        row = con.execute("SELECT count(*), avg(abs_error_s), median(abs_error_s), avg(error_s) "
-                          "FROM forecast_errors").fetchone()
-        forecasts = {"count": int(row[0]) if row else 0, "mean_abs_error_s": row[1] if row else None,
-                     "median_abs_error_s": row[2] if row else None, "mean_error_s": row[3] if row else None}
-        idle = _idle_gpu_hours(con)
+        forecasts = _dicts(con, "SELECT count(*) AS count, avg(abs_error_s) AS mean_abs_error_s, "
+                                "median(abs_error_s) AS median_abs_error_s, avg(error_s) AS mean_error_s "
+                                "FROM forecast_errors")[0]
+        idle = _dicts(con, 'SELECT user_name AS "user", coalesce(idle_gpu_hours, 0.0) AS idle_gpu_hours, spells, '
+                           "jobs FROM idle_gpu_hours ORDER BY user_name")
     return {
         "log_seq": int(seq),
         "log_ts": ts,
@@ -93,11 +86,6 @@ def compute_metrics(history: History) -> dict[str, Any]:
         # GPU-hours held while idle, per user (the idle_gpu_hours view)
         "idle_gpu_hours": idle,
     }
-
-
-def _idle_gpu_hours(con: Any) -> list[dict[str, Any]]:
-    return [{"user": u, "idle_gpu_hours": h or 0.0, "spells": int(n), "jobs": int(j)} for u, h, n, j in con.execute(
-        "SELECT user_name, idle_gpu_hours, spells, jobs FROM idle_gpu_hours ORDER BY user_name").fetchall()]
 
 
 # --- human table ---------------------------------------------------------------
@@ -118,24 +106,20 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def format_metrics(m: dict[str, Any]) -> str:
-    out = [f"history up to event {m['log_seq']}", ""]
-    out.append("jobs")
+    out = [f"history up to event {m['log_seq']}", "", "jobs"]
     counts = [[s, str(n)] for s, n in m["jobs"]["by_state"].items()]
     out += _table(["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])
-    out.append("")
-    out.append("times (seconds)")
+    out += ["", "times (seconds)"]
     rows = [[label, _num(m[key]["count"]), _num(m[key]["mean"]), _num(m[key]["median"]), _num(m[key]["p95"])]
             for label, key in (("wait", "wait_s"), ("run", "run_s"), ("turnaround", "turnaround_s"))]
     out += _table(["", "jobs", "mean", "median", "p95"], rows)
-    out.append("")
-    out.append("GPU utilisation (%)")
+    out += ["", "GPU utilisation (%)"]
     rows = [[f"{g['node']}:{g['gpu']}", str(g["samples"]), _num(g["utilization_mean"]), _num(g["utilization_peak"])]
             for g in m["gpus"]]
     out += _table(["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])
     for title, key, label in (("GPU-hours per user", "gpu_hours_by_user", "user"),
                               ("GPU-hours per tenant", "gpu_hours_by_tenant", "tenant")):
-        out.append("")
-        out.append(title)
+        out += ["", title]
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
         out += _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])
     if m.get("idle_gpu_hours"):
@@ -166,20 +150,14 @@ def _escape(value: str) -> str:
 
 
 def _labels(labels: dict[str, Any]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}" if labels else ""
 
 
 def _value(v: float | int | None) -> str:
-    if v is None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "NaN"
     if isinstance(v, float):
-        if math.isnan(v):
-            return "NaN"
-        if math.isinf(v):
-            return "+Inf" if v > 0 else "-Inf"
-        return repr(v)
+        return ("+Inf" if v > 0 else "-Inf") if math.isinf(v) else repr(v)
     return str(v)
 
 
@@ -209,12 +187,8 @@ def prometheus_text(m: dict[str, Any]) -> str:
                             ("run_s", "eventsched_job_run_seconds", "Time running, completed attempts."),
                             ("turnaround_s", "eventsched_job_turnaround_seconds", "Submission to end, finished jobs.")):
         s = m[key]
-        family(name, "summary", what, [
-            ("", {"quantile": "0.5"}, s["median"]),
-            ("", {"quantile": "0.95"}, s["p95"]),
-            ("_sum", {}, float(s["sum"])),
-            ("_count", {}, s["count"]),
-        ])
+        family(name, "summary", what, [("", {"quantile": "0.5"}, s["median"]), ("", {"quantile": "0.95"}, s["p95"]),
+                                       ("_sum", {}, float(s["sum"])), ("_count", {}, s["count"])])
     family("eventsched_gpu_utilization_mean_percent", "gauge", "Mean GPU utilisation over all samples.",
            [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_mean"]) for g in m["gpus"]])
     family("eventsched_gpu_utilization_peak_percent", "gauge", "Peak GPU utilisation over all samples.",

@@ -11,9 +11,6 @@ from eventsched.storage import log as eventlog
 __all__ = ["placements", "compare_placements"]
 
 
-# --- fidelity ------------------------------------------------------------------------------
-
-
 def placements(log_dir: str | os.PathLike[str]) -> list[tuple[int, str, tuple[int, ...]]]:
     """(submission ordinal, node, GPU ids) of every JobPlaced, in log order."""
     ordinal: dict[int, int] = {}

@@ -7,18 +7,12 @@ arrived GPU demand reaches 100 % of capacity; the median over seeds is compared
 with the paper. The experiment's description, kept with the traces (see
 replays/alibaba-fgd/README.md), gives every step; section numbers refer to it.
 
-Randomness (what is and is not Go's math/rand): the FGD simulator seeds Go's
-global math/rand. We follow the same *procedure* with a Go-shaped API
-(`GoLikeRand`): one throw-away draw, then a Fisher-Yates shuffle run from the
-last index down (as Go's Shuffle), uniform draws with replacement for the
-tuning, and the "inside-out" permutation of Go's Perm for node ranks, in that
-order from one stream. The bits come from Python's Mersenne Twister, not from
-Go's additive lagged Fibonacci generator (its seeding table is not something
-we can regenerate), so a given seed gives a different but identically
-distributed run; compare medians over seeds, not single seeds.
-
-Pure: no clock reads or I/O beyond `run_static` reading the two CSV files
-(and timing itself, reported separately from results).
+Randomness: the FGD simulator seeds Go's global math/rand. We follow the same
+*procedure* (`GoLikeRand`: one throw-away draw, Go's Shuffle, uniform draws
+for the tuning, Go's Perm for node ranks, in that order from one stream), but
+the bits come from Python's Mersenne Twister, not Go's generator (its seeding
+table cannot be regenerated): a seed gives a different but identically
+distributed run, so compare medians over seeds, not single seeds.
 """
 
 from __future__ import annotations
@@ -36,21 +30,8 @@ from eventsched.domain.units import FULL
 from eventsched.sim.frag_table import FragTable, fgd_scores
 from eventsched.sim.traces import AlibabaNode, AlibabaPod, load_alibaba
 
-__all__ = [
-    "POLICIES",
-    "PAPER",
-    "PAPER_SEED_RANGE",
-    "DEFAULT_SEEDS",
-    "XS",
-    "GoLikeRand",
-    "SeedRun",
-    "PolicyResult",
-    "StaticResult",
-    "run_one",
-    "run_static",
-    "format_table",
-    "result_dict",
-]
+__all__ = ["POLICIES", "PAPER", "PAPER_SEED_RANGE", "DEFAULT_SEEDS", "XS", "GoLikeRand", "SeedRun", "PolicyResult",
+           "StaticResult", "run_one", "run_static", "format_table", "result_dict"]
 
 POLICIES = ("random", "dotprod", "clustering", "packing", "best-fit", "fgd")
 # Unallocated GPU % at x = 90, 95, 100, 110, 120 % arrived, median of seeds 42-51
@@ -277,10 +258,13 @@ def _scores(policy: str, cl: _Cluster, idx: np.ndarray, c: int, k: int, g: int,
             fstar = np.where(free >= g, free, FULL + 1).min(axis=1)
             other = np.where(fstar >= FULL, max(50 - 1, 33), np.maximum(100 - fstar // 100, 50))
         return np.where(idle, np.maximum(33 - G, G), other)
-    if policy == "fgd":
-        assert fgd is not None
-        return fgd.scores(idx, shape, c, k, g)
-    raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    assert fgd is not None  # the one policy left ("random" needs no scores)
+    return fgd.scores(idx, shape, c, k, g)
+
+
+def _check(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
 
 
 def _metric(arrived: np.ndarray, used: np.ndarray, capacity: int) -> dict[int, float]:
@@ -300,8 +284,7 @@ def _metric(arrived: np.ndarray, used: np.ndarray, capacity: int) -> dict[int, f
 def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: str,
             seed: int, tune: float = 1.3) -> SeedRun:
     """One policy, one seed. `pods` in any order (they are sorted by name first)."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    _check(policy)
     pods = sorted(pods, key=lambda p: p.name)
     models = sorted({x.model for x in nodes})
     cl = _Cluster(nodes, models)
@@ -387,8 +370,7 @@ def run_static(pod_csv: str, node_csv: str, policies: list[str], seeds: list[int
                tune: float = 1.3) -> StaticResult:
     """Run the experiment for each policy over each seed (TraceError on a bad file)."""
     for pol in policies:
-        if pol not in POLICIES:
-            raise ValueError(f"unknown policy {pol!r}; choose from {', '.join(POLICIES)}")
+        _check(pol)
     if not seeds:
         raise ValueError("at least one seed is needed")
     t_all = time.perf_counter()

@@ -3,37 +3,9 @@
 ``metrics_from_log(log_dir)`` is a pure fold over one log's events; the DuckDB
 read model (``projections/history.py``) computes the same waits and
 turnarounds by SQL, and a test checks that they agree. Every metric is a
-function of the schedule alone (submissions, placements, starts, exits,
-cancels, requeues, holds, GPU pauses; see ``_SCHEDULE``), so a daemon's log and
-its exact replay give identical figures; docs/whatif-metrics.md gives the
-formulas and why. Definitions:
-
-- ``jobs``: submissions; ``finished``: jobs in a final state at the end.
-- ``makespan_s``: first submission to the last job event (start, exit...).
-- ``wait``: first ``JobStarted`` minus ``JobSubmitted``, over the jobs that
-  started (same as the read model's ``wait_s``); mean, median and p95 (linear
-  interpolation between order statistics).
-- ``mean_turnaround_s``: final event minus submission, over finished jobs.
-- ``gpu_utilization``: allocated GPU-time (share x GPUs x time from
-  ``JobPlaced`` to the end of that attempt) over GPUs x makespan.
-- ``fragmentation``: the share of idle GPU capacity-time (free share on GPUs
-  not paused or lost, integrated over the makespan window [first submission,
-  last job event], the same window as utilisation) that was idle *although
-  jobs waited*, because no waiting job could use it. Free share f on a GPU is
-  usable by a waiting fractional job asking m <= f, and a whole free GPU by a
-  waiting k-GPU job when its node has k whole GPUs free; while nothing waits,
-  idle capacity is lack of demand, not fragmentation. (Capacity that a waiting
-  job *could* use but a policy held back, e.g. FIFO's head-of-line blocking or
-  a backfill reservation, is not counted either.) Memory requests and pinned
-  GPU ids are not considered here.
-- per tenant (``tenants``): jobs, mean wait, GPU-hours, and the share of the
-  GPU-hours run in the arrival window W below that went to it;
-  ``tenant_fairness`` is ``fairness`` over tenants instead of users.
-- ``fairness``: Jain's index over users of x_u = GPU-time received / GPU-time
-  demanded, in the arrival window [first submission, W] where
-  W = max(last submission, first submission + makespan / 2) (after all jobs
-  finish everyone got all they asked, so the window is where policies differ).
-  Demand = the GPU-time of the runs of jobs submitted by W.
+function of the schedule alone (``_SCHEDULE``), so a daemon's log and its exact
+replay give identical figures; docs/whatif-metrics.md defines each one and
+says why.
 """
 
 from __future__ import annotations
@@ -89,8 +61,7 @@ class Metrics(msgspec.Struct, kw_only=True):
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
-    if not xs:
-        return 0.0
+    """Linear interpolation between order statistics (numpy's default)."""
     pos = q * (len(xs) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
@@ -371,19 +342,14 @@ def compare(results: Sequence[Any], *, baseline: tuple[str, str | os.PathLike[st
     rows = []
     if baseline is not None:
         label, log_dir = baseline
-        m = metrics_from_log(log_dir)
-        rows.append({"policy": label, "log": str(log_dir), **msgspec.to_builtins(m)})
-    notes: list[str] = []
+        rows.append({"policy": label, "log": str(log_dir), **msgspec.to_builtins(metrics_from_log(log_dir))})
     for r in results:
         log_dir = os.path.join(r.state_dir, "log")
-        m = metrics_from_log(log_dir)
         rows.append({
-            "policy": r.policy, "log": log_dir, **msgspec.to_builtins(m),
+            "policy": r.policy, "log": log_dir, **msgspec.to_builtins(metrics_from_log(log_dir)),
             "events": r.events, "refused": r.refused, "unfinished": r.unfinished, "wall_s": round(r.wall_s, 3),
         })
-        for n in r.notes:
-            if n not in notes:
-                notes.append(n)
+    notes = list(dict.fromkeys(n for r in results for n in r.notes))
     source = results[0].source if results else (str(baseline[1]) if baseline else "")
     return {"source": source, "replays": rows, "notes": notes}
 
