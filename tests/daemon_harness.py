@@ -97,6 +97,11 @@ class Daemon:
         assert result.returncode == 0, result.stderr
         return int(result.stdout.strip())
 
+    def logs(self, job: int) -> str:
+        result = self.cli("logs", str(job))
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
     def jobs(self) -> dict[int, dict[str, Any]]:
         result = self.cli("queue", "--all", "--json")
         assert result.returncode == 0, result.stderr

@@ -77,7 +77,7 @@ def test_bad_config_file_is_named(tmp_path: Path) -> None:
     assert "bad.toml" in result.stderr and "max_queud" in result.stderr
 
 
-def _raw_exchange(path: Path, data: bytes) -> bytes:
+def raw_exchange(path: Path, data: bytes) -> bytes:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(str(path))
@@ -89,7 +89,7 @@ def _raw_exchange(path: Path, data: bytes) -> bytes:
         return b"".join(chunks)
 
 
-def _replies(data: bytes) -> list[protocol.Reply]:
+def decode_replies(data: bytes) -> list[protocol.Reply]:
     out = []
     while data:
         (n,) = struct.unpack(">I", data[:4])
@@ -120,18 +120,18 @@ def test_hostile_socket_messages_change_nothing(tmp_path: Path) -> None:
             framed([1, 2, 3]),
         ]
         for case in cases:
-            replies = _replies(_raw_exchange(d.socket, case))
+            replies = decode_replies(raw_exchange(d.socket, case))
             assert len(replies) == 1 and not replies[0].ok and replies[0].error
         # an absurd length is refused without reading (or allocating) it
         for length in (0xFFFFFFF0, protocol.MAX_MESSAGE_BYTES + 1):
-            replies = _replies(_raw_exchange(d.socket, struct.pack(">I", length) + b"xx"))
+            replies = decode_replies(raw_exchange(d.socket, struct.pack(">I", length) + b"xx"))
             assert len(replies) == 1 and not replies[0].ok
             assert replies[0].error == f"message of {length} bytes exceeds the {protocol.MAX_MESSAGE_BYTES}-byte limit"
         # truncated: a header promising more than is sent, then a hang-up
-        assert _raw_exchange(d.socket, struct.pack(">I", 100) + b"abc") == b""
+        assert raw_exchange(d.socket, struct.pack(">I", 100) + b"abc") == b""
         # the user in a request is ignored: identity comes from the socket
         spoof = framed({"type": "SubmitJob", "spec": {"command": ["/bin/true"], "uid": 12345, "user": "mallory", "gpus": 0.1}})
-        reply = _replies(_raw_exchange(d.socket, spoof))[0]
+        reply = decode_replies(raw_exchange(d.socket, spoof))[0]
         assert reply.ok
         spoofed = d.jobs()[reply.data["id"]]
         assert spoofed["user"] != "mallory"

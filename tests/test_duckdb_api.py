@@ -19,7 +19,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from daemon_harness import EVENTSCHED, Daemon, cli_env
-from test_history import scenario_part1, scenario_part2, t, write
+from test_history import state, t, write  # noqa: F401 (fixture)
 from users_harness import as_user, needs_root, public_dir, root_daemon, users  # noqa: F401
 
 import eventsched
@@ -30,14 +30,6 @@ from eventsched.projections.history import History, HistoryError
 TYPED = ("SELECT id, \"user\", to_timestamp(submitted_at) AS submitted, gpu_ids, "
          "CAST(submitted_at AS DECIMAL(18,3)) AS exact, INTERVAL 90 SECOND AS span, "
          "sum(id) OVER () AS total FROM jobs ORDER BY id")
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> Path:
-    d = tmp_path / "state"
-    d.mkdir()
-    write(d, scenario_part1() + scenario_part2())
-    return d
 
 
 def leftovers() -> set[str]:

@@ -24,7 +24,8 @@ def as_user(user: str, socket: Path, *args: str, cwd: str = "/tmp") -> subproces
     """Run the CLI as ``user`` (setpriv drops uid, gid and groups)."""
     entry = pwd.getpwnam(user)
     env = {"PATH": os.environ["PATH"], "HOME": entry.pw_dir, "EVENTSCHED_SOCKET": str(socket),
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+           **{k: v for k, v in os.environ.items() if k == "EVENTSCHED_PURE"}}
     return subprocess.run(
         ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups",
          sys.executable, "-m", "eventsched.cli", *args],

@@ -23,14 +23,10 @@ def job_script(tmp_path: Path, name: str, body: str) -> str:
 
 @pytest.fixture
 def daemon(tmp_path: Path):
-    with Daemon(tmp_path / "state", gpus="fake:4:16384") as d:
+    # a short grace before SIGKILL: a job that ignores SIGTERM is killed in 1 s, not the default 10
+    (tmp_path / "config.toml").write_text("[scheduler]\nkill_grace_s = 1.0\n")
+    with Daemon(tmp_path / "state", gpus="fake:4:16384", extra=["--config", str(tmp_path / "config.toml")]) as d:
         yield d
-
-
-def output_of(d: Daemon, job: int) -> str:
-    result = d.cli("logs", str(job))
-    assert result.returncode == 0, result.stderr
-    return result.stdout
 
 
 def test_fractional_jobs_share_a_gpu_and_see_their_device(daemon: Daemon, tmp_path: Path) -> None:
@@ -53,7 +49,7 @@ def test_fractional_jobs_share_a_gpu_and_see_their_device(daemon: Daemon, tmp_pa
     marker.touch()
     jobs = daemon.wait_states(ids + [ninth], {"succeeded"})
     for job_id in ids:
-        assert output_of(daemon, job_id).strip() == f"cvd={jobs[job_id]['gpu_ids'][0]} job={job_id}"
+        assert daemon.logs(job_id).strip() == f"cvd={jobs[job_id]['gpu_ids'][0]} job={job_id}"
 
 
 def test_best_fit_packs_fractional_jobs_and_keeps_whole_gpus_free(daemon: Daemon, tmp_path: Path) -> None:
@@ -77,8 +73,8 @@ def test_pinning_gang_and_refusals(daemon: Daemon, tmp_path: Path) -> None:
     pinned = daemon.submit("--gpus", "1", "--gpu-ids", "3", "--", show)
     ranged = daemon.submit("--gpus", "2", "--gpu-ids", "1-2", "--", show)
     daemon.wait_states([pinned, ranged], {"succeeded"})
-    assert output_of(daemon, pinned).strip() == "3"
-    assert output_of(daemon, ranged).strip() == "1,2"
+    assert daemon.logs(pinned).strip() == "3"
+    assert daemon.logs(ranged).strip() == "1,2"
     for bad, reason in (
         (["--gpus", "5"], "GPU"),
         (["--gpu-ids", "9"], "9"),
@@ -136,7 +132,7 @@ def test_pause_and_resume_a_gpu(daemon: Daemon, tmp_path: Path) -> None:
     assert daemon.jobs()[job]["state"] == "queued"
     assert daemon.cli("resume-gpu", "2").returncode == 0
     daemon.wait_states([job], {"succeeded"})
-    assert output_of(daemon, job).strip() == "2"
+    assert daemon.logs(job).strip() == "2"
     bad = daemon.cli("pause-gpu", "17")
     assert bad.returncode != 0 and "17" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -185,7 +181,7 @@ def test_time_limit_kills_or_requeues(daemon: Daemon, tmp_path: Path) -> None:
 def test_cuda_argument_is_rewritten(daemon: Daemon, tmp_path: Path) -> None:
     job = daemon.submit("--gpus", "1", "--gpu-ids", "2", "--", "/bin/echo", "train", "--cuda", "0", "--lr", "3")
     daemon.wait_states([job], {"succeeded"})
-    assert output_of(daemon, job).strip() == "train --cuda 2 --lr 3"
+    assert daemon.logs(job).strip() == "train --cuda 2 --lr 3"
 
 
 def test_jobs_run_in_the_submitters_directory_without_a_shell(daemon: Daemon, tmp_path: Path) -> None:
@@ -193,7 +189,7 @@ def test_jobs_run_in_the_submitters_directory_without_a_shell(daemon: Daemon, tm
     workdir.mkdir()
     job = daemon.submit("--gpus", "0.1", "--", "/bin/sh", "-c", 'pwd; echo "$1"', "sh", "$(touch pwned)", cwd=str(workdir))
     daemon.wait_states([job], {"succeeded"})
-    lines = output_of(daemon, job).splitlines()
+    lines = daemon.logs(job).splitlines()
     assert lines == [str(workdir), "$(touch pwned)"]
     assert not (workdir / "pwned").exists()
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_traces import NODE_CSV, POD_CSV
 
 from eventsched.core.fgd import (
     NodeFragments,
@@ -31,10 +32,6 @@ from eventsched.sim.static_sim import (
     run_static,
 )
 from eventsched.sim.traces import AlibabaNode, AlibabaPod, load_alibaba
-
-TRACES = Path("/work/shared/traces")
-POD_CSV = TRACES / "openb_pod_list_default.csv"
-NODE_CSV = TRACES / "openb_node_list_gpu_node.csv"
 
 
 # --- fragmentation of one node ------------------------------------------------

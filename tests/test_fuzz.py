@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 from daemon_harness import EVENTSCHED, Daemon, cli_env
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_bad_input import decode_replies, raw_exchange
 
 from eventsched.domain.jobsfile import parse_jobs_text
 from eventsched.runtime.config import SAMPLE, ConfigError, FileConfig, load_config
@@ -145,32 +145,19 @@ def test_submit_file_and_serve_config_never_show_a_traceback(tmp_path: Path) -> 
 # -- the control socket ----------------------------------------------------------------
 
 
-def _exchange(path: Path, data: bytes) -> list[protocol.Reply]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(path))
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        raw = b""
-        while chunk := s.recv(65536):
-            raw += chunk
-    out = []
-    while raw:
-        (n,) = struct.unpack(">I", raw[:4])
-        out.append(protocol.server_message_decoder.decode(raw[4 : 4 + n]))
-        raw = raw[4 + n :]
-    return out
-
-
 @pytest.mark.slow
-def test_a_string_that_is_not_utf8_gets_an_error_reply_and_the_connection_goes_on(tmp_path: Path) -> None:
-    """Found by the fuzzer: msgspec raises UnicodeDecodeError (not DecodeError)
-    for bad UTF-8 in a string, which escaped the connection's handler: the
+@pytest.mark.parametrize("bad", [
+    # bad UTF-8 in a string: msgspec raises UnicodeDecodeError (not DecodeError)
+    b"\x82\xa4type\xa9SubmitJob\xa4spec\x81\xa7command\x91\xa2\xc8x",
+    # 5,000 nested arrays: msgspec raises RecursionError
+    b"\x82\xa4type\xa4Ping\xa1x" + b"\x91" * 5000 + b"\x01",
+], ids=["not-utf8", "deeply-nested"])
+def test_a_malformed_request_gets_an_error_reply_and_the_connection_goes_on(tmp_path: Path, bad: bytes) -> None:
+    """Found by the fuzzer: these errors escaped the connection's handler: the
     client got no reply, the connection was dropped, the daemon logged a traceback."""
-    bad = b"\x82\xa4type\xa9SubmitJob\xa4spec\x81\xa7command\x91\xa2\xc8x"  # "\xc8x": not UTF-8
-    ping = msgspec.msgpack.encode({"type": "Ping"})
+    frames = b"".join(struct.pack(">I", len(m)) + m for m in (bad, msgspec.msgpack.encode({"type": "Ping"})))
     with Daemon(tmp_path / "state", gpus="fake:1") as d:
-        replies = _exchange(d.socket, struct.pack(">I", len(bad)) + bad + struct.pack(">I", len(ping)) + ping)
+        replies = decode_replies(raw_exchange(d.socket, frames))
         assert [r.ok for r in replies] == [False, True]
         assert "bad request" in replies[0].error and "\n" not in replies[0].error
         assert "Traceback" not in d.stderr()
@@ -182,22 +169,9 @@ def test_a_refused_request_is_echoed_on_one_line_without_terminal_escapes(tmp_pa
     escape sequences included, so the "one line" a client prints was not."""
     bad = msgspec.msgpack.encode({"type": "List\n\x1b[2Jjobs", "all": True})
     with Daemon(tmp_path / "state", gpus="fake:1") as d:
-        (reply,) = _exchange(d.socket, struct.pack(">I", len(bad)) + bad)
+        (reply,) = decode_replies(raw_exchange(d.socket, struct.pack(">I", len(bad)) + bad))
         assert not reply.ok and "bad request" in reply.error
         assert "\n" not in reply.error and "\x1b" not in reply.error, reply.error
-
-
-@pytest.mark.slow
-def test_deeply_nested_requests_get_an_error_reply_and_the_connection_goes_on(tmp_path: Path) -> None:
-    """Found by the fuzzer: 1,000 nested arrays in a request made msgspec raise
-    RecursionError, which escaped like the UTF-8 error above."""
-    deep = b"\x82\xa4type\xa4Ping\xa1x" + b"\x91" * 5000 + b"\x01"
-    ping = msgspec.msgpack.encode({"type": "Ping"})
-    with Daemon(tmp_path / "state", gpus="fake:1") as d:
-        replies = _exchange(d.socket, struct.pack(">I", len(deep)) + deep + struct.pack(">I", len(ping)) + ping)
-        assert [r.ok for r in replies] == [False, True]
-        assert "bad request" in replies[0].error and "\n" not in replies[0].error
-        assert "Traceback" not in d.stderr()
 
 
 @pytest.mark.slow
@@ -213,7 +187,7 @@ def test_hold_or_release_of_no_jobs_is_refused_and_logs_nothing(tmp_path: Path) 
         frames = b"".join(struct.pack(">I", len(b)) + b for b in (
             msgspec.msgpack.encode({"type": "HoldJobs", "jobs": []}),
             msgspec.msgpack.encode({"type": "ReleaseJobs", "jobs": []})))
-        replies = _exchange(d.socket, frames)
+        replies = decode_replies(raw_exchange(d.socket, frames))
         assert [r.ok for r in replies] == [False, False] and all("no job" in r.error for r in replies), replies
         with Client(d.socket) as c:  # the daemon's own position: nothing was appended meanwhile
             c.ping()

@@ -57,7 +57,7 @@ def _submit(user: User, d: Daemon, *args: str, env: dict[str, str] | None = None
 
 
 def _job_file(d: Daemon, job: int) -> Path:
-    return d.state_dir / "jobs" / str(job) / "output.log"
+    return d.state_dir / "jobs" / f"{job}.log"
 
 
 # -- another user's job -----------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_another_users_job_cannot_be_cancelled_held_released_explained_in_detail
 @needs_root
 def test_a_symlink_planted_at_a_jobs_output_never_writes_through_to_another_users_file(users, daemon) -> None:  # noqa: F811
     """The job's output is opened by root (zygote supervisor) with O_NOFOLLOW; a
-    job running as alice that swaps its own output.log for a link to bob's
+    job running as alice that swaps its own output file for a link to bob's
     file before its retry must not get root to append to (or chown) bob's file."""
     alice, bob = users
     precious = Path(bob.home) / "precious"
@@ -120,9 +120,9 @@ def test_a_symlink_planted_at_a_jobs_output_never_writes_through_to_another_user
     job_dir = daemon.state_dir / "jobs"
     # attempt 1 plants the link wherever alice can write on the output's path, then fails; attempt 2 opens it
     plant = (
-        f'd=$(dirname "$0"); out={job_dir}/$EVENTSCHED_JOB_ID/output.log; '
+        f'out={job_dir}/$EVENTSCHED_JOB_ID.log; '
         f'rm -f "$out" 2>/dev/null; ln -s {precious} "$out" 2>/dev/null; '
-        f'ln -s {precious} {job_dir}/$EVENTSCHED_JOB_ID/planted 2>/dev/null; echo attempt; exit 3'
+        f'ln -s {precious} {job_dir}/$EVENTSCHED_JOB_ID.planted 2>/dev/null; echo attempt; exit 3'
     )
     job = _submit(alice, daemon, "--gpus", "0.5", "--retries", "1", "--", "/bin/sh", "-c", plant)
     jobs = daemon.wait_states([job], {"failed", "succeeded", "lost"}, timeout=60)
@@ -131,10 +131,9 @@ def test_a_symlink_planted_at_a_jobs_output_never_writes_through_to_another_user
     assert (after.st_uid, after.st_gid, after.st_mode, after.st_size) == \
            (before.st_uid, before.st_gid, before.st_mode, before.st_size)
     assert jobs[job]["state"] == "failed"
-    # the job's folder is root's: alice could not plant anything in it
-    folder = job_dir / str(job)
-    assert folder.stat().st_uid == 0 and not (folder.stat().st_mode & 0o022)
-    assert not (folder / "planted").is_symlink()
+    # the jobs' folder is root's: alice could not plant anything in it
+    assert job_dir.stat().st_uid == 0 and not (job_dir.stat().st_mode & 0o022)
+    assert not (job_dir / f"{job}.planted").is_symlink()
 
 
 # -- shell injection ---------------------------------------------------------------------------
@@ -258,7 +257,7 @@ def test_a_live_peer_reads_as_its_real_uid() -> None:
 # -- fair use under an active flood ---------------------------------------------------------
 
 _FLOOD = r"""
-import os, socket, struct, sys, time, msgspec
+import os, signal, socket, struct, sys, time, msgspec
 path, seconds, conns = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 enc = msgspec.msgpack.Encoder()
 def frame(o):
@@ -271,7 +270,15 @@ for _ in range(conns):
     except OSError: s.close()
 sent = 0
 end = time.monotonic() + seconds
+def stop(*_):  # the probe is done: no need to flood on to the end
+    global end
+    end = 0
+signal.signal(signal.SIGTERM, stop)
+rounds = 0
 while time.monotonic() < end:
+    rounds += 1
+    if rounds == 2:  # every connection has sent a burst
+        print("on", flush=True)
     for s in socks:
         try: s.send(burst); sent += 32
         except (BlockingIOError, InterruptedError): pass
@@ -319,9 +326,12 @@ def test_a_request_flood_from_one_user_does_not_starve_anothers_submissions(user
     floods = [subprocess.Popen(_as(alice, _FLOOD, sock, "12", "16"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True) for _ in range(4)]
     try:
-        time.sleep(1.5)  # the flood is on
+        for p in floods:
+            p.stdout.readline()  # type: ignore[union-attr]  # this one's flood is on
         loud = subprocess.run(_as(bob, _PROBE, sock, "20"), capture_output=True, text=True, timeout=120)
     finally:
+        for p in floods:
+            p.terminate()
         results = [p.communicate(timeout=60) for p in floods]
     assert loud.returncode == 0, loud.stderr
     under_flood = json.loads(loud.stdout)

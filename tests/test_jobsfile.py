@@ -135,11 +135,17 @@ def test_without_llm_config_a_line_needs_one_gpu_and_with_one_the_default() -> N
 # --- the follower's file checks, on real files ------------------------------------
 
 
+def _jobs_file(tmp_path: Path, text: str) -> Path:
+    """``proj/jobs.txt`` holding ``text``, in a folder of its own."""
+    (tmp_path / "proj").mkdir()
+    jobs = tmp_path / "proj" / "jobs.txt"
+    jobs.write_text(text)
+    return jobs
+
+
 def test_follower_refuses_files_others_could_write(tmp_path: Path) -> None:
-    folder = tmp_path / "d"
-    folder.mkdir()
-    jobs = folder / "jobs.txt"
-    jobs.write_text("0,/a.py\n")
+    jobs = _jobs_file(tmp_path, "0,/a.py\n")
+    folder = jobs.parent
     jobs.chmod(0o644)
     fd, st = open_checked(str(jobs), os.geteuid())
     os.close(fd)
@@ -315,12 +321,9 @@ def _serve_with_jobs_file(state: Path, jobs: Path) -> Daemon:
 
 @pytest.mark.slow
 def test_daemon_follows_its_jobs_file_and_never_submits_a_line_twice(tmp_path: Path) -> None:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    script = folder / "hello.py"
+    jobs = _jobs_file(tmp_path, "# followed by the daemon\n0,hello.py,,--n 1,1\n")
+    script = jobs.parent / "hello.py"
     script.write_text("import os, sys\nprint('cuda', sys.argv[-1], os.environ['CUDA_VISIBLE_DEVICES'])\n")
-    jobs = folder / "jobs.txt"
-    jobs.write_text("# followed by the daemon\n0,hello.py,,--n 1,1\n")
     with _serve_with_jobs_file(tmp_path / "state", jobs) as d:
         d.wait_for(lambda js: len(js) == 1, what="the first line")
         with open(jobs, "a") as f:
@@ -341,10 +344,7 @@ def test_daemon_follows_its_jobs_file_and_never_submits_a_line_twice(tmp_path: P
 
 @pytest.mark.slow
 def test_daemon_refuses_a_world_writable_jobs_file_until_fixed(tmp_path: Path) -> None:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    jobs = folder / "jobs.txt"
-    jobs.write_text("0,/srv/x.py,,,\n")
+    jobs = _jobs_file(tmp_path, "0,/srv/x.py,,,\n")
     jobs.chmod(0o666)
     with _serve_with_jobs_file(tmp_path / "state", jobs) as d:
         time.sleep(2.5)
@@ -358,10 +358,7 @@ def test_daemon_refuses_a_world_writable_jobs_file_until_fixed(tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root daemon runs a file's lines as its owner")
 def test_a_root_daemon_runs_the_lines_as_the_files_owner(tmp_path: Path) -> None:
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    jobs = folder / "jobs.txt"
-    jobs.write_text("0,/srv/x.py,,,\n")
+    jobs = _jobs_file(tmp_path, "0,/srv/x.py,,,\n")
     os.chown(jobs, pwd.getpwnam("nobody").pw_uid, -1)
     assert stat.S_IMODE(jobs.stat().st_mode) & 0o022 == 0
     with _serve_with_jobs_file(tmp_path / "state", jobs) as d:

@@ -526,7 +526,7 @@ def test_the_submitters_umask_and_open_file_limit_are_the_jobs(users, daemon) ->
     assert r.returncode == 0, r.stderr
     job = int(r.stdout.strip())
     daemon.wait_states([job], {"succeeded"})
-    lines = (daemon.state_dir / "jobs" / str(job) / "output.log").read_text().split()
+    lines = (daemon.state_dir / "jobs" / f"{job}.log").read_text().split()
     assert lines == ["0077", "256", "256", "600"], lines
 
 
@@ -541,7 +541,7 @@ def test_a_user_cannot_raise_a_hard_limit_above_the_daemons(users, daemon, scrip
     # the ordinary CLI: the user's hard limit (the test's, above 8192) comes down to the daemon's
     job = _submit(alice, daemon, "--gpus", "0", "--", "sh", "-c", "echo $(ulimit -Sn) $(ulimit -Hn) $(ulimit -Hc)")
     daemon.wait_states([job], {"succeeded"})
-    out = (daemon.state_dir / "jobs" / str(job) / "output.log").read_text().split()
+    out = (daemon.state_dir / "jobs" / f"{job}.log").read_text().split()
     assert out[1:] == ["8192", "0"], out
     assert int(out[0]) <= 8192
     # a forged request: unlimited everything
@@ -550,7 +550,7 @@ def test_a_user_cannot_raise_a_hard_limit_above_the_daemons(users, daemon, scrip
     assert forged.returncode == 0, forged.stderr
     job = int(forged.stdout.strip())
     daemon.wait_states([job], {"succeeded"})
-    out = (daemon.state_dir / "jobs" / str(job) / "output.log").read_text().split()
+    out = (daemon.state_dir / "jobs" / f"{job}.log").read_text().split()
     assert out == ["nofile", "8192", "core", "0"], out
     # an unknown limit is refused, at submission or at launch, with its name
     bad = run_as(alice, [f"{VENV_BIN}/python", str(scripts / "forge.py"), str(daemon.socket),

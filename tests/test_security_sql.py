@@ -19,16 +19,8 @@ from typing import Iterator
 
 import duckdb
 import pytest
-from users_harness import (  # noqa: F401 (fixtures)
-    VENV_BIN,
-    as_user,
-    needs_root,
-    public_dir,
-    root_daemon,
-    run_as,
-    user_env,
-    users,
-)
+from users_harness import VENV_BIN, as_user, needs_root, root_daemon, run_as, user_env
+from users_harness import public_dir, users  # noqa: F401 (fixtures)
 
 from eventsched.domain import events as ev
 from eventsched.projections.history import SCHEMA_VERSION, TABLES, VIEWS, History
@@ -280,7 +272,7 @@ def test_a_user_who_cannot_read_the_log_gets_answers_with_the_hardening_locked(w
 @needs_root
 def test_files_cannot_be_read_through_sql(world: dict) -> None:
     bob, state = world["bob"], world["state"]
-    output = state / "jobs" / str(world["job"]) / "output.log"
+    output = state / "jobs" / f"{world['job']}.log"
     for attack in (
         "SELECT content FROM read_text('/etc/shadow')",
         f"SELECT content FROM read_blob('{output}')",

@@ -46,12 +46,6 @@ def wait_screen(job: int, text: str, timeout: float = 15.0) -> str:
     raise AssertionError(f"{text!r} never appeared in job {job}'s session; it shows {shown!r}")
 
 
-def log_of(d: Daemon, job: int) -> str:
-    result = d.cli("logs", str(job))
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def test_tmux_job_shows_its_output_in_the_session_and_its_log_and_records_its_exit(daemon: Daemon, tmp_path: Path) -> None:
     go = tmp_path / "go"
     job = daemon.submit("--gpus", "0", "--session", "tmux", "--",
@@ -67,7 +61,7 @@ def test_tmux_job_shows_its_output_in_the_session_and_its_log_and_records_its_ex
     jobs = daemon.wait_states([job], FINAL)
     assert jobs[job]["state"] == "failed"
     assert jobs[job]["exit_code"] == 3 and jobs[job]["signal"] is None
-    assert f"hello from {job}" in log_of(daemon, job)
+    assert f"hello from {job}" in daemon.logs(job)
     # the session is gone with the job; attaching says so in one line
     assert capture(job) == ""
     result = daemon.cli("attach", str(job))
@@ -151,7 +145,7 @@ def test_screen_job_logs_its_output_and_records_its_exit(daemon: Daemon, tmp_pat
     go.touch()
     jobs = daemon.wait_states([job], FINAL)
     assert jobs[job]["state"] == "failed" and jobs[job]["exit_code"] == 4
-    assert "screen-says-hi" in log_of(daemon, job)
+    assert "screen-says-hi" in daemon.logs(job)
 
 
 def test_submit_rejects_an_unknown_session_kind(daemon: Daemon) -> None:

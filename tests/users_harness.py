@@ -76,29 +76,28 @@ def root_daemon(public: Path, *extra: str, gpus: str = "fake:2") -> Daemon:
     return Daemon(public / "state", gpus=gpus, extra=list(extra))
 
 
+def base_env(user: User) -> dict[str, str]:
+    """A clean login's environment, keeping the test run's choice of sources over stale compiled modules."""
+    pure = {"EVENTSCHED_PURE": os.environ["EVENTSCHED_PURE"]} if "EVENTSCHED_PURE" in os.environ else {}
+    return {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": user.home, **pure}
+
+
 def user_env(user: User, state_dir: Path, **more: str) -> dict[str, str]:
-    return {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": user.home, "USER": user.name,
-            "EVENTSCHED_STATE_DIR": str(state_dir), **more}
+    return {**base_env(user), "USER": user.name, "EVENTSCHED_STATE_DIR": str(state_dir), **more}
 
 
 def as_user(user: User, state_dir: Path, *args: str, timeout: float = 30.0, cwd: str | None = None,
             input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``eventsched ARGS`` as ``user`` against the daemon of ``state_dir``."""
-    return subprocess.run(
-        ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups",
-         "env", "-i", *(f"{k}={v}" for k, v in (env or user_env(user, state_dir)).items()),
-         f"{VENV_BIN}/eventsched", *args],
-        cwd=cwd or user.home, capture_output=True, text=True, timeout=timeout, input=input,
-    )
+    return run_as(user, [f"{VENV_BIN}/eventsched", *args], timeout=timeout, cwd=cwd, input=input,
+                  env=env or user_env(user, state_dir))
 
 
 def run_as(user: User, argv: list[str], *, timeout: float = 30.0, env: dict[str, str] | None = None,
-           cwd: str | None = None) -> subprocess.CompletedProcess:
+           cwd: str | None = None, input: str | None = None) -> subprocess.CompletedProcess:
     """Run any program as ``user`` (a Python attack script, ``cat``, ...)."""
     return subprocess.run(
         ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups",
-         "env", "-i", *(f"{k}={v}" for k, v in (env or {"PATH": f"{VENV_BIN}:/usr/bin:/bin",
-                                                          "HOME": user.home}).items()),
-         *argv],
-        cwd=cwd or user.home, capture_output=True, text=True, timeout=timeout,
+         "env", "-i", *(f"{k}={v}" for k, v in (env or base_env(user)).items()), *argv],
+        cwd=cwd or user.home, capture_output=True, text=True, timeout=timeout, input=input,
     )

@@ -27,6 +27,7 @@ Errors (bad options, daemon refusals, no daemon) are shown as one line.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import re
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, NoReturn, TypeVar
 
@@ -143,15 +145,12 @@ class ArrayHandle:
         return self
 
     def summary(self) -> str:
+        head = f"array {self.array_id}: {len(self.ids)} tasks (jobs {self.ids[0]}-{self.ids[-1]})"
         try:
-            states = self.states()
+            counts = Counter(self.states().values())
         except Exception:  # a repr must never raise
-            return f"array {self.array_id}: {len(self.ids)} tasks (jobs {self.ids[0]}-{self.ids[-1]})"
-        counts: dict[str, int] = {}
-        for state in states.values():
-            counts[state] = counts.get(state, 0) + 1
-        parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-        return f"array {self.array_id}: {len(self.ids)} tasks (jobs {self.ids[0]}-{self.ids[-1]}): {parts}"
+            return head
+        return head + ": " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
 
     def __repr__(self) -> str:
         return f"<ArrayHandle {self.summary()}>"
@@ -165,9 +164,15 @@ class ArrayHandle:
 T = TypeVar("T")
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
     """Turn a user's mistake or the daemon's refusal into one line, no traceback."""
 
+    @functools.wraps(method)
     def wrapper(self: "EventschedMagics", *args: Any, **kwargs: Any) -> T | None:
         try:
             return method(self, *args, **kwargs)
@@ -180,10 +185,8 @@ def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
                 f"or in a terminal with `eventsched serve`."
             ) from None
         except (cli.UserError, UnitError, ClientError, LookupError) as exc:
-            raise UsageError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
+            raise UsageError(_first_line(exc)) from None
 
-    wrapper.__name__ = method.__name__
-    wrapper.__doc__ = method.__doc__
     return wrapper
 
 
@@ -214,10 +217,7 @@ class EventschedMagics(Magics):
 
     def resolve_socket(self, args: argparse.Namespace | None = None) -> Path:
         given = getattr(args, "socket", None) or self.socket
-        if given:
-            return Path(given).expanduser()
-        state = getattr(args, "state_dir", None) or self.state_dir
-        return default_socket(Path(state).expanduser() if state else None)
+        return Path(given).expanduser() if given else default_socket(self.resolve_state_dir(args))
 
     def client(self, args: argparse.Namespace | None = None) -> Client:
         return Client(self.resolve_socket(args))
@@ -364,8 +364,7 @@ class EventschedMagics(Magics):
             raise UsageError("%gpusql: no query given, e.g. %gpusql SELECT * FROM jobs")
         if out is not None and not out.isidentifier():
             raise UsageError(f"%gpusql: -o {out!r} is not a Python name")
-        args = argparse.Namespace(state_dir=state_dir, socket=None)
-        frame = self._query(self.resolve_state_dir(args), query)
+        frame = self._query(self.resolve_state_dir(argparse.Namespace(state_dir=state_dir)), query)
         if out is not None:
             if self.shell is None:  # only when built by hand, outside IPython
                 raise UsageError("%gpusql -o: no IPython shell to store the result in")
@@ -384,8 +383,7 @@ class EventschedMagics(Magics):
         except HistoryError as exc:
             raise UsageError(str(exc)) from None
         except duckdb.Error as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UsageError(f"%gpusql: {first}") from None
+            raise UsageError(f"%gpusql: {_first_line(exc)}") from None
         return pd.DataFrame(rows, columns=columns)
 
     # --- the daemon ------------------------------------------------------------
@@ -407,10 +405,8 @@ class EventschedMagics(Magics):
         action, rest = words[0], words[1:]
         if action == "start":
             return self._start(rest)
-        args = subcommand_parser("health", f"%gpuscheduler {action}").parse_args(rest)
-        socket_path = self.resolve_socket(args)
-        with Client(socket_path, timeout=5.0) as c:
-            info = c.ping()
+        socket_path = self.resolve_socket(subcommand_parser("health", f"%gpuscheduler {action}").parse_args(rest))
+        info = _ping(socket_path)
         if action == "status":
             return Message(f"eventsched daemon pid {info['pid']} answers on {socket_path} (log at seq {info['seq']})", **info)
         return self._stop(int(info["pid"]), socket_path)
@@ -420,19 +416,15 @@ class EventschedMagics(Magics):
         state_dir = self.resolve_state_dir(args)
         socket_path = self.resolve_socket(args)
         try:
-            with Client(socket_path, timeout=5.0) as c:
-                info = c.ping()
+            info = _ping(socket_path)
         except DaemonNotRunning:
             pass
         else:
             self._remember(args)
             return Message(f"an eventsched daemon is already running (pid {info['pid']}) on {socket_path}", **info)
-        if args.gpus is None and self.scheduler_gpus:
-            words = [*words, "--gpus", self.scheduler_gpus]
-        if not args.state_dir:
-            words = [*words, "--state-dir", str(state_dir)]
-        if not args.socket:
-            words = [*words, "--socket", str(socket_path)]
+        words = [*words, *(["--gpus", self.scheduler_gpus] if args.gpus is None and self.scheduler_gpus else []),
+                 *([] if args.state_dir else ["--state-dir", str(state_dir)]),
+                 *([] if args.socket else ["--socket", str(socket_path)])]
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
             out = open(state_dir / "serve.out", "ab")
@@ -452,8 +444,7 @@ class EventschedMagics(Magics):
             if code is not None:
                 raise UsageError(f"%gpuscheduler: the daemon exited with status {code}: {_last_line(state_dir / 'serve.out')}")
             try:
-                with Client(socket_path, timeout=5.0) as c:
-                    info = c.ping()
+                _ping(socket_path)
                 break
             except ClientError:
                 if time.monotonic() > deadline:
@@ -482,19 +473,12 @@ class EventschedMagics(Magics):
             return Message(f"the daemon (pid {pid}) has already gone")
         except PermissionError:
             raise UsageError(f"%gpuscheduler: the daemon (pid {pid}) belongs to another user") from None
+        ours = self._started if self._started is not None and self._started.pid == pid else None
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._started is not None and self._started.pid == pid:
-                if self._started.poll() is not None:
-                    break
-            else:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
+        while ours.poll() is None if ours else _alive(pid):  # a child of ours must be reaped to be gone
+            if time.monotonic() > deadline:
+                raise UsageError(f"%gpuscheduler: the daemon (pid {pid}) is still running 15s after SIGTERM")
             time.sleep(0.1)
-        else:
-            raise UsageError(f"%gpuscheduler: the daemon (pid {pid}) is still running 15s after SIGTERM")
         return Message(f"eventsched daemon (pid {pid}) stopped", pid=pid)
 
 
@@ -504,21 +488,28 @@ _SQL_OPTION = re.compile(r"\s*(-o|--out|--state-dir)(?:\s+|=)(\S+)")
 def split_sql_line(line: str) -> tuple[str | None, str | None, str]:
     """``-o NAME`` / ``--state-dir DIR`` before the query; the query kept as typed
     (its quotes matter to SQL, so it is not split like a shell line)."""
-    out = state_dir = None
+    found: dict[str, str] = {}
     rest = line
-    while True:
-        match = _SQL_OPTION.match(rest)
-        if match is None:
-            break
-        if match.group(1) == "--state-dir":
-            state_dir = match.group(2)
-        else:
-            out = match.group(2)
+    while match := _SQL_OPTION.match(rest):
+        found["--state-dir" if match.group(1) == "--state-dir" else "-o"] = match.group(2)
         rest = rest[match.end():]
     rest = rest.strip()
     if rest.startswith("-"):
         raise UsageError(f"%gpusql: unknown option {rest.split()[0]!r}; options are -o NAME and --state-dir DIR")
-    return out, state_dir, rest
+    return found.get("-o"), found.get("--state-dir"), rest
+
+
+def _ping(socket_path: Path) -> dict[str, Any]:
+    with Client(socket_path, timeout=5.0) as c:
+        return c.ping()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _last_line(path: Path) -> str:
