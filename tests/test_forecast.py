@@ -1,5 +1,5 @@
-"""Start forecasts (issue 17: "when will my job start?"): the core run
-forward on a copy of the state with predicted runtimes."""
+"""Start forecasts ("when will my job start?"): the core run forward on a
+copy of the state with predicted runtimes."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def test_forecasts_are_exact_when_runtimes_are_and_measured_when_not(tmp_path: P
     errors = forecast_errors(Path(result.state_dir) / "log")
     assert len(errors) > 20
     # once both users have a finished run (ann's first ends at 65 s) the predictions are exact
-    late = [abs(actual - est) for _, made, est, actual in errors if made >= 65]
+    late = [abs(actual - est) for _, made, est, _, _, actual in errors if made >= 65]
     assert len(late) > 15 and max(late) == pytest.approx(0.0, abs=1e-6)
     # before that, ann's jobs were predicted from bob's runs (the median of all): off, and measured
-    early = [abs(actual - est) for _, made, est, actual in errors if made < 65]
+    early = [abs(actual - est) for _, made, est, _, _, actual in errors if made < 65]
     assert early and max(early) > 10

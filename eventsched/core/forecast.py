@@ -1,20 +1,35 @@
-"""When will a queued job start? (issue 17, "when will my job start").
+"""When will a queued job start, and how sure is that?
 
 The scheduler's own core runs forward from a copy of the current state on a
-virtual clock: every running job is taken to end at its predicted time (F14:
-the mean of the same user's runs of the same job, else the median of all
-runs, capped by its time limit), each end is fed to ``core.handle`` as an
-exit, and the placements the policy then makes are the forecast starts. No
-second model: the forecast is what this scheduler would do *if running jobs
-take their predicted times and nobody submits a job that goes first*.
+virtual clock: every running job is taken to end at its predicted time (the
+mean of the same user's runs of the same job, else the median of all runs,
+capped by its time limit; a job already past its prediction goes on as one
+of the runs that lasted as long did), each end is fed to
+``core.handle`` as an exit, and the placements the policy then makes are the
+median forecast starts.
+
+The 80 % range around it is conformal: the forecasts shown before
+(``JobForecast``) are scored against their real starts as the log ratio of
+actual to forecast wait, and the range is the forecast wait scaled by that
+score's 10th and 90th percentiles. What the forward run leaves out (jobs
+submitted later that go first, runtimes off their mean) is in those errors,
+so the range covers 8 starts in 10 as long as the future errs as the recent
+past did. Forecasts still waiting count with the wait so far, a lower bound:
+leaving them out would keep the longest waits out of the scores. Until
+``MIN_SCORES`` forecasts can be scored, a wide guess stands in and is said to.
 
 Pure: the state passed in is never changed.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -22,29 +37,77 @@ from eventsched.core import scheduler as core
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.domain.states import JobState
-from eventsched.projections.cluster import (
-    ClusterState,
-    Job,
-    runtime_key,
-    state_from_snapshot,
-)
+from eventsched.projections.cluster import ClusterState, Job, runtime_key
 from eventsched.projections.model import TenantUsage, time_limit_of
 
 _ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.HELD)
 
-__all__ = ["Forecast", "forecast_starts", "forecast_from_snapshot", "run_forecast", "working_copy", "describe", "ASSUMPTIONS", "MAX_STEPS"]
+__all__ = ["Forecast", "Calibration", "shown", "range_basis", "forecast_starts", "run_forecast", "working_copy", "describe", "ASSUMPTIONS", "MAX_STEPS"]
 
 DEFAULT_RUNTIME_S = 3600.0  # a job nobody has seen run: an hour (as sjf-backfill assumes)
 MAX_STEPS = 2000  # simulated exits per forecast: beyond that, "not within the forecast"
 ASSUMPTIONS = "if running jobs take their predicted times and nobody submits a job that goes first"
+SLACK_S = 10.0  # scores compare waits plus 10 s: a second off a wait of a second is no failure
+MIN_SCORES = 20
+WINDOW = 500  # the most recent forecasts scored: the workload drifts
+LOOK_BACK = 100_000  # events a daemon reads back for them: a first explain stays quick on a long log
+GUESS = (math.log(0.5), math.log(3.0))  # the range before there is anything to score
 
 
 class Forecast(msgspec.Struct, frozen=True, kw_only=True):
-    starts: dict[int, float]  # queued job -> estimated start (UNIX seconds)
+    starts: dict[int, float]  # queued job -> estimated start (UNIX seconds), the median
+    low: dict[int, float] = {}  # its 80 % range: 10th percentile
+    high: dict[int, float] = {}  # and 90th
+    calibrated: bool = False  # the range rests on MIN_SCORES scored forecasts, not the guess
     made_at: float
     horizon: float  # how far the forecast ran (a job not in starts starts after this, if ever)
     complete: bool  # every wanted job got a start
     blind: bool = False  # no run had finished yet: every runtime was the 1-hour default
+
+
+class Calibration:
+    """Forecasts shown against what happened: a fold of ``JobForecast`` and
+    the ``JobPlaced`` that follows, kept to the last ``WINDOW``."""
+
+    def __init__(self) -> None:
+        self.seq = 0  # the last event folded
+        self.open: dict[int, tuple[float, float]] = {}  # job -> (made at, forecast wait)
+        self.scores: deque[float] = deque(maxlen=WINDOW)
+        self._lock = threading.Lock()  # one catch-up at a time; readers copy what they read
+
+    def catch_up(self, read: Callable[[int], Iterable[list[ev.Event]]], last_seq: int) -> None:
+        """Fold the log past what was folded: ``read(seq)`` gives its events from ``seq`` on."""
+        with self._lock:
+            for batch in read(max(self.seq + 1, last_seq - LOOK_BACK)):
+                self.fold(batch)
+
+    def fold(self, events: list[ev.Event]) -> None:
+        for e in events:
+            self.seq = max(self.seq, e.seq)
+            if isinstance(e, ev.JobForecast):
+                self.open.pop(e.job, None)  # the newest forecast of a job counts, once
+                self.open[e.job] = (e.ts, e.estimated_start - e.ts)
+                if len(self.open) > WINDOW:
+                    del self.open[next(iter(self.open))]
+            elif isinstance(e, (ev.JobPlaced, ev.JobCancelled)) and e.job in self.open:
+                made, wait = self.open.pop(e.job)
+                if isinstance(e, ev.JobPlaced):
+                    self.scores.append(_score(e.ts - made, wait))
+
+    def bounds(self, now: float) -> tuple[float, float] | None:
+        """The 10th and 90th percentile scores (None: too few yet)."""
+        scores = sorted(list(self.scores) + [_score(now - made, wait) for made, wait in list(self.open.values())])
+        if len(scores) < MIN_SCORES:
+            return None
+        return scores[len(scores) // 10], scores[min(len(scores) - 1, len(scores) * 9 // 10)]
+
+
+def _score(actual_wait: float, forecast_wait: float) -> float:
+    return math.log((max(0.0, actual_wait) + SLACK_S) / (max(0.0, forecast_wait) + SLACK_S))
+
+
+def _scaled(wait: float, score: float) -> float:
+    return max(0.0, (wait + SLACK_S) * math.exp(score) - SLACK_S)
 
 
 def _predicted(state: ClusterState, job: Job) -> float:
@@ -53,16 +116,26 @@ def _predicted(state: ClusterState, job: Job) -> float:
     return min(p, limit) if limit is not None else p
 
 
+def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> float:
+    """How much longer a job that ran ``ran`` s runs. Past its prediction it is
+    not about to end: it goes on as one of the runs (all runs, in ms) that
+    lasted as long did, or as long again when none did. Which one is spread
+    evenly over the overdue jobs by their ids: the first of many to end comes
+    sooner than any one's median end."""
+    p = _predicted(state, job)
+    if ran < p:
+        return p - ran
+    i = bisect.bisect_right(runs, ran * 1000)
+    rest = runs[i + int((job.id * 0.6180339887) % 1 * (len(runs) - i))] / 1000 - ran if i < len(runs) else ran
+    limit = time_limit_of(job, state.config.default_time_limit_s)
+    return max(1.0, min(rest, limit - ran) if limit is not None else rest)
+
+
 def forecast_starts(state: ClusterState, now: float, wanted: set[int] | None = None,
-                    max_steps: int = MAX_STEPS) -> Forecast:
+                    max_steps: int = MAX_STEPS, calibration: Calibration | None = None) -> Forecast:
     """Estimated start of each queued job in ``wanted`` (default: all)."""
-    return run_forecast(working_copy(state), now, wanted, max_steps)
+    return run_forecast(working_copy(state), now, wanted, max_steps, calibration)
 
-
-def forecast_from_snapshot(data: bytes, now: float, wanted: set[int] | None = None,
-                           max_steps: int = MAX_STEPS) -> Forecast:
-    """``forecast_starts`` of the state ``data`` holds (``snapshot_bytes``)."""
-    return run_forecast(state_from_snapshot(data), now, wanted, max_steps)
 
 
 def working_copy(state: ClusterState) -> ClusterState:
@@ -85,7 +158,8 @@ def working_copy(state: ClusterState) -> ClusterState:
     return sim
 
 
-def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_steps: int = MAX_STEPS) -> Forecast:
+def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_steps: int = MAX_STEPS,
+                 calibration: Calibration | None = None) -> Forecast:
     """Run the core forward on ``sim`` (a copy: it is changed)."""
     queued = {j.id for j in sim.jobs.values() if j.state == JobState.QUEUED}
     wanted = queued if wanted is None else wanted & queued
@@ -95,10 +169,11 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     # (time, order, kind, job): ends of running jobs and the core's wake-ups
     ends: list[tuple[float, int, str, int]] = []
     n = 0
+    runs = sim.stats.sorted
     for jid in sim.running:
         job = sim.jobs[jid]
-        start = job.started_at if job.started_at is not None else now
-        ends.append((max(now, start + _predicted(sim, job)), n, "end", jid))
+        ran = now - (job.started_at if job.started_at is not None else now)
+        ends.append((now + _remaining(sim, job, ran, runs), n, "end", jid))
         n += 1
     heapq.heapify(ends)
     starts: dict[int, float] = {}
@@ -134,21 +209,45 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
             continue  # ended already (a stop and its predicted end both queued)
         feed(m.ProcessExited(job=jid, exit_code=0), t)
     complete = len(starts) == len(wanted)
+    known = calibration.bounds(now) if calibration is not None else None
+    lo, hi = known or GUESS
     return Forecast(starts=starts, made_at=now, horizon=t if not complete else max(starts.values(), default=now),
-                    complete=complete, blind=blind)
+                    complete=complete, blind=blind, calibrated=known is not None,
+                    low={j: now + min(_scaled(s - now, lo), s - now) for j, s in starts.items()},
+                    high={j: now + max(_scaled(s - now, hi), s - now) for j, s in starts.items()})
 
 
-def describe(start: float | None, now: float) -> str:
-    """"in about 12 min" for a person (None: beyond the forecast)."""
+def shown(f: Forecast, job: int, now: float) -> dict[str, Any]:
+    """What ``explain`` and ``queue --json`` show of ``job``'s forecast (None: beyond it)."""
+    start = f.starts.get(job)
+    return {"estimated_start": start, "estimated_start_p10": f.low.get(job), "estimated_start_p90": f.high.get(job),
+            "calibrated": f.calibrated, "text": describe(start, now, f.low.get(job), f.high.get(job))}
+
+
+def range_basis(f: Forecast) -> str:
+    """Where the 80 % range comes from, for a person."""
+    if f.calibrated:
+        return "; the 80 % range from how the recent forecasts shown here erred"
+    return f"; the 80 % range is a wide guess until {MIN_SCORES} forecasts shown here can be checked"
+
+
+def describe(start: float | None, now: float, low: float | None = None, high: float | None = None) -> str:
+    """"in about 12 min (80 %: 5 min to 40 min)" for a person (None: beyond the forecast)."""
     if start is None:
         return "not within the forecast (too many jobs ahead, or it cannot fit what will free)"
-    wait = max(0.0, start - now)
-    if wait < 1:
-        return "now"
+    wait = start - now  # under a second is not "now": it waits for the next decision
+    text = "at the next decision" if wait < 1 else f"in about {_span(wait)}"
+    if low is not None and high is not None:
+        text += f" (80 %: {_span(low - now)} to {_span(high - now)})"
+    return text
+
+
+def _span(wait: float) -> str:
+    wait = max(0.0, wait)
     if wait < 90:
-        return f"in about {wait:.0f} s"
+        return f"{wait:.0f} s"
     if wait < 5400:
-        return f"in about {wait / 60:.0f} min"
+        return f"{wait / 60:.0f} min"
     if wait < 2 * 86400:
-        return f"in about {wait / 3600:.1f} h"
-    return f"in about {wait / 86400:.1f} days" if math.isfinite(wait) else "never"
+        return f"{wait / 3600:.1f} h"
+    return f"{wait / 86400:.1f} days" if math.isfinite(wait) else "never"
