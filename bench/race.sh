@@ -20,19 +20,58 @@
 # Everything lives in a temporary directory, removed at the end; the daemon and the tsp server
 # are started here and stopped by PID; nothing binds but their unix sockets.
 #
-# Run: bench/race.sh            (N=1000 jobs, IDLE_N=20; both can be set in the environment)
+# Run: bench/race.sh [--dir DIR]    (N=1000 jobs, IDLE_N=20, DRAINS="loop array file": eventsched's
+#                                   drains to run; all can be set in the environment; IDLE_N=0: none)
+# --dir DIR: that temporary directory is made in DIR, so every contestant (xargs runs there too,
+# tsp keeps its output files there, eventsched its state) works on DIR's file system, whose type
+# and journal mode are printed first. Without it: under /tmp.
 set -euo pipefail
+DIR=/tmp
+case ${1:-} in
+  --dir) DIR=${2:?race: --dir needs a folder}; [ -d "$DIR" ] || { echo "race: no folder $DIR" >&2; exit 2; } ;;
+  "") ;;
+  *) echo "race: usage: bench/race.sh [--dir DIR]" >&2; exit 2 ;;
+esac
+DIR=$(cd "$DIR" && pwd)
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 N=${N:-1000}
 IDLE_N=${IDLE_N:-20}
+DRAINS=" ${DRAINS:-loop array file} "
 ES=${EVENTSCHED:-$ROOT/.venv/bin/eventsched}
-PY=$ROOT/.venv/bin/python
+PY=$(dirname "$ES")/python  # the one beside it: its tree's Client
 # a user's shell does not set it; with it, each CLI call would compile its modules again
 unset PYTHONDONTWRITEBYTECODE
 [ -x "$ES" ] || { echo "race: no $ES; run scripts/setup.sh first" >&2; exit 1; }
 
-WORK=$(mktemp -d /tmp/eventsched-race.XXXXXX)
+# "FSTYPE on SOURCE, journal: MODE" of the file system holding $1
+fs_line() {
+  local src fstype opts journal dev
+  read -r src fstype opts < <(findmnt -n -o SOURCE,FSTYPE,OPTIONS --target "$1")
+  case $fstype in
+    ext3|ext4)
+      dev=$(basename "$(readlink -f "$src")")
+      if features=$(dumpe2fs -h "$src" 2>/dev/null | grep '^Filesystem features:'); then
+        [[ $features == *has_journal* ]] && journal=yes || journal=no
+      elif [ -d "/proc/fs/jbd2/$dev-8" ]; then journal=yes  # dumpe2fs needs read access to the device
+      else journal=unknown; fi
+      case $journal in
+        yes) journal="journaled, $(grep -o 'data=[a-z]*' <<<"$opts" || echo data=ordered)" ;;
+        no) journal="no journal" ;;
+        *) journal="unknown (dumpe2fs -h $src needs read access)" ;;
+      esac ;;
+    tmpfs|ramfs) journal="none (memory)" ;;
+    xfs|btrfs|zfs|f2fs) journal="its own log" ;;
+    *) journal="unknown" ;;
+  esac
+  echo "$fstype on $src, journal: $journal ($opts)"
+}
+FS=$(fs_line "$DIR")
+echo "race: in $DIR: $FS"
+command -v tsp >/dev/null ||
+  echo "race: task-spooler is not installed (no tsp; Debian package task-spooler, scripts/install-bench-tools.sh): its row is skipped" >&2
+
+WORK=$(mktemp -d "$DIR/eventsched-race.XXXXXX")
 DAEMON_PID=""
 cleanup() {
   if [ -n "$DAEMON_PID" ]; then
@@ -59,7 +98,7 @@ report() { printf '%-44s %8.3f s   %s\n' "$1" "$2" "$3"; }
 
 # --- the floor ---------------------------------------------------------------------------------
 t0=$(now)
-seq "$N" | xargs -P 4 -n 1 true
+(cd "$WORK" && seq "$N" | xargs -P 4 -n 1 true)
 FLOOR=$(sub "$(now)" "$t0")
 
 # --- task-spooler --------------------------------------------------------------------------------
@@ -82,7 +121,7 @@ if command -v tsp >/dev/null; then
     sub "$(head -n 1 "$(ts -o "$id")")" "$t0" >>"$WORK/tsp-dispatch"
     sleep 0.05
   done
-  TSP_DISPATCH=$(median <"$WORK/tsp-dispatch")
+  [ "$IDLE_N" -gt 0 ] && TSP_DISPATCH=$(median <"$WORK/tsp-dispatch")
   ts -K >/dev/null 2>&1 || true
 fi
 
@@ -113,16 +152,21 @@ PY
 }
 last_id() { "$PY" -c 'from eventsched import Client; print(max([j["id"] for j in Client().jobs(all=True)], default=0))'; }
 
-before=$(last_id)
-t0=$(now)
-for _ in $(seq "$N"); do "$ES" submit --gpus 1 -- true >/dev/null; done
-DRAIN[loop]=$(sub "$(drained_at "$before")" "$t0")
+if [[ $DRAINS == *" loop "* ]]; then
+  before=$(last_id)
+  t0=$(now)
+  for _ in $(seq "$N"); do "$ES" submit --gpus 1 -- true >/dev/null; done
+  DRAIN[loop]=$(sub "$(drained_at "$before")" "$t0")
+fi
 
-before=$(last_id)
-t0=$(now)
-"$ES" submit --gpus 1 --array "0-$((N - 1))" -- true >/dev/null
-DRAIN[array]=$(sub "$(drained_at "$before")" "$t0")
+if [[ $DRAINS == *" array "* ]]; then
+  before=$(last_id)
+  t0=$(now)
+  "$ES" submit --gpus 1 --array "0-$((N - 1))" -- true >/dev/null
+  DRAIN[array]=$(sub "$(drained_at "$before")" "$t0")
+fi
 
+[[ $DRAINS == *" file "* ]] && {
 mkdir -p "$WORK/jobs" "$WORK/shadow"
 ln -s "$(type -P true)" "$WORK/shadow/python"
 : >"$WORK/jobs/noop.py"
@@ -132,6 +176,7 @@ before=$(last_id)
 t0=$(now)
 PATH=$WORK/shadow:$PATH "$ES" submit-file "$WORK/jobs/jobs.txt" >/dev/null
 DRAIN[file]=$(sub "$(drained_at "$before")" "$t0")
+}
 
 for _ in $(seq "$IDLE_N"); do
   t0=$(now)
@@ -145,19 +190,22 @@ for _ in $(seq "$IDLE_N"); do
   [ -n "$stamp" ] || { echo "race: job $id printed no time" >&2; exit 1; }
   sub "$stamp" "$t0" >>"$WORK/es-dispatch"
 done
-ES_DISPATCH=$(median <"$WORK/es-dispatch")
+[ "$IDLE_N" -gt 0 ] && ES_DISPATCH=$(median <"$WORK/es-dispatch")
 
 # --- the table -----------------------------------------------------------------------------------
 echo "race: $N jobs of true, at most 4 at a time ($(nproc) CPUs); drain from the first submission to the last job's end"
+echo "race: file system: $FS"
 report "xargs -P 4 -n 1 true (the floor)" "$FLOOR" "1.0x"
 if [ -n "${DRAIN[tsp]:-}" ]; then
   report "task-spooler: bash loop of tsp true" "${DRAIN[tsp]}" "$(ratio "${DRAIN[tsp]}" "$FLOOR")"
 else
-  echo "task-spooler: skipped (no tsp; scripts/install-bench-tools.sh installs it)"
+  echo "task-spooler: NOT RUN: tsp is not installed (Debian package task-spooler; scripts/install-bench-tools.sh)"
 fi
-report "eventsched: bash loop of eventsched submit" "${DRAIN[loop]}" "$(ratio "${DRAIN[loop]}" "$FLOOR")"
-report "eventsched: submit --array 0-$((N - 1))" "${DRAIN[array]}" "$(ratio "${DRAIN[array]}" "$FLOOR")"
-report "eventsched: submit-file ($N lines)" "${DRAIN[file]}" "$(ratio "${DRAIN[file]}" "$FLOOR")"
+row() { [ -z "${DRAIN[$1]:-}" ] || report "$2" "${DRAIN[$1]}" "$(ratio "${DRAIN[$1]}" "$FLOOR")"; }
+row loop "eventsched: bash loop of eventsched submit"
+row array "eventsched: submit --array 0-$((N - 1))"
+row file "eventsched: submit-file ($N lines)"
+[ "$IDLE_N" -gt 0 ] || exit 0
 echo "idle dispatch p50 of $IDLE_N, the submitting command's start to the job's first instruction:"
 [ -n "$TSP_DISPATCH" ] && printf '  %-42s %6.1f ms\n' "tsp date +%s.%N" "$("$PY" -c "print($TSP_DISPATCH * 1e3)")"
 printf '  %-42s %6.1f ms\n' "eventsched submit --gpus 1 -- date +%s.%N" "$("$PY" -c "print($ES_DISPATCH * 1e3)")"

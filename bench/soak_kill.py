@@ -229,19 +229,17 @@ def _running_attempts(state: Path) -> list[tuple[int, dict[str, Any]]]:
     """(job, pid record) of every attempt that has started and not ended."""
     out = []
     jobs_dir = state / "jobs"
-    names = sorted((int(n) for n in os.listdir(jobs_dir) if n.isdigit()), reverse=True) if jobs_dir.is_dir() else []
-    for job in names[:200]:  # the newest: the others ended long ago (and a scan of all grows with the soak)
-        job_dir = jobs_dir / str(job)
-        for attempt in job_dir.iterdir():
-            if not attempt.name.isdigit():
-                continue  # output.log, N.spec.json
-            try:  # a pid line and no exit line yet (runtime/launch/supervisor.py)
-                records = [json.loads(line) for line in attempt.read_text().splitlines()]
-            except (ValueError, OSError):
-                continue
-            started = [r for r in records if "pid" in r]
-            if started and not any("exit_code" in r for r in records):
-                out.append((int(job_dir.name), started[0]))
+    names = [n.split(".") for n in os.listdir(jobs_dir)] if jobs_dir.is_dir() else []
+    # attempt records are jobs/ID.N (not ID.log, ID.N.spec.json)
+    tries = sorted((int(n[0]), n[1]) for n in names if len(n) == 2 and n[0].isdigit() and n[1].isdigit())
+    for job, attempt in tries[-200:]:  # the newest: the others ended long ago (and a scan of all grows with the soak)
+        try:  # a pid line and no exit line yet (runtime/launch/supervisor.py)
+            records = [json.loads(line) for line in (jobs_dir / f"{job}.{attempt}").read_text().splitlines()]
+        except (ValueError, OSError):
+            continue
+        started = [r for r in records if "pid" in r]
+        if started and not any("exit_code" in r for r in records):
+            out.append((job, started[0]))
     return out
 
 

@@ -98,7 +98,7 @@ async def run_job(ex: Executor, job: int, spec: JobSpec, gpu_ids: list[int]) -> 
         assert isinstance(started, ProcessStarted) and started.pid > 0 and started.start_time > 0
         exited = await inbox.next()
     assert isinstance(exited, ProcessExited) and exited.job == job
-    return exited, ex.log_path(job).read_text()
+    return exited, ex.log_path(job).read_text() if ex.log_path(job).exists() else ""  # none: it printed nothing
 
 
 def records(attempt: Path) -> list[dict]:
@@ -245,9 +245,9 @@ async def test_output_log_holds_stdout_and_stderr_privately(tmp_path: Path) -> N
     ex = Executor(tmp_path)
     _, log = await run_job(ex, 3, JobSpec(command=py(code)), [0])
     assert log == "to out\nto err\n"
-    assert ex.log_path(3) == tmp_path / "jobs/3/output.log"
+    assert ex.log_path(3) == tmp_path / "jobs/3.log"
     assert stat.S_IMODE(ex.log_path(3).stat().st_mode) == 0o600
-    assert stat.S_IMODE((tmp_path / "jobs/3").stat().st_mode) & 0o077 in (0, 0o011)
+    assert stat.S_IMODE((tmp_path / "jobs").stat().st_mode) & 0o077 in (0, 0o011)
 
 
 async def test_exit_code_is_reported(tmp_path: Path) -> None:
@@ -361,7 +361,7 @@ async def test_a_killed_supervisor_makes_the_job_lost(tmp_path: Path) -> None:
     ex = Executor(tmp_path)
     async with running(ex) as inbox:
         started = await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
-        sup = pid_record(tmp_path / "jobs/1/0")["supervisor_pid"]
+        sup = pid_record(tmp_path / "jobs/1.0")["supervisor_pid"]
         os.kill(sup, signal.SIGKILL)
         msg = await inbox.next()
     assert isinstance(msg, ProcessLost) and msg.job == 1 and str(started.pid) in msg.reason
@@ -372,7 +372,7 @@ async def test_stopping_a_supervisor_stops_its_job_and_records_it(tmp_path: Path
     ex = Executor(tmp_path)
     async with running(ex) as inbox:
         await ex.launch(1, JobSpec(command=["sleep", "100"]), [0])
-        sup = pid_record(tmp_path / "jobs/1/0")["supervisor_pid"]
+        sup = pid_record(tmp_path / "jobs/1.0")["supervisor_pid"]
         os.kill(sup, signal.SIGTERM)
         assert await inbox.next() == ProcessExited(job=1, exit_code=None, signal=signal.SIGTERM)
 
@@ -435,7 +435,7 @@ async def test_jobs_survive_a_killed_daemon_and_are_recovered(tmp_path: Path) ->
     daemon = subprocess.Popen([PY, "-c", DAEMON, str(state), json.dumps(jobs)], stdout=subprocess.PIPE, text=True)
     try:
         pids = json.loads(daemon.stdout.readline())
-        wait_for(lambda: len(records(state / "jobs/1/0")) == 2)  # pid, exit
+        wait_for(lambda: len(records(state / "jobs/1.0")) == 2)  # pid, exit
     finally:
         daemon.kill()
         daemon.wait()
@@ -484,14 +484,13 @@ async def test_adopted_job_can_be_signalled(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("torn", [False, True])
 def test_recover_reports_lost_when_the_supervisor_vanished(tmp_path: Path, torn: bool) -> None:
-    attempt = tmp_path / "jobs/1/0"
+    attempt = tmp_path / "jobs/1.0"
     attempt.parent.mkdir(parents=True)
     # a supervisor that recorded a start, then died without an exit record
     # (its exit line cut short, if torn)
     started = json.dumps({"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1})
     attempt.write_text(started + "\n" + ('{"exit_code": 0, "signal": nu' if torn else ""))
-    (tmp_path / "jobs/2").mkdir(parents=True)  # died before starting its job
-    (tmp_path / "jobs/2/0").touch()
+    (tmp_path / "jobs/2.0").touch()  # died before starting its job
     msgs = Executor(tmp_path).recover({1: (999999, 1), 2: (0, 0)})
     assert [type(m) for m in msgs] == [ProcessLost, ProcessLost]
     assert "999999" in msgs[0].reason
@@ -523,7 +522,7 @@ def zombie_children(ppid: int) -> list[int]:
 
 
 def supervisor_of(state: Path, job: int) -> int:
-    return pid_record(state / f"jobs/{job}/0")["supervisor_pid"]
+    return pid_record(state / f"jobs/{job}.0")["supervisor_pid"]
 
 
 async def test_launches_are_forked_by_one_zygote_in_its_own_session(tmp_path: Path) -> None:

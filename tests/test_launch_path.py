@@ -1,6 +1,7 @@
 """The launch path: a supervisor forked by the zygote gets its plan with the
 request (no spec.json unless it is too big for one message), creates the
-job's log itself, and records the job's cgroups in its pid record so that a
+job's log itself (at its first output: a launch creates one inode, its
+attempt record, before the job runs), and records the job's cgroups in its pid record so that a
 restarted daemon can still clear them."""
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
     code = "import os; print(os.environ['EVENTSCHED_JOB_ID'])"
     exited = await _run(ex, 7, JobSpec(command=[sys.executable, "-S", "-c", code]))
     assert exited.exit_code == 0
-    attempt = tmp_path / "jobs/7/0"
-    assert not (tmp_path / "jobs/7/0.spec.json").exists()
+    attempt = tmp_path / "jobs/7.0"
+    assert not (tmp_path / "jobs/7.0.spec.json").exists()
     assert ex.log_path(7).read_text() == "7\n"
     # created by the supervisor, as the daemon would: private to the job's owner
     assert stat.S_IMODE(ex.log_path(7).stat().st_mode) == 0o600
@@ -68,8 +69,14 @@ async def test_a_zygote_launch_writes_no_spec_file(tmp_path: Path) -> None:
     parent = ex.containment.removeprefix("cgroup2:")
     assert started["cgroup"] == (f"{parent}/job-7-0" if ex.containment != "process-group" else "")
     assert ended["exit_code"] == 0
-    assert sorted(p.name for p in attempt.parent.iterdir()) == ["0", "output.log"]
+    assert sorted(p.name for p in attempt.parent.iterdir()) == ["7.0", "7.log"]
     assert stat.S_IMODE(attempt.stat().st_mode) == 0o600
+
+
+async def test_a_launch_creates_one_file_and_the_log_comes_with_the_first_output(tmp_path: Path) -> None:
+    ex = Executor(tmp_path)
+    assert (await _run(ex, 5, JobSpec(command=["true"]))).exit_code == 0
+    assert os.listdir(tmp_path / "jobs") == ["5.0"]  # no directory, no log: it printed nothing
 
 
 async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: Path) -> None:
@@ -80,7 +87,7 @@ async def test_a_plan_too_big_for_one_message_goes_through_spec_json(tmp_path: P
     exited = await _run(ex, 8, spec)
     assert exited.exit_code == 0
     assert ex.log_path(8).read_text() == f"{len(big)}\n"
-    spec_file = tmp_path / "jobs/8/0.spec.json"  # beside the attempt file
+    spec_file = tmp_path / "jobs/8.0.spec.json"  # beside the attempt file
     assert spec_file.exists() and stat.S_IMODE(spec_file.stat().st_mode) == 0o600
 
 
@@ -89,7 +96,7 @@ async def test_a_failed_start_is_still_recorded(tmp_path: Path) -> None:
     async with running(ex):
         with pytest.raises(Exception, match="command not found"):
             await ex.launch(9, JobSpec(command=["no-such-command-eventsched"]), [0])
-    ended = json.loads((tmp_path / "jobs/9/0").read_text())  # the exit line alone: it never started
+    ended = json.loads((tmp_path / "jobs/9.0").read_text())  # the exit line alone: it never started
     assert ended["exit_code"] == 127 and "command not found" in ended["error"]
 
 
@@ -104,8 +111,7 @@ def test_a_restarted_daemon_clears_the_cgroup_a_lost_job_left(tmp_path: Path) ->
         # its supervisor recorded the start (with the job's cgroup), then died
         record = {"pid": 999999, "start_time": 1, "supervisor_pid": 999999, "supervisor_start_time": 1,
                   "cgroup": f"{parent}/job-1-0", "memory_cgroup": "", "started_at": 0.0}
-        (tmp_path / "jobs/1").mkdir()
-        (tmp_path / "jobs/1/0").write_text(json.dumps(record) + "\n")
+        (tmp_path / "jobs/1.0").write_text(json.dumps(record) + "\n")
         [lost] = ex.recover({1: (999999, 1)})
         assert "supervisor gone" in lost.reason  # type: ignore[attr-defined]
         assert left.wait(timeout=10) == -signal.SIGKILL

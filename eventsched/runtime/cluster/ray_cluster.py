@@ -1,30 +1,23 @@
 """Several machines on Ray: the daemon's side of a cluster.
 
 ``serve --ray ADDRESS|auto`` connects the daemon (still the one writer of the
-one log) to a Ray cluster. Every Ray node that offers GPUs (a ``GPU``
-resource, or a ``node:NAME`` custom resource, which also names it) becomes a
-node of ours; on each, a ``NodeAgent`` actor (``ray_node_actor.py``) pinned
-there is its executor and GPU sampler. ``RayExecutor`` is the engine's
-executor: jobs placed on the daemon's own node (CPU-only jobs, by default)
-go to the local executor it is given, as on one machine; the rest go to
-their node's agent. Placement stays the core's: each ``Launch`` names its
-node and attempt, and Ray only carries it.
+one log) to a Ray cluster. Every Ray node that offers GPUs (a ``GPU`` or a
+``node:NAME`` resource, which also names it) becomes a node of ours, run by a
+pinned ``NodeAgent`` actor (``ray_node_actor.py``). Jobs placed on the
+daemon's own node go to the local executor; the rest to their node's agent.
+Placement stays the core's: each ``Launch`` names its node and attempt.
 
-Faults are facts: a node that appears is ``NodeUp`` (-> ``NodeJoined``), one
-Ray reports dead or gone is ``NodeDown`` (-> ``NodeLeft``, its jobs ``lost``),
-an agent that comes back with a new boot id is ``NodeUp(restarted=True)``
-(-> ``NodeActorRestarted``, its jobs re-adopted), a failing connection to the
-cluster is ``ClusterLink`` (-> ``ClusterDisconnected``). Agents are detached
-and named (per state dir), so a restarted daemon finds them and re-adopts
-every job; messages about an attempt that is no longer the job's current one
-on that node are dropped, so nothing is counted twice.
-When a node's agent joins (first hello, or a new boot), every attempt still
-alive on its disk that is not its job's current one there (a node declared
-dead whose processes lived on) is killed: ``StrayKilled`` (->
-``StrayAttemptKilled``), so that no job runs twice.
+Faults are facts: ``NodeUp`` (a node appears, or its agent comes back with a
+new boot id: its jobs re-adopted), ``NodeDown`` (Ray reports it dead or gone:
+its jobs lost), ``ClusterLink`` (the connection to the cluster fails).
+Agents are detached and named per state dir, so a restarted daemon finds them
+again; messages about an attempt that is not the job's current one on that
+node are dropped, so nothing is counted twice. When an agent joins, every
+other attempt alive on its disk (a node declared dead whose processes lived
+on) is killed (``StrayKilled``), so that no job runs twice.
 
 Output: each job's output is kept on its node and mirrored, as it grows, into
-the daemon's ``jobs/<job>/output.log``, where ``logs -f`` reads it.
+the daemon's ``jobs/<job>.log``, where ``logs -f`` reads it.
 
 Ray is imported here only, and only when ``--ray`` is given.
 """
@@ -47,15 +40,7 @@ import anyio.to_thread
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
-    ClusterLink,
-    GpuInfo,
-    Message,
-    NodeDown,
-    NodeUp,
-    ProcessExited,
-    ProcessLost,
-    ProcessStarted,
-    StrayKilled,
+    ClusterLink, GpuInfo, Message, NodeDown, NodeUp, ProcessExited, ProcessLost, ProcessStarted, StrayKilled,
 )
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import ClusterState
@@ -160,11 +145,9 @@ class RayExecutor:
 
     # --- the engine's interface (ports.Executor) -----------------------------------
 
-    def recover(
-        self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
-    ) -> list[Message]:
-        """Nothing yet: the daemon's own node's jobs are recovered when
-        ``run`` starts, a remote node's when its agent answers (``_join``)."""
+    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None) -> list[Message]:
+        """Nothing yet: the own node's jobs are recovered when ``run`` starts,
+        a remote node's when its agent answers (``_join``)."""
         self._to_recover = (running, attempts or {})
         return []
 
@@ -305,16 +288,9 @@ class RayExecutor:
 
     def _running_on(self, node: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         state = self._state()
-        running: dict[int, tuple[int, int]] = {}
-        attempts: dict[int, int] = {}
-        if state is None:
-            return running, attempts
-        for jid in state.running:
-            job = state.jobs[jid]
-            if job.node == node and job.state == JobState.RUNNING:
-                running[jid] = (job.pid or 0, job.start_time or 0)
-                attempts[jid] = job.attempts
-        return running, attempts
+        jobs = [] if state is None else [state.jobs[j] for j in state.running]
+        jobs = [job for job in jobs if job.node == node and job.state == JobState.RUNNING]
+        return {job.id: (job.pid or 0, job.start_time or 0) for job in jobs}, {job.id: job.attempts for job in jobs}
 
     async def _join(self, agent: _Agent, restarted: bool) -> None:
         """Tell the core the node is up, then re-adopt its jobs."""
@@ -342,10 +318,9 @@ class RayExecutor:
         agent.ready.set()
 
     async def _kill_strays(self, agent: _Agent, current: dict[int, int]) -> None:
-        """Every attempt still alive on the node that is not its job's current
-        one there (``current``: job -> attempt, as the log has them) is killed
-        and recorded (``StrayAttemptKilled``): the node was declared gone, its
-        jobs lost and requeued, so such an attempt would run a job twice."""
+        """Kill and record every attempt alive on the node that is not its
+        job's current one there (``current``: job -> attempt, as the log has
+        them): its job was lost and requeued, so it would run twice."""
         assert self._outbox is not None
         with anyio.fail_after(_CALL_TIMEOUT_S):
             live: list[tuple[int, int, int]] = await agent.actor.live_attempts.remote()
@@ -415,7 +390,7 @@ class RayExecutor:
     # --- output -------------------------------------------------------------------
 
     def _offset_file(self, job: int, node: str) -> Path:
-        return self.local.jobs_dir / str(job) / f".mirror-{node}"
+        return self.local.jobs_dir / f"{job}.mirror-{node}"
 
     async def _pull_output(self, agent: _Agent, job: int) -> None:
         """Copy what the job wrote on its node since the last copy (one copy
@@ -441,14 +416,13 @@ class RayExecutor:
             if not data:
                 return
             path = self.log_path(job)
-            path.parent.mkdir(mode=0o700, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, data)
             finally:
                 os.close(fd)
             offset += len(data)
-            tmp = marker.with_suffix(".tmp")
+            tmp = marker.with_name(marker.name + ".tmp")
             tmp.write_text(str(offset))
             os.replace(tmp, marker)
 

@@ -9,15 +9,18 @@ a fork at most rather than an interpreter start-up; otherwise (before
 zygote is replaced at the next launch; the supervisors it forked run on, and
 so do they when the daemon dies (the zygote then reads EOF and exits). The
 executor and a supervisor share nothing but the zygote's socket and the job's
-files::
+files, side by side in one directory (a directory per job would be one more
+inode per launch)::
 
-    <state_dir>/jobs/<job>/output.log          the job's stdout+stderr (0o600), all attempts
-    <state_dir>/jobs/<job>/<attempt>           created with O_EXCL: "this attempt was launched";
+    <state_dir>/jobs/<job>.<attempt>           created with O_EXCL: "this attempt was launched";
                     then its record, a JSON object per line, each appended in one
                     write by the supervisor: the pid line (job pid + /proc start
                     time, cgroups) once the job runs, the exit line (exit code or
                     signal, end time) once it has ended
-    <state_dir>/jobs/<job>/<attempt>.spec.json the plan (``plan.Plan``), only when it is
+    <state_dir>/jobs/<job>.log                 the job's stdout+stderr (0o600, its user's), all
+                    attempts, copied there by the supervisor: created at the first
+                    byte of output, so a job that prints nothing has none
+    <state_dir>/jobs/<job>.<attempt>.spec.json the plan (``plan.Plan``), only when it is
                     too big to travel with the zygote's request
 
 Creating the attempt file is the launch's commit point: a second launch of
@@ -175,7 +178,7 @@ def job_env(
 
 def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     """(pid record, exit record) of an attempt, each None until written: the
-    lines of its file ``jobs/ID/ATTEMPT``."""
+    lines of its file ``jobs/ID.ATTEMPT``."""
     try:
         with open(attempt_path, "rb") as f:
             data = f.read()
@@ -394,14 +397,20 @@ class Executor:
     # --- paths ----------------------------------------------------------
 
     def log_path(self, job: int) -> Path:
-        return self.jobs_dir / str(job) / "output.log"
+        return self.jobs_dir / f"{job}.log"
 
-    def _latest_attempt(self, job: int) -> Path | None:
-        try:
-            attempts = [int(p) for p in os.listdir(self.jobs_dir / str(job)) if p.isdigit()]
-        except FileNotFoundError:
-            return None
-        return self.jobs_dir / str(job) / str(max(attempts)) if attempts else None
+    def _attempt_path(self, job: int, attempt: int) -> Path:
+        return self.jobs_dir / f"{job}.{attempt}"
+
+    def _attempts(self) -> dict[int, list[int]]:
+        """{job: its attempts} of the attempt records on this disk."""
+        out: dict[int, list[int]] = {}
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.jobs_dir):
+                job, _, attempt = name.partition(".")
+                if job.isdecimal() and attempt.isdecimal():
+                    out.setdefault(int(job), []).append(int(attempt))
+        return out
 
     # --- launch ---------------------------------------------------------
 
@@ -422,12 +431,10 @@ class Executor:
         except _rl.RlimitError as e:
             raise LaunchError(str(e)) from None
         creds = _credentials(spec)
-        job_dir = self.jobs_dir / str(job)
-        attempt_path = job_dir / str(attempt)
+        attempt_path = self._attempt_path(job, attempt)
         try:
-            job_dir.mkdir(mode=0o711 if creds else 0o700, exist_ok=True)
-            # the commit point: launched. The attempt is one file, its
-            # supervisor's record (each inode costs CPU: docs/launch-path.md)
+            # the commit point: launched. The one inode a launch creates
+            # before its job runs: its supervisor's record (docs/launch-path.md)
             os.close(os.open(attempt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except FileExistsError:
             raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
@@ -469,6 +476,7 @@ class Executor:
             cgroup=cgroup,
             memory_cgroup=memcg,
             memory_limit=memory_mode,
+            open_log=bool(spec.session),  # the session writes it by path
         )
         try:
             answer, done_fd = await self._hand_over(attempt_path, encode(plan))
@@ -564,15 +572,12 @@ class Executor:
         ``attempts`` names each job's current attempt (its latest otherwise),
         so an earlier attempt's exit is never taken for the current one's."""
         out: list[Message] = []
+        attempts = dict(attempts or {})
+        if running.keys() - attempts.keys():  # the latest on disk
+            attempts.update((job, max(tries)) for job, tries in self._attempts().items() if job not in attempts)
         for job, (known_pid, _start) in sorted(running.items()):
-            attempt_path: Path | None
-            if attempts is not None and job in attempts:
-                attempt_path = self.jobs_dir / str(job) / str(attempts[job])
-                if not os.path.lexists(attempt_path):
-                    attempt_path = None
-            else:
-                attempt_path = self._latest_attempt(job)
-            if attempt_path is None:
+            attempt_path = self._attempt_path(job, attempts.get(job, -1))
+            if job not in attempts or not os.path.lexists(attempt_path):
                 out.append(NeverLaunched(job=job, reason="the daemon stopped before launching it"))
                 continue
             started, ended = _read_records(attempt_path)
@@ -606,24 +611,16 @@ class Executor:
         whose supervisor is still alive without an exit record (the liveness
         test of ``recover``'s re-adoption), watched here or not."""
         out: list[tuple[int, int, int]] = []
-        try:
-            jobs = [n for n in os.listdir(self.jobs_dir) if n.isdigit()]
-        except OSError:
-            return out
-        for jname in sorted(jobs, key=int):
-            try:
-                tries = [n for n in os.listdir(self.jobs_dir / jname) if n.isdigit()]
-            except OSError:
-                continue
-            for aname in sorted(tries, key=int):
-                attempt_path = self.jobs_dir / jname / aname
+        for job, tries in sorted(self._attempts().items()):
+            for attempt in sorted(tries):
+                attempt_path = self._attempt_path(job, attempt)
                 started, ended = _read_records(attempt_path)
                 if started is None or ended is not None:
                     continue
-                w = self._adopt(int(jname), attempt_path, started)
+                w = self._adopt(job, attempt_path, started)
                 if w is not None:
                     os.close(w.pidfd)
-                    out.append((int(jname), int(aname), int(started["pid"])))
+                    out.append((job, attempt, int(started["pid"])))
         return out
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
@@ -631,7 +628,7 @@ class Executor:
         cgroup, else its process group, SIGKILL after ``grace_s``, and wait
         (a little longer) for its supervisor to end. Its exit is not reported.
         Returns the job's pid, 0 when it was not alive."""
-        attempt_path = self.jobs_dir / str(job) / str(attempt)
+        attempt_path = self._attempt_path(job, attempt)
         started, ended = _read_records(attempt_path)
         if started is None or ended is not None:
             return 0

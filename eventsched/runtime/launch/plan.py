@@ -22,11 +22,14 @@ class Plan:
     unlimited), already clamped by the daemon; ``cgroup`` is the job's cgroup
     v2 directory and ``memory_cgroup`` its v1 memory one ("" = none);
     ``memory_limit`` says how its host memory is limited (cgroup2, cgroup1,
-    rlimit-as; "" = not at all), so an exit for the limit is told apart."""
+    rlimit-as; "" = not at all), so an exit for the limit is told apart.
+    ``log`` is the job's output file, created at the job's first byte of
+    output, or before it starts when ``open_log`` says that something writes
+    it by path (a terminal session's output)."""
 
     __slots__ = (
         "argv", "env", "cwd", "log", "uid", "gid", "groups", "umask", "rlimits",
-        "cgroup", "memory_cgroup", "memory_limit",
+        "cgroup", "memory_cgroup", "memory_limit", "open_log",
     )
 
     def __init__(
@@ -43,6 +46,7 @@ class Plan:
         cgroup: str = "",
         memory_cgroup: str = "",
         memory_limit: str = "",
+        open_log: bool = False,
     ) -> None:
         self.argv = argv
         self.env = env
@@ -56,6 +60,7 @@ class Plan:
         self.cgroup = cgroup
         self.memory_cgroup = memory_cgroup
         self.memory_limit = memory_limit
+        self.open_log = open_log
 
 
 class _Decoding:  # what the C scanner reads off json.JSONDecoder
@@ -83,7 +88,7 @@ def decode(data: bytes) -> Plan:
 
 
 def append_record(attempt: str, **fields: object) -> None:
-    """One line of an attempt's record file (``jobs/ID/ATTEMPT``) in one
+    """One line of an attempt's record file (``jobs/ID.ATTEMPT``) in one
     write (O_APPEND): a reader takes only whole lines, so it never sees half
     of one."""
     fd = os.open(attempt, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -12,15 +12,15 @@ and talks to the daemon through the zygote's socket and the attempt's files:
 
 - gets the plan (``plan.Plan``) with the zygote's request, or from
   ``ATTEMPT.spec.json`` when it is too big for one message;
-- appends to ``ATTEMPT`` (``jobs/ID/N``, the file whose creation by the
+- appends to ``ATTEMPT`` (``jobs/ID.N``, the file whose creation by the
   daemon was the launch's commit point) one JSON object per line, each in
   one write: the pid line once the job has exec'd (with the job's cgroups,
-  for a restarted daemon to clear), the exit line when it has ended. One
-  file per attempt, not a file per record: each inode costs CPU
-  (``docs/launch-path.md``).
-
-Its stdout/stderr are the job's log, which it opens itself, so a supervisor
-failure ends up where the user looks.
+  for a restarted daemon to clear), the exit line when it has ended;
+- copies the job's stdout and stderr (one pipe) into the job's log
+  (``jobs/ID.log``), which it creates at the job's first byte of output.
+  That file is the only inode a launch creates beside ``ATTEMPT``, and a job
+  that prints nothing creates none: each inode costs CPU, more so on a
+  journaled file system (``docs/launch-path.md``).
 
 ``start(plan)`` starts a job: by the C accelerator (``_spawn.c``) where it is
 built, else by the portable reference, a fork and ``_child``. Both take the
@@ -97,22 +97,89 @@ _ALLOCATION_FAILED = (
 )
 
 
-def _allocation_failed(log_path: str, since: int) -> bool:
-    """Does the job's output since offset ``since`` end (last 4 KiB) with an
-    allocation failure? Only asked of a job that failed under RLIMIT_AS."""
+class _Log:
+    """The job's log, opened (and created: 0600, owned by the job's user) at
+    the first write; ``start`` is its size then, where this attempt's
+    output begins. Opened by root with O_NOFOLLOW: a link planted at its
+    path is never written through."""
+
+    __slots__ = ("plan", "fd", "start")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan, self.fd, self.start = plan, -1, 0
+
+    def open(self) -> None:
+        p = self.plan
+        self.fd = os.open(p.log, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        if p.uid >= 0 and os.geteuid() == 0:
+            os.fchown(self.fd, p.uid, p.gid)
+        self.start = os.fstat(self.fd).st_size
+
+    def write(self, data: bytes) -> None:
+        try:
+            if self.fd < 0:
+                self.open()
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError:  # a full disk: the job runs on, its output is lost
+            pass
+
+    def allocation_failed(self) -> bool:
+        """Does this attempt's output end (last 4 KiB) with an allocation
+        failure? Only asked of a job that failed under RLIMIT_AS."""
+        try:
+            end = os.fstat(self.fd).st_size
+            start = max(self.start, end - 4096)
+            tail = os.pread(self.fd, end - start, start) if end > start else b""
+        except OSError:
+            return False
+        return any(word in tail for word in _ALLOCATION_FAILED)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+def _relay(pid: int, out: int, log: _Log) -> None:
+    """Copy what comes out of the pipe ``out`` into the log until the job
+    ``pid`` has ended (watched by pidfd: what it left behind may hold the
+    pipe open). Its end is not reaped: the zombie keeps the pgid reserved."""
+    import select
+
+    poller = select.poll()
     try:
-        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
+        job = os.pidfd_open(pid)
+    except OSError:  # no pidfd: copy until every writer is gone
+        job = -1
+    else:
+        poller.register(job, select.POLLIN)
+    poller.register(out, select.POLLIN)
     try:
-        end = os.fstat(fd).st_size
-        start = max(since, end - 4096)
-        tail = os.pread(fd, end - start, start) if end > start else b""
-    except OSError:
-        return False
+        while True:
+            for fd, _ in poller.poll():
+                if fd == job:
+                    return
+                data = os.read(out, 65536)
+                if data:
+                    log.write(data)
+                elif job < 0:
+                    return
+                else:  # EOF: only the job's end is left to wait for
+                    poller.unregister(out)
     finally:
-        os.close(fd)
-    return any(word in tail for word in _ALLOCATION_FAILED)
+        if job >= 0:
+            os.close(job)
+
+
+def _drain(out: int, log: _Log) -> None:
+    """What the job and its leftovers wrote before they were killed."""
+    os.set_blocking(out, False)
+    try:
+        while data := os.read(out, 65536):
+            log.write(data)
+    except OSError:
+        pass
+    os.close(out)
 
 
 # --- start(plan) -> pid | Failure ------------------------------------------------
@@ -355,10 +422,11 @@ def clone_start(p: Plan) -> int | Failure | None:
 # --- one job, start to end ------------------------------------------------------------
 
 
-def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes) -> None:
+def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes, devnull: int) -> None:
     """Be the supervisor of the job attempt whose record is ``attempt``:
-    start its job, answer ``token`` on ``sock``, wait, record its end.
-    ``data``: the plan, sent with the request (else in spec.json)."""
+    start its job, answer ``token`` on ``sock``, copy its output, wait,
+    record its end. ``data``: the plan, sent with the request (else in
+    spec.json)."""
     job_pid = [0]
     cgroup = [""]
 
@@ -374,63 +442,67 @@ def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes) -> N
         with open(attempt + ".spec.json", "rb") as f:
             data = f.read()
     p = _plan.decode(data)
-    # the job's log, 0600, owned by the job's user (it writes it as itself)
-    log = os.open(p.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    if p.uid >= 0 and os.geteuid() == 0:
-        os.fchown(log, p.uid, p.gid)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    try:  # where this attempt's output starts in the log (for _allocation_failed)
-        log_start = os.fstat(1).st_size
-    except OSError:
-        log_start = 0
-
-    pid = start(p)
-    if isinstance(pid, Failure):
-        for path in (p.cgroup, p.memory_cgroup):  # the child that joined it is reaped: it is empty
-            if path:
-                cgroupfs.remove(path, 0.5)
-        error = pid.replace("\n", " ")
-        _record_exit(attempt, 127, None, error)
-        _send(sock, "%s error %s" % (token, error))
-        return
-    job_pid[0] = pid
-    cgroup[0] = p.cgroup
-    # the cgroup whose oom_kill count tells a kill for the memory limit
-    oom_cgroup = {"cgroup1": p.memory_cgroup, "cgroup2": p.cgroup}.get(p.memory_limit, "")
-    start_time = _proc_start_time(pid)
-    _plan.append_record(
-        attempt, pid=pid, start_time=start_time, supervisor_pid=os.getpid(),
-        supervisor_start_time=_own_start_time(), started_at=time.time(),
-        cgroup=p.cgroup, memory_cgroup=p.memory_cgroup,
-    )
-    _send(sock, "%s ok %d %d" % (token, pid, start_time))
-
-    # Wait without reaping, so the zombie keeps its pid (and pgid) reserved
-    # while we kill what the job left behind in its process group, and in
-    # its cgroup (which holds even what left the group: setsid, setpgid).
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    log = _Log(p)
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if p.cgroup:  # so the GPUs are free when the exit is recorded
-        if cgroupfs.populated(p.cgroup):  # most jobs leave nothing behind
-            cgroupfs.kill_all(p.cgroup, 10.0)
-    elif p.memory_cgroup:  # no cgroup v2: what is left in the v1 one goes too
-        cgroupfs.signal_all(p.memory_cgroup, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    oom = False
-    if code != 0 and oom_cgroup:
-        oom = cgroupfs.oom_kills(oom_cgroup) > 0
-    elif code != 0 and p.memory_limit == "rlimit-as":
-        oom = _allocation_failed(p.log, log_start)
-    for path in (p.cgroup, p.memory_cgroup):
-        if path:  # else the daemon tries again when it sees us gone
-            cgroupfs.remove(path, 2.0)
-    _record_exit(attempt, None if code < 0 else code, -code if code < 0 else None, oom=oom)
+        if p.open_log:
+            log.open()
+        # the job's stdout and stderr: a pipe whose other end we hold alone once it runs
+        out, w = os.pipe2(os.O_CLOEXEC)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        pid = start(p)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        if isinstance(pid, Failure):
+            os.close(out)
+            for path in (p.cgroup, p.memory_cgroup):  # the child that joined it is reaped: it is empty
+                if path:
+                    cgroupfs.remove(path, 0.5)
+            error = pid.replace("\n", " ")
+            _record_exit(attempt, 127, None, error)
+            _send(sock, "%s error %s" % (token, error))
+            return
+        job_pid[0] = pid
+        cgroup[0] = p.cgroup
+        # the cgroup whose oom_kill count tells a kill for the memory limit
+        oom_cgroup = {"cgroup1": p.memory_cgroup, "cgroup2": p.cgroup}.get(p.memory_limit, "")
+        start_time = _proc_start_time(pid)
+        _plan.append_record(
+            attempt, pid=pid, start_time=start_time, supervisor_pid=os.getpid(),
+            supervisor_start_time=_own_start_time(), started_at=time.time(),
+            cgroup=p.cgroup, memory_cgroup=p.memory_cgroup,
+        )
+        _send(sock, "%s ok %d %d" % (token, pid, start_time))
+        _relay(pid, out, log)
+
+        # Not reaped yet, so the zombie keeps its pid (and pgid) reserved
+        # while we kill what the job left behind in its process group, and in
+        # its cgroup (which holds even what left the group: setsid, setpgid).
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if p.cgroup:  # so the GPUs are free when the exit is recorded
+            if cgroupfs.populated(p.cgroup):  # most jobs leave nothing behind
+                cgroupfs.kill_all(p.cgroup, 10.0)
+        elif p.memory_cgroup:  # no cgroup v2: what is left in the v1 one goes too
+            cgroupfs.signal_all(p.memory_cgroup, signal.SIGKILL)
+        _drain(out, log)
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        oom = False
+        if code != 0 and oom_cgroup:
+            oom = cgroupfs.oom_kills(oom_cgroup) > 0
+        elif code != 0 and p.memory_limit == "rlimit-as":
+            oom = log.allocation_failed()
+        for path in (p.cgroup, p.memory_cgroup):
+            if path:  # else the daemon tries again when it sees us gone
+                cgroupfs.remove(path, 2.0)
+        _record_exit(attempt, None if code < 0 else code, -code if code < 0 else None, oom=oom)
+    finally:
+        log.close()
 
 
 # --- the zygote and its workers -------------------------------------------------------
@@ -617,7 +689,7 @@ def _worker(sock: _socket.socket, zygote_sock: _socket.socket, request: bytes) -
         _send(sock, "%s forked %d" % (token, os.getpid()), done_r)
         os.close(done_r)
         try:
-            _supervise(attempt, sock, token, data)
+            _supervise(attempt, sock, token, data, devnull)
         except BaseException as e:  # noqa: BLE001 - tell, then die
             try:
                 _record_exit(attempt, 127, None, "supervisor failed: %s" % e)
@@ -633,10 +705,7 @@ def _worker(sock: _socket.socket, zygote_sock: _socket.socket, request: bytes) -
             return 0
         finally:
             os.close(done_w)
-        # back as the zygote made us: nothing of that job's stays
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # back as the zygote made us
         try:
             request = zygote_sock.recv(65536)
         except OSError:
