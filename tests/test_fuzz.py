@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from test_bad_input import decode_replies, raw_exchange
 
 from eventsched.domain.jobsfile import parse_jobs_text
-from eventsched.runtime.config import SAMPLE, ConfigError, FileConfig, load_config
+from eventsched.runtime.config import ConfigError, FileConfig, load_config, sample_config
 from eventsched.wire import protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -74,6 +74,7 @@ _TOML_VALUES = st.one_of(
     st.lists(st.integers(-5, 5), max_size=4).map(str),
     st.just("{}"), st.just("[[1], 2]"), st.just('{ a = 1 }'),
 )
+SAMPLE = sample_config()
 _KEYS = sorted({line.split("=")[0].strip(" #") for line in SAMPLE.splitlines() if "=" in line and not line.startswith("[")}
                | {"scheduler", "limits", "connections", "tenants", "job_limits", "users", "x"})
 _SECTIONS = ["", "[scheduler]", "[limits]", "[connections]", "[tenants.a]", "[tenants]", "[job_limits]", "[x]"]

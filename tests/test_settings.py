@@ -70,9 +70,10 @@ def test_a_v1_settings_dict_is_upcast_before_it_becomes_settings() -> None:
     config = settings_from_dict(V1_CONFIG)
     # v2 -> v3: an old log decided by priority alone, with no aging, fair share, reservations or preemption
     old_ways = {"aging_per_hour": 0.0, "fair_share_weight": 0.0, "reserve_for_gang": False, "preemption": False}
-    # v3 -> v4 (issue 17): an old log never looked for idle jobs; v4 -> v5: it aged continuously
+    # v3 -> v4 (issue 17): an old log never looked for idle jobs; v4 -> v5: it aged continuously;
+    # v5 -> v6: it placed in plain GPU order, strangers or not
     assert config == SchedulerConfig(**{**V1_CONFIG, "max_queued_per_user": 50, **old_ways,  # type: ignore[arg-type]
-                                        "idle_after_s": 0.0, "aging_tiers": False})
+                                        "idle_after_s": 0.0, "aging_tiers": False, "avoid_foreign_gpus": False})
     assert upcast_v2_v3({"settings_version": 2}) == {"settings_version": 2, **old_ways}
     # today's record round-trips and carries its version
     today = settings_dict(SchedulerConfig(policy="fgd"))

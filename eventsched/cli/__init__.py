@@ -70,7 +70,7 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
     if not command:
         raise UserError("no command given: put it after `--`, e.g. eventsched submit --gpus 1 -- python train.py")
     if args.gpus is not None and not (args.gpus >= 0):
-        raise UserError(f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {args.gpus}")
+        raise UserError(f"--gpus must be 0, a share in [0.001, 1] or a whole number of GPUs, not {args.gpus}")
     if args.host_mem is not None and args.host_mem <= 0:
         raise UserError(f"--host-mem must be a positive number of MiB, not {args.host_mem}")
     env = dict(os.environ)
@@ -521,7 +521,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 def cmd_config_sample(args: argparse.Namespace) -> int:
     from eventsched.runtime.config import sample_config
 
-    sys.stdout.write(sample_config())
+    sys.stdout.write(sample_config(args.format))
     return 0
 
 

@@ -196,6 +196,7 @@ COMMANDS: dict[str, Command] = {
         list=command("your tokens (root: everyone's)", JSON),
         revoke=command("revoke a token by its id or name", arg("token", metavar="ID|NAME")),
     ), common=False),
-    "config-sample": command("print a commented sample config file", common=False),
+    "config-sample": command("print every config key at its default", arg("--format", choices=["toml", "json"],
+                             default="toml", help="json: for `serve --config X.json`"), common=False),
     "nodes": command("each node: name, state, GPUs, jobs", JSON),
 }

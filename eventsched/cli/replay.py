@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -131,15 +132,19 @@ def run_replay(args: argparse.Namespace) -> int:
         out = Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
     try:
         results = [simulate(workload, p, out / p, settings=settings, tenants=tenants) for p in policies]
+        table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
     except ReplayError as e:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"cannot write the replay logs under {out}: {e.strerror or e}")
-    table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
-    table["out"] = str(out)
+    finally:
+        if not args.out:  # scratch: kept only where --out asks
+            shutil.rmtree(out, ignore_errors=True)
+    table["out"] = args.out
     if args.json:
         print_json(table)
     else:
         print(format_comparison(table))
-        print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)")
+        print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)" if args.out
+              else "replay logs: not kept (--out DIR keeps them)")
     return 0

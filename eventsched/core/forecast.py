@@ -124,7 +124,7 @@ def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> fl
     sooner than any one's median end."""
     p = _predicted(state, job)
     if ran < p:
-        return p - ran
+        return max(1.0, p - ran)  # what waits for an end does not start "at the next decision"
     i = bisect.bisect_right(runs, ran * 1000)
     rest = runs[i + int((job.id * 0.6180339887) % 1 * (len(runs) - i))] / 1000 - ran if i < len(runs) else ran
     limit = time_limit_of(job, state.config.default_time_limit_s)

@@ -20,7 +20,8 @@ Victims are the fewest, lowest-priority, most recently started jobs whose
 room lets the waiting job start (never one that would still not fit), never
 one placed in the same decision; a job preempted before is protected for
 ``preempt_protect_s`` after it restarts, and nothing new is preempted while
-an earlier preemption is still stopping. Logs from before aging tiers
+an earlier preemption is still stopping. A victim's GPU over the temperature
+threshold is taken as cool here: the heat goes with the victim. Logs from before aging tiers
 (``aging_tiers = false``) keep the old rule: raw priorities, no order check.
 """
 
@@ -33,12 +34,13 @@ from eventsched.core.policies import (
     Limits,
     View,
     _eligible,
+    _indices,
     _lane_key,
     _offsets,
     best_fit,
     fair_shares,
 )
-from eventsched.projections.cluster import ClusterState, Job
+from eventsched.projections.cluster import Capacity, ClusterState, Job
 
 __all__ = ["Preemption", "plan"]
 
@@ -111,9 +113,15 @@ def plan(state: ClusterState, now: float, placed: frozenset[int] = frozenset()) 
     # fewest, lowest, most recently started first
     chosen.sort(key=lambda c: (c[0].spec.priority, -(c[0].started_at or 0.0), -c[0].id))
     view = View.of(state)
+    hot = {(r.node, g) for r, _ in chosen for g in r.gpu_ids} - view.index.keys()
+    if hot:  # a candidate's GPU over a threshold: its heat is the victim's own and goes with it
+        cooled = {k: state.gpus[k].copy() for k in hot if k in state.gpus}
+        for g in cooled.values():
+            g.temperature_c = None
+        view = View(Capacity([cooled.get(g.key, g) for g in state.gpu_list], cfg), state.node)
     taken: list[tuple[Job, str]] = []
     for victim, rule in chosen:
-        _give_back(view, victim)
+        view.give(_indices(view.index, victim), victim.milli, victim.mem_mib)
         taken.append((victim, rule))
         if best_fit(view, waiting) is not None:
             break
@@ -121,22 +129,10 @@ def plan(state: ClusterState, now: float, placed: frozenset[int] = frozenset()) 
         return None  # even all of them would not make room: preempt nothing
     for victim, rule in list(reversed(taken))[1:]:  # drop any that were not needed after all
         trial = view.copy()
-        _take_back(trial, victim)
+        trial.take(_indices(view.index, victim), victim.milli, victim.mem_mib)
         if best_fit(trial, waiting) is not None:
             view = trial
             taken.remove((victim, rule))
     rules = {rule for _, rule in taken}
     return Preemption(waiting=waiting.id, victims=sorted(v.id for v, _ in taken),
                       rule="priority" if "priority" in rules else "fair-share")
-
-
-def _indices(view: View, job: Job) -> list[int]:
-    return [view.index[(job.node, g)] for g in job.gpu_ids if (job.node, g) in view.index]
-
-
-def _give_back(view: View, job: Job) -> None:
-    view.give(_indices(view, job), job.milli, job.mem_mib)
-
-
-def _take_back(view: View, job: Job) -> None:
-    view.take(_indices(view, job), job.milli, job.mem_mib)

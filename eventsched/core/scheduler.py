@@ -55,15 +55,12 @@ SUCCEEDED = JobState.SUCCEEDED
 __all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
 
 class _Out:
-    """Collects what one message produced, applying each event at once.
-
-    Every message is recorded as a *fact* (``fact``: its cause is who or what
-    sent it) before any *decision* it leads to (``decide``: its cause is
-    ``seq:N``, the fact's position in the log). The core stamps each event's
-    seq itself (the log's next one: the core's caller appends every event it
-    returns, in order), so a decision can name its fact before either is
-    written. A timer's fact is recorded only if a decision follows (``defer``).
-    """
+    """What one message produced, each event applied at once. The message is
+    recorded as a *fact* (caused by its sender) before any *decision* it leads
+    to (caused by ``seq:N``, the fact's place in the log); the core stamps each
+    seq itself, since its caller appends every event in order, so a decision
+    names its fact before either is written. A timer's fact is recorded only
+    if a decision follows (``defer``)."""
 
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
@@ -104,11 +101,8 @@ class _Out:
 
 
 def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Event], list[Effect]]:
-    """Turn one message into events (already applied to ``state``) and effects.
-
-    Raises ``Refused`` with a one-line reason, leaving ``state`` unchanged, for
-    a command that cannot be accepted.
-    """
+    """Turn one message into events (already applied to ``state``) and effects;
+    ``Refused`` (one line, ``state`` unchanged) for a command that cannot be accepted."""
     handler = _HANDLERS.get(type(msg))
     if handler is None:
         raise Refused(RefusalKind.INVALID, f"unsupported message {type(msg).__name__}")
@@ -130,11 +124,8 @@ def _schedule(out: _Out) -> None:
         return
     placements = decide(state, out.now)
     for p in placements:
-        out.decide(
-            ev.JobPlaced(
-                job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem, policy=state.policy,
-            )
-        )
+        out.decide(ev.JobPlaced(job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem,
+                                policy=state.policy))
         job = state.jobs[p.job]
         out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids),
                                   attempt=job.attempts))
@@ -148,36 +139,30 @@ GPU_MEM_FRACTION_VARS = ("EVENTSCHED_GPU_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_F
 
 
 def _with_memory_knobs(state: ClusterState, job: Job) -> ev.JobSpec:
-    """The spec to launch (issue 17): a job with a ``--gpu-mem`` gets its
-    frameworks' cooperative knobs in its environment, the fraction of its
-    smallest GPU it asked for: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX reads
-    it) and ``EVENTSCHED_GPU_MEM_FRACTION`` (``eventsched.torch_memory_fraction()``
-    hands it to ``torch.cuda.set_per_process_memory_fraction``). The user's own
+    """The spec to launch: a job with a ``--gpu-mem`` gets, as the fraction of
+    its smallest GPU it asked for, the cooperative knobs JAX reads and
+    ``eventsched.torch_memory_fraction()`` hands to torch. The user's own
     values win. Only the launch sees them: the log keeps the spec as submitted."""
     spec = job.spec
-    if spec.gpu_mem_mib <= 0 or not job.gpu_ids:
+    if spec.gpu_mem_mib <= 0 or not job.gpu_ids or all(k in spec.env for k in GPU_MEM_FRACTION_VARS):
         return spec
     totals = [g.memory_total_mib for gid in job.gpu_ids if (g := state.gpus.get((job.node, gid))) is not None]
     total = min((t for t in totals if t > 0), default=0)
     if total <= 0:
         return spec
     fraction = f"{min(1.0, spec.gpu_mem_mib / total):.4f}"
-    if all(k in spec.env for k in GPU_MEM_FRACTION_VARS):
-        return spec
     return msgspec.structs.replace(spec, env={**{k: fraction for k in GPU_MEM_FRACTION_VARS}, **spec.env})
 
 
 def _reclaim_idle(out: _Out) -> None:
-    """Issue 17: an idle job gives way to a waiting job that could use its
-    GPUs (``idle_policy``): its warning signal, SIGKILL after the grace; it
-    ends cancelled ("idle") or is queued again ("idle-requeue")."""
+    """An idle job gives way to a waiting job that could use its GPUs
+    (``idle_policy``): warned, killed after the grace, then cancelled or queued again."""
     found = gpu_watch.reclaim(out.state, out.now)
     if found is None:
         return
     jid, waiting = found
     reason = "idle" if out.state.config.idle_policy == "stop" else "idle-requeue"
-    out.decide(ev.JobCancelRequested(job=jid, by=f"job {waiting}", reason=reason, for_job=waiting, rule="idle"))
-    out.effects.append(_stop_signal(out.state, out.state.jobs[jid], reason))
+    _stop(out, jid, f"job {waiting}", reason, waiting, "idle")
 
 
 def _may_preempt(state: ClusterState) -> bool:
@@ -197,15 +182,18 @@ def _preempt(out: _Out, placed: frozenset[int]) -> None:
     if found is None:
         return
     for jid in found.victims:
-        victim = out.state.jobs[jid]
-        out.decide(ev.JobCancelRequested(job=jid, by=f"job {found.waiting}", reason="preempted",
-                                         for_job=found.waiting, rule=found.rule))
-        out.effects.append(_stop_signal(out.state, victim, "preempted"))
+        _stop(out, jid, f"job {found.waiting}", "preempted", found.waiting, found.rule)
+
+
+def _stop(out: _Out, jid: int, by: str, reason: str, for_job: int = 0, rule: str = "") -> None:
+    """Ask running job ``jid`` to stop (a decision), and signal it."""
+    out.decide(ev.JobCancelRequested(job=jid, by=by, reason=reason, for_job=for_job, rule=rule))
+    out.effects.append(_stop_signal(out.state, out.state.jobs[jid], reason))
 
 
 def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
-    """How a running job is stopped: a preemption (and issue 17's GPU memory
-    and idle stops) warns with the job's own ``--signal`` and its grace (else
+    """How a running job is stopped: a preemption (and the GPU memory and idle
+    stops) warns with the job's own ``--signal`` and its grace (else
     ``preempt_grace_s``); the rest get SIGTERM and ``kill_grace_s``."""
     grace, signum = state.config.kill_grace_s, 0
     if reason in WARNED_STOPS:
@@ -215,7 +203,7 @@ def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
 
 
 def _cascade(out: _Out, job_id: int) -> None:
-    """Cancel waiting jobs that needed ``job_id`` to succeed (F15)."""
+    """Cancel waiting jobs that needed ``job_id`` to succeed."""
     stack = [job_id]
     while stack:
         jid = stack.pop()
@@ -229,7 +217,7 @@ def next_deadline(state: ClusterState, now: float) -> float | None:
     """The earliest future time something is due: a time limit or a backoff."""
     due = state.next_time_limit()  # kept by the projection: no walk over running jobs
     best = math.inf if due is None else due
-    idle = state.next_idle_due()  # issue 17: kept by the projection too
+    idle = state.next_idle_due()  # kept by the projection too
     if idle is not None and idle < best:
         best = idle
     for jid in state.backoff:
@@ -262,27 +250,26 @@ def _started(out: _Out, msg: m.Started) -> None:
     policy = msg.config.policy
     _known_policy(policy)
     previous = state.policy if state.last_seq or state.jobs else None
-    out.fact(
-        ev.DaemonStarted(
-            ts=out.now, cause="daemon", node=msg.node, pid=msg.pid, version=msg.version,
-            policy=policy, gpu_backend=msg.gpu_backend, config=settings_dict(msg.config),
-        )
-    )
+    out.fact(ev.DaemonStarted(ts=out.now, cause="daemon", node=msg.node, pid=msg.pid, version=msg.version,
+                              policy=policy, gpu_backend=msg.gpu_backend, config=settings_dict(msg.config)))
     if previous is not None and previous != policy:
         out.decide(ev.PolicyChanged(policy=policy, by="config"))
     if msg.tenants is not None and msg.tenants != state.tenants:
         _check_tenants(msg.tenants)
         out.decide(ev.TenantsConfigured(tenants=dict(msg.tenants), by="config"))
+    _discovered(out, msg.node, msg.gpus, "not found at start-up")
+
+
+def _discovered(out: _Out, node: str, gpus: list[m.GpuInfo], missing: str) -> None:
+    """``node``'s GPUs as found (at start-up, or when it joins), those it no longer has lost; then decide."""
     found = set()
-    for info in sorted(msg.gpus, key=lambda g: g.gpu):
+    for info in sorted(gpus, key=lambda g: g.gpu):
         found.add(info.gpu)
-        out.decide(
-            ev.GpuDiscovered(node=msg.node, gpu=info.gpu, uuid=info.uuid, model=info.model,
-                             memory_total_mib=info.memory_total_mib)
-        )
-    for gpu in list(state.node_gpus.get(msg.node, ())):
+        out.decide(ev.GpuDiscovered(node=node, gpu=info.gpu, uuid=info.uuid, model=info.model,
+                                    memory_total_mib=info.memory_total_mib))
+    for gpu in list(out.state.node_gpus.get(node, ())):
         if gpu.id not in found and not gpu.lost:
-            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error="not found at start-up", lost=True))
+            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error=missing, lost=True))
     _schedule(out)
 
 
@@ -299,7 +286,7 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         raise Refused(RefusalKind.INVALID, "the job has no command")
     g = spec.gpus
     if not math.isfinite(g) or g < 0 or (g > 1 and g != int(g)):
-        raise Refused(RefusalKind.INVALID, f"--gpus must be a share in (0, 1] or a whole number of GPUs, not {g}")
+        raise Refused(RefusalKind.INVALID, f"--gpus must be 0, a share in [0.001, 1] or a whole number of GPUs, not {g}")
     count, milli = request_of(spec)
     if 0 < g < 1 and round(g * FULL) < 1:
         raise Refused(RefusalKind.INVALID, f"--gpus {g} is below the smallest share (0.001)")
@@ -323,23 +310,17 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         gpus = [x for x in gpus if x.id in spec.gpu_ids]
     if count == 0:
         return
-    # (most GPUs with the memory on one node, GPUs not lost, largest memory)
-    if spec.gpu_ids is None:
-        most, pool, largest = state.fit(spec.node, spec.gpu_mem_mib)  # cached: GPUs rarely change
-    else:
-        most, pool, largest = fit_summary(gpus, spec.gpu_mem_mib)
+    # (most GPUs with the memory on one node, GPUs not lost, largest memory); cached: GPUs rarely change
+    most, pool, largest = state.fit(spec.node, spec.gpu_mem_mib) if spec.gpu_ids is None else fit_summary(gpus, spec.gpu_mem_mib)
     if not pool:
         raise Refused(RefusalKind.UNAVAILABLE, "no GPU here can take this job (no GPUs, or all allowed ones are lost)")
     if most >= count:
         return
     if spec.gpu_mem_mib and most < pool:
-        raise Refused(
-            RefusalKind.INVALID,
-            f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) but only {most} GPU(s) have that much "
-            f"(largest: {largest} MiB)"
-        )
+        raise Refused(RefusalKind.INVALID, f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) "
+                      f"but only {most} GPU(s) have that much (largest: {largest} MiB)")
     where = "allowed GPU(s)" if spec.gpu_ids is not None else "GPU(s) on one node"
-    if spec.gpu_ids is None and not spec.node and len(state.node_gpus) > 1:  # issue 12: say why
+    if spec.gpu_ids is None and not spec.node and len(state.node_gpus) > 1:  # say why
         raise Refused(RefusalKind.INVALID, f"asks for {count} GPUs but the largest node has {most}: a job's GPUs are all on one node "
                       f"({len(state.node_gpus)} nodes; ask for at most {most}, or run one job per node)")
     raise Refused(RefusalKind.INVALID, f"asks for {count} GPUs but there are only {most} {where}")
@@ -378,11 +359,8 @@ def _submit(out: _Out, msg: m.Submit) -> None:
         raise Refused(RefusalKind.OVER_LIMIT, f"the queue is full ({len(state.queue)} jobs waiting, limit {state.config.max_queued})")
     mine = state.queued_by_uid.get(spec.uid, 0)
     if mine + n > state.config.max_queued_per_user:
-        raise Refused(
-            RefusalKind.OVER_LIMIT,
-            f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = {state.config.max_queued_per_user}); "
-            "wait for some to start or cancel some"
-        )
+        raise Refused(RefusalKind.OVER_LIMIT, f"you have {mine} jobs waiting, the limit per user (max_queued_per_user = "
+                      f"{state.config.max_queued_per_user}); wait for some to start or cancel some")
     cause = msg.by or "submit"
     for task in specs:  # an array is one fact per task, all in this one batch
         out.fact(ev.JobSubmitted(ts=out.now, cause=cause, job=state.next_job_id, spec=task))
@@ -401,11 +379,8 @@ def _admit_tenant(state: ClusterState, spec: ev.JobSpec) -> None:
     if tenant.gpus is not None and count * milli > round(tenant.gpus * FULL):
         raise Refused(RefusalKind.OVER_LIMIT, f"asks for {count * milli / FULL:g} GPUs but tenant {name}'s quota is {tenant.gpus:g} GPUs at once")
     if tenant.gpu_mem_mib is not None and count * spec.gpu_mem_mib > tenant.gpu_mem_mib:
-        raise Refused(
-            RefusalKind.OVER_LIMIT,
-            f"asks for {count * spec.gpu_mem_mib} MiB of GPU memory but tenant {name}'s quota is "
-            f"{tenant.gpu_mem_mib} MiB at once"
-        )
+        raise Refused(RefusalKind.OVER_LIMIT, f"asks for {count * spec.gpu_mem_mib} MiB of GPU memory but tenant "
+                      f"{name}'s quota is {tenant.gpu_mem_mib} MiB at once")
 
 
 def _check_tenants(tenants: dict[str, Tenant]) -> None:
@@ -440,7 +415,7 @@ def _record_forecast(out: _Out, msg: m.RecordForecast) -> None:
     if job is None or job.state != QUEUED:
         return  # started (or gone) meanwhile: nothing to forecast any more
     out.fact(ev.JobForecast(ts=out.now, cause=msg.by or "forecast", job=msg.job,
-                            estimated_start=msg.estimated_start, by=msg.by))
+                            estimated_start=msg.estimated_start, by=msg.by, p10=msg.p10, p90=msg.p90))
 
 
 def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> list[ev.JobSpec]:
@@ -453,65 +428,47 @@ def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> l
     if spec.array_cap < 0:
         raise Refused(RefusalKind.INVALID, f"--array %K must be at least 1, not {spec.array_cap}")
     first = state.next_job_id
-    tasks = []
-    for i in indices:
-        index = str(i)
-        tasks.append(msgspec.structs.replace(
-            spec,
-            command=[a.replace("{index}", index) for a in spec.command],
-            array_id=first, array_index=i,
-            content_hash=f"{spec.content_hash}[{index}]" if spec.content_hash else "",
-            source=f"{spec.source}[{index}]" if spec.source else "",
-        ))
-    return tasks
+    return [msgspec.structs.replace(spec, command=[a.replace("{index}", str(i)) for a in spec.command],
+                                    array_id=first, array_index=i,
+                                    content_hash=f"{spec.content_hash}[{i}]" if spec.content_hash else "",
+                                    source=f"{spec.source}[{i}]" if spec.source else "") for i in indices]
 
 
-def _command(out: _Out, command: str, jobs: list[Job], msg: m.Cancel | m.Hold | m.Release) -> None:
+def _command(out: _Out, msg: m.Cancel | m.Hold | m.Release, command: str) -> tuple[list[Job], str]:
+    """The jobs ``msg`` names, each checked (owner, state), and the command
+    recorded as the fact: (jobs, who)."""
+    jobs = _owned(out.state, msg.jobs, msg.uid, command)
+    for job in jobs:
+        if command == "cancel" and job.state in FINAL:
+            raise Refused(RefusalKind.CONFLICT, f"job {job.id} already {job.state}")
+        if command != "cancel" and job.state not in WAITING:
+            why = "; only waiting jobs can be held" if command == "hold" else ", not held"
+            raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}{why}")
     by = msg.by or f"uid:{msg.uid}"
     out.fact(ev.JobsCommanded(ts=out.now, cause=by, command=command, jobs=[j.id for j in jobs], by=by))  # type: ignore[arg-type]
+    return jobs, by
 
 
 def _cancel(out: _Out, msg: m.Cancel) -> None:
-    state = out.state
-    jobs = _owned(state, msg.jobs, msg.uid, "cancel")
-    for job in jobs:
-        if job.state in FINAL:
-            raise Refused(RefusalKind.CONFLICT, f"job {job.id} already {job.state}")
-    _command(out, "cancel", jobs, msg)
-    by = msg.by or f"uid:{msg.uid}"
+    jobs, by = _command(out, msg, "cancel")
     for job in jobs:
         if job.state == RUNNING:
             if job.cancel_reason != "cancelled":
-                out.decide(ev.JobCancelRequested(job=job.id, by=by, reason="cancelled"))
-                out.effects.append(_stop_signal(state, job, "cancelled"))
+                _stop(out, job.id, by, "cancelled")
         elif can(job.state, ev.JobCancelled):  # a cascade above may have cancelled it already
             out.decide(ev.JobCancelled(job=job.id, by=by))
             _cascade(out, job.id)
     _schedule(out)
 
 
-def _hold(out: _Out, msg: m.Hold) -> None:
-    jobs = _owned(out.state, msg.jobs, msg.uid, "hold")
+def _hold(out: _Out, msg: m.Hold | m.Release) -> None:
+    """Hold waiting jobs, or release held ones (a held head no longer blocks a FIFO queue)."""
+    hold = isinstance(msg, m.Hold)
+    jobs, by = _command(out, msg, "hold" if hold else "release")
     for job in jobs:
-        if job.state not in WAITING:
-            raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}; only waiting jobs can be held")
-    _command(out, "hold", jobs, msg)
-    by = msg.by or f"uid:{msg.uid}"
-    for job in jobs:
-        if job.state == QUEUED:
+        if hold and job.state == QUEUED:
             out.decide(ev.JobHeld(job=job.id, by=by))
-    _schedule(out)  # a held head no longer blocks a FIFO queue
-
-
-def _release(out: _Out, msg: m.Release) -> None:
-    jobs = _owned(out.state, msg.jobs, msg.uid, "release")
-    for job in jobs:
-        if job.state not in WAITING:
-            raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}, not held")
-    _command(out, "release", jobs, msg)
-    by = msg.by or f"uid:{msg.uid}"
-    for job in jobs:
-        if job.state == HELD:
+        elif not hold and job.state == HELD:
             out.decide(ev.JobReleased(job=job.id, by=by))
     _schedule(out)
 
@@ -519,25 +476,18 @@ def _release(out: _Out, msg: m.Release) -> None:
 # --- GPUs and policy ----------------------------------------------------------------
 
 
-def _known_gpu(state: ClusterState, node: str, gpu: int) -> None:
-    if (node, gpu) not in state.gpus:
-        have = ", ".join(str(g.id) for g in state.node_gpus.get(node, ())) or "none"
-        raise Refused(RefusalKind.NOT_FOUND, f"no GPU {gpu} on node {node!r} (GPUs here: {have})")
-
-
-def _pause(out: _Out, msg: m.PauseGpu) -> None:
-    _known_gpu(out.state, msg.node, msg.gpu)
-    if not out.state.gpus[(msg.node, msg.gpu)].paused:
-        cause = msg.by or "operator"
-        out.fact(ev.GpuPaused(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
-
-
-def _resume(out: _Out, msg: m.ResumeGpu) -> None:
-    _known_gpu(out.state, msg.node, msg.gpu)
-    if out.state.gpus[(msg.node, msg.gpu)].paused:
-        cause = msg.by or "operator"
-        out.fact(ev.GpuResumed(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
-        _schedule(out)
+def _pause(out: _Out, msg: m.PauseGpu | m.ResumeGpu) -> None:
+    """Pause a GPU (it takes nothing new) or resume it; only a change is recorded."""
+    gpu = out.state.gpus.get((msg.node, msg.gpu))
+    if gpu is None:
+        have = ", ".join(str(g.id) for g in out.state.node_gpus.get(msg.node, ())) or "none"
+        raise Refused(RefusalKind.NOT_FOUND, f"no GPU {msg.gpu} on node {msg.node!r} (GPUs here: {have})")
+    pause, cause = isinstance(msg, m.PauseGpu), msg.by or "operator"
+    if gpu.paused != pause:
+        event = ev.GpuPaused if pause else ev.GpuResumed
+        out.fact(event(ts=out.now, cause=cause, node=msg.node, gpu=msg.gpu, by=cause))
+        if not pause:
+            _schedule(out)
 
 
 def _known_policy(policy: str) -> None:
@@ -556,18 +506,14 @@ def _set_policy(out: _Out, msg: m.SetPolicy) -> None:
 
 
 def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
-    if (msg.node, msg.gpu) not in out.state.gpus:
+    gpu = out.state.gpus.get((msg.node, msg.gpu))
+    if gpu is None:
         return
-    gpu = out.state.gpus[(msg.node, msg.gpu)]
     failed = gpu.lost or bool(gpu.error)
-    out.fact(
-        ev.GpuSampled(
-            ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
-            memory_used_mib=msg.memory_used_mib, memory_total_mib=msg.memory_total_mib,
-            temperature_c=msg.temperature_c, power_w=msg.power_w, foreign_memory_mib=msg.foreign_memory_mib,
-            job_memory_mib=msg.job_memory_mib, foreign_processes=msg.foreign_processes,
-        )
-    )
+    out.fact(ev.GpuSampled(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, utilization=msg.utilization,
+                           memory_used_mib=msg.memory_used_mib, memory_total_mib=msg.memory_total_mib,
+                           temperature_c=msg.temperature_c, power_w=msg.power_w, foreign_memory_mib=msg.foreign_memory_mib,
+                           job_memory_mib=msg.job_memory_mib, foreign_processes=msg.foreign_processes))
     if failed:  # a GPU that failed reads well again: it is back
         out.decide(ev.GpuDiscovered(node=msg.node, gpu=msg.gpu, uuid=gpu.uuid, model=gpu.model,
                                     memory_total_mib=msg.memory_total_mib))
@@ -576,8 +522,8 @@ def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
 
 
 def _watch_gpu(out: _Out, gpu: Gpu) -> None:
-    """Issue 17: what the sample says about the jobs on ``gpu``: over or back
-    within their ``--gpu-mem``, idle or busy again."""
+    """What the sample says about the jobs on ``gpu``: over or back within
+    their ``--gpu-mem``, idle or busy again."""
     state = out.state
     for job, over, used, where in gpu_watch.memory_findings(state, gpu):
         if over:
@@ -585,8 +531,7 @@ def _watch_gpu(out: _Out, gpu: Gpu) -> None:
             out.decide(ev.JobGpuMemoryExceeded(job=job.id, node=job.node, gpu=where, used_mib=used,
                                                request_mib=job.spec.gpu_mem_mib, policy=policy))
             if policy == "stop":
-                out.decide(ev.JobCancelRequested(job=job.id, by="gpu-memory", reason="gpu-memory"))
-                out.effects.append(_stop_signal(state, job, "gpu-memory"))
+                _stop(out, job.id, "gpu-memory", "gpu-memory")
         else:
             out.decide(ev.JobGpuMemoryWithin(job=job.id, used_mib=used))
     for job, since in gpu_watch.idle_findings(state, gpu, out.now):
@@ -610,8 +555,7 @@ def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
         for jid in sorted(gpu.jobs):
             job = out.state.jobs[jid]
             if job.state == RUNNING and not job.cancel_reason:
-                out.decide(ev.JobCancelRequested(job=jid, by="gpu-lost", reason="preempted"))
-                out.effects.append(_stop_signal(out.state, job, "preempted"))
+                _stop(out, jid, "gpu-lost", "preempted")
 
 
 # --- the clock and the processes --------------------------------------------------
@@ -621,11 +565,10 @@ def _tick(out: _Out, msg: m.Tick) -> None:
     state = out.state
     out.defer(ev.TimerFired(ts=out.now, cause="timer"))
     for jid in sorted(j for j, due in state.deadlines.items() if out.now >= due):
-        out.decide(ev.JobCancelRequested(job=jid, by="timer", reason="time-limit"))
-        out.effects.append(_stop_signal(state, state.jobs[jid], "time-limit"))
-    for jid, since in gpu_watch.due_idle(state, out.now):  # issue 17
+        _stop(out, jid, "timer", "time-limit")
+    for jid, since in gpu_watch.due_idle(state, out.now):
         out.decide(ev.JobIdle(job=jid, since=since))
-    for due, node in _nodes_gone_with_jobs(state):  # issue 12: gone too long to come back
+    for due, node in _nodes_gone_with_jobs(state):  # gone too long to come back
         if out.now >= due:
             _lose_jobs_of_node(out, node)
     _schedule(out)
@@ -635,12 +578,8 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
     job, cfg = out.state.jobs.get(msg.job), out.state.config
     if job is None or job.state != RUNNING or job.pid == msg.pid:
         return  # late, duplicate or re-adopted: nothing new to record
-    out.fact(
-        ev.JobStarted(
-            ts=out.now, cause=f"pid:{msg.pid}", job=msg.job, pid=msg.pid,
-            start_time=msg.start_time, log_path=msg.log_path,
-        )
-    )
+    out.fact(ev.JobStarted(ts=out.now, cause=f"pid:{msg.pid}", job=msg.job, pid=msg.pid,
+                           start_time=msg.start_time, log_path=msg.log_path))
     if job.cancel_reason:
         # Stopped between placement and start: the signal sent then found no
         # process yet, so send it again now that there is one.
@@ -705,7 +644,7 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
     _schedule(out)
 
 
-# --- issue 12: the nodes of a cluster -------------------------------------------------
+# --- the nodes of a cluster -------------------------------------------------------
 
 
 def _node_up(out: _Out, msg: m.NodeUp) -> None:
@@ -718,15 +657,7 @@ def _node_up(out: _Out, msg: m.NodeUp) -> None:
     else:
         out.fact(ev.NodeJoined(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, ray_node=msg.ray_node,
                                gpu_backend=msg.gpu_backend, gpus=len(msg.gpus)))
-    found = set()
-    for info in sorted(msg.gpus, key=lambda g: g.gpu):
-        found.add(info.gpu)
-        out.decide(ev.GpuDiscovered(node=msg.node, gpu=info.gpu, uuid=info.uuid, model=info.model,
-                                    memory_total_mib=info.memory_total_mib))
-    for gpu in list(state.node_gpus.get(msg.node, ())):
-        if gpu.id not in found and not gpu.lost:
-            out.decide(ev.GpuErrored(node=gpu.node, gpu=gpu.id, error="not found when the node joined", lost=True))
-    _schedule(out)
+    _discovered(out, msg.node, msg.gpus, "not found when the node joined")
 
 
 def _node_down(out: _Out, msg: m.NodeDown) -> None:
@@ -796,9 +727,9 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.Submit: _submit,
     m.Cancel: _cancel,
     m.Hold: _hold,
-    m.Release: _release,
+    m.Release: _hold,
     m.PauseGpu: _pause,
-    m.ResumeGpu: _resume,
+    m.ResumeGpu: _pause,
     m.SetPolicy: _set_policy,
     m.SetTenant: _set_tenant,
     m.SetTenants: _set_tenant,

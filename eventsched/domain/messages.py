@@ -16,40 +16,10 @@ import msgspec
 from eventsched.domain.events import GpuProcess, JobSpec
 from eventsched.domain.tenants import Tenant
 
-__all__ = [
-    "Message",
-    "NodeUp",
-    "NodeDown",
-    "ClusterLink",
-    "StrayKilled",
-    "Started",
-    "GpuInfo",
-    "Submit",
-    "Cancel",
-    "Hold",
-    "Release",
-    "PauseGpu",
-    "ResumeGpu",
-    "SetPolicy",
-    "SetTenant",
-    "SetTenants",
-    "RecordForecast",
-    "Tick",
-    "ProcessStarted",
-    "ProcessExited",
-    "ProcessLost",
-    "NeverLaunched",
-    "GpuObserved",
-    "GpuFailed",
-    "Stopping",
-    "Effect",
-    "Launch",
-    "Signal",
-    "WakeAt",
-    "Refused",
-    "RefusalKind",
-    "SchedulerConfig",
-]
+__all__ = ["Message", "NodeUp", "NodeDown", "ClusterLink", "StrayKilled", "Started", "GpuInfo", "Submit", "Cancel",
+           "Hold", "Release", "PauseGpu", "ResumeGpu", "SetPolicy", "SetTenant", "SetTenants", "RecordForecast",
+           "Tick", "ProcessStarted", "ProcessExited", "ProcessLost", "NeverLaunched", "GpuObserved", "GpuFailed",
+           "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Refused", "RefusalKind", "SchedulerConfig"]
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -99,6 +69,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # a node gone this long takes its running jobs to lost (then requeued by
     # their retry policy); back sooner, they are re-adopted (0: lost at once)
     node_lost_after_s: float = 60.0
+    # on each node, GPUs where a process outside the scheduler holds memory
+    # come last, so an equal fit goes to a GPU no stranger uses
+    avoid_foreign_gpus: bool = True
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,10 +134,9 @@ class Submit(Message, frozen=True):
     # an array (--array): one task per index, all accepted together or none;
     # "{index}" in the command becomes the index
     array: list[int] = []
-    # the spec's types already are exactly what the log will decode: it came
-    # out of msgspec's decoder for JobSpec (the socket, the HTTP API, a
-    # replayed log) or through ``events.normalise_spec``, so the core need not
-    # normalise it again (for every submission, and each job of a replay)
+    # the spec's types already are exactly what the log will decode (it came
+    # out of msgspec's decoder or ``events.normalise_spec``): the core need
+    # not normalise it again
     normalised: bool = False
 
 
@@ -258,7 +230,7 @@ class GpuFailed(Message, frozen=True):
 
 
 class NodeUp(Message, frozen=True):
-    """Issue 12: a cluster node's executor is up with these GPUs
+    """A cluster node's executor is up with these GPUs
     (``restarted``: its actor was restarted, the node itself stayed)."""
 
     node: str
@@ -269,23 +241,22 @@ class NodeUp(Message, frozen=True):
 
 
 class NodeDown(Message, frozen=True):
-    """Issue 12: a cluster node left or died."""
+    """A cluster node left or died."""
 
     node: str
     reason: str = ""
 
 
 class ClusterLink(Message, frozen=True):
-    """Issue 12: the connection to the cluster was lost (or is back)."""
+    """The connection to the cluster was lost (or is back)."""
 
     lost: bool
     reason: str = ""
 
 
 class StrayKilled(Message, frozen=True):
-    """Issue 12: a node that came back still ran an attempt that is not its
-    job's current one there; the executor killed it (``pid``: its job
-    process)."""
+    """A node that came back still ran an attempt that is not its job's
+    current one there; the executor killed it (``pid``: its job process)."""
 
     node: str
     job: int

@@ -1,15 +1,13 @@
 """The scheduler settings as the log records them, and how they evolve.
 
-``DaemonStarted.config`` holds the settings as a plain dict, stamped with
-``settings_version``. Reading one goes dict -> upcasters -> struct (the
-eventsourcing way: ``upcast_vN_vN1`` works on the dict before the object is
-built), so a newer daemon starts on an older log, and an older daemon meets a
-newer log with a clear refusal instead of a validation traceback.
+``DaemonStarted.config`` holds them as a plain dict stamped with
+``settings_version``; reading one goes dict -> upcasters -> struct (as
+eventsourcing's ``upcast_vN_vN1``), so a newer daemon starts on an older log,
+and an older daemon meets a newer log with a clear one-line refusal.
 
-To change the settings' shape: bump ``SETTINGS_VERSION``, add
-``upcast_v{N}_v{N+1}`` below and register it in ``UPCASTERS``; never edit an
-upcaster that has shipped. Adding a field with a default needs no upcaster
-unless old logs should get a value other than the default.
+To change their shape: bump ``SETTINGS_VERSION`` and register a new
+``upcast_v{N}_v{N+1}`` in ``UPCASTERS``; never edit one that has shipped. A
+field added with a default needs none unless old logs should get another value.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from eventsched.domain.messages import SchedulerConfig
 
 __all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
 
-SETTINGS_VERSION = 5
+SETTINGS_VERSION = 6
 VERSION_KEY = "settings_version"
 
 
@@ -69,8 +67,14 @@ def upcast_v4_v5(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def upcast_v5_v6(raw: dict[str, Any]) -> dict[str, Any]:
+    """v6 puts GPUs a stranger uses last on their node. A v5 log placed in
+    plain (node, id) order: keep that for it, so it replays as it ran."""
+    return {**raw, "avoid_foreign_gpus": raw.get("avoid_foreign_gpus", False)}
+
+
 UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    1: upcast_v1_v2, 2: upcast_v2_v3, 3: upcast_v3_v4, 4: upcast_v4_v5}
+    1: upcast_v1_v2, 2: upcast_v2_v3, 3: upcast_v3_v4, 4: upcast_v4_v5, 5: upcast_v5_v6}
 
 
 def settings_dict(config: SchedulerConfig) -> dict[str, Any]:

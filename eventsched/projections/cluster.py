@@ -44,7 +44,6 @@ __all__ = ["IllegalTransition", "Gpu", "Job", "QueueIndex", "Capacity", "usable"
            "state_from_snapshot", "validate_state"]
 
 
-
 class ClusterState:
     """Everything the scheduler knows now. Mutated only by ``apply``."""
 
@@ -258,12 +257,12 @@ class ClusterState:
         if cap is None:
             return
         i = cap.index.get((gpu.node, gpu.id))
-        if (i is not None) != usable(gpu, self.config):
-            self._capacity = None  # the usable set changed: rebuild when next asked
+        if (i is not None) != usable(gpu, self.config) or (
+                i is not None and self.config.avoid_foreign_gpus and cap.foreign[i] != (gpu.foreign_memory_mib > 0)):
+            self._capacity = None  # the usable set or its order changed: rebuild when next asked
         elif i is not None:
             cap.set_gpu(i, FULL - gpu.used_milli, free_memory_of(gpu))
 
-    # --- lookups used by the core, the server and the CLI -------------------
 
     def gpu(self, node: str, gpu: int) -> Gpu:
         try:
@@ -304,8 +303,6 @@ class ClusterState:
             return NotImplemented
         return snapshot_bytes(self) == snapshot_bytes(other)
 
-
-# --- the fold -------------------------------------------------------------------
 
 
 def _gpu_order(gpu: Gpu) -> tuple[str, int]:
@@ -353,8 +350,7 @@ def apply(state: ClusterState, event: ev.Event) -> None:
 
 def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     config = settings_from_dict(dict(e.config), node=e.node)
-    state.node = e.node
-    state.policy = e.policy
+    state.node, state.policy = e.node, e.policy
     aging_changed = (config.aging_per_hour, config.aging_tiers) != (state.config.aging_per_hour, state.config.aging_tiers)
     state.config = config
     state._capacity = None  # thresholds may have changed
@@ -386,12 +382,8 @@ def _gpu_sampled(state: ClusterState, e: ev.GpuSampled) -> None:
     gpu = state.gpus.get((e.node, e.gpu))
     if gpu is None:
         return  # a sample of a GPU we never discovered is of no use
-    gpu.sampled_at = e.ts
-    gpu.utilization = e.utilization
-    gpu.memory_used_mib = e.memory_used_mib
-    gpu.temperature_c = e.temperature_c
-    gpu.power_w = e.power_w
-    gpu.foreign_memory_mib = e.foreign_memory_mib
+    gpu.sampled_at, gpu.utilization, gpu.memory_used_mib = e.ts, e.utilization, e.memory_used_mib
+    gpu.temperature_c, gpu.power_w, gpu.foreign_memory_mib = e.temperature_c, e.power_w, e.foreign_memory_mib
     # quiet since when, and who holds what (O(jobs on this GPU))
     if e.utilization <= state.config.idle_utilization_pct:
         if gpu.low_since is None:
@@ -435,16 +427,11 @@ def _gpu_errored(state: ClusterState, e: ev.GpuErrored) -> None:
         state.fit_cache.clear()
 
 
-def _gpu_paused(state: ClusterState, e: ev.GpuPaused) -> None:
-    if (e.node, e.gpu) in state.gpus:
-        state.gpus[(e.node, e.gpu)].paused = True
-        state._gpu_changed(state.gpus[(e.node, e.gpu)])
-
-
-def _gpu_resumed(state: ClusterState, e: ev.GpuResumed) -> None:
-    if (e.node, e.gpu) in state.gpus:
-        state.gpus[(e.node, e.gpu)].paused = False
-        state._gpu_changed(state.gpus[(e.node, e.gpu)])
+def _gpu_paused_or_resumed(state: ClusterState, e: ev.GpuPaused | ev.GpuResumed) -> None:
+    gpu = state.gpus.get((e.node, e.gpu))
+    if gpu is not None:
+        gpu.paused = isinstance(e, ev.GpuPaused)
+        state._gpu_changed(gpu)
 
 
 def _policy_changed(state: ClusterState, e: ev.PolicyChanged) -> None:
@@ -486,20 +473,10 @@ def _job_placed(state: ClusterState, e: ev.JobPlaced) -> None:
         gpus.append(gpu)
     milli = round(e.share * FULL) if e.gpu_ids else 0
     state._leave_queue(job)
-    job.state = to
-    job.node = e.node
-    job.gpu_ids = list(e.gpu_ids)
-    job.milli = milli
-    job.mem_mib = e.gpu_mem_mib
-    job.policy = e.policy
-    job.started_at = e.ts
-    job.ended_at = None
-    job.exit_code = None
-    job.signal = None
-    job.pid = None
-    job.start_time = 0
-    job.cancel_reason = ""
-    job.reason = ""
+    job.state, job.node, job.gpu_ids, job.policy = to, e.node, list(e.gpu_ids), e.policy
+    job.milli, job.mem_mib, job.started_at = milli, e.gpu_mem_mib, e.ts
+    job.ended_at = job.exit_code = job.signal = job.pid = None
+    job.start_time, job.cancel_reason, job.reason = 0, "", ""
     job.attempts += 1
     job.gpu_mem_peak_mib, job.gpu_mem_over, job.idle_since = 0, False, None
     _predict_end(state, job, e.ts)
@@ -535,10 +512,7 @@ def _forget_end(state: ClusterState, job: Job) -> None:
 def _job_started(state: ClusterState, e: ev.JobStarted) -> None:
     job = _job(state, e.job)
     next_state(job, e)
-    job.pid = e.pid
-    job.start_time = e.start_time
-    job.log_path = e.log_path
-    job.started_at = e.ts
+    job.pid, job.start_time, job.log_path, job.started_at = e.pid, e.start_time, e.log_path, e.ts
     _predict_end(state, job, e.ts)
     state._track_deadline(job)
     state._track_idle(job)
@@ -548,11 +522,8 @@ def _job_exited(state: ClusterState, e: ev.JobExited) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
     _release(state, job, e.ts)
-    job.state = to
-    job.exit_code = e.exit_code
-    job.signal = e.signal
+    job.state, job.exit_code, job.signal, job.ended_at = to, e.exit_code, e.signal, e.ts
     job.reason = e.reason or job.cancel_reason
-    job.ended_at = e.ts
     if job.started_at is not None:
         state.stats.add(runtime_key(job.spec), e.ts - job.started_at)
     # the milli-share asked for, should the job be requeued
@@ -580,9 +551,7 @@ def _job_cancelled(state: ClusterState, e: ev.JobCancelled) -> None:
     to = next_state(job, e)
     if job.state == QUEUED:
         state._leave_queue(job)
-    job.state = to
-    job.reason = "cancelled"
-    job.ended_at = e.ts
+    job.state, job.reason, job.ended_at = to, "cancelled", e.ts
 
 
 def _job_requeued(state: ClusterState, e: ev.JobRequeued) -> None:
@@ -623,9 +592,7 @@ def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
     _release(state, job, e.ts)
-    job.state = to
-    job.reason = e.reason or "lost"
-    job.ended_at = e.ts
+    job.state, job.reason, job.ended_at = to, e.reason or "lost", e.ts
 
 
 def _job_gpu_memory(state: ClusterState, e: ev.JobGpuMemoryExceeded | ev.JobGpuMemoryWithin) -> None:
@@ -660,8 +627,8 @@ _HANDLERS: dict[type, Any] = {
     ev.GpuDiscovered: _gpu_discovered,
     ev.GpuSampled: _gpu_sampled,
     ev.GpuErrored: _gpu_errored,
-    ev.GpuPaused: _gpu_paused,
-    ev.GpuResumed: _gpu_resumed,
+    ev.GpuPaused: _gpu_paused_or_resumed,
+    ev.GpuResumed: _gpu_paused_or_resumed,
     ev.PolicyChanged: _policy_changed,
     ev.JobSubmitted: _job_submitted,
     ev.JobPlaced: _job_placed,
@@ -713,8 +680,6 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
     return out
 
 
-# --- snapshots --------------------------------------------------------------------
-
 
 _snap_encoder = msgspec.msgpack.Encoder()
 _snap_decoder = msgspec.msgpack.Decoder(StateSnapshot)
@@ -745,14 +710,10 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     """Inverse of ``snapshot_bytes``; raises ``msgspec.DecodeError`` on garbage."""
     snap = _snap_decoder.decode(data)
     state = ClusterState()
-    state.last_seq = snap.last_seq
-    state.node = snap.node
-    state.policy = snap.policy
-    state.config = snap.config
+    state.last_seq, state.node, state.policy, state.config = snap.last_seq, snap.node, snap.policy, snap.config
     state.gpus = {(g.node, g.id): Gpu.from_record(g) for g in snap.gpus}
     state.jobs = {j.id: Job.from_record(j) for j in snap.jobs}
-    state.next_job_id = snap.next_job_id
-    state.next_order = snap.next_order
+    state.next_job_id, state.next_order = snap.next_job_id, snap.next_order
     state.recent_shapes = deque((tuple(s) for s in snap.recent_shapes), maxlen=RECENT_SHAPES)  # type: ignore[misc]
     state.stats.by_key = {(u, n): (c, t) for u, n, c, t in snap.runtime_by_key}
     state.stats.sorted = list(snap.runtimes_ms)
@@ -762,8 +723,6 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     state._derive()
     return state
 
-
-# --- invariants -----------------------------------------------------------------
 
 
 def validate_state(state: ClusterState) -> None:
@@ -794,10 +753,7 @@ def validate_state(state: ClusterState) -> None:
     assert sorted(i for _, i in state.queue.by_order) == queued, "queue index out of step"
     assert state.queue.by_priority == sorted(state.queue.by_priority)
     assert state.queue.by_order == sorted(state.queue.by_order)
-    per_uid: dict[int, int] = {}
-    for j in state.jobs.values():
-        if j.state == QUEUED:
-            per_uid[j.spec.uid] = per_uid.get(j.spec.uid, 0) + 1
+    per_uid = collections.Counter(j.spec.uid for j in state.jobs.values() if j.state == QUEUED)
     assert state.queued_by_uid == per_uid, "per-user queue counts out of step"
     running = sorted(j.id for j in state.jobs.values() if j.state == RUNNING)
     assert sorted(state.running) == running, "running index out of step"

@@ -41,17 +41,17 @@ def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
 
 
 class Capacity:
-    """Free share and free memory of the usable GPUs, in (node, id) order:
-    what every policy decision starts from.
-
-    Kept in step by ``apply`` GPU by GPU (a placement, an exit, a sample), so a
-    decision copies two lists instead of walking every GPU. Built from scratch
-    only when the set of usable GPUs changes (discovery, pause, loss, a
-    threshold crossed, new settings), which is rare.
-    """
+    """Free share and free memory of the usable GPUs, in (node, id) order
+    (with ``avoid_foreign_gpus``, those a stranger uses last on their node):
+    what every policy decision starts from. Kept in step by ``apply`` GPU by
+    GPU, so a decision copies two lists instead of walking every GPU; rebuilt
+    only when the set of usable GPUs changes, which is rare."""
 
     def __init__(self, gpus: list[Gpu], cfg: SchedulerConfig) -> None:
         ok = [g for g in gpus if usable(g, cfg)]
+        if cfg.avoid_foreign_gpus:  # stable: (node, id) order otherwise
+            ok.sort(key=lambda g: (g.node, g.foreign_memory_mib > 0))
+        self.foreign = [g.foreign_memory_mib > 0 for g in ok]
         self.node = [g.node for g in ok]
         self.id = [g.id for g in ok]
         self.free = [FULL - g.used_milli for g in ok]
@@ -122,9 +122,8 @@ def request_of(spec: ev.JobSpec) -> tuple[int, int]:
 
 
 def time_limit_of(job: Job, default: float | None) -> float | None:
-    """The tighter of the job's own limit and ``default`` (None: no limit).
-    Here, compiled, rather than a method of the interpreted record: running
-    jobs' limits are read in every reservation."""
+    """The tighter of the job's own limit and ``default`` (None: no limit);
+    compiled here, as every reservation reads it."""
     own = job.spec.time_limit_s
     own = own if own is not None and own > 0 else None
     default = default if default is not None and default > 0 else None
@@ -133,21 +132,16 @@ def time_limit_of(job: Job, default: float | None) -> float | None:
     return min(own, default)
 
 
-# A GPU's free memory (defined here alone), and Job.tenant and Job.shape
-# again, compiled: the records' methods are interpreted, and the fold asks them
-# for every placement and end (tests/test_backlog_structures.py checks they agree)
+# Job.tenant and Job.shape again, compiled: the fold asks them for every
+# placement and end (tests/test_backlog_structures.py checks they agree)
 
 
 def free_memory_of(gpu: Gpu) -> int:
     """Memory a new job may reserve on ``gpu``: what neither our reservations,
     the observed use of our jobs, nor processes outside the scheduler hold."""
     used = gpu.memory_used_mib or 0
-    if gpu.foreign_memory_mib >= 0:
-        foreign = gpu.foreign_memory_mib
-        ours = max(0, used - foreign)
-    else:
-        foreign = 0
-        ours = used
+    foreign = max(0, gpu.foreign_memory_mib)
+    ours = max(0, used - foreign)
     return gpu.memory_total_mib - foreign - max(gpu.reserved_mib, ours)
 
 
@@ -174,29 +168,21 @@ class QueueIndex:
     ``shape_queue`` holds each shape's jobs as (-priority, order, id), so a
     decision merges the heads of the shapes that fit instead of walking past
     the jobs of those that do not; ``by_shape`` groups jobs that fit or fail
-    together, so a decision can tell up front that nothing in a long queue
-    fits. Every policy reads these.
+    together, so a decision can tell up front that nothing in a long queue fits.
 
     The other orders are built the first time something asks for them, then
-    kept in step: ``by_priority`` (-priority, order, id) and ``by_order``
-    (order, id) for fifo, the oracle and ``explain``'s ranks; ``by_rkey`` and
-    ``shape_rkey``, the queue grouped by runtime key (and by shape and
-    runtime key), for shortest-job-first. A daemon or a replay that never
-    asks pays nothing for them per submission and placement (they were four
-    of the five sorted insertions and removals of every queued job).
-
-    All are ``SortedKeys`` (blocked: an insertion or removal moves one block,
-    not the whole queue; one user's sweep can be one runtime key for most of
-    a 100,000-job queue). A decision never re-sorts.
+    kept in step: ``by_priority`` and ``by_order`` (order, id) for fifo, the
+    oracle and ``explain``'s ranks; ``by_rkey`` and ``shape_rkey``, the queue
+    grouped by runtime key (and shape), for shortest-job-first. A daemon that
+    never asks pays nothing for them. All are ``SortedKeys``: an insertion or
+    removal moves one block, not the whole queue.
     """
 
     def __init__(self, aging_per_hour: float = 0.0, tiers: bool = True) -> None:
         # a waiting job gains a priority tier each time the clock passes a
-        # multiple of 3600 / aging_per_hour seconds: every job gains it at the
-        # same moment, so ``floor(aging x queued_at) - priority`` orders them
-        # for good, and jobs queued between two such moments share a tier
-        # (docs/fair-share.md); without tiers, as logs before them ran, the
-        # key is ``aging x queued_at - priority``
+        # multiple of 3600 / aging_per_hour seconds, all jobs at once, so
+        # ``floor(aging x queued_at) - priority`` orders them for good
+        # (docs/fair-share.md); without tiers (older logs) it is unfloored
         self.aging = aging_per_hour / 3600.0
         self.tiers = tiers
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
@@ -276,9 +262,8 @@ class QueueIndex:
         self._groups = True
 
     def add(self, job: Job) -> None:
-        # one tuple shared by every index below: compiled (mypyc), a
-        # tuple[float, int, int] is a C struct, boxed anew for each container
-        # it goes into, which cost 0.8 KB per queued job
+        # Any: one boxed tuple shared by every index below (compiled, a typed
+        # tuple is a C struct, boxed anew for each container it goes into)
         key: Any = self.key(job)
         n = self.milli_counts.get(job.milli, 0)
         if not n:
@@ -340,10 +325,7 @@ class QueueIndex:
 
 
 def _group(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any) -> SortedKeys[tuple[float, int, int]]:
-    """``groups[name]``, made empty if there is none. Blocked, not a plain
-    sorted list: a job of high priority goes near the front of a group that
-    may hold most of a 100,000-job queue, and a list would move every entry
-    behind it on each submission and each placement."""
+    """``groups[name]``, made empty if there is none."""
     group = groups.get(name)
     if group is None:
         group = groups[name] = SortedKeys()
@@ -403,8 +385,7 @@ class RuntimeStats:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
         self._runs: SortedKeys[int] = SortedKeys()  # every run's ms, in blocks (see ``sorted``)
         # runs not yet in ``_runs``: sorted in only when the median or the
-        # list is asked for, which a replay whose jobs all have a history
-        # never does (sorted insertions are slow: docs/measured-choices.md)
+        # list is asked for, which a replay whose jobs all have a history never does
         self._pending: list[int] = []
         # predictions asked since the last run ended (sjf-backfill asks for
         # every running job at every reservation)

@@ -23,11 +23,9 @@ class ConfigError(Exception):
 
 
 class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """Fair use of the control socket: how many connections, and how much
-    unread reply data the daemon holds for them before it stops reading or
-    hangs up."""
+    """Fair use of the control socket (root and the daemon's user are exempt)."""
 
-    # connections of one uid (root and the daemon's user are not counted)
+    # connections of one uid
     max_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
     # every connection; lowered at start to fit the daemon's open-file limit
     max_total: Annotated[int, msgspec.Meta(ge=1)] = 4096
@@ -42,9 +40,8 @@ class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True,
 
 
 class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """Limits the daemon enforces on the host, not the scheduler: written
-    under ``[scheduler]`` in the file, kept out of the recorded
-    scheduler settings because no decision depends on them."""
+    """Host limits, written under ``[scheduler]`` but kept out of the recorded
+    settings: no scheduling decision depends on them."""
 
     # a job's program or script, resolved, must lie under one of these ([]: anywhere)
     allowed_script_paths: list[str] = []
@@ -70,43 +67,58 @@ class FileConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     jobs_file: str | None = None  # a jobs file the daemon follows itself
 
 
-SAMPLE = """\
-# eventsched configuration (TOML). Every key is optional.
-# Command-line options of `eventsched serve` override what is set here.
-
-gpus = "fake:4:24576"          # omit to use the real GPUs through NVML
-policy = "best-fit"            # fifo, priority, best-fit, fair-share, sjf-backfill, fgd
-sample_interval_s = 2.0        # seconds between GPU samples
-
-[scheduler]
-default_time_limit_s = 86400   # global time limit for every job
-kill_grace_s = 10.0            # SIGTERM, then SIGKILL after this long
-max_queued = 10000             # submissions beyond this are refused
-max_running = 0                # 0 = no limit on concurrent jobs
-max_gpu_memory_used_pct = 95.0 # skip GPUs fuller than this
-max_gpu_utilization_pct = 100.0
-max_gpu_temperature_c = 85.0   # thermal-aware: skip hotter GPUs
-retry_backoff_s = 2.0          # first retry delay, doubled each time
-max_queued_per_user = 20000    # one user's waiting jobs beyond this are refused
-# teams (docs/fair-share.md): score = priority + aging x hours waited + fair share
-aging_per_hour = 0.1           # priority points a waiting job gains per hour
-fair_share_weight = 10.0       # points of the fair-share factor (policy fair-share)
-usage_half_life_s = 86400.0    # recent use fades by half in this long
-reserve_for_gang = true        # hold GPUs for a blocked multi-GPU job at the head
-reserve_after_s = 30.0         # ... once it has waited this long
-preemption = true              # --preemptible jobs may be stopped for more urgent ones
-preempt_grace_s = 30           # warning signal, then this long, then SIGKILL; then requeued
-preempt_protect_s = 600        # a job preempted once then runs at least this long
-# GPU memory and idle jobs (docs/gpu-memory-and-idle.md)
-gpu_mem_policy = "warn"        # a job over its --gpu-mem: "warn", or "stop" (signal, kill, failed)
-idle_utilization_pct = 5.0     # a job whose GPUs are all at most this busy ...
-idle_after_s = 1800            # ... this long is idle (0: not looked for)
-idle_policy = "off"            # "off", "requeue" or "stop" an idle job when a waiting job could use it
-node_lost_after_s = 60         # several machines: a node gone this long loses its jobs; back sooner, re-adopted
-# host limits, enforced by the kernel
-# allowed_script_paths = ["/data3/", "/home/"]   # a job's script or program must lie here
-# max_host_mem_mib = 32768     # per job (cgroup v2, cgroup v1 as root, else RLIMIT_AS)
-
+# what each key of `config-sample` means; the values printed are the settings' own defaults
+COMMENTS = {
+    "gpus": "unset: the real GPUs through NVML",
+    "policy": "unset: [scheduler] policy",
+    "sample_interval_s": "seconds between GPU samples",
+    "jobs_file": "unset: none; else a jobs file the daemon follows itself",
+    "scheduler.node": "this machine's name among several",
+    "scheduler.policy": "fifo, priority, best-fit, fair-share, sjf-backfill, fgd",
+    "scheduler.default_time_limit_s": "unset: no time limit; else every job's, in seconds",
+    "scheduler.kill_grace_s": "SIGTERM, then SIGKILL after this long",
+    "scheduler.max_queued": "submissions beyond this are refused",
+    "scheduler.max_queued_per_user": "one user's waiting jobs beyond this are refused",
+    "scheduler.max_running": "0 = no limit on concurrent jobs",
+    "scheduler.max_gpu_memory_used_pct": "skip GPUs fuller than this",
+    "scheduler.max_gpu_utilization_pct": "skip GPUs busier than this",
+    "scheduler.max_gpu_temperature_c": "thermal-aware: skip hotter GPUs (e.g. 85)",
+    "scheduler.retry_backoff_s": "first retry delay, doubled each time",
+    "scheduler.aging_per_hour": "priority points a waiting job gains per hour (docs/fair-share.md)",
+    "scheduler.aging_tiers": "aging in whole tiers at fixed times (false: continuous)",
+    "scheduler.fair_share_weight": "points of the fair-share factor (policy fair-share)",
+    "scheduler.usage_half_life_s": "recent use fades by half in this long",
+    "scheduler.reserve_for_gang": "hold GPUs for a blocked multi-GPU job at the head",
+    "scheduler.reserve_after_s": "... once it has waited this long",
+    "scheduler.preemption": "--preemptible jobs may be stopped for more urgent ones",
+    "scheduler.preempt_grace_s": "warning signal, then this long, then SIGKILL; then requeued",
+    "scheduler.preempt_protect_s": "a job preempted once then runs at least this long",
+    "scheduler.gpu_mem_policy": 'a job over its --gpu-mem: "warn", or "stop" (docs/gpu-memory-and-idle.md)',
+    "scheduler.idle_utilization_pct": "a job whose GPUs are all at most this busy ...",
+    "scheduler.idle_after_s": "... this long is idle (0: not looked for)",
+    "scheduler.idle_policy": '"off", "requeue" or "stop" an idle job when a waiting job could use it',
+    "scheduler.node_lost_after_s": "several machines: a node gone this long loses its jobs",
+    "scheduler.avoid_foreign_gpus": "on an equal fit, prefer GPUs no process outside the scheduler uses",
+    "limits": "what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)",
+    "limits.max_user_priority": "--priority within [-this, this]",
+    "limits.max_retries": "--retries at most this",
+    "limits.max_time_limit_s": "--time-limit at most this (one year)",
+    "limits.max_gpu_mem_mib": "--gpu-mem at most this, per GPU",
+    "limits.max_command_bytes": "the command line, all arguments together",
+    "limits.max_env_bytes": "environment plus --env-setup",
+    "limits.max_name_chars": "--name at most this long",
+    "limits.max_after": "--after dependencies of one job",
+    "limits.max_gpu_ids": "GPU ids named by one job",
+    "connections": "fair use of the socket (root and the daemon's user are exempt from the per-user limit)",
+    "connections.max_per_user": "connections held by one user at once",
+    "connections.max_total": "all connections; lowered to fit the open-file limit",
+    "connections.max_unread_bytes_per_user": "replies a user's clients leave unread before one is cut off",
+    "connections.max_requests_in_flight_per_user": "one user's requests being answered at once; the rest wait",
+    "job_limits": "host limits, enforced by the kernel (also accepted under [scheduler])",
+    "job_limits.allowed_script_paths": 'a job\'s script or program must lie here ([]: anywhere; e.g. ["/data3/"])',
+    "job_limits.max_host_mem_mib": "host memory per job (0: no limit; cgroup v2, cgroup v1 as root, else RLIMIT_AS)",
+}
+TENANTS_EXAMPLE = """
 # [tenants.vision]             # quotas are ceilings on what runs at once
 # users = ["alice", "bob"]
 # gpus = 4                     # GPUs (sum of shares)
@@ -114,24 +126,31 @@ node_lost_after_s = 60         # several machines: a node gone this long loses i
 # jobs = 20
 # weight = 2.0                 # fair share among tenants
 # preemptible = true           # its jobs over its fair share may be preempted
-
-[limits]                       # what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)
-max_user_priority = 100        # --priority within [-100, 100]
-max_retries = 100
-max_time_limit_s = 31622400    # one year
-max_command_bytes = 65536
-max_env_bytes = 262144         # environment plus --env-setup
-
-[connections]                  # fair use of the socket (root and the daemon's user are exempt from the per-user limit)
-max_per_user = 64              # connections held by one user at once
-max_total = 4096               # all connections; lowered to fit the open-file limit
-max_unread_bytes_per_user = 33554432  # replies a user's clients leave unread before one is cut off
-max_requests_in_flight_per_user = 64  # one user's requests being answered at once; the rest wait unread
 """
 
 
-def sample_config() -> str:
-    return SAMPLE
+def sample_config(form: str = "toml") -> str:
+    """Every key with its default (``FileConfig()``), as TOML with a comment a
+    key, or as JSON for ``serve --config X.json``."""
+    import json
+
+    defaults = msgspec.to_builtins(FileConfig())
+    if form == "json":
+        return json.dumps(defaults, indent=2) + "\n"
+
+    def row(setting: str, key: str) -> str:
+        return f"{setting:<30} # {COMMENTS[key]}" if key in COMMENTS else setting
+
+    def rows(table: dict[str, Any], prefix: str = "") -> list[str]:  # None: unset, which TOML cannot write
+        return [row(f"# {k} =" if v is None else f"{k} = {json.dumps(v)}", prefix + k)
+                for k, v in table.items() if not isinstance(v, dict)]
+
+    text = ["# eventsched configuration (TOML), every key at its default: all are optional.",
+            "# Command-line options of `eventsched serve` override what is set here.", "", *rows(defaults)]
+    for section, table in defaults.items():
+        if isinstance(table, dict) and table:
+            text += ["", row(f"[{section}]", section), *rows(table, section + ".")]
+    return "\n".join(text) + "\n" + TENANTS_EXAMPLE
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from eventsched.core.tenants_report import tenants_report
 from eventsched.domain.settings import SettingsError
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.text import print_error
@@ -28,12 +27,8 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line, for journald or jq."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+                 "msg": record.getMessage()}
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -44,9 +39,8 @@ class SetupError(Exception):
 
 
 def raise_open_file_limit() -> tuple[int, int]:
-    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's default soft
-    limit of 1,024 is a handful of users' worth of connections); returns
-    (before, after)."""
+    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's 1,024 is a
+    handful of users' connections); (before, after)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -65,6 +59,7 @@ def serve(config: ServeConfig) -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     try:
+        _refuse_live_socket(config.socket)
         backend = _gpus(config)
         http_plan = None
         if config.http:  # checked and bound before the daemon starts
@@ -86,6 +81,19 @@ def serve(config: ServeConfig) -> int:
         print(message, file=sys.stderr)
         return 2
     return 0
+
+
+def _refuse_live_socket(socket: Path) -> None:
+    """A daemon that answers on ``socket`` keeps it; only a stale one (nothing answers) is taken over."""
+    from eventsched.wire.client import Client, ClientError
+
+    try:
+        with Client(socket, timeout=5.0) as client:
+            info = client.ping()
+    except (ClientError, OSError):
+        return  # none there, or stale: nothing answers, so serve() takes it over
+    raise SetupError(f"{socket}: another daemon answers on this socket (pid {info['pid']}, "
+                     f"state dir {info.get('state_dir', '?')}); stop it or give --socket another path")
 
 
 def _gpus(config: ServeConfig) -> GpuBackend | None:
@@ -137,10 +145,8 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def why_it_stopped(exc: BaseException, state_dir: Path) -> str | None:
-    """One paragraph for an error a user can act on (None: a bug, let it show).
-
-    Whatever a task of the daemon raised reaches here wrapped in an
-    ExceptionGroup; the user sees what is wrong, where, and what to do."""
+    """What a task of the daemon raised (wrapped in exception groups), as a
+    paragraph a user can act on; None for a bug, to let it show."""
     for leaf in _leaves(exc):
         if isinstance(leaf, eventlog.LogLockedError):
             return f"eventsched: error: {leaf}: another daemon is using {state_dir}"
@@ -165,8 +171,8 @@ def why_it_stopped(exc: BaseException, state_dir: Path) -> str | None:
 
 
 async def _serve(config: ServeConfig, gpus: GpuBackend | None, http_plan: Any) -> None:
-    from eventsched.runtime.api.server import Server, status
-    from eventsched.runtime.engine import Engine, Query
+    from eventsched.runtime.api.server import Server
+    from eventsched.runtime.engine import Engine
 
     log = logging.getLogger("eventsched.daemon")
     before, after = raise_open_file_limit()
@@ -184,21 +190,16 @@ async def _serve(config: ServeConfig, gpus: GpuBackend | None, http_plan: Any) -
 
             await tg.start(follow_jobs_file, server, file.jobs_file)
         if config.metrics_port is not None:
-            from eventsched.runtime.api.metrics_http import serve_metrics
+            from eventsched.runtime.api.metrics_http import read_metrics, serve_metrics
 
-            def metrics() -> Any:
-                return engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())}))
-
-            await tg.start(serve_metrics, config.metrics_host, config.metrics_port, config.state_dir, metrics)
+            await tg.start(serve_metrics, config.metrics_host, config.metrics_port, lambda: read_metrics(engine))
             log.info("Prometheus metrics on http://%s:%d/metrics", config.metrics_host, config.metrics_port)
         if http_plan is not None:
             from eventsched.runtime.api.http_api import serve_http
 
             await tg.start(serve_http, server, http_plan)
-        log.info(
-            "serving on %s, state in %s, policy %s, gpus %s, pid %d",
-            config.socket, config.state_dir, file.scheduler.policy, backend.name, os.getpid(),
-        )
+        log.info("serving on %s, state in %s, policy %s, gpus %s, pid %d",
+                 config.socket, config.state_dir, file.scheduler.policy, backend.name, os.getpid())
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async for signum in signals:
                 log.info("received %s: stopping; running jobs keep running", signal.Signals(signum).name)

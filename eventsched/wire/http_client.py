@@ -146,7 +146,7 @@ class HttpClient:
 
     def request(self, req: Any) -> Any:
         raise ClientError(
-            f"{type(req).__name__} is not part of the HTTP API; run this command on the daemon's machine "
+            "this command is not part of the HTTP API yet; run it on the daemon's machine "
             "(without EVENTSCHED_URL)"
         )
 

@@ -1,36 +1,19 @@
 """``serve --http HOST:PORT``: a small JSON API for remote clients.
 
-Starlette on hypercorn, served on the daemon's own event loop (anyio's
-asyncio backend; hypercorn's asyncio ``serve`` path, given its sockets and a
-shutdown trigger so it installs no signal handlers of its own).
+Starlette on hypercorn, on the daemon's own event loop (hypercorn given its
+socket and a shutdown trigger, so it installs no signal handlers). A request
+carries ``Authorization: Bearer TOKEN``; the token names a user (``tokens``),
+and the request becomes the ``protocol`` request the socket would have
+received, dispatched by ``Server.dispatch`` as that user: a token's user may do
+over HTTP exactly what they may do on the socket, decided by the same code.
 
-A request carries ``Authorization: Bearer TOKEN``; the token names a user
-(``tokens.py``), and the request becomes the same ``protocol`` request the
-socket would have received, dispatched by ``Server.dispatch`` as a ``Peer``
-with that user's uid, gid and groups (from the user database, as
-``--init-groups`` would give them). So a token's user may do over HTTP
-exactly what they may do on the socket, decided by the same code.
-
-Endpoints (docs/http-api.md):
-
-    GET    /health                       no token needed
-    GET    /metrics                      Prometheus text (as --metrics-port)
-    POST   /v1/jobs                      {"spec": {...}, "array": [...]} -> 201 {"id"[, "ids"]}
-    GET    /v1/jobs[?all=1]              the queue (as `queue --json`)
-    GET    /v1/jobs/{id}                 one job
-    DELETE /v1/jobs/{id}                 cancel one job
-    POST   /v1/cancel                    {"jobs": [...], "arrays": bool, "array_tasks": [[a, i]]}
-    GET    /v1/jobs/{id}/explain         as `explain --json`
-    GET    /v1/status                    as `status --json`
-
-Every error is JSON ``{"error": "one line", "kind": RefusalKind}`` (and
-``"existing": id`` for a conflict with a job): 401 for a missing, unknown or
-revoked token (nothing is done), 413 for a body over ``MAX_BODY_BYTES``, 404
-for an unknown path; any other status comes from the refusal's kind
-(``HTTP_STATUS``).
-
-Starlette and hypercorn are the ``http`` extra; this module imports them only
-when the API is started, and ``prepare`` says how to install them.
+Endpoints (docs/http-api.md): ``GET /health`` (no token), ``GET /metrics``,
+``POST /v1/jobs``, ``GET /v1/jobs[?all=1]``, ``GET|DELETE /v1/jobs/{id}``,
+``GET /v1/jobs/{id}/explain``, ``POST /v1/cancel``, ``GET /v1/status``.
+Every error is JSON ``{"error": "one line", "kind": RefusalKind}``: 401 for a
+missing, unknown or revoked token, 413 for a body over ``MAX_BODY_BYTES``,
+else the status of the refusal's kind (``HTTP_STATUS``). Starlette and
+hypercorn (the ``http`` extra) are imported only when the API is started.
 """
 
 from __future__ import annotations
@@ -80,7 +63,6 @@ ACCOUNT_TTL_S = 60.0
 ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())
 
 
-
 async def discard_body(request: Request) -> None:
     """Read the rest of an oversized body into nothing, bounded."""
     seen = 0
@@ -91,6 +73,7 @@ async def discard_body(request: Request) -> None:
                 return
     except Exception:  # noqa: BLE001 - the 413 goes out whatever the stream did
         return
+
 
 class HttpSetupError(Exception):
     """``--http`` cannot be served as asked; str() says why, in one line."""
@@ -157,14 +140,8 @@ def prepare(address: str, *, allow_remote: bool = False) -> HttpPlan:
     return HttpPlan(config=config, url=f"http://{shown}:{bound[1]}")
 
 
-HTTP_STATUS = {
-    RefusalKind.INVALID: 400,
-    RefusalKind.FORBIDDEN: 403,
-    RefusalKind.NOT_FOUND: 404,
-    RefusalKind.CONFLICT: 409,
-    RefusalKind.UNAVAILABLE: 503,
-    RefusalKind.OVER_LIMIT: 429,
-}
+HTTP_STATUS = {RefusalKind.INVALID: 400, RefusalKind.FORBIDDEN: 403, RefusalKind.NOT_FOUND: 404,
+               RefusalKind.CONFLICT: 409, RefusalKind.UNAVAILABLE: 503, RefusalKind.OVER_LIMIT: 429}
 
 
 class ApiError(Refused):
@@ -283,7 +260,8 @@ class Api:
     # --- endpoints -------------------------------------------------------------
 
     async def health(self, request: Request) -> Any:
-        return await self.ask(protocol.Ping(), ANONYMOUS)
+        answer = await self.ask(protocol.Ping(), ANONYMOUS)
+        return {k: v for k, v in answer.items() if k != "state_dir"}  # no token: no paths either
 
     async def metrics(self, request: Request) -> str:
         self.authenticate(request)
@@ -387,36 +365,18 @@ def build_app(api: Api) -> Starlette:
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
 
-def metrics_reader(server: Server) -> Callable[[], Awaitable[str]]:
-    """``GET /metrics``: what ``serve --metrics-port`` answers (metrics_http)."""
-    from eventsched.core.tenants_report import tenants_report
-    from eventsched.runtime.engine import Query
-    from eventsched.runtime.api.metrics_http import history_text, live_gauges
-    from eventsched.runtime.api.server import status
-
-    engine = server.engine
-
-    async def read() -> str:
-        now = await engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())}))
-        return live_gauges(now) + await anyio.to_thread.run_sync(history_text, engine.state_dir)
-
-    return read
-
-
-async def serve_http(
-    server: Server,
-    plan: HttpPlan,
-    *,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
+async def serve_http(server: Server, plan: HttpPlan, *,
+                     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Serve the API on ``plan``'s socket until cancelled."""
     from hypercorn.asyncio import serve
 
-    app = build_app(Api(server, metrics_reader(server)))
-    # hypercorn runs as a plain asyncio task that stops when ``stop`` is set:
-    # cancelling it mid-flight (as anyio's cancel scope would) leaves its
-    # shutdown half done, so it is asked to stop and given time to finish
-    stop = asyncio.Event()  # also keeps hypercorn from installing signal handlers of its own
+    from eventsched.runtime.api.metrics_http import read_metrics
+
+    app = build_app(Api(server, lambda: read_metrics(server.engine)))
+    # a plain asyncio task asked to stop (``stop``) and given time to finish:
+    # cancelling it mid-flight, as a cancel scope would, leaves its shutdown
+    # half done; the trigger also keeps it from installing signal handlers
+    stop = asyncio.Event()
     task = asyncio.ensure_future(serve(app, plan.config, shutdown_trigger=stop.wait, mode="asgi"))  # type: ignore[arg-type]
     task_status.started()
     logger.info("HTTP API on %s (tokens: `eventsched token create`)", plan.url)

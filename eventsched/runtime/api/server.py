@@ -1,13 +1,8 @@
-"""The control socket: authenticates peers, decodes requests, asks the engine.
+"""The control socket: what a request means and who may make it (``dispatch``).
 
 The user is always the socket's peer (SO_PEERCRED), never a claim in the
 request. A malformed, oversized or hostile message gets an error reply and
 changes nothing; a client that goes away mid-request harms nothing.
-
-Each client is a ``connection.Connection``, handed a ``connection.Context``:
-per-user fair use (``fair_use``), the event feed (``feed``), the reply
-flusher and this module's ``dispatch``, which decides what a request means
-and who may make it.
 """
 
 from __future__ import annotations
@@ -48,11 +43,9 @@ from eventsched.wire import protocol
 
 logger = logging.getLogger("eventsched.server")
 
-# open files kept free of connections: the log, snapshots, jobs' logs and
-# supervisors, the GPU sampler's /proc, SQL, and a burst of accepted
-# connections about to be refused (asyncio accepts up to the backlog in one
-# go); and each connection may hold a second file (a log segment) while it is
-# sent history
+# open files kept free of connections (the log, jobs, /proc, SQL, a burst of
+# accepted connections about to be refused); and each connection may hold a
+# second file (a log segment) while it is sent history
 FD_RESERVE = 256
 ACCEPT_BACKLOG = 128
 
@@ -87,8 +80,7 @@ class Server:
         self.operators = frozenset({0, self.daemon_uid})
         self.admission = Admission(limits, job_limits, self.daemon_uid)
         self.connection_limits = connections
-        # max_total is lowered in serve() to fit the open-file limit
-        self.fair_use = FairUse(connections, self.operators, connections.max_total)
+        self.fair_use = FairUse(connections, self.operators, connections.max_total)  # max_total: lowered in serve()
         self.flusher = Flusher()
         self._tokens_store: TokenStore | None = None
         self._sql_runner: Any = None
@@ -97,7 +89,7 @@ class Server:
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         if self.socket_path.exists() or self.socket_path.is_symlink():
-            self.socket_path.unlink()  # stale: the log's lock already proved no daemon runs here
+            self.socket_path.unlink()  # stale: serve() found no daemon answering on it
         loop = asyncio.get_running_loop()
         self.fair_use.max_total = connection_limit(self.connection_limits.max_total)
         logger.info(
@@ -115,9 +107,7 @@ class Server:
                 start_soon=tg.start_soon, read_buffer=memoryview(bytearray(READ_CHUNK)),
             )
             server = await loop.create_unix_server(lambda: Connection(ctx), str(self.socket_path), backlog=ACCEPT_BACKLOG)
-            # anyone may connect; what they may do is decided per request
-            # from their credentials
-            os.chmod(self.socket_path, 0o666)
+            os.chmod(self.socket_path, 0o666)  # anyone may connect; what they may do is decided per request
             task_status.started()
             try:
                 await anyio.sleep_forever()
@@ -125,10 +115,7 @@ class Server:
                 server.close()
                 self.engine.unsubscribe(feed.fan_out)
                 self.engine.on_answered = None
-                try:
-                    self.socket_path.unlink()
-                except FileNotFoundError:
-                    pass
+                self.socket_path.unlink(missing_ok=True)
 
     # --- requests -> engine items ---------------------------------------
 
@@ -185,7 +172,8 @@ class Server:
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
             return Query(lambda state: {**status(state), "containment": containment, "memory_limit": memory_limit}), None
         if isinstance(request, protocol.Ping):
-            return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq}), None
+            return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq,
+                                        "state_dir": str(self.engine.state_dir)}), None
         if isinstance(request, (protocol.HoldJobs, protocol.ReleaseJobs)):  # CancelJobs: _cancel
             kind = {protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
             ids = list(request.jobs)
@@ -231,9 +219,8 @@ class Server:
                 "exit_code": job.exit_code, "signal": job.signal}  # `submit --interactive` exits with them
 
     async def _explain(self, job_id: int, reply: Reply) -> None:
-        """The job's reason now (from the projection) and its story (the log
-        from its submission on, read in a thread). Metadata only: anyone who
-        may see the queue may ask."""
+        """The job's reason now and its story (the log from its submission on,
+        read in a thread). Metadata only: anyone who may see the queue may ask."""
         from eventsched.core.explain import waiting_reason
         from eventsched.projections.story import job_story
 
@@ -243,7 +230,7 @@ class Server:
                 raise Refused(RefusalKind.NOT_FOUND, f"no job {job_id}")
             reason = waiting_reason(state, job_id, self.engine.clock())
             # a queued job's forecast runs on a copy, in a thread
-            copy = working_copy(state) if job.state == QUEUED_STATE else None
+            copy = working_copy(state) if job.state == JobState.QUEUED else None
             # an ended job's story ends with it: a month-old job reads its own
             # days of log, not the month since (a lost job may come back)
             until = job.ended_at if job.state in DONE_FOR_GOOD else None
@@ -287,11 +274,9 @@ class Server:
         reply(view, None)
 
     async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Reply) -> None:
-        """Cancel every job named that can be, and say why not for each of
-        the rest (``cancel A B ...``): the plan is read from the projection,
-        then one ``Cancel`` of the cancellable ones. A job that ends between
-        the two makes the core refuse the ``Cancel`` whole (it changes
-        nothing), so the plan is read again."""
+        """Cancel every job named that can be, and say why not for the rest:
+        a plan, then one ``Cancel``. A job that ends between the two makes the
+        core refuse the ``Cancel`` whole, so the plan is made again."""
         uid = peer.uid
         try:
             for attempt in range(CANCEL_TRIES):
@@ -324,8 +309,7 @@ class Server:
         return self._tokens_store
 
     async def _tokens(self, request: protocol.Request, peer: Peer, reply: Reply) -> None:
-        """``eventsched token create|list|revoke``, as the peer (root or the
-        daemon's user: anyone's tokens)."""
+        """``eventsched token create|list|revoke``, as the peer (an operator: anyone's tokens)."""
         operator = peer.uid in self.operators
         try:
             store = self.token_store()  # on the loop, as the HTTP API's lookups: one store
@@ -348,8 +332,8 @@ class Server:
             reply(None, _internal("token request", exc))
 
     async def _run_sql(self, sql: str, reply: Reply, peer: Peer, gone: Callable[[], bool] | None) -> None:
-        """Answer in a process of its own that runs the query as ``peer``
-        (``sql_sandbox``), killed when its client goes away (``gone()``)."""
+        """Answer in a process that runs the query as ``peer`` (``sql_sandbox``),
+        killed when its client goes away (``gone()``)."""
         from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError
         from eventsched.runtime.api.sql_sandbox import SqlRunner
 
@@ -373,11 +357,9 @@ CANCEL_TRIES = 5
 def cancel_plan(
     state: ClusterState, ids: list[int], array_tasks: list[tuple[int, int]], uid: int, *, arrays: bool = False
 ) -> tuple[list[int], list[dict[str, Any]]]:
-    """What ``cancel`` may cancel for ``uid`` and, for each other job named,
-    why not: (cancellable ids, [{"job", "reason", "kind"}], kind a
-    ``RefusalKind``). With ``arrays``, an array's id (its first task's)
-    stands for every unfinished task of the array; ``(array, index)`` names
-    one task. Only a job's owner or root may cancel it (as the core)."""
+    """(the ids ``uid`` may cancel, [{"job", "reason", "kind"}] for the rest).
+    With ``arrays``, an array's id stands for its unfinished tasks;
+    ``(array, index)`` names one task. Only a job's owner or root may cancel it."""
     wanted: dict[int, None] = {}
     refused: list[dict[str, Any]] = []
     by_array: dict[int, list[Job]] | None = None
@@ -444,24 +426,18 @@ def _submitted_array(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": ids[0], "ids": ids, "seq": events[-1].seq}
 
 
-QUEUED_STATE = JobState.QUEUED
-
 # queue --json forecasts start times while at most this many jobs wait (each
 # listing then costs a forward run of the core); explain forecasts any job
 FORECAST_QUEUE_LIMIT = 200
-
-
 MAX_JOBS_PAGE = 1000  # jobs per page of a paged listing, at most
 
 
 def list_jobs_page(state: ClusterState, include_finished: bool, now: float, after: int, limit: int,
                    calibration: Calibration | None = None) -> dict:
-    """``list_jobs`` one page at a time, in id order: the jobs with
-    ids above ``after``, at most ``limit`` of them, and the id to go on from
-    (None: no more). Ids are looked at one by one from ``after``, at most
-    ``16 x limit`` of them per page, so a page stays bounded when most jobs
-    have ended. A listing is no longer one instant: a job may change between
-    pages (as with ``ps``)."""
+    """``list_jobs`` a page at a time, in id order: at most ``limit`` jobs with
+    ids above ``after``, and the id to go on from (None: no more). At most
+    ``16 x limit`` ids are looked at per page, so a page stays bounded when
+    most jobs have ended; a job may change between pages (as with ``ps``)."""
     jobs: list[Job] = []
     jid, end, budget = after + 1, state.next_job_id, 16 * limit
     while jid < end and len(jobs) < limit and budget > 0:
@@ -478,13 +454,12 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
     from eventsched.core.explain import waiting_reasons
 
     if page is not None:  # one page (list_jobs_page): reasons and array counts for its jobs only
-        jobs = page
-        reasons = waiting_reasons(state, now, [job.id for job in jobs])
+        jobs, reasons = page, waiting_reasons(state, now, [job.id for job in page])
     else:
         jobs = [job for job in state.jobs.values() if include_finished or job.state in ACTIVE]
         reasons = waiting_reasons(state, now)  # one walk of the queue for every waiting job
     forecast = None
-    queued = {job.id for job in jobs if job.state == QUEUED_STATE}
+    queued = {job.id for job in jobs if job.state == JobState.QUEUED}
     if queued and len(state.queue) <= FORECAST_QUEUE_LIMIT:
         # only for the queued jobs listed: a page of ended jobs runs no forecast,
         # and the run stops once the page's own jobs have started
@@ -493,9 +468,7 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
     for view in out:  # null when not queued, or the queue is too long to forecast per listing
         f = shown(forecast, view["id"], now) if forecast is not None and view["state"] == "queued" else {}
         view.update({k: f.get(k) for k in ("estimated_start", "estimated_start_p10", "estimated_start_p90")})
-    # each array task also says how many of its array's tasks have ended, so
-    # `queue` can fold an array into one line without --all
-    for view in out:
+        # how many of its array's tasks have ended: `queue` folds an array into one line without --all
         if view["array_id"] is not None:
             view["array_done"] = state.array_ended[view["array_id"]]
     return out
