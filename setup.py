@@ -1,8 +1,8 @@
 """Build: the scheduler's hot path compiled with mypyc, when it can be.
 
-The modules below are the core's per-event path (the fold, the policies, the
-transition table) and the replay loop around it. Compiled, a replay and every
-daemon decision run about 1.5x faster (bench/bench_replay.py,
+The modules in ``eventsched/_compiled.py`` are the core's per-event path (the
+fold, the policies, the transition table) and the replay loop around it;
+compiled, a replay and every daemon decision run faster (bench/bench_replay.py,
 bench/bench_backlog.py). They are plain, type-checked Python either way:
 
 - ``EVENTSCHED_PURE=1`` at build time installs them uncompiled;
@@ -10,9 +10,8 @@ bench/bench_backlog.py). They are plain, type-checked Python either way:
   them uncompiled (``optional``);
 - the supervisor's ``runtime/launch/_spawn.c`` and the history fold's
   ``projections/_frames.c`` are built either way (optional too);
-- ``EVENTSCHED_PURE=1`` at run time imports the .py sources even where the
-  compiled modules are installed (``eventsched/__init__.py``): for a debugger,
-  and for the test that compares both (tests/test_compiled.py).
+- at run time, ``EVENTSCHED_PURE=1`` or a compiled module older than its
+  source makes a process import the .py sources (``eventsched/_compiled.py``).
 
 Everything else is configured in pyproject.toml.
 """
@@ -51,7 +50,7 @@ def _spawn_helper() -> list:
 
 def _frames_helper() -> list:
     """The history catch-up's frame walker (projections/_frames.c). Optional:
-    without it the log's frames are decoded by msgspec first, about 2x slower."""
+    without it the log's frames are decoded by msgspec first, slower."""
     return [Extension("eventsched.projections._frames", ["eventsched/projections/_frames.c"], optional=True)]
 
 

@@ -1,7 +1,7 @@
 """eventsched: a GPU job scheduler for a shared machine, built on an event log.
 
 The Python API a notebook or script needs is importable from here, whatever
-the package's inner layout (SPEC §2)::
+the package's inner layout::
 
     from eventsched import Client, JobSpec
     from eventsched import load_source, simulate, compare, compare_placements, open_history
@@ -26,12 +26,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-import os as _os  # already loaded by the interpreter: free
+from eventsched import _compiled
 
-if _os.environ.get("EVENTSCHED_PURE", "") not in ("", "0"):  # the .py sources, not mypyc's build
-    from eventsched._compiled import prefer_sources
-
-    prefer_sources()
+_compiled.install()  # the .py sources where asked, or where the compiled build is stale
 
 # public name -> the module that defines it
 _API = {
@@ -52,7 +49,7 @@ _API = {
     "open_history": "eventsched.projections.history",
     "History": "eventsched.projections.history",
     "history": "eventsched.projections.history_snapshot",
-    "torch_memory_fraction": "eventsched.domain.frameworks",  # issue 17
+    "torch_memory_fraction": "eventsched.domain.frameworks",
 }
 
 __all__ = ["__version__", *_API]

@@ -1,27 +1,33 @@
-"""The modules ``setup.py`` compiles with mypyc, and how to run their .py
-sources instead.
+"""The modules ``setup.py`` compiles with mypyc, and when a process runs
+their .py sources instead.
 
-Compiled, the core's per-event path runs about 1.5x faster; the sources stay
-the reference. ``EVENTSCHED_PURE=1`` in the environment makes every process
-that imports eventsched load the sources (``prefer_sources``): for a debugger,
-a profiler that should see Python frames, or the test that checks both builds
-decide alike. Standard library only: ``setup.py`` reads ``SOURCES`` from this
-file before anything is installed.
+Compiled, the scheduler's per-event path runs faster; the sources stay the
+reference. A process imports every compiled module from its source when
+
+- ``EVENTSCHED_PURE=1`` is set: for a debugger, a profiler that should see
+  Python frames, or the test that checks both builds decide alike;
+- any compiled module is older than its source (edited since the last
+  ``scripts/setup.sh``), or outlived its place in ``SOURCES``: it would run
+  old code. Found at the first import of a compiled module, said once on
+  stderr. All or none, because compiled modules reach into each other's
+  classes.
+
+Cheap to import (every CLI call does) and standard library only:
+``setup.py`` reads ``SOURCES`` from this file before anything is installed.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
+import _imp
 import os
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
 
-__all__ = ["SOURCES", "MODULES", "prefer_sources", "compiled", "stale", "orphans"]
+__all__ = ["SOURCES", "MODULES", "install", "compiled", "stale", "orphans"]
 
 SOURCES = (
     "eventsched/domain/states.py",
@@ -40,45 +46,55 @@ MODULES = tuple(s.removesuffix(".py").replace("/", ".") for s in SOURCES)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Finds the compiled modules' .py files ahead of their extensions."""
+class _Sources:
+    """On ``sys.meta_path``: at the first import of a compiled module, decides
+    which build runs; then imports the chosen modules from their .py files."""
 
-    def find_spec(self, name: str, path: Sequence[str] | None, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if name not in MODULES:
+    def __init__(self, pure: bool) -> None:
+        self.names: frozenset[str] | None = frozenset(MODULES) if pure else None  # None: not decided yet
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
+        if self.names is None and name in MODULES:
+            self.names = _check()
+        if not self.names or name not in self.names:
             return None
-        source = os.path.join(_ROOT, *name.split(".")) + ".py"
-        return importlib.util.spec_from_file_location(name, source)
+        import importlib.util
+
+        return importlib.util.spec_from_file_location(name, os.path.join(_ROOT, *name.split(".")) + ".py")
 
 
-def prefer_sources() -> None:
-    if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceFirst())
+def _check() -> frozenset[str]:
+    old = stale()
+    if not old:
+        return frozenset()
+    sys.stderr.write(f"eventsched: running the .py sources: compiled modules are older than them ({', '.join(old)}); "
+                     "scripts/setup.sh rebuilds them\n")
+    return frozenset(MODULES) | {p.split(".", 1)[0].replace("/", ".") for p in orphans()}
+
+
+def install() -> None:
+    """Put the choice of build on the import path (``eventsched`` does, once)."""
+    if not any(isinstance(f, _Sources) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources(os.environ.get("EVENTSCHED_PURE", "") not in ("", "0")))
 
 
 def _extension(source: str) -> str | None:
     """The compiled module built in place beside ``source``, if any."""
-    folder, stem = os.path.split(os.path.join(_ROOT, source.removesuffix(".py")))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(folder, stem + suffix)
-        if os.path.exists(path):
-            return path
-    return None
+    stem = os.path.join(_ROOT, source.removesuffix(".py"))
+    return next((stem + s for s in _imp.extension_suffixes() if os.path.exists(stem + s)), None)
 
 
 def compiled() -> list[str]:
     """The modules this process imported from a compiled extension."""
-    out = []
-    for name in MODULES:
-        spec = getattr(sys.modules.get(name), "__spec__", None)
-        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
-            out.append(name)
-    return out
+    from importlib.machinery import ExtensionFileLoader
+
+    return [name for name in MODULES
+            if isinstance(getattr(getattr(sys.modules.get(name), "__spec__", None), "loader", None), ExtensionFileLoader)]
 
 
 def stale() -> list[str]:
-    """Sources edited after their compiled module was built, and compiled
-    modules whose source is no longer compiled (``orphans``): until
-    ``scripts/setup.sh`` runs again, Python would import the old code."""
+    """Sources edited after their compiled module was built, and the sources
+    of compiled modules no longer in ``SOURCES`` (``orphans``)."""
     out = [path.split(".", 1)[0] + ".py" for path in orphans()]
     for source in SOURCES:
         ext = _extension(source)
@@ -91,13 +107,12 @@ def orphans() -> list[str]:
     """Compiled modules beside a source that is no longer in ``SOURCES`` (a
     tree built before a module left the list): Python would import them
     instead of the source. ``scripts/setup.sh`` removes them."""
+    suffixes = _imp.extension_suffixes()
     out = []
     for folder, _dirs, files in os.walk(os.path.join(_ROOT, "eventsched")):
         for name in files:
             stem = name.split(".", 1)[0]
-            if not any(name == stem + suffix for suffix in importlib.machinery.EXTENSION_SUFFIXES):
-                continue
             source = os.path.relpath(os.path.join(folder, stem + ".py"), _ROOT)
-            if stem + ".py" in files and source not in SOURCES:
+            if any(name == stem + s for s in suffixes) and stem + ".py" in files and source not in SOURCES:
                 out.append(os.path.relpath(os.path.join(folder, name), _ROOT))
     return sorted(out)

@@ -37,12 +37,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # What the install depends on: the dependencies, the build, and the sources
 # that mypyc compiles in place (setup.py). Unchanged since the last install:
-# nothing to do (the compile alone takes about a minute on 2 cores).
+# nothing to do (the compile takes minutes).
 stamp=.venv/.eventsched-install
 want=$(cat pyproject.toml setup.py eventsched/_compiled.py eventsched/runtime/launch/_spawn.c eventsched/projections/_frames.c $(sed -n 's/^    "\(eventsched\/.*\.py\)",$/\1/p' eventsched/_compiled.py) \
        | sha256sum | cut -d' ' -f1)
+# bytecode for every module: CLI calls start faster, even where
+# PYTHONDONTWRITEBYTECODE keeps Python from writing it
+.venv/bin/python -m compileall -q eventsched >/dev/null
 # (a compiled module older than its source, as after a checkout that rewrote
-# the file unchanged, is rebuilt too: the tests refuse to run it)
+# the file unchanged, is rebuilt too: until then every process runs the sources)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && .venv/bin/python -c 'import sys; from eventsched import _compiled; sys.exit(bool(_compiled.stale()))' 2>/dev/null; then
   exit 0
@@ -54,7 +57,7 @@ done
 log=$(mktemp)
 # quiet unless something fails: then the whole pip output is shown. The
 # compat editable mode (a .pth path entry, no import hook) keeps every CLI
-# call's start-up ~10 ms shorter than setuptools' default editable finder;
+# call's start-up shorter than setuptools' default editable finder does;
 # it builds the compiled modules in place, beside their sources.
 if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[test,ray]' --config-settings editable_mode=compat; } >"$log" 2>&1; then
   cat "$log" >&2

@@ -1,6 +1,7 @@
 """The state's compiled GPU and job classes (projections/live.py) against the
-snapshot's Structs (projections/records.py): the same fields, converted both
-ways without loss, and copies that do not share what changes in place."""
+snapshot's Structs derived from them: the same fields, types and defaults,
+converted both ways without loss, and copies that do not share what changes
+in place."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def test_every_field_survives_both_conversions_and_a_copy(live: type, make: obje
     assert obj.record() == record
     assert obj.copy().record() == record
     assert obj.copy() == obj
+
+
+def test_the_records_are_the_declared_fields() -> None:
+    for obj, record in ((Gpu.from_record(_gpu_record()), GpuRecord), (Job.from_record(_job_record()), JobRecord)):
+        assert list(obj.values()) == [f.name for f in msgspec.structs.fields(record)]
+    types = {f.name: f.type for f in msgspec.structs.fields(JobRecord)}
+    assert types["state"] is JobState and types["started_at"] == float | None  # real types, as declared
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(_job_record()), type=JobRecord) == _job_record()
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(_gpu_record()), type=GpuRecord) == _gpu_record()
 
 
 def test_defaults_match_the_records() -> None:
