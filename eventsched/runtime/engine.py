@@ -1,16 +1,11 @@
 """The single-writer loop: the only place that appends to the log.
 
-One anyio task drains the inbox, runs every message through the sans-I/O core,
-appends everything the batch produced in one group commit (one write, one
-fdatasync), acknowledges the clients only then, tells subscribers, and performs
-the effects (launch, signal, timers). Everything else — the socket, the
-executor's exit watcher, the GPU sampler, the timer — only ever *sends
-messages* to the inbox.
-
-The core folds each event into the projection as it produces it, so the
-projection runs a few microseconds ahead of the disk during a commit. If the
-commit fails (disk full) the projection is rebuilt from the log, which is the
-truth, and every client of the batch is told its request was not accepted.
+One task drains the inbox, runs each message through the sans-I/O core,
+appends what the batch produced in one group commit (one fdatasync), only then
+acknowledges the clients, and performs the effects. Everything else (socket,
+exit watcher, GPU sampler, timer) only sends messages to the inbox. The
+projection runs ahead of the disk during a commit: if the commit fails (disk
+full) it is rebuilt from the log and every client of the batch is refused.
 """
 
 from __future__ import annotations
@@ -33,19 +28,8 @@ import anyio.lowlevel
 from eventsched import __version__, core
 from eventsched.domain import events as ev
 from eventsched.domain.messages import (
-    Effect,
-    GpuObserved,
-    Launch,
-    Message,
-    ProcessExited,
-    RefusalKind,
-    Refused,
-    SchedulerConfig,
-    Signal,
-    Started,
-    Stopping,
-    Tick,
-    WakeAt,
+    Effect, GpuObserved, Launch, Message, ProcessExited, RefusalKind, Refused, SchedulerConfig, Signal, Started,
+    Stopping, Tick, WakeAt,
 )
 from eventsched.domain.paths import log_dir, snapshot_dir
 from eventsched.domain.states import JobState
@@ -90,26 +74,21 @@ class Pending:
 
     def __init__(self, item: Message | Query, answer: Answer | None = None, reply: Reply | None = None) -> None:
         self.item = item
-        # what the caller gets back, read from the projection after the commit
-        self.answer = answer
-        # called once, inside the loop, after the commit: (result, error)
-        self.reply = reply
+        self.answer = answer  # what the caller gets back, read from the projection after the commit
+        self.reply = reply  # called once, inside the loop, after the commit: (result, error)
         self.error: Refused | None = None
         self.produced: list[ev.Event] = []
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Create the state dir with its mode, or tighten one that is ours.
-
-    A root daemon serves everyone: they may traverse (not list) its state dir
-    to reach their own jobs' output and the socket; the log stays 0700. A
-    user's daemon keeps its state to itself.
-    """
+    """Create the state dir, or tighten one that is ours: a root daemon's
+    users may traverse it (not list it) to reach their jobs' output and the
+    socket; a user's daemon keeps its state to itself."""
     mode = 0o711 if os.geteuid() == 0 else 0o700
     state_dir.mkdir(parents=True, exist_ok=True, mode=mode)
     st = state_dir.stat()
     if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
-        os.chmod(state_dir, mode)  # e.g. 0755 from an earlier version or a harness
+        os.chmod(state_dir, mode)
 
 
 class _Outbox:
@@ -157,12 +136,10 @@ class Engine:
         self._last_requesters = 0  # requests the last batch answered: about how many will come back
         self.state: ClusterState | None = None
         self.log: eventlog.LogWriter | None = None
-        # A plain deque and one wake-up event rather than a memory stream: a
-        # submission storm costs a deque append per item, not a checkpoint.
+        # a deque and a wake-up event, not a memory stream: an item costs an
+        # append, not a checkpoint; asyncio's primitives, not anyio's, which
+        # look the backend up on every call (the daemon runs on asyncio)
         self._inbox: collections.deque[Pending] = collections.deque()
-        # asyncio primitives on the hot path (the daemon runs anyio on its
-        # asyncio backend): anyio's Event and to_thread look the backend up
-        # on every call, which cost a fifth of a submission's CPU
         self._inbox_ready = asyncio.Event()
         self._inbox_room = asyncio.Event()  # set when a batch is taken: an exit waiting for room goes in
         self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
@@ -197,8 +174,7 @@ class Engine:
         return result
 
     def submit_nowait(self, item: Message | Query, answer: Answer | None, reply: Reply) -> None:
-        """For callers inside the event loop that cannot await (the socket
-        protocol): ``reply`` is called from the loop once the item is done."""
+        """``call`` for callers that cannot await: ``reply`` is called from the loop."""
         if self._stopping:
             reply(None, Refused(RefusalKind.UNAVAILABLE, "the daemon is shutting down"))
             return
@@ -208,8 +184,7 @@ class Engine:
         self._enqueue(Pending(item, answer, reply))
 
     @property
-    def backlog(self) -> int:
-        """Messages waiting in the inbox."""
+    def backlog(self) -> int:  # messages waiting in the inbox
         return len(self._inbox)
 
     def _enqueue(self, pending: Pending) -> None:
@@ -217,9 +192,8 @@ class Engine:
         self._inbox_ready.set()
 
     async def tell(self, item: Message) -> None:
-        """Send a message nobody waits for (observations). A GPU sample is
-        dropped when the inbox is full (the next one says the same); any other
-        observation (an exit) waits for room: it must not be lost."""
+        """Send an observation nobody waits for. When the inbox is full a GPU
+        sample is dropped (the next says the same); an exit waits for room."""
         while len(self._inbox) >= INBOX_SIZE:
             if isinstance(item, GpuObserved):
                 return
@@ -229,13 +203,9 @@ class Engine:
         await anyio.lowlevel.checkpoint()
 
     def subscribe(self, deliver: Callable[[bytes], bool]) -> int:
-        """Register for live event batches; returns the last committed seq.
-
-        ``deliver`` gets each committed batch (encoded once for everyone) and
-        returns False to be dropped (a subscriber too slow to keep up).
-        Registration and the returned seq are taken in the same step of the
-        event loop, so history up to that seq plus the stream lose nothing.
-        """
+        """Register for live batches (encoded once for all; ``deliver`` returns
+        False to be dropped); the last committed seq, taken in the same step,
+        so history up to it plus the stream lose nothing."""
         self._subscribers.add(deliver)
         return self.committed_seq
 
@@ -251,9 +221,8 @@ class Engine:
             for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
                 for event in batch:
                     apply(state, event)
-            # what a listing (explain's ranks) and shortest-job-first read,
-            # built now rather than by the first of them, on the loop: the
-            # sort of a 100,000-job queue would stall every client ~0.1 s
+            # built now, not by the first listing or policy on the loop, where
+            # the sort of a long queue would stall every client
             state.queue.build_orders()
             if state.policy == "sjf-backfill":
                 state.queue.build_groups()
@@ -275,15 +244,8 @@ class Engine:
             self.clock.not_before(self._last_now)
             self._last_snapshot_seq = self.state.last_seq
             gpus = self.backend.discover()
-            started = Started(
-                node=self.config.node,
-                pid=os.getpid(),
-                version=__version__,
-                gpu_backend=self.backend.name,
-                gpus=gpus,
-                config=self.config,
-                tenants=self.tenants,
-            )
+            started = Started(node=self.config.node, pid=os.getpid(), version=__version__, gpu_backend=self.backend.name,
+                              gpus=gpus, config=self.config, tenants=self.tenants)
             running = {
                 job.id: (job.pid or 0, job.start_time or 0)
                 for job in self.state.jobs.values()
@@ -326,9 +288,7 @@ class Engine:
 
     async def _shutdown(self) -> None:
         self._subscribers.clear()
-        # an append may still be running in the committer thread: let it end
-        # before the log is closed under it
-        self._committer.shutdown(wait=True)
+        self._committer.shutdown(wait=True)  # an append may still run there: the log is closed after it
         if self._snapshot_child is not None:  # let it finish before the last one is written
             snapshot_child.wait(self._snapshot_child)
             self._snapshot_child = None
@@ -389,16 +349,10 @@ class Engine:
 
     async def _gather(self) -> None:
         """Group commit: let the loop run before the batch is taken, so that
-        requests already readable on other connections join it and its one
-        fdatasync.
-
-        One step always; more, up to GATHER_STEPS, while fewer requests wait
-        than the last batch answered: clients that each wait for their
-        acknowledgement send the next request as soon as it arrives, but as
-        processes on a busy machine they wake one after another. A lone
-        client, or a burst that is all there already, takes no step more.
-        docs/launch-path.md has the measurements behind this.
-        """
+        requests readable on other connections join its one fdatasync. One
+        step always; more while fewer requests wait than the last batch
+        answered (clients on a busy machine wake one after another to send
+        their next). docs/launch-path.md has the measurements behind this."""
         await asyncio.sleep(0)
         for _ in range(GATHER_STEPS):
             if len(self._inbox) >= self._last_requesters:
@@ -426,35 +380,28 @@ class Engine:
         # name seqs); anything else would be a second writer or a bug
         if produced[0].seq != self.log.next_seq:
             raise RuntimeError(f"core stamped seq {produced[0].seq}, the log is at {self.log.next_seq}")
-        stamped = produced
         try:
-            # Every reply waits for this commit, so the loop has little to do
-            # meanwhile: while commits are quick they run on it, the hand-off
-            # to a thread and back costing more than a few requests'
-            # fdatasync (docs/launch-path.md). After a slow one (a busy or
-            # slow disk) they go to the thread, so sockets, exits and timers
-            # are not held for an fdatasync's length.
+            # Quick commits run on the loop (every reply waits for them, and a
+            # hand-off to a thread costs more); after a slow one they go to the
+            # thread, so sockets, exits and timers are not held by a slow disk.
             started = time.monotonic()
             if self._commit_in_thread:
                 last, payload = await asyncio.get_running_loop().run_in_executor(
-                    self._committer, self.log.append_encoded, stamped
+                    self._committer, self.log.append_encoded, produced
                 )
             else:
-                last, payload = self.log.append_encoded(stamped)
+                last, payload = self.log.append_encoded(produced)
             self._commit_in_thread = time.monotonic() - started > SLOW_COMMIT_S
-        except eventlog.LogFullError as exc:
-            # Nothing of this batch is durable: refuse it all and go back to
-            # what the log says.
+        except eventlog.LogFullError as exc:  # nothing of the batch is durable: refuse it all
             logger.error("append refused: %s", exc)
             for pending in batch:
                 if pending.produced:
                     pending.error = Refused(RefusalKind.UNAVAILABLE, str(exc))
                     pending.produced = []
             self.state = await anyio.to_thread.run_sync(self._load_state)
-            # A requester is told and may try again; an observation has no one
-            # to tell (a process's exit, a node's fault, a tick): it is handled
-            # again once there may be room, or it would be lost for good. A
-            # GPU sample is not: the next one says the same.
+            # an observation (an exit, a node's fault, a tick) has no one to
+            # tell: it is handled again later, or it would be lost for good
+            # (not a GPU sample: the next one says the same)
             again = [p.item for p in batch if p.reply is None and not isinstance(p.item, (GpuObserved, Query))]
             if again:
                 self._tg.start_soon(self._retry_after_full, again)
@@ -472,9 +419,7 @@ class Engine:
 
     def _broadcast(self, payload: bytes) -> None:
         for deliver in list(self._subscribers):
-            # a subscriber that cannot keep up is cut off; it resubscribes
-            # from the last seq it saw
-            if not deliver(payload):
+            if not deliver(payload):  # cannot keep up: it resubscribes from the last seq it saw
                 self._subscribers.discard(deliver)
 
     async def _snapshot(self) -> None:
@@ -498,8 +443,7 @@ class Engine:
             logger.warning("could not save a snapshot: %s", exc)
 
     async def _reap_snapshot(self, pid: int) -> None:
-        # cancelled (the daemon is stopping): the child stays recorded, and
-        # _shutdown waits for it before writing the last snapshot
+        # cancelled: the child stays recorded, and _shutdown waits for it
         code = await snapshot_child.reaped(pid)
         self._snapshot_child = None
         if code != 0:  # an optimisation lost: the next start-up reads more log
@@ -508,7 +452,6 @@ class Engine:
     # --- effects ---------------------------------------------------------
 
     def _perform(self, effect: Effect) -> None:
-        """Carry out one effect of the core; every kind of effect is handled here."""
         match effect:
             case Launch():
                 self._tg.start_soon(self._launch, effect)
@@ -537,9 +480,7 @@ class Engine:
         except (LaunchError, OSError) as exc:  # OSError: e.g. out of file descriptors (EMFILE)
             await self.tell(ProcessExited(job=effect.job, exit_code=None, reason=f"launch-failed: {exc}"))
             return
-        # no await between launch() returning and this: the exit of a short
-        # job cannot overtake its start in the inbox
-        self._enqueue(Pending(started))
+        self._enqueue(Pending(started))  # no await since launch(): a short job's exit cannot overtake it
 
     async def _timer(self) -> None:
         """Send a Tick when the earliest deadline the core asked for comes."""

@@ -17,10 +17,8 @@ from eventsched.projections.cluster import ClusterState
 
 
 class Outbox(Protocol):
-    """What the engine hands its executor's ``run``: awaiting it sends an
-    observation to the inbox; ``state`` is the engine's projection (None
-    before start-up), for an executor that must know which attempt of a job
-    is current (a cluster's node coming back)."""
+    """Handed to the executor's ``run``: awaiting it sends an observation to the
+    inbox; ``state`` is the engine's projection (None before start-up)."""
 
     async def __call__(self, message: Message, /) -> None: ...
 
@@ -51,23 +49,15 @@ class Executor(Protocol):
 
     async def run(self, send: Outbox, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None: ...
 
-    def job_processes(self) -> dict[int, int]:
-        """``{pid: job}`` of every process of a running job (GPU memory per job)."""
-        ...
+    def job_processes(self) -> dict[int, int]: ...  # {pid: job} of running jobs' processes
 
-    def log_path(self, job: int) -> Path:
-        """Where the job's output is (``logs`` reads it)."""
-        ...
+    def log_path(self, job: int) -> Path: ...  # where the job's output is
 
     @property
-    def containment(self) -> str:
-        """How a job's processes are held together: ``cgroup2:<dir>`` or ``process-group``."""
-        ...
+    def containment(self) -> str: ...  # "cgroup2:<dir>" or "process-group"
 
     @property
-    def memory_limit(self) -> str:
-        """How host memory limits are enforced: ``cgroup2``, ``cgroup1`` or ``rlimit-as``."""
-        ...
+    def memory_limit(self) -> str: ...  # "cgroup2", "cgroup1" or "rlimit-as"
 
 
 class Clock(Protocol):
@@ -77,17 +67,14 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
-    def not_before(self, floor: float) -> None:
-        """Read no earlier than ``floor`` from now on (the log's last time)."""
-        ...
+    def not_before(self, floor: float) -> None: ...  # read no earlier than floor (the log's last time)
 
 
 class SteadyClock:
-    """The daemon's time: the wall clock read at start-up, then moved on by
-    the monotonic clock. A step of the wall clock during a run (an admin,
-    NTP, a restored VM) then neither fires time limits early nor holds them
-    back, charges no phantom hours of GPU use, and never stamps an event
-    earlier than the one before it; a restart reads the wall clock again."""
+    """The wall clock read at start-up, then moved on by the monotonic clock:
+    a step of the wall clock during a run (NTP, a restored VM) neither fires
+    time limits early nor charges phantom GPU hours nor stamps an event before
+    the one before it; a restart reads the wall clock again."""
 
     def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic

@@ -1,45 +1,11 @@
 """The seeds' ``config.json`` (seed 000's schema), accepted by ``serve --config X.json``.
 
-Each key is translated to eventsched's config (the TOML keys of
-``eventsched config-sample``), then validated by ``config.config_from_dict``
-like a TOML file (``load_config`` calls ``translate_file`` for a path ending
-in ``.json``). A key neither the seeds nor eventsched know is refused by
-name. Relative paths are taken from the config file's folder.
-
-=========================================  =================================================  ======================================
-seed key                                   eventsched                                         note
-=========================================  =================================================  ======================================
-scheduler.job_timeout_s                    scheduler.default_time_limit_s                     global time limit per job
-scheduler.num_gpus                         (ignored)                                          GPUs come from NVML, or --gpus fake:N
-scheduler.max_workers                      (ignored)                                          no worker pool: one event loop places
-scheduler.worker_timeout_s                 (ignored)                                          idem
-scheduler.graceful_shutdown_timeout_s      (ignored)                                          jobs keep running when the daemon stops
-gpu.memory_threshold (0-1)                 scheduler.max_gpu_memory_used_pct (x100)
-gpu.load_threshold (0-1)                   scheduler.max_gpu_utilization_pct (x100)
-gpu.monitor_interval_s                     sample_interval_s
-gpu.allocation_precision                   (ignored)                                          shares are exact (thousandths of a GPU)
-gpu.utilization_window_s                   (ignored)                                          history is in the log (``eventsched sql``)
-jobs.queue_size_limit                      scheduler.max_queued
-jobs.max_concurrent_jobs                   scheduler.max_running
-jobs.max_assignment_attempts               (ignored)                                          a job waits in the queue until it fits
-jobs.assignment_retry_wait_s               (ignored)                                          idem
-files.jobs_file                            jobs_file                                          the daemon follows it (jobs_follower)
-files.llm_config_file                      (checked)                                          must be llm_config.json in the jobs
-                                                                                              file's folder: the follower reads it there
-files.state_file                           (ignored)                                          the state is the event log in --state-dir
-files.log_file                             (ignored)                                          the daemon logs JSON lines to stderr
-files.monitor_interval_s                   (ignored)                                          the jobs file is looked at every second
-logging.level                              (ignored)                                          ``serve --log-level``
-logging.structured, max_log_size_mb,       (ignored)                                          always JSON lines; rotation is journald's
-backup_count, metrics_enabled
-security.allowed_script_paths              scheduler.allowed_script_paths
-security.max_memory_per_job_gb             scheduler.max_host_mem_mib (x1024)                 only if enable_resource_limits
-security.enable_resource_limits            (switch)                                           false: max_memory_per_job_gb is not applied
-=========================================  =================================================  ======================================
-
-eventsched's own keys may sit in the same file (``"tenants": {...}``,
-``"limits"``, ``"policy"``, ``"scheduler": {"aging_per_hour": ...}`` ...):
-they pass through unchanged.
+Each key is translated to eventsched's config (``SEED_KEYS``: the whole table,
+with why a key is ignored), then validated by ``config.config_from_dict`` like
+a TOML file. A key neither the seeds nor eventsched know is refused by name;
+eventsched's own keys (``"tenants"``, ``"limits"``, ``"scheduler":
+{"aging_per_hour": ...}`` ...) pass through unchanged. Relative paths are
+taken from the config file's folder.
 """
 
 from __future__ import annotations
@@ -60,6 +26,7 @@ __all__ = ["SeedConfigError", "translate_file", "seed_config_to_dict", "SEED_KEY
 
 class SeedConfigError(ValueError):
     """One line: ``config file X: what is wrong`` (load_config makes it a ConfigError)."""
+
 
 _Convert = Callable[[Any, str], Any]
 
@@ -112,36 +79,36 @@ def _whole_from(low: int) -> _Convert:
 
 
 _IGNORED = None
-# section -> seed key -> (eventsched key path, converter), or None: known and ignored
+# section -> seed key -> (eventsched key path, converter), or None: known and ignored (the comment says why)
 SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
     "scheduler": {
         "job_timeout_s": (("scheduler", "default_time_limit_s"), _seconds),
-        "num_gpus": _IGNORED,
-        "max_workers": _IGNORED,
-        "worker_timeout_s": _IGNORED,
-        "graceful_shutdown_timeout_s": _IGNORED,
+        "num_gpus": _IGNORED,  # GPUs come from NVML, or --gpus fake:N
+        "max_workers": _IGNORED,  # no worker pool: one event loop places
+        "worker_timeout_s": _IGNORED,  # idem
+        "graceful_shutdown_timeout_s": _IGNORED,  # jobs keep running when the daemon stops
     },
     "gpu": {
-        "memory_threshold": (("scheduler", "max_gpu_memory_used_pct"), _fraction_pct),
-        "load_threshold": (("scheduler", "max_gpu_utilization_pct"), _fraction_pct),
+        "memory_threshold": (("scheduler", "max_gpu_memory_used_pct"), _fraction_pct),  # 0-1 -> %
+        "load_threshold": (("scheduler", "max_gpu_utilization_pct"), _fraction_pct),  # 0-1 -> %
         "monitor_interval_s": (("sample_interval_s",), _seconds),
-        "allocation_precision": _IGNORED,
-        "utilization_window_s": _IGNORED,
+        "allocation_precision": _IGNORED,  # shares are exact (thousandths of a GPU)
+        "utilization_window_s": _IGNORED,  # history is in the log (`eventsched sql`)
     },
     "jobs": {
         "queue_size_limit": (("scheduler", "max_queued"), _whole_from(1)),
         "max_concurrent_jobs": (("scheduler", "max_running"), _whole_from(0)),
-        "max_assignment_attempts": _IGNORED,
-        "assignment_retry_wait_s": _IGNORED,
+        "max_assignment_attempts": _IGNORED,  # a job waits in the queue until it fits
+        "assignment_retry_wait_s": _IGNORED,  # idem
     },
     "files": {
-        "jobs_file": (("jobs_file",), _text),
-        "llm_config_file": (("",), _text),  # checked against jobs_file below
-        "state_file": _IGNORED,
-        "log_file": _IGNORED,
-        "monitor_interval_s": _IGNORED,
+        "jobs_file": (("jobs_file",), _text),  # the daemon follows it (jobs_follower)
+        "llm_config_file": (("",), _text),  # must be llm_config.json beside the jobs file: checked below
+        "state_file": _IGNORED,  # the state is the event log in --state-dir
+        "log_file": _IGNORED,  # the daemon logs JSON lines to stderr
+        "monitor_interval_s": _IGNORED,  # the jobs file is looked at every second
     },
-    "logging": {
+    "logging": {  # always JSON lines to stderr (`serve --log-level`); rotation is journald's
         "level": _IGNORED,
         "structured": _IGNORED,
         "max_log_size_mb": _IGNORED,
@@ -150,7 +117,7 @@ SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
     },
     "security": {
         "allowed_script_paths": (("scheduler", "allowed_script_paths"), _paths),
-        "max_memory_per_job_gb": (("scheduler", "max_host_mem_mib"), _gib_to_mib),
+        "max_memory_per_job_gb": (("scheduler", "max_host_mem_mib"), _gib_to_mib),  # only if enable_resource_limits
         "enable_resource_limits": _IGNORED,  # a switch, read below
     },
 }

@@ -1,17 +1,11 @@
-"""Snapshots written by a forked child, as Redis's BGSAVE does.
-
-Encoding a large state stops the loop for as long as it takes, long enough
-to be the longest stall a submitter sees; a fork costs far less, and the
-child, a copy-on-write image of the state at that instant, encodes and
-writes it while the loop goes on. Its price is memory:
-the pages it touches (reference counts) are copied, up to the state's size
-again for the fraction of a second it runs.
+"""Snapshots written by a forked child, as Redis's BGSAVE does: encoding a
+large state would stall the loop, a fork costs far less (and, for the fraction
+of a second the child runs, up to the state's size again in copied pages).
 
 The child runs none of the other threads' code and takes no lock they could
-hold (msgspec and plain file calls); it logs nothing, takes no signal meant
-for the daemon, and ends with ``os._exit``, so no handler or buffer of the
-parent's runs twice. Executors with threads that cannot survive a fork
-(Ray's gRPC) keep the snapshot on the loop.
+hold; it takes no signal meant for the daemon and ends with ``os._exit``, so
+no handler or buffer of the parent's runs twice. Executors whose threads
+cannot survive a fork (Ray's gRPC) keep the snapshot on the loop.
 """
 
 from __future__ import annotations
@@ -46,9 +40,8 @@ def fork_and_save(directory: Path, state: ClusterState) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         gc.disable()  # a collection would touch, and so copy, every page of the state
-        # None of the parent's descriptors: above all not the log's lock,
-        # which would outlive a daemon that stops (or dies) meanwhile and
-        # refuse its restart ("locked by another writer").
+        # none of the parent's descriptors: above all not the log's lock,
+        # which would outlive a daemon that stops meanwhile and refuse its restart
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         snapshot.save(directory, state)
         status = 0

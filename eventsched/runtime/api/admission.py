@@ -1,12 +1,10 @@
 """A submitted spec made its submitter's own, or refused.
 
-Who runs a job comes from the kernel (the socket peer's credentials) or from
-the daemon's own records (a token's user, a jobs file's owner), never from
-the spec: every identity field is replaced. Then the core's submission limits
-(``core.admission``) and this machine's own: a terminal session's program,
-the host-memory ceiling per job and ``allowed_script_paths``
-(``script_paths``). The socket, the HTTP API and the jobs-file follower all
-admit through here.
+Who runs a job comes from the kernel (the socket peer) or the daemon's own
+records (a token's user, a jobs file's owner), never from the spec: every
+identity field is replaced. Then the core's submission limits and this
+machine's own (session program, host memory, ``allowed_script_paths``). The
+socket, the HTTP API and the jobs-file follower all admit through here.
 """
 
 from __future__ import annotations
@@ -60,9 +58,7 @@ class Admission:
         check_submission(spec, self.limits, operator=self.operator(peer.uid))
         self._check_host(spec, peer)
         user, home = account(peer.uid)
-        return msgspec.structs.replace(
-            spec, user=user, uid=peer.uid, gid=peer.gid, groups=list(peer.groups), home=home
-        )
+        return msgspec.structs.replace(spec, user=user, uid=peer.uid, gid=peer.gid, groups=list(peer.groups), home=home)
 
     def _check_host(self, spec: JobSpec, peer: Peer) -> None:
         """--session needs its program, --host-mem its ceiling, the program its place."""

@@ -1,27 +1,17 @@
 """One client connection to the control socket: framing, replies in request
 order, flow control and event subscriptions.
 
-Connections are asyncio protocols rather than anyio streams: a request is
+Connections are asyncio buffered protocols, not anyio streams: a request is
 decoded as it arrives and handed to the engine's inbox with a callback that
-writes the reply, so a submission costs no task switch of its own. (The
-daemon runs anyio on its asyncio backend.) Replies go out in request order
-even when a client pipelines requests.
+writes its reply, so a submission costs no task switch of its own; and all
+read into one shared buffer, where asyncio's plain protocol would allocate a
+new bytes object per read. Compiled with mypyc (``eventsched/_compiled.py``)
+as the per-request path; ``Connection`` stays an ordinary class to Python
+(its base is asyncio's), so tests may drive it.
 
-They are *buffered* protocols, all reading into one shared buffer: asyncio's
-plain protocol receives into a new 256 KiB bytes object per read, a cost
-that grows with the heap. Replies of a batch are written as soon as the
-engine has answered all of it (``Flusher``).
-
-This module is compiled with mypyc (``eventsched/_compiled.py``), as the
-per-request path. ``Connection`` stays an ordinary class to Python (its base
-is asyncio's), so tests may drive it.
-
-A connection is handed what it shares with the others (``Context``): the
-per-user accounting (``fair_use``), the event feed (``feed``), the flusher
-and the request dispatcher; it never sees the server. It is not read while it
-has many replies outstanding, unread replies above a high-water mark, or its
-user's share of the engine in use. A subscription's history is read in
-chunks, each sent once the previous one drained.
+A connection is handed what it shares with the others (``Context``), never
+the server. It is not read while it has many replies outstanding, too much
+unread, or its user's share of the engine in use.
 """
 
 from __future__ import annotations
@@ -103,9 +93,8 @@ class Flushable(Protocol):
 
 class Flusher:
     """Connections with replies ready: written once the engine has answered
-    its whole batch (``flush_all``, the engine's ``on_answered``: the clients
-    have their acknowledgements before the effects are performed), or at the
-    end of this step of the loop for any other reply."""
+    its whole batch (``flush_all``, before the effects are performed), or at
+    the end of this step of the loop for any other reply."""
 
     def __init__(self) -> None:
         self._unflushed: list[Flushable] = []
@@ -283,9 +272,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _write(self, data: bytes) -> bool:
         """Write, unless this user leaves too much unread: then cut off."""
-        if self.closed or self.transport is None:
-            return False
-        if not self._may_buffer(len(data)):
+        if self.closed or self.transport is None or not self._may_buffer(len(data)):
             return False
         self.transport.write(data)
         return True

@@ -1,12 +1,10 @@
 """Per-user fair use of the control socket, one object shared by every connection.
 
-Connections are counted per uid and in all (a refused one gets one error
-reply and is closed); a user's requests in the engine at once are bounded (a
-connection over the share waits, unread, and is woken in turn); the replies
-a user's clients leave unread are bounded (past that a client is cut off
-rather than buffered without bound). Root and the daemon's user (the
-operators) are never held back, and may connect past the total limit so
-they can still look when users hold every slot.
+Connections are counted per uid and in all; a user's requests in the engine
+at once are bounded (a connection over the share waits unread, woken in
+turn); so are the replies a user leaves unread (past that a client is cut
+off). Root and the daemon's user are never held back, and may connect past
+the total so they can still look when users hold every slot.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ class FairUse:
 
     def may_dispatch(self, member: Member, uid: int) -> bool:
         """May ``member`` hand its user's next request to the engine now? If
-        not, it waits (unread) until one of that user's requests is answered."""
+        not, it waits unread until one of theirs is answered."""
         if uid in self.operators or self.in_flight_by_uid[uid] < self.limits.max_requests_in_flight_per_user:
             return True
         self._waiting.setdefault(uid, {})[member] = None

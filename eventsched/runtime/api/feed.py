@@ -1,10 +1,8 @@
 """Event subscriptions: each committed batch to every subscriber, and each
-new subscriber's history from the log, as its user may see it.
-
-Subscribers see every job's metadata but only their own jobs' environment
-(``visibility``). History is read in chunks in worker threads, a few
-subscriptions of one user at a time, so what a stalled one holds stays
-bounded (up to one log frame).
+new subscriber's history from the log, as its user may see it (``visibility``:
+only their own jobs' environment). History is read in chunks in worker
+threads, a few subscriptions of one user at a time, so what a stalled one
+holds stays bounded.
 """
 
 from __future__ import annotations
@@ -41,9 +39,8 @@ class Feed:
         self._slots: dict[int, asyncio.Semaphore] = {}
 
     def subscribe(self, subscriber: Subscriber) -> int:
-        """Register ``subscriber``; the seq its history runs up to. Both in
-        one step of the loop: history up to it plus the live batches after
-        it lose nothing."""
+        """Register ``subscriber``; the seq its history runs up to (taken in the
+        same step, so history plus the live batches lose nothing)."""
         self.subscribers.add(subscriber)
         return self.committed()
 
@@ -66,9 +63,8 @@ class Feed:
         return eventlog.read_batches(log_dir(self.state_dir), from_seq=from_seq)
 
     def chunk(self, cursor: Iterator[list[Event]], from_seq: int, upto: int, viewer: int) -> tuple[list[bytes], bool]:
-        """The next ~HISTORY_CHUNK_BYTES of ``cursor`` (from ``history``) as
-        ``viewer`` may see it; True once ``upto`` is reached. Runs in a
-        worker thread."""
+        """The next ~HISTORY_CHUNK_BYTES of ``cursor`` as ``viewer`` may see it;
+        True once ``upto`` is reached. Runs in a worker thread."""
         payloads: list[bytes] = []
         size = 0
         for batch in cursor:

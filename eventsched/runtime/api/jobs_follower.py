@@ -1,33 +1,22 @@
 """The daemon follows a jobs file itself (config ``jobs_file = "PATH"``).
 
-Every second the follower looks at the file (a few ``stat`` calls); when its
-identity, size, times, owner or mode changed it reads it whole, and submits
-the lines the daemon has not seen, each through the same admission as a
-socket submission from the file's owner (``admission``: identity,
-``check_submission``, the host limits; then the core). A line is known by
-its ``PATH:LINE:SHA`` source (``domain/jobsfile.py``), which the core keeps in
-the replayed state: restarting the daemon, or re-reading a truncated or
-rewritten file, never submits a line twice. A last line without its newline
-waits until the file stands still for one more look (it may be half written).
+Every second the follower stats the file; when it changed it reads it whole
+and submits the lines the daemon has not seen, each through the same
+admission as a socket submission from the file's owner. A line is known by
+its ``PATH:LINE:SHA`` source, which the core keeps in the replayed state: a
+restart, or a truncated or rewritten file, never submits a line twice. A last
+line without its newline waits for one more look (it may be half written).
 
-Whose jobs: the lines run **as the file's owner** (uid, gid, groups and home
-from the account database), in the file's folder. Who may write the file may
-run code as that owner, so before reading it the follower refuses, with one
-log line, and reads nothing while:
-
-- the file is not a regular file, or is group- or world-writable;
-- its owner could not be run as: a root daemon runs lines as any owner with
-  an account; any other daemon only for root or its own user (and then runs
-  them as itself, as it runs every job);
-- a folder on its path (as written, and as resolved) is writable by others
-  without the sticky bit, or it or a symlink on the path belongs to someone
-  other than root, the file's owner or the daemon's user (they could swap the
-  file for one of their own);
-- it changed between the checks and the open.
-
-It resumes (one log line) when the problem is fixed. ``llm_config.json`` next
-to the jobs file (else in the state directory) sizes ``--llm NAME`` lines, and
-passes the same checks.
+The lines run **as the file's owner**, in the file's folder. Who may write
+the file may run code as that owner, so the follower refuses (one log line,
+nothing read) while the file is not regular or is group- or world-writable;
+while its owner could not be run as (a non-root daemon runs only root's or
+its own user's file, as itself); while a folder on its path, as written or
+resolved, is writable by others without the sticky bit, or it or a symlink
+belongs to someone other than root, the owner or the daemon's user; or while
+it changed between the checks and the open. ``llm_config.json`` next to the
+file (else in the state directory) sizes ``--llm NAME`` lines and passes the
+same checks.
 """
 
 from __future__ import annotations
@@ -46,18 +35,8 @@ import anyio.to_thread
 
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSpec
-from eventsched.domain.jobsfile import (
-    line_source,
-    line_spec,
-    parse_jobs_text,
-)
-from eventsched.domain.llm import (
-    DEFAULT_LLM_CONFIG,
-    LLM_CONFIG_NAME,
-    LlmConfig,
-    LlmConfigError,
-    parse_llm_config,
-)
+from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text
+from eventsched.domain.llm import DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, parse_llm_config
 from eventsched.domain.paths import DEFAULT_PATH
 from eventsched.projections.cluster import ClusterState
 from eventsched.runtime.api.connection import Peer
@@ -135,9 +114,9 @@ def _check_path(path: str, trusted: set[int]) -> None:
 
 
 def open_checked(path: str, daemon_uid: int, owners: set[int] | None = None) -> tuple[int, os.stat_result]:
-    """Open ``path`` for reading once it passes every check (module docstring);
-    returns (fd, its stat). ``owners``: the uids allowed to own the file
-    (None: any the daemon can run as). Raises Unsafe, Missing or Changed."""
+    """(fd, stat) of ``path`` opened once it passes every check (module
+    docstring); ``owners``: the uids it may belong to (None: any). Raises
+    Unsafe, Missing or Changed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -316,13 +295,8 @@ class JobsFileFollower:
         path = os.environ.get("PATH") or DEFAULT_PATH  # the daemon's: its operator's choice
         conda = [d for d in (os.path.join(owner.home, c) for c in _CONDA_DIRS) if os.path.isdir(d)]
         conda += ["/opt/conda/bin"] if os.path.isdir("/opt/conda/bin") else []
-        env = {
-            "PATH": ":".join([path, *conda]),
-            "HOME": owner.home,
-            "USER": owner.user,
-            "LOGNAME": owner.user,
-            "LANG": os.environ.get("LANG", "C.UTF-8"),
-        }
+        env = {"PATH": ":".join([path, *conda]), "HOME": owner.home, "USER": owner.user, "LOGNAME": owner.user,
+               "LANG": os.environ.get("LANG", "C.UTF-8")}
         return JobSpec(command=["python"], user=owner.user, uid=owner.uid, gid=owner.gid, groups=list(owner.groups),
                        home=owner.home, cwd=os.path.dirname(self.path), env=env)
 
@@ -391,13 +365,7 @@ class JobsFileFollower:
             logger.debug("%s: %d lines already submitted", self.path, skipped)
 
 
-async def follow_jobs_file(
-    server: Server,
-    path: str,
-    *,
-    interval_s: float = INTERVAL_S,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
+async def follow_jobs_file(server: Server, path: str, *, interval_s: float = INTERVAL_S,
+                           task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     """The daemon's follower task (``_serve`` starts it when ``jobs_file`` is set)."""
-    follower = JobsFileFollower(server, os.path.abspath(path), interval_s)
-    await follower.run(task_status=task_status)
+    await JobsFileFollower(server, os.path.abspath(path), interval_s).run(task_status=task_status)

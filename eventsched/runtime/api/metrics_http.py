@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import anyio.abc
 
 from eventsched.domain.states import ACTIVE
+
+if TYPE_CHECKING:
+    from eventsched.runtime.engine import Engine
 
 logger = logging.getLogger("eventsched.metrics")
 
@@ -70,14 +73,18 @@ def history_text(state_dir: Path) -> str:
         history.close()
 
 
-async def serve_metrics(
-    host: str,
-    port: int,
-    state_dir: Path,
-    read_status: Callable[[], Awaitable[dict[str, Any]]],
-    *,
-    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
+async def read_metrics(engine: Engine) -> str:
+    """A scrape's answer (this endpoint's and the HTTP API's ``GET /metrics``)."""
+    from eventsched.core.tenants_report import tenants_report
+    from eventsched.runtime.api.server import status
+    from eventsched.runtime.engine import Query
+
+    now = await engine.call(Query(lambda st: {**status(st), "tenants": tenants_report(st, engine.clock())}))
+    return live_gauges(now) + await anyio.to_thread.run_sync(history_text, engine.state_dir)
+
+
+async def serve_metrics(host: str, port: int, read: Callable[[], Awaitable[str]], *,
+                        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     async def respond(stream: anyio.abc.SocketStream) -> None:
         async with stream:
             request = b""
@@ -90,7 +97,7 @@ async def serve_metrics(
             parts = request.split(b"\r\n", 1)[0].split()
             if len(parts) >= 2 and parts[0] == b"GET" and parts[1].split(b"?")[0] == b"/metrics":
                 try:
-                    body = live_gauges(await read_status()) + await anyio.to_thread.run_sync(history_text, state_dir)
+                    body = await read()
                     status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
                 except Exception as exc:  # a scrape must never take the daemon down
                     logger.warning("metrics scrape failed: %s", exc)

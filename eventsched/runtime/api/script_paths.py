@@ -1,27 +1,15 @@
 """``allowed_script_paths`` (``[scheduler]`` in the config): what a job may run.
 
-Checked at submit (``admission``), on the peer's spec, when the list is not
-empty. The rule:
-
-- the job's program is its command's first word, found on the job's own
-  ``PATH`` (the submitter's, sent with the job) relative to the job's
-  directory, exactly as exec would find it when run;
-- if that program is an interpreter (python, python3.X, bash, sh, perl, ...),
-  what is checked is the script it is given (the first argument that is not
-  an option): the interpreter itself may live anywhere (``/usr/bin``, a
-  venv, conda). Inline code (``python -c``, ``python -m``, ``bash -c``) and
-  an interpreter with no script are refused;
-- the path checked is fully resolved (``os.path.realpath`` from the job's
-  directory: ``..`` and symbolic links are followed), and must lie under one
-  of the allowed paths (themselves resolved);
-- a shell command (one string with spaces, ``--env-setup``, ``sh -c``) can
-  run anything, so it is refused, unless the submitter is root or the
-  daemon's user (who may change the config anyway). ``--conda`` is allowed:
-  the activation runs conda's own scripts, the job's program is checked.
-
-The check is at submit time: a script replaced by a symbolic link after it
-was accepted is not caught (the policy guards against mistakes and casual
-misuse, not a user racing the daemon with their own files).
+Checked at submit (``admission``) when the list is not empty. The program is
+the command's first word, found on the job's own ``PATH`` from its directory
+as exec would find it; for an interpreter (python, bash, perl, ...) it is the
+script it is given (the interpreter may live anywhere), and inline code
+(``-c``, ``-m``) or no script is refused. The path is fully resolved
+(``..``, symlinks) and must lie under an allowed path (resolved too). A shell
+command or ``--env-setup`` can run anything, so it is refused unless the
+submitter is an operator (who may change the config anyway); ``--conda`` is
+allowed. A script swapped for a symlink after submission is not caught: this
+guards against mistakes and casual misuse, not a user racing the daemon.
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
 """SQL the daemon answers for its users runs here, as the user, never as root.
 
-A root daemon answers ``eventsched sql`` for users who cannot read its log.
-Each such query runs in a short-lived process of its own (``SqlRunner`` in the
-daemon, ``main`` in the child), which, in this order:
+Each query runs in a short-lived process of its own (``SqlRunner`` in the
+daemon, ``main`` in the child). In this order, so that nothing of the query is
+read while the child can still do more than the user may: (1) as root, umask
+077, catch the read model up and open a read-only view of it; (2) harden the
+DuckDB connection and lock its configuration (``sqlcmd.harden``); (3) set
+resource limits and become the user for good (``drop_privileges``); (4) read
+the query from stdin, check it against the allow-list and stream the result,
+refused past the size cap.
 
-1. as root, with umask 077: catches the read model up from the log and opens
-   a read-only view of it (``History.reader``: the file under a shared flock,
-   or a private in-memory copy), before it has read a byte of the query;
-2. hardens the DuckDB connection (``sqlcmd.harden``): no file access
-   (``enable_external_access = false``), no extension install or autoload,
-   memory and thread limits, no spilling to disk, then
-   ``lock_configuration = true`` so no statement can undo any of it;
-3. sets its resource limits (address space, CPU seconds, no file writes, no
-   core dumps) and becomes the requesting user for good: supplementary groups,
-   then real/effective/saved gid, then uid (``setgroups``, ``setresgid``,
-   ``setresuid``), checks it cannot become root again, and sets
-   no_new_privs and "not dumpable" (the user may signal it but not ptrace it
-   or read its memory through /proc);
-4. only then reads the query from stdin, checks it against the statement
-   allow-list (``sqlcmd.check_read_only``) and runs it, streaming the result
-   and refusing it once its encoding passes the size cap.
-
-The daemon's side never blocks its loop (anyio processes), kills the query's
-process when it runs past its wall-clock limit, its result passes the cap, or
-its client goes away, and bounds how many run at once, per user and in all,
-so one user's slow queries cannot keep another's ``SELECT 1`` waiting.
-
-Limits come from the daemon's environment (``SqlLimits.from_env``).
+The daemon's side never blocks its loop, kills the process past its time
+limit, its result cap or when its client goes away, and bounds how many run
+at once, per user and in all, so one user's slow queries cannot keep
+another's ``SELECT 1`` waiting. Limits: ``SqlLimits.from_env``.
 """
 
 from __future__ import annotations
@@ -34,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import resource
 import signal
@@ -42,6 +29,15 @@ import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+import anyio
+import duckdb
+import msgspec
+
+from eventsched.projections.history import History, HistoryError
+from eventsched.projections.sql import (
+    EXIT_BAD_QUERY, EXIT_ERROR, QueryRefused, SqlError, _one_line, _plain, check_read_only, harden,
+)
 
 __all__ = ["SqlLimits", "SqlRunner", "drop_privileges", "main"]
 
@@ -107,12 +103,8 @@ def _vm_size() -> int:
 
 
 def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cpu_s: float) -> None:
-    """Resource limits, then become ``uid``/``gid``/``groups`` irrevocably.
-
-    Limits first: once the process is the user's, the user could not lower
-    them further for us, and could not raise them either (hard = soft).
-    A process that is not root (a single user's daemon) keeps its user.
-    """
+    """Resource limits (first: hard = soft, so the user can raise none), then
+    become ``uid``/``gid``/``groups`` irrevocably. A non-root daemon keeps its user."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no regular file may grow: a backstop for COPY
     used = resource.getrusage(resource.RUSAGE_SELF)
@@ -129,11 +121,8 @@ def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cp
         if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) \
                 or sorted(set(os.getgroups())) != sorted(set(groups)):
             os._exit(70)
-        try:
+        with contextlib.suppress(PermissionError):
             os.setuid(0)
-        except PermissionError:
-            pass
-        else:
             os._exit(70)  # could become root again: never run the query
     # the kernel already cleared "dumpable" on the uid change; say it anyway
     _prctl(PR_SET_DUMPABLE, 0)
@@ -143,10 +132,6 @@ def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cp
 def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[Any]], list[str]]:
     """Run one statement; its rows as plain values, refused once their encoding passes ``max_bytes``,
     and its columns' DuckDB types (so that a client can write them typed, e.g. as Parquet)."""
-    import msgspec
-
-    from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError, _plain
-
     relation = con.sql(text)
     if relation is None:
         return [], [], []
@@ -177,19 +162,6 @@ def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[A
 
 
 def _answer(params: dict[str, Any]) -> dict[str, Any]:
-    import duckdb
-
-    from eventsched.projections.history import History, HistoryError
-    from eventsched.projections.sql import (
-        EXIT_BAD_QUERY,
-        EXIT_ERROR,
-        QueryRefused,
-        SqlError,
-        _one_line,
-        check_read_only,
-        harden,
-    )
-
     try:
         with contextlib.ExitStack() as stack:
             try:
@@ -234,7 +206,6 @@ def main() -> None:
     """The child: ``python -I -c ...``; on stdin a line of JSON parameters,
     then (once it has answered READY) the query."""
     global _REPLY_FD
-    import msgspec
 
     os.umask(0o077)  # the read model's files (database, WAL) are created 0600
     # the answer goes out on a private copy of stdout; whatever else writes to
@@ -243,15 +214,9 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
-    # warm up before anything is asked: a spare child waits here, imports done
-    import duckdb  # noqa: F401
-
-    from eventsched.projections import history  # noqa: F401
-    from eventsched.projections import sql as sqlcmd  # noqa: F401
-
     line = sys.stdin.buffer.readline(1 << 16)
     if not line:
-        os._exit(0)  # the daemon retired this spare, or is gone
+        os._exit(0)  # a spare (imports done) the daemon retired, or the daemon is gone
     params = json.loads(line)
     reply = _answer(params)
     try:
@@ -268,18 +233,13 @@ def main() -> None:
 
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])
-_CHILD = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from eventsched.runtime.api.sql_sandbox import main; main()"
-)
+_CHILD = "import sys; sys.path.insert(0, sys.argv.pop(1)); from eventsched.runtime.api.sql_sandbox import main; main()"
 
 
 def _child_env() -> dict[str, str]:
     env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/nonexistent"}
-    for name in ("TZ", "EVENTSCHED_PURE"):  # EVENTSCHED_PURE: the daemon's own build, sources or compiled
-        if name in os.environ:
-            env[name] = os.environ[name]
-    return env
+    # EVENTSCHED_PURE: the daemon's own build, sources or compiled
+    return env | {name: os.environ[name] for name in ("TZ", "EVENTSCHED_PURE") if name in os.environ}
 
 
 def _demote(pid: int) -> None:
@@ -293,8 +253,6 @@ def _demote(pid: int) -> None:
 
 async def _reap(process: Any) -> None:
     """Kill ``process`` (if it still runs) and wait for it, even when cancelled."""
-    import anyio
-
     if process.returncode is None:  # not reaped yet: its pid (and group, its own session) is still its
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -308,8 +266,6 @@ async def _reap(process: Any) -> None:
 
 class _UserSlots:
     def __init__(self, n: int) -> None:
-        import anyio
-
         self.semaphore = anyio.Semaphore(n)
         self.holders = 0
 
@@ -318,20 +274,15 @@ class SqlRunner:
     """The daemon's side: admission (per user and in all), one sandboxed process per query."""
 
     def __init__(self, state_dir: str | os.PathLike[str], limits: SqlLimits | None = None) -> None:
-        import anyio
-
         self.state_dir = os.fspath(state_dir)
         self.limits = limits or SqlLimits.from_env()
         self._total = anyio.Semaphore(self.limits.total)
         self._users: dict[int, _UserSlots] = {}
-        # a child started ahead of the next query, its imports done (about a
-        # quarter of a second of a query's latency); it knows nothing until
-        # it is handed its parameters
+        # a child started ahead of the next query, its imports done; it knows
+        # nothing until it is handed its parameters
         self._spare: Any = None
 
     async def _spawn(self) -> Any:
-        import anyio
-
         return await anyio.open_process(
             [sys.executable, "-I", "-c", _CHILD, _PACKAGE_PARENT],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -362,10 +313,6 @@ class SqlRunner:
                      gone: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
         """The result of ``sql`` run as ``uid`` ({"columns", "rows"}); raises
         ``SqlError``; None when ``gone()`` turned true (the query was killed)."""
-        import anyio
-
-        from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError
-
         if len(sql.encode("utf-8", "replace")) > MAX_SQL_BYTES:
             raise SqlError(f"query too long: more than {MAX_SQL_BYTES} bytes", EXIT_BAD_QUERY)
         outcome: dict[str, Any] = {}
@@ -392,10 +339,6 @@ class SqlRunner:
         return outcome.get("result")
 
     async def _admitted(self, sql: str, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
-        import anyio
-
-        from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError
-
         limits = self.limits
         slots = self._users.get(uid)
         if slots is None:
@@ -426,11 +369,6 @@ class SqlRunner:
                 del self._users[uid]
 
     async def _run(self, sql: str, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
-        import anyio
-        import msgspec
-
-        from eventsched.projections.sql import EXIT_BAD_QUERY, EXIT_ERROR, SqlError
-
         limits = self.limits
         params = {
             "state_dir": self.state_dir, "uid": uid, "gid": gid, "groups": list(groups),
@@ -500,10 +438,6 @@ class SqlRunner:
 
     async def _died(self, process: Any) -> str:
         """Why the child gave no answer, in one line (and its stderr in the daemon's log)."""
-        import logging
-
-        import anyio
-
         with anyio.move_on_after(5):
             await process.wait()
         err = b""

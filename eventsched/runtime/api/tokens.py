@@ -1,20 +1,13 @@
 """API tokens for ``serve --http``: who a bearer token speaks for.
 
-``eventsched token create`` (over the socket, so the daemon knows the caller
-from its peer credentials) makes a random token and returns it once; the
-daemon keeps only its SHA-256, with the owner's uid, a name and the time it
-was made. A token is 256 random bits, so a fast hash is enough: nobody can
-guess back from the hash, and there is no password to stretch.
-
-Where they are kept, and why not in the event log: a 0600 file of the
-daemon's user in the state directory (``api-tokens.json``), replaced
-atomically (temporary file, fsync, rename, fsync of the folder). The log is
-read by others: subscribers, ``eventsched sql``'s read model, ``log dump``,
-replays and copies sent with bug reports. Even a hash of a credential has no
-business there, and an append-only log can never forget a revoked one. A
-token is also not a scheduling fact: no projection, replay or policy needs
-it. What the log does not hold, the daemon's JSON log still records: every
-create and revoke (id, name, uid, never the secret).
+``eventsched token create`` (over the socket, so the daemon knows the caller)
+makes a random token and returns it once; the daemon keeps only its SHA-256
+(256 random bits need no password stretching), the owner's uid, a name and
+the time it was made, in a 0600 file of the state directory, replaced
+atomically. Not in the event log: others read the log (subscribers, the read
+model, replays, bug reports), an append-only log can never forget a revoked
+credential, and no projection or policy needs it. The daemon's JSON log
+records every create and revoke (never the secret).
 """
 
 from __future__ import annotations
@@ -30,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eventsched.domain.messages import RefusalKind, Refused
+from eventsched.storage.fileops import fsync_dir
 
 logger = logging.getLogger("eventsched.tokens")
 
@@ -90,11 +84,7 @@ class TokenStore:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        fsync_dir(self.path.parent)
 
     # --- what the socket's token requests do -------------------------------
 

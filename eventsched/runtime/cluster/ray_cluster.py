@@ -281,11 +281,6 @@ class RayExecutor:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=agent.ray_node, soft=False),
         ).remote(agent.name, str(self.state_dir), self.gpus_option)
 
-    async def _hello(self, agent: _Agent) -> dict[str, Any]:
-        with anyio.fail_after(120.0):  # a worker's start on a busy node takes seconds
-            hello: dict[str, Any] = await agent.actor.hello.remote()
-        return hello
-
     def _running_on(self, node: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         state = self._state()
         jobs = [] if state is None else [state.jobs[j] for j in state.running]
@@ -295,7 +290,8 @@ class RayExecutor:
     async def _join(self, agent: _Agent, restarted: bool) -> None:
         """Tell the core the node is up, then re-adopt its jobs."""
         assert self._outbox is not None
-        hello = await self._hello(agent)
+        with anyio.fail_after(120.0):  # a worker's start on a busy node takes seconds
+            hello: dict[str, Any] = await agent.actor.hello.remote()
         if hello["boot"] != agent.boot:  # else a passing failure: the same actor, nothing to tell
             agent.boot = hello["boot"]
             gpus: list[GpuInfo] = hello["gpus"]

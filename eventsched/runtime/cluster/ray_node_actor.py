@@ -1,39 +1,25 @@
 """The executor of one node of a Ray cluster, run there as an actor.
 
-``ray_cluster.py`` starts one ``NodeAgent`` per node that offers GPUs, pinned
-to it (``NodeAffinitySchedulingStrategy(soft=False)``), detached and named, so
-that it outlives a restart of the daemon that started it. It reserves no CPU
-and no GPU: Ray's GPU accounting must not fight the scheduler's, and the
-agent sets ``CUDA_VISIBLE_DEVICES`` itself, through the same ``Executor`` (and
-so the same supervisors, exit records and re-adoption) as a single machine.
-It samples the node's GPUs (NVML, or ``fake:N[:MIB]``) and hands the daemon,
-when asked, what happened since it last asked: exits, losses.
-
-This module is plain Python: the daemon wraps ``NodeAgent`` with
-``ray.remote`` (``ray_cluster.py``), so nothing here imports Ray.
+``ray_cluster.py`` starts one ``NodeAgent`` per GPU node, pinned to it,
+detached and named so that it outlives a restart of the daemon. It reserves
+no CPU and no GPU (Ray's GPU accounting must not fight the scheduler's) and
+runs jobs through the same ``Executor`` as a single machine. It samples the
+node's GPUs and hands the daemon, when asked, what happened since: exits,
+losses. Plain Python: the daemon wraps it with ``ray.remote``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from eventsched.domain.events import JobSpec
-from eventsched.domain.messages import (
-    GpuInfo,
-    Message,
-)
+from eventsched.domain.messages import Message
+from eventsched.runtime.gpus import FakeBackend, GpuBackend, GpuSample, parse_gpus_option
 from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
-from eventsched.runtime.gpus import (
-    FakeBackend,
-    GpuBackend,
-    GpuSample,
-    parse_gpus_option,
-)
 
 __all__ = ["NodeAgent", "agent_state_dir"]
 
@@ -41,8 +27,7 @@ _OUTPUT_CHUNK = 1 << 20  # most output bytes handed over per call
 
 
 def agent_state_dir(state_dir: str, node: str) -> Path:
-    """Where a node keeps its jobs' attempt records and output: under the
-    daemon's state dir path, on that node's own disk."""
+    """Where a node keeps its jobs' records and output: the daemon's state dir path, on its own disk."""
     return Path(state_dir) / "nodes" / node
 
 
@@ -84,9 +69,8 @@ class NodeAgent:
             self._wake.set()
 
     async def poll(self, timeout_s: float) -> tuple[str, list[tuple[int, Message]]]:
-        """(this actor's boot id, what happened since the last poll): waits up
-        to ``timeout_s`` for something; (attempt, ProcessExited | ProcessLost)
-        pairs. A boot id the daemon does not know means Ray restarted the actor."""
+        """(this actor's boot id, [(attempt, exit or loss)] since the last poll),
+        waiting up to ``timeout_s``. A new boot id means Ray restarted the actor."""
         if self._wake is None:  # not started (a restarted actor): say who we are at once
             return self.boot, []
         if not self._outbox:
@@ -115,30 +99,25 @@ class NodeAgent:
         await self.executor.signal(job, grace_s, signum)
 
     def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int]) -> list[Message]:
-        """After a restart (of the daemon or of this actor): how each job the
-        log believes running here ended, or re-adopt it (``Executor.recover``).
-        Jobs this actor already watches are left as they are."""
+        """After a restart (of the daemon or this actor): ``Executor.recover``
+        for the jobs this actor does not already watch."""
         watched = self.executor.running_jobs()
         todo = {j: v for j, v in running.items() if j not in watched}
         self._attempts.update(attempts)
         return self.executor.recover(todo, {j: attempts[j] for j in todo if j in attempts})
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
-        """(job, attempt, job pid) of every attempt on this node's disk whose
-        supervisor is alive (``Executor.live_attempts``): when the node joins,
-        the daemon keeps its jobs' current attempts and kills the others."""
+        """(job, attempt, job pid) of every attempt whose supervisor is alive here."""
         return self.executor.live_attempts()
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
-        """Kill a stray attempt (SIGKILL after ``grace_s``) and wait for its
-        end; its exit is never reported. Returns its job pid, 0 if it was gone."""
+        """Kill a stray attempt (SIGKILL after ``grace_s``), unreported; its job pid, 0 if gone."""
         if self._runner is None:  # the executor's watcher reaps what it kills
             await self.hello()
         return await self.executor.kill_attempt(job, attempt, grace_s)
 
     def output(self, job: int, offset: int) -> bytes:
-        """The job's output from ``offset`` on (at most a chunk): the daemon
-        mirrors it into its own state dir, where ``logs -f`` reads it."""
+        """The job's output from ``offset`` on (at most a chunk), for the daemon to mirror."""
         try:
             with open(self.executor.log_path(job), "rb") as f:
                 f.seek(offset)
@@ -149,16 +128,9 @@ class NodeAgent:
     # --- GPUs ---------------------------------------------------------------
 
     def sample(self, loads: dict[int, tuple[float, int]]) -> list[GpuSample]:
-        """One observation per GPU; ``loads`` is what the scheduler placed on
-        each (fake GPUs report it back, as real ones would show it)."""
+        """One observation per GPU; ``loads``: what the scheduler placed on each (``set_load``)."""
         if isinstance(self.backend, FakeBackend):
             for gpu, (share, reserved) in loads.items():
                 if 0 <= gpu < self.backend.n:
                     self.backend.set_load(gpu, share, reserved)
         return list(self.backend.sample(self.executor.job_processes()))
-
-    def gpus(self) -> list[GpuInfo]:
-        return list(self.backend.discover())
-
-    def ping(self) -> float:
-        return time.time()

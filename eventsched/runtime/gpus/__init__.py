@@ -1,34 +1,24 @@
 """GPU observation: NVML on real machines, simulated GPUs everywhere else.
 
-Both backends answer the same two questions: which GPUs are there
-(``discover``) and how are they now (``sample``). A sample is a list of
-``GpuObserved`` / ``GpuFailed`` messages for the engine's inbox; an NVML error
-is one of those messages, never an exception. Both calls block (NVML calls
-take milliseconds): the engine runs them in a worker thread.
+Both backends say which GPUs there are (``discover``) and how they are now
+(``sample``: ``GpuObserved`` / ``GpuFailed`` messages; an NVML error is a
+message, never an exception). Both block: the engine calls them in a thread.
+``significant`` keeps the log lean: a sample is logged on a meaningful change,
+or when the last one logged is a minute old.
 
-``significant`` is the pure rule that keeps the log lean: a sample is appended
-only when it changed meaningfully, or when the last one logged is a minute old.
-
-Per-process memory: NVML lists the compute (and graphics)
-processes on each GPU with the memory each holds; ``attribute`` maps them to
-our jobs through the executor's ``{pid: job}`` (each job's cgroup, else its
-session: the job and every descendant) and names the rest (pid, uid, user).
-Fake GPUs build the same per-process list from the processes that *declare*
-a use in their environment, so the same ``attribute`` runs on both:
-
-- ``EVENTSCHED_FAKE_GPU_MEM_MIB=N``: the process holds N MiB on each GPU of
-  its ``CUDA_VISIBLE_DEVICES`` (all fake GPUs when unset);
-- ``EVENTSCHED_FAKE_GPU_UTIL=P``: those GPUs are P % busy (the sum over the
-  processes that declare it; otherwise a GPU is as busy as its allocated share).
-
-A child that inherits the same declaration is the same holder, not a second
-one. To change its use mid-run, a job starts a process with another value
-(``EVENTSCHED_FAKE_GPU_MEM_MIB=3000 python -c ...``); a process that is not a
-job's declares *foreign* memory, as another user's process would.
+Per-process GPU memory: ``attribute`` maps NVML's per-process list to our jobs
+through the executor's ``{pid: job}`` and names the rest (pid, uid, user).
+Fake GPUs build the same list from the processes that *declare* a use in
+their environment: ``EVENTSCHED_FAKE_GPU_MEM_MIB=N`` (N MiB on each GPU of its
+``CUDA_VISIBLE_DEVICES``, all when unset) and ``EVENTSCHED_FAKE_GPU_UTIL=P``
+(those GPUs are P % busy; otherwise as busy as their allocated share). A child
+that inherits a declaration is the same holder; a process that is not a job's
+declares *foreign* memory, as another user's process would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -43,26 +33,13 @@ if TYPE_CHECKING:
     from eventsched.projections.cluster import ClusterState
 
 __all__ = [
-    "GpuBackend",
-    "GpuSpecError",
-    "NvmlUnavailable",
-    "NvmlBackend",
-    "FakeBackend",
-    "parse_gpus_option",
-    "significant",
-    "SampleFilter",
-    "attribute",
-    "FAKE_MEM_VAR",
-    "FAKE_UTIL_VAR",
-    "TEST_NVML_VAR",
-    "absurd_reading",
-    "DEFAULT_FAKE_MEM_MIB",
+    "GpuBackend", "GpuSpecError", "NvmlUnavailable", "NvmlBackend", "FakeBackend", "parse_gpus_option", "significant",
+    "SampleFilter", "attribute", "FAKE_MEM_VAR", "FAKE_UTIL_VAR", "TEST_NVML_VAR", "absurd_reading", "DEFAULT_FAKE_MEM_MIB",
 ]
 
 FAKE_MEM_VAR = "EVENTSCHED_FAKE_GPU_MEM_MIB"
 FAKE_UTIL_VAR = "EVENTSCHED_FAKE_GPU_UTIL"
-# Test only: a Python file to load in place of ``pynvml`` (tests/fake_nvml.py,
-# which injects NVML's own errors and absurd readings into the real code here).
+# test only: a Python file loaded in place of ``pynvml`` (tests/fake_nvml.py)
 TEST_NVML_VAR = "EVENTSCHED_TEST_NVML"
 
 _MIB = 1024 * 1024
@@ -87,15 +64,13 @@ class GpuBackend(Protocol):
     def discover(self) -> list[GpuInfo]: ...
 
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
-        """One observation per GPU. ``job_pids``: the scheduler's jobs and
-        their descendants (a ``{pid: job}`` mapping attributes their memory
-        to each job); GPU memory of any other process is foreign."""
+        """One observation per GPU. ``job_pids``: our jobs' processes (a
+        ``{pid: job}`` attributes their memory per job); any other is foreign."""
         ...
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
-        """What the scheduler placed on ``gpu`` (total share, reserved MiB).
-        Real GPUs see their load for themselves and ignore it; fake ones
-        report it back, as real ones would."""
+        """What the scheduler placed on ``gpu``: fake GPUs report it back, as
+        real ones would show it; real ones ignore it."""
         ...
 
     def close(self) -> None: ...
@@ -111,10 +86,7 @@ class NvmlBackend:
     name = "nvml"
 
     def __init__(self, node: str = "local", nvml: Any = None) -> None:
-        if nvml is None:
-            nvml = _load_nvml()
-        pynvml = nvml
-        self._nvml = pynvml
+        self._nvml = pynvml = nvml if nvml is not None else _load_nvml()
         self.node = node
         try:
             pynvml.nvmlInit()
@@ -158,9 +130,7 @@ class NvmlBackend:
             h = nv.nvmlDeviceGetHandleByIndex(i)
             mem = nv.nvmlDeviceGetMemoryInfo(h)
             util = self._optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu), 0.0)
-            temp = self._optional(
-                lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), 0.0
-            )
+            temp = self._optional(lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)), 0.0)
             power = self._optional(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, 0.0)
             procs = self._processes(h)
         except nv.NVMLError as e:
@@ -169,24 +139,11 @@ class NvmlBackend:
         absurd = absurd_reading(int(mem.used // _MIB), int(mem.total // _MIB), util, temp, power)
         if absurd:  # a driver glitch: recorded as an error, never used for placement
             return GpuFailed(node=self.node, gpu=i, error=f"NVML: absurd reading: {absurd}")
-        if procs is None:  # the driver cannot list processes: foreign memory unknown, not zero
-            jobs: dict[int, int] = {}
-            others: list[GpuProcess] = []
-            foreign = -1
-        else:
-            jobs, others, foreign = attribute(procs.items(), job_pids, owners)
-        return GpuObserved(
-            node=self.node,
-            gpu=i,
-            utilization=util,
-            memory_used_mib=int(mem.used // _MIB),
-            memory_total_mib=int(mem.total // _MIB),
-            temperature_c=temp,
-            power_w=power,
-            foreign_memory_mib=foreign,
-            job_memory_mib=jobs,
-            foreign_processes=others,
-        )
+        # the driver cannot list processes: foreign memory unknown (-1), not zero
+        jobs, others, foreign = attribute(procs.items(), job_pids, owners) if procs is not None else ({}, [], -1)
+        return GpuObserved(node=self.node, gpu=i, utilization=util, memory_used_mib=int(mem.used // _MIB),
+                           memory_total_mib=int(mem.total // _MIB), temperature_c=temp, power_w=power,
+                           foreign_memory_mib=foreign, job_memory_mib=jobs, foreign_processes=others)
 
     def _optional(self, read: Callable[[], float], default: float) -> float:
         """A reading the card does not support is absent, not an error."""
@@ -213,10 +170,8 @@ class NvmlBackend:
         pass  # the driver reports what the jobs really use
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
 
 def _text(value: str | bytes) -> str:
@@ -224,8 +179,8 @@ def _text(value: str | bytes) -> str:
 
 
 def _load_nvml() -> Any:
-    """``pynvml``, imported only here (fake-GPU daemons and the CLI never pay
-    for it), or the test-only stand-in that ``TEST_NVML_VAR`` names."""
+    """``pynvml``, imported only here (fake GPUs never pay for it), or the
+    test-only stand-in that ``TEST_NVML_VAR`` names."""
     path = os.environ.get(TEST_NVML_VAR)
     if not path:
         import pynvml
@@ -261,9 +216,9 @@ def attribute(
     job_pids: Collection[int],
     owners: dict[int, tuple[int, str]] | None = None,
 ) -> tuple[dict[int, int], list[GpuProcess], int]:
-    """Split one GPU's ``(pid, MiB)`` list into (job -> MiB, the processes of
-    no job, their MiB in all). ``job_pids`` maps pid -> job (a plain set of
-    pids only tells ours from foreign). ``owners`` caches pid -> (uid, user)."""
+    """One GPU's ``(pid, MiB)`` list as (job -> MiB, the processes of no job,
+    their MiB in all). ``job_pids``: pid -> job (a set only tells ours from
+    foreign); ``owners`` caches pid -> (uid, user)."""
     job_of = job_pids if isinstance(job_pids, Mapping) else None
     jobs: dict[int, int] = {}
     others: list[GpuProcess] = []
@@ -275,19 +230,15 @@ def attribute(
                 jobs[job] = jobs.get(job, 0) + mib
             continue
         foreign += mib
-        if owners is None:
-            owners = {}
-        owner = owners.get(pid)
-        if owner is None:
-            owner = owners[pid] = _owner(pid)
+        owners = {} if owners is None else owners
+        owner = owners.get(pid) or owners.setdefault(pid, _owner(pid))
         others.append(GpuProcess(pid=pid, used_mib=mib, uid=owner[0], user=owner[1]))
     others.sort(key=lambda p: (-p.used_mib, p.pid))
     return jobs, others, foreign
 
 
 def _owner(pid: int) -> tuple[int, str]:
-    """(uid, user name) of a process; (-1, "") when it is not visible here
-    (another pid namespace, or gone)."""
+    """(uid, user name) of a process; (-1, "") when not visible (gone, another pid namespace)."""
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
@@ -357,19 +308,15 @@ def _declared_processes() -> dict[int, _Declared]:
 
 
 class FakeBackend:
-    """N simulated GPUs whose samples follow what the scheduler placed on
-    them: the engine calls ``set_load`` after every placement change.
-    Deterministic (small jitter from a sample counter), for tests and replay."""
+    """N simulated GPUs whose samples follow what the scheduler placed on them
+    (``set_load``); deterministic (jitter from a sample counter)."""
 
     def __init__(self, n: int, mem_mib: int = DEFAULT_FAKE_MEM_MIB, *, node: str = "local") -> None:
         if n < 1:
             raise GpuSpecError(f"fake GPUs: need at least 1 GPU, got {n}")
         if mem_mib < 1:
             raise GpuSpecError(f"fake GPUs: memory must be at least 1 MiB, got {mem_mib}")
-        self.n = n
-        self.mem_mib = mem_mib
-        self.node = node
-        self.name = f"fake:{n}:{mem_mib}"
+        self.n, self.mem_mib, self.node, self.name = n, mem_mib, node, f"fake:{n}:{mem_mib}"
         self._share = [0.0] * n
         self._reserved = [0] * n
         self._foreign = [0] * n
@@ -383,10 +330,8 @@ class FakeBackend:
             if not self._failed.get(i, ("", False))[1]
         ]
 
-    # hooks for the engine and tests
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
-        """What the scheduler has placed on ``gpu``: total share (0..1) and
-        reserved memory in MiB. Absolute, not incremental."""
+        """Total share (0..1) and reserved MiB on ``gpu``: absolute, not incremental."""
         self._check(gpu)
         self._share[gpu] = min(max(share, 0.0), 1.0)
         self._reserved[gpu] = max(reserved_mib, 0)
@@ -437,20 +382,11 @@ class FakeBackend:
             # jobs that declare nothing stand for their reservation
             ours = max(self._reserved[i], sum(jobs.values()))
             used = min(self.mem_mib, ours + foreign)
-            out.append(
-                GpuObserved(
-                    node=self.node,
-                    gpu=i,
-                    utilization=util,
-                    memory_used_mib=used,
-                    memory_total_mib=self.mem_mib,
-                    temperature_c=round(30.0 + 0.5 * util, 1),  # 30 C idle, 80 C flat out
-                    power_w=round(60.0 + 3.4 * util, 1),  # 60 W idle, 400 W flat out
-                    foreign_memory_mib=foreign,
-                    job_memory_mib=jobs,
-                    foreign_processes=others,
-                )
-            )
+            # 30 C and 60 W idle, 80 C and 400 W flat out
+            out.append(GpuObserved(node=self.node, gpu=i, utilization=util, memory_used_mib=used,
+                                   memory_total_mib=self.mem_mib, temperature_c=round(30.0 + 0.5 * util, 1),
+                                   power_w=round(60.0 + 3.4 * util, 1), foreign_memory_mib=foreign,
+                                   job_memory_mib=jobs, foreign_processes=others))
         return out
 
     def close(self) -> None:
@@ -461,9 +397,8 @@ class FakeBackend:
 
 
 def parse_gpus_option(text: str | None, *, node: str = "local") -> GpuBackend:
-    """``--gpus``: ``fake:N[:MEM_MIB]`` for simulated GPUs, ``nvml`` (or
-    nothing) for the real ones. Raises ``GpuSpecError`` for a bad value and
-    ``NvmlUnavailable`` when NVML is asked for but absent."""
+    """``--gpus``: ``fake:N[:MEM_MIB]``, or ``nvml`` (or nothing) for real GPUs.
+    ``GpuSpecError`` for a bad value, ``NvmlUnavailable`` when NVML is absent."""
     text = (text or "").strip()
     if text in ("", "nvml"):
         return NvmlBackend(node=node)
@@ -479,14 +414,8 @@ def parse_gpus_option(text: str | None, *, node: str = "local") -> GpuBackend:
 # --- what is worth logging --------------------------------------------------
 
 
-def significant(
-    prev: GpuObserved | None,
-    new: GpuObserved,
-    *,
-    last_ts: float,
-    now: float,
-    min_interval_s: float = 60.0,
-) -> bool:
+def significant(prev: GpuObserved | None, new: GpuObserved, *, last_ts: float, now: float,
+                min_interval_s: float = 60.0) -> bool:
     """Should ``new`` be appended, given ``prev`` (the last one logged for this
     GPU, at ``last_ts``)? Yes on a meaningful change or when it is stale."""
     if prev is None or now - last_ts >= min_interval_s:
@@ -504,9 +433,8 @@ def significant(
 
 
 class SampleFilter:
-    """Which samples the engine logs: each GPU's is compared (``significant``)
-    with the last one logged of it; the first good reading of a GPU the
-    state has failed is always news, even when it equals that last one."""
+    """Which samples the engine logs (``significant`` against the GPU's last
+    one logged); a failed GPU's first good reading is always news."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
