@@ -1,8 +1,8 @@
 """Every state a power cut can leave the log and the snapshots in, recovered.
 
 A real run (the real core's events, group commits, segment rotations, three
-snapshots) goes through ``fileops.Recorder``, which writes down each write,
-fdatasync, rename, directory fsync and unlink. ``fileops.crash_states`` builds
+snapshots) goes through ``crash_fs.Recorder``, which writes down each write,
+fdatasync, rename, directory fsync and unlink. ``crash_fs.crash_states`` builds
 from that record every state a power cut after each operation could leave
 (unsynced writes dropped, cut at every byte, only their later part landed,
 zero-filled, landing in any subset; unsynced directory entries as any prefix). Each one is written to a
@@ -46,7 +46,7 @@ from eventsched.projections import snapshot
 from eventsched.projections.cluster import ClusterState, apply
 from eventsched.storage import log as L
 from eventsched.storage import logtools, snapshots
-from eventsched.storage.fileops import CrashState, Recorder, crash_states, materialize
+from crash_fs import CrashState, Recorder, crash_states, materialize
 
 SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 

@@ -325,7 +325,7 @@ def test_flipped_bit_mid_log_refuses_to_open(tmp_path: Path, where: str, capsys:
 def test_repair_makes_the_kept_bytes_durable_before_it_cuts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A power cut right after repair's truncate must not lose the bytes it cut:
     the aside file's name reaches the disk (directory fsync) before the cut."""
-    from eventsched.storage.fileops import Recorder
+    from crash_fs import Recorder
 
     d = tmp_path / "log"
     ends = write_log(d, [3, 3, 3])

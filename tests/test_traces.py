@@ -6,13 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eventsched.sim.traces import (
-    TraceError,
-    TraceJob,
-    alibaba_jobs,
-    load_alibaba,
-    load_csv,
-)
+from eventsched.sim.traces import TraceError, TraceJob, load_alibaba, load_csv
 
 TRACES = Path("/work/shared/traces")
 POD_CSV = TRACES / "openb_pod_list_default.csv"
@@ -31,15 +25,6 @@ def test_alibaba_trace_loads_with_documented_totals() -> None:
     assert p1.gpu_spec == () and p1.pod_phase == "Running"
     assert sum(1 for p in pods if p.scheduled_time is None) == 897  # the Pending pods
     assert {n.model for n in nodes} >= {"G2", "T4", "P100", "V100M16"}
-
-
-def test_alibaba_pods_become_replayable_jobs() -> None:
-    pods, _ = load_alibaba(POD_CSV, NODE_CSV)
-    jobs = alibaba_jobs(pods)
-    assert 0 < len(jobs) <= len(pods)
-    assert min(j.submit_time for j in jobs) == 0.0
-    assert all(j.duration > 0 for j in jobs)
-    assert {j.gpus for j in jobs} >= {0.0, 0.46, 1.0, 8.0}
 
 
 def test_alibaba_bad_row_names_file_and_line(tmp_path: Path) -> None:

@@ -84,7 +84,6 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # rlimits.py; clamped to the daemon's own hard limits at launch
     umask: int = -1
     rlimits: dict[str, list[int]] = {}
-    # --- second round -----------------------------------------------------
     # an array task: the first task's id and this task's index (0/-1: none);
     # array_cap (%K) = at most that many of its tasks running at once (0: any)
     array_id: int = 0
@@ -101,9 +100,6 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     source: str = ""
 
 
-# --- the daemon ---------------------------------------------------------
-
-
 class DaemonStarted(Event, frozen=True, kw_only=True):
     node: str
     pid: int
@@ -116,9 +112,6 @@ class DaemonStarted(Event, frozen=True, kw_only=True):
 class DaemonStopped(Event, frozen=True, kw_only=True):
     node: str
     reason: str = ""
-
-
-# --- GPUs ---------------------------------------------------------------
 
 
 class GpuDiscovered(Event, frozen=True, kw_only=True):
@@ -148,9 +141,8 @@ class GpuSampled(Event, frozen=True, kw_only=True):
     power_w: float
     # memory held by processes that are not eventsched jobs; -1 = unknown
     foreign_memory_mib: int = -1
-    # --- per-process memory (NVML's compute processes, mapped to
-    # jobs by process tree). job -> MiB its processes hold on this GPU (a job
-    # with none on it is absent); and the processes that belong to no job
+    # job -> MiB its processes hold on this GPU (NVML's compute processes,
+    # mapped by process tree); and the processes that belong to no job
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[GpuProcess] = []
 
@@ -184,9 +176,6 @@ class TimerFired(Event, frozen=True, kw_only=True):
     Recorded only when it led to a decision, which names it as its cause."""
 
 
-# --- commands -----------------------------------------------------------
-
-
 class JobsCommanded(Event, frozen=True, kw_only=True):
     """A user's cancel, hold or release of one or more jobs, as accepted.
     The per-job events it leads to name it as their cause."""
@@ -194,9 +183,6 @@ class JobsCommanded(Event, frozen=True, kw_only=True):
     command: Literal["cancel", "hold", "release"]
     jobs: list[int]
     by: str = ""
-
-
-# --- jobs ---------------------------------------------------------------
 
 
 class JobSubmitted(Event, frozen=True, kw_only=True):
@@ -249,8 +235,10 @@ class JobForecast(Event, frozen=True, kw_only=True):
     recorded so that its error against the real start can be measured."""
 
     job: int
-    estimated_start: float
+    estimated_start: float  # the median
     by: str = ""
+    p10: float | None = None  # the 80 % range shown with it
+    p90: float | None = None
 
 
 class TenantsConfigured(Event, frozen=True, kw_only=True):
@@ -291,10 +279,8 @@ class JobLost(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
-# --- declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md):
-# decisions, whose cause is the GpuSampled or TimerFired that showed it ---
-
-
+# declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md):
+# decisions, whose cause is the GpuSampled or TimerFired that showed it
 class JobGpuMemoryExceeded(Event, frozen=True, kw_only=True):
     """A running job's processes hold more memory on one of its GPUs than its
     ``--gpu-mem``; ``policy`` says what follows ("warn" or "stop")."""
@@ -329,9 +315,7 @@ class JobBusy(Event, frozen=True, kw_only=True):
     idle_s: float = 0.0
 
 
-# --- the nodes of a Ray cluster (docs/multi-node.md), facts from the cluster
-
-
+# the nodes of a Ray cluster (docs/multi-node.md), facts from the cluster
 class NodeJoined(Event, frozen=True, kw_only=True):
     """A node of the cluster came up with its GPUs (``GpuDiscovered`` events
     follow as its decisions); ``ray_node`` is Ray's id for it."""
@@ -396,12 +380,12 @@ def is_stimulus(event: Event) -> bool:
 
 def cause_seq(event: Event) -> int | None:
     """The seq of the fact that caused ``event`` (None for a stimulus)."""
-    if event.cause.startswith("seq:"):
-        try:
-            return int(event.cause[4:])
-        except ValueError:
-            return None
-    return None
+    if not event.cause.startswith("seq:"):
+        return None
+    try:
+        return int(event.cause[4:])
+    except ValueError:
+        return None
 
 
 # Upcasters: tag of a retired shape -> function producing the current shape.
@@ -458,11 +442,7 @@ def stamp(events: list[Event], first_seq: int) -> list[Event]:
     # checked in C, not one interpreted comparison per event
     if list(map(_seq_of, events)) == list(range(first_seq, first_seq + len(events))):
         return list(events)
-    out = []
-    for i, event in enumerate(events):
-        seq = first_seq + i
-        out.append(event if event.seq == seq else msgspec.structs.replace(event, seq=seq))
-    return out
+    return [e if e.seq == seq else msgspec.structs.replace(e, seq=seq) for seq, e in enumerate(events, first_seq)]
 
 
 def to_builtins(event: Event) -> dict:

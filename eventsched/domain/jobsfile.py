@@ -81,10 +81,6 @@ class LineError:
     reason: str
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-
-
 def parse_line(text: str, line: int) -> JobLine:
     """One non-blank, non-comment line; ``JobsFileError`` if it is no job."""
     text = text.strip()
@@ -114,13 +110,10 @@ def parse_line(text: str, line: int) -> JobLine:
         try:
             allowed = parse_gpu_ids(gpus_text)
         except UnitError:
-            raise JobsFileError(
-                f"allowed_gpus {gpus_text!r} is not a list of GPU ids like 0-3, 4,5,6,7 or 0-1,4 (empty: any GPU)"
-            ) from None
-    return JobLine(
-        line=line, text=text, priority=priority, script=script, conda=conda, args=args,
-        allowed_gpus=allowed, sha=_sha(text),
-    )
+            raise JobsFileError(f"allowed_gpus {gpus_text!r} is not a list of GPU ids like 0-3, 4,5,6,7 "
+                                "or 0-1,4 (empty: any GPU)") from None
+    return JobLine(line=line, text=text, priority=priority, script=script, conda=conda, args=args,
+                   allowed_gpus=allowed, sha=hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16])
 
 
 def parse_jobs_text(text: str) -> tuple[list[JobLine], list[LineError]]:
@@ -169,15 +162,7 @@ def line_command(line: JobLine, folder: str) -> list[str]:
 def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpec) -> JobSpec:
     """The job of ``line`` in the file at ``resolved_path``; everything the
     line does not say (identity, environment, working directory) from ``base``."""
-    folder = os.path.dirname(resolved_path)
-    command = line_command(line, folder)
     return msgspec.structs.replace(
-        base,
-        command=command,
-        name=os.path.basename(line.script),
-        gpus=llm.gpus(llm_name(line.args)),
-        gpu_ids=line.allowed_gpus,
-        priority=our_priority(line.priority),
-        conda=line.conda,
-        source=line_source(resolved_path, line),
-    )
+        base, command=line_command(line, os.path.dirname(resolved_path)), name=os.path.basename(line.script),
+        gpus=llm.gpus(llm_name(line.args)), gpu_ids=line.allowed_gpus, priority=our_priority(line.priority),
+        conda=line.conda, source=line_source(resolved_path, line))

@@ -42,9 +42,7 @@ class LlmConfig:
 
     def share(self, model: str | None) -> float:
         """The GPUs ``model`` needs, as the file says (unknown: the default)."""
-        if model is not None and model in self.models:
-            return self.models[model]
-        return self.default_requirement
+        return self.models.get(model, self.default_requirement) if model is not None else self.default_requirement
 
     def gpus(self, model: str | None) -> float:
         """``share(model)`` as a ``JobSpec.gpus`` value."""
@@ -84,9 +82,8 @@ def parse_llm_config(text: str | bytes, where: str) -> LlmConfig:
         raise LlmConfigError(f"{where}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(raw, dict):
         raise LlmConfigError(f"{where}: expected a JSON object with \"default_requirement\" and \"models\"")
-    for key in ("default_requirement", "models"):
-        if key not in raw:
-            raise LlmConfigError(f"{where}: missing key \"{key}\"")
+    if missing := next((k for k in ("default_requirement", "models") if k not in raw), None):
+        raise LlmConfigError(f"{where}: missing key \"{missing}\"")
     default = _share(raw["default_requirement"], where, "\"default_requirement\"")
     models_raw = raw["models"]
     if not isinstance(models_raw, dict):

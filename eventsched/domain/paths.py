@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 TYPE_CHECKING = False  # the CLI's fast path imports this module: no typing
-
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -20,8 +19,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def state_dir_location() -> str:
     """``$EVENTSCHED_STATE_DIR``, else the user's data directory (XDG)."""
-    explicit = os.environ.get("EVENTSCHED_STATE_DIR")
-    if explicit:
+    if explicit := os.environ.get("EVENTSCHED_STATE_DIR"):
         return explicit
     data_home = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(data_home, "eventsched")
@@ -29,10 +27,7 @@ def state_dir_location() -> str:
 
 def socket_location(state_dir: str | os.PathLike[str] | None = None) -> str:
     """``$EVENTSCHED_SOCKET``, else ``<state-dir>/eventsched.sock``."""
-    explicit = os.environ.get("EVENTSCHED_SOCKET")
-    if explicit:
-        return explicit
-    return os.path.join(os.fspath(state_dir) if state_dir else state_dir_location(), "eventsched.sock")
+    return os.environ.get("EVENTSCHED_SOCKET") or os.path.join(os.fspath(state_dir) if state_dir else state_dir_location(), "eventsched.sock")
 
 
 def default_state_dir() -> Path:

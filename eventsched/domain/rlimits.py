@@ -21,17 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["NAMES", "INFINITY", "RlimitError", "validate", "clamp", "current", "current_umask"]
 
 INFINITY = resource.RLIM_INFINITY  # -1 in Python on Linux
-NAMES: dict[str, int] = {
-    "nofile": resource.RLIMIT_NOFILE,
-    "nproc": resource.RLIMIT_NPROC,
-    "core": resource.RLIMIT_CORE,
-    "fsize": resource.RLIMIT_FSIZE,
-    "as": resource.RLIMIT_AS,
-    "data": resource.RLIMIT_DATA,
-    "stack": resource.RLIMIT_STACK,
-    "cpu": resource.RLIMIT_CPU,
-    "memlock": resource.RLIMIT_MEMLOCK,
-}
+NAMES: dict[str, int] = {name: getattr(resource, "RLIMIT_" + name.upper())
+                         for name in ("nofile", "nproc", "core", "fsize", "as", "data", "stack", "cpu", "memlock")}
 _MAX = (1 << 63) - 1
 
 
@@ -53,21 +44,17 @@ def validate(rlimits: Mapping[str, Sequence[int]], umask: int = -1) -> None:
         if name not in NAMES:
             raise RlimitError(f"unknown resource limit {name!r}; known: {', '.join(NAMES)}")
         if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(_value_ok(v) for v in pair):
-            raise RlimitError(
-                f"resource limit {name!r} must be [soft, hard], each >= 0 or -1 for unlimited, not {pair!r}"
-            )
+            raise RlimitError(f"resource limit {name!r} must be [soft, hard], each >= 0 or -1 for unlimited, "
+                              f"not {pair!r}")
 
 
 def _le(a: int, b: int) -> bool:
     """a <= b, where INFINITY is above everything."""
-    if b == INFINITY:
-        return True
-    return a != INFINITY and a <= b
+    return b == INFINITY or (a != INFINITY and a <= b)
 
 
-def clamp(
-    rlimits: Mapping[str, Sequence[int]], ceiling: Mapping[str, Sequence[int]] | None = None
-) -> dict[str, list[int]]:
+def clamp(rlimits: Mapping[str, Sequence[int]], ceiling: Mapping[str, Sequence[int]] | None = None
+          ) -> dict[str, list[int]]:
     """Validate, then clamp each (soft, hard) to hard <= the ceiling's hard
     limit (default: this process's) and soft <= hard. Names missing from the
     request are left out (the job keeps the supervisor's limit)."""

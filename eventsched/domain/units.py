@@ -18,8 +18,8 @@ __all__ = [
 ]
 
 # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding.
-# Final: the compiled modules inline it (else each use is a dict lookup, a
-# tenth of a 64-GPU scan's time); the annotation is never evaluated at run time
+# Final: the compiled modules inline it (else each use is a dict lookup in a hot
+# scan); the annotation is never evaluated at run time
 FULL: Final = 1000
 DEFAULT_FAKE_MEM_MIB = 81_920  # an 80 GiB card
 MAX_FAKE_GPUS = 1024

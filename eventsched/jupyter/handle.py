@@ -43,8 +43,7 @@ class Message:
     """A one-line outcome (daemon started, jobs cancelled...)."""
 
     def __init__(self, text: str, **data: Any) -> None:
-        self.text = text
-        self.data = data
+        self.text, self.data = text, data
 
     def __repr__(self) -> str:
         return self.text
@@ -57,8 +56,7 @@ class JobTable:
     """A list of jobs (``queue --json`` shape); ``.to_dataframe()`` for pandas."""
 
     def __init__(self, jobs: list[dict[str, Any]], empty: str = "no jobs") -> None:
-        self.jobs = jobs
-        self.empty = empty
+        self.jobs, self.empty = jobs, empty
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -131,11 +129,8 @@ class JobHandle:
         return self.info()["state"]
 
     def wait(self, timeout: float | None = None, poll: float = 0.2) -> str:
-        """Block until the job has finished; return its final state.
-
-        Raises ``TimeoutError`` after ``timeout`` seconds. Interrupting the
-        kernel stops the waiting, not the job.
-        """
+        """Block until the job has finished; return its final state. Raises
+        ``TimeoutError`` after ``timeout`` seconds; an interrupt stops the waiting, not the job."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._client() as c:
             while True:
@@ -152,8 +147,7 @@ class JobHandle:
     def _settle_displays(self) -> None:
         from eventsched.jupyter.widgets import existing_watcher
 
-        watcher = existing_watcher(self.socket_path)
-        if watcher is not None:
+        if (watcher := existing_watcher(self.socket_path)) is not None:
             watcher.settle(self.id)
 
     def log_path(self) -> str:
@@ -163,8 +157,7 @@ class JobHandle:
     def logs(self, tail: int | None = None) -> LogText:
         """The job's output so far (the last ``tail`` lines if given)."""
         try:
-            with open(self.log_path(), "rb") as f:
-                text = f.read().decode("utf-8", "replace")
+            text = Path(self.log_path()).read_bytes().decode("utf-8", "replace")
         except FileNotFoundError:
             text = ""
         if tail is not None:
@@ -200,8 +193,6 @@ class JobHandle:
             c.cancel([self.id])
         return self
 
-    # --- display ------------------------------------------------------------
-
     def _summary(self, job: dict[str, Any] | None) -> tuple[str, str]:
         if job is None:
             return "unknown", f"job {self.id}"
@@ -229,8 +220,7 @@ class JobHandle:
         return self._html(state, text, self.id)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        job = self._current()
-        state, text = self._summary(job)
+        state, text = self._summary(self._current())
         data: dict[str, Any] = {"text/plain": f"<JobHandle {text}>", "text/html": self._html(state, text, self.id)}
         if _in_kernel():
             data.update(self._live_view())

@@ -36,15 +36,9 @@ YOUNG_PASS_EVERY = 10_000  # allocations between young passes while serving (CPy
 @contextmanager
 def paused() -> Iterator[None]:
     """No cyclic collection inside; whatever garbage there is goes at the next
-    full pass after.
-
-    Everything made inside would sit in generation 0, and the first young
-    pass after would walk it all (millions of objects after a replay) only to
-    move it on. Freezing and unfreezing at once moves it to the oldest
-    generation in O(1) instead, where the next full pass finds it as it would
-    have. Not when something is frozen already (``freeze_survivors``):
-    unfreezing would hand that back to the full passes.
-    """
+    full pass after. What was made inside moves to the oldest generation in
+    O(1) (freeze, then unfreeze), not walked by the next young pass; not when
+    something is frozen already: unfreezing would hand that back to full passes."""
     collecting = gc.isenabled()
     gc.disable()
     try:

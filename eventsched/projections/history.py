@@ -15,14 +15,9 @@ Shape of the model
   just ingested, so catch-up cost follows the new events, not the history.
 * ``_position`` holds the last log sequence included; it is updated in the same
   transaction as the rows, so the file is always a fold of an exact log prefix.
-* Catch-up reads the log's frames undecoded: a C walker (``history_frames``,
-  ``_frames.c``) appends GPU samples and job lifecycle events straight to
-  column buffers, and anything else goes through msgspec and the builders of
-  ``history_fold``. Each chunk of up to 250k events becomes Arrow tables
-  while a writer thread inserts the previous chunk and refreshes the derived
-  tables for the jobs it touched; DuckDB scans Arrow without the GIL, so the
-  two overlap on two cores. Without the extension, frames are decoded first
-  and folded by ``history_fold.fold`` (slower).
+* Catch-up reads the log's frames undecoded (``history_frames``) and turns
+  each chunk into Arrow tables while a writer thread inserts the previous one
+  (``history_fold``); DuckDB scans Arrow without the GIL, so the two overlap.
 
 Ownership and concurrency
 -------------------------
@@ -65,11 +60,10 @@ if TYPE_CHECKING:
 DB_NAME = "history.duckdb"
 LOCK_NAME = "history.lock"
 
+
 class HistoryError(Exception):
     """A problem a user can act on (missing state dir, unreadable log)."""
 
-
-# --- the log ----------------------------------------------------------------
 
 
 def _log_frames(log_dir: Path, from_seq: int) -> Iterator[Frame]:
@@ -88,8 +82,6 @@ def _log_last_seq(log_dir: Path) -> int:
     return int(log.last_seq(log_dir))
 
 
-# --- locking ----------------------------------------------------------------
-
 
 def _flock(fd: int, kind: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
@@ -106,7 +98,7 @@ def _flock(fd: int, kind: int, timeout_s: float) -> bool:
 
 
 def _private(fd: int) -> None:
-    """Make a file we own 0600 (an earlier version left it 0644 or 0666)."""
+    """Make a file we own 0600."""
     st = os.fstat(fd)
     if st.st_uid == os.geteuid() and st.st_mode & 0o077:
         os.fchmod(fd, 0o600)
@@ -126,12 +118,9 @@ def _open_lock(path: Path) -> int:
 
 
 def _create_private_db(db_path: Path) -> None:
-    """Create an empty database file at ``db_path`` with mode 0600.
-
-    DuckDB creates files with the process umask and refuses an empty file,
-    so it is created in a 0700 folder beside it, made 0600 and renamed into
-    place: no other user ever sees it with a looser mode.
-    """
+    """Create an empty database file at ``db_path`` with mode 0600. DuckDB
+    uses the umask and refuses an empty file: it is made in a 0700 folder
+    beside it and renamed into place, never seen with a looser mode."""
     import tempfile
 
     folder = tempfile.mkdtemp(prefix=".history-new-", dir=db_path.parent)
@@ -161,19 +150,19 @@ def _private_path(path: Path) -> None:
         os.close(fd)
 
 
+def _drop_db(db_path: Path) -> None:
+    for path in (db_path, db_path.with_name(db_path.name + ".wal")):
+        path.unlink(missing_ok=True)
+
+
 def _is_lock_conflict(exc: duckdb.Error) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
 
 
-# --- the public face ----------------------------------------------------------
-
 
 class History:
-    """A handle on the read model of one state directory.
-
-    It keeps no connection open between calls (see the module docstring), so
-    a long-lived holder such as the daemon never blocks other readers.
-    """
+    """A handle on the read model of one state directory; it keeps no
+    connection open between calls, so a long-lived holder never blocks readers."""
 
     def __init__(self, state_dir: str | os.PathLike[str], *, lock_timeout_s: float = 5.0,
                  in_memory: bool = False, write_wait_s: float | None = None) -> None:
@@ -191,8 +180,6 @@ class History:
         self._mem: duckdb.DuckDBPyConnection | None = None
         # how the last view was obtained: "file", "memory-copy" or "memory-log"
         self.last_mode = ""
-
-    # -- writing
 
     def catch_up(self) -> int:
         """Fold new log events into the database file; returns events added."""
@@ -230,11 +217,9 @@ class History:
                 # can see a frame before its fdatasync) and a crash cut it
                 # from the log: the log is the truth, so start again from it.
                 con.close()
-                for stale in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal")):
-                    stale.unlink(missing_ok=True)
+                _drop_db(self.db_path)
                 _create_private_db(self.db_path)
                 con = duckdb.connect(str(self.db_path))
-                ensure_schema(con)
                 after = 0
             return fold_frames(con, _log_frames(self.log_dir, after + 1), after, last)
         finally:
@@ -246,8 +231,6 @@ class History:
             ensure_schema(self._mem)
         after = position(self._mem)
         return fold_frames(self._mem, _log_frames(self.log_dir, after + 1), after)
-
-    # -- reading
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -317,8 +300,6 @@ class History:
         return mem
 
     def _memory_from_log(self) -> duckdb.DuckDBPyConnection:
-        if self._mem is None:
-            self._replace_mem(None)
         self._catch_up_memory()
         self.last_mode = "memory-log"
         return self._mem  # type: ignore[return-value]
@@ -359,9 +340,7 @@ def rebuild(state_dir: str | os.PathLike[str]) -> int:
     try:
         if not _flock(fd, fcntl.LOCK_EX, 60.0):
             raise HistoryError(f"{history.lock_path} is busy; try again when queries finish")
-        for suffix in ("", ".wal"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(str(history.db_path) + suffix)
+        _drop_db(history.db_path)
         return history._catch_up_file()
     finally:
         os.close(fd)

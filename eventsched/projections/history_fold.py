@@ -35,15 +35,9 @@ CHUNK_EVENTS = 100_000
 # only less often during a long catch-up (see _Writer).
 COMMIT_EVENTS = 1_000_000
 
-# --- turning frames into columns -------------------------------------------
-#
 # Per event, Python touches each object once: ``msgspec.structs.astuple`` (C)
-# turns a struct into a tuple and numpy converts a whole bucket of tuples into
-# a record array in one call. Every column is then a numpy array DuckDB scans
-# directly (numbers without the GIL); constant columns (an event's type name,
-# NULLs) are SQL literals rather than arrays of the same Python object.
-
-
+# makes a tuple and numpy turns a bucket of tuples into a record array in one
+# call; constant columns (an event's type name, NULLs) are SQL literals.
 _UNSAFE = re.compile(r"[^\w@%+=:,./ -]", re.ASCII).search
 
 
@@ -93,12 +87,9 @@ def _clamped(row: tuple[Any, ...], dtype: np.dtype) -> tuple[Any, ...]:
 
 def _records(structs: list[Any]) -> np.ndarray:
     """A record array of same-typed structs, in the structs' field order.
-
-    The log may hold integers beyond int64 (msgspec decodes up to 2**64 - 1,
-    and old logs predate the submission bounds): those are clamped, so one
-    absurd number costs its own precision, never the whole read model.
-    """
-    struct_type: type = type(structs[0])  # classes are hashable: the lru_cache key
+    Integers beyond int64 (old logs predate the submission bounds) are
+    clamped: one absurd number costs its own precision, not the read model."""
+    struct_type: type = type(structs[0])  # annotated: mypy then sees it as the hashable cache key
     dtype = _record_type(struct_type)
     rows = list(map(msgspec.structs.astuple, structs))
     try:
@@ -315,6 +306,8 @@ def _build_forecasts(events: list[Any], rec: None) -> Iterable[tuple[str, Column
     cols["job"] = np.array([e.job for e in events], dtype=np.int64)
     cols["estimated_start"] = np.array([e.estimated_start for e in events], dtype=np.float64)
     cols["by"] = _obj([e.by for e in events])
+    for k in ("p10", "p90"):  # None, for a forecast recorded without a range, is NaN: NULL
+        cols[k] = np.array([getattr(e, k) for e in events], dtype=np.float64)
     yield "forecasts", cols
 
 
@@ -330,9 +323,6 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.TenantsConfigured: _build_tenants,
     ev.JobForecast: _build_forecasts,
 }
-
-
-# --- folding into a connection ---------------------------------------------
 
 
 def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
@@ -396,17 +386,12 @@ class _Writer:
     """Appends prepared chunks to the raw tables, COMMIT_EVENTS events per transaction.
 
     The derived tables are refreshed once per transaction, for every job its
-    chunks touched, just before the commit that also records the position: a
-    job spanning several chunks is recomputed once, and big transactions let
-    DuckDB write whole row groups to the file instead of through its WAL.
-
-    ``refresh_each_chunk``: ``jobs`` and ``placements`` are refreshed after
-    each chunk instead, for the jobs it touched, while the converting thread
-    makes the next one. That pays where converting is quick (the frame path: at
-    the commit nothing else overlaps them) and costs where it is slow (decoded
-    events: the writer has time to spare, and per chunk it does more work). A job spanning chunks is
-    then recomputed more than once; its rows depend on its own events alone,
-    so the last refresh leaves what one at the commit would.
+    chunks touched, just before the commit that also records the position; big
+    transactions let DuckDB write whole row groups instead of through its WAL.
+    ``refresh_each_chunk`` refreshes ``jobs`` and ``placements`` after each
+    chunk instead, overlapping the conversion of the next one (pays where
+    converting is quick, the frame path); a job's rows depend on its own events
+    alone, so the last refresh leaves what one at the commit would.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, refresh_each_chunk: bool = False) -> None:
@@ -458,11 +443,7 @@ class _Writer:
         )
         con.commit()
         self.committed += self.uncommitted
-        self.in_transaction = False
-        self.uncommitted = 0
-        self.touched = []
-        self.touches_gpus = False
-        self.last_ts = None
+        self.in_transaction, self.uncommitted, self.touched, self.touches_gpus, self.last_ts = False, 0, [], False, None
 
     def _refresh_jobs(self, touched: np.ndarray) -> None:
         con = self.con
@@ -493,12 +474,8 @@ class _Events(Protocol):
 
 def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], after_seq: int) -> int:
     """Fold frames (events with seq > after_seq) into the model; returns events added.
-
-    Decoding and column building (Python, holds the GIL) overlap with the
-    previous chunk's inserts (DuckDB on Arrow tables, releases it) in one
-    writer thread. On an error the open transaction is rolled back: the model
-    stays the fold of the prefix committed before it.
-    """
+    On an error the open transaction is rolled back: the model stays the fold
+    of the prefix committed before it."""
     return fold_chunks(con, _chunks(batches, after_seq))
 
 
@@ -539,8 +516,7 @@ def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, re
     ``refresh_each_chunk``: see ``_Writer``; ``threads``: DuckDB's meanwhile."""
     writer = _Writer(con, refresh_each_chunk)
     pending: Future[None] | None = None
-    # The decoded events are acyclic and short-lived: the cyclic GC only
-    # burns time rescanning them (bench/bench_history.py).
+    # the decoded events are acyclic and short-lived: the cyclic GC only rescans them
     with collector.paused(), _threads(con, threads), \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="history-fold") as pool:
         try:

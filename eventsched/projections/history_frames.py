@@ -1,11 +1,11 @@
 """Catch-up straight from the log's frames: the common events become columns
 without a Python object each.
 
-Decoding the log into msgspec structs and turning those into numpy/Arrow
-columns was most of a catch-up's time (bench/bench_history.py). The C
-extension ``_frames`` instead walks each frame's msgpack and appends the
-events of the types in ``_PLAN`` (GPU samples and the job lifecycle: nine in
-ten events of a busy log) to column buffers, which become Arrow arrays here.
+Decoding the log into msgspec structs and turning those into columns was
+most of a catch-up's time. The C extension ``_frames`` instead walks each
+frame's msgpack and appends the events of the types in ``_STORED`` (GPU
+samples and the job lifecycle: most events of a busy log) to column buffers,
+which become Arrow arrays here.
 
 Exactly the old fold, or no fast path:
 
@@ -178,8 +178,6 @@ def available() -> bool:
     return _frames is not None and not ev.UPCASTERS
 
 
-# --- a chunk of frames -------------------------------------------------------
-
 _decode_event = msgspec.msgpack.Decoder(ev.AnyEvent).decode
 
 
@@ -203,8 +201,7 @@ class FrameChunk:
         self.order: dict[type, None] = {}  # types in order of first appearance
         self.sink = _frames.Sink(self.plan, self.order)
         self.structs: dict[type, list[tuple[int, ev.Event]]] = {}
-        self.count = 0
-        self.last_seq = 0
+        self.count, self.last_seq = 0, 0
         self.last_ts: float | None = None
         self._added: list[type] = []  # struct lists appended to by the current frame
 
@@ -269,8 +266,7 @@ class FrameChunk:
     def _count(self, kept: int, last_seq: int, last_ts: float) -> None:
         if not kept:
             return
-        self.count += kept
-        self.last_seq = last_seq
+        self.count, self.last_seq = self.count + kept, last_seq
         self.last_ts = last_ts if self.last_ts is None else max(self.last_ts, last_ts)
 
     def touches_gpus(self) -> bool:
@@ -313,15 +309,11 @@ def _runs(structs: list[tuple[int, ev.Event]]) -> Iterator[tuple[int, list[ev.Ev
         yield pos, group
 
 
-# --- columns into tables -------------------------------------------------------
-
 
 class _Columns:
     """One type's column buffers as Arrow arrays (made once, sliced per run).
-
-    No pyarrow.compute here: its first call costs as much as a small
-    catch-up. Strings that combine fields (``detail``) are built in Python,
-    per row, like history_fold's builders do."""
+    No pyarrow.compute (its first call costs as much as a small catch-up), and
+    Arrow arrays from buffers, never pyarrow.array (its first call imports pandas)."""
 
     def __init__(self, sink: Any, where: int, fields: dict[str, int]) -> None:
         self.sink, self.where, self.fields = sink, where, fields
@@ -377,9 +369,6 @@ def _g(values: list[float]) -> list[str]:
             texts[key] = text = f"{x:g}"
         out.append(text)
     return out
-
-
-# Arrow arrays from buffers, never pyarrow.array: its first call imports pandas.
 
 
 def _from_buffers(arrow_type: pa.DataType, n: int, data: Any, offsets: Any, valid: np.ndarray | None) -> pa.Array:
@@ -505,16 +494,12 @@ _NATIVE: dict[type, Callable[[_Columns, int, int, list[np.ndarray]], Iterable[tu
 }
 
 
-# --- folding -------------------------------------------------------------------
 
-
-# Events per chunk: columns cost ~100 bytes an event here (decoded structs
-# ten times that), and fewer, larger chunks mean fewer statements and fewer
-# refreshes of a job spanning chunks (docs/measured-choices.md).
+# Events per chunk: larger chunks mean fewer statements and fewer refreshes
+# of a job spanning chunks (docs/measured-choices.md). The first and (when the
+# caller says where the log ends) the last are smaller: the writer waits, idle,
+# for the first; the converter has nothing to do while the writer inserts the last.
 CHUNK_EVENTS = 250_000
-# The first and (when the caller says where the log ends) the last chunk are
-# smaller: the writer thread waits, idle, for the first; the converting
-# thread has nothing left to do while the writer inserts the last.
 FIRST_CHUNK_EVENTS = 50_000
 LAST_CHUNK_EVENTS = 50_000
 # DuckDB's threads while folding frames: its inserts of a chunk gain nothing
@@ -523,9 +508,8 @@ WRITER_THREADS = 1
 
 
 def _chunk_size(previous: int, left: int | None) -> int:
-    """Events for the next chunk, ``left`` events (if known) being left to read:
-    growing from FIRST_CHUNK_EVENTS to CHUNK_EVENTS (the writer then waits
-    less for the second one too)."""
+    """Events for the next chunk (``left``: events left to read, if known),
+    growing from FIRST_CHUNK_EVENTS to CHUNK_EVENTS."""
     size = min(FIRST_CHUNK_EVENTS if not previous else previous * 5 // 2, CHUNK_EVENTS)
     if left is not None and LAST_CHUNK_EVENTS < left < size + LAST_CHUNK_EVENTS:
         size = left - LAST_CHUNK_EVENTS  # so that the last one is LAST_CHUNK_EVENTS

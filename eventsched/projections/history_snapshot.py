@@ -7,16 +7,11 @@ For people who already use DuckDB (or pandas and polars through it)::
     con.sql("SELECT * FROM gpu_hours_daily").df()
     jobs = con.table("jobs")                    # a DuckDBPyRelation
 
-The connection is a private snapshot, not the shared file itself: the model is
-caught up from the log, copied table by table (through Arrow) into a new
-database file in a private temporary folder, and that copy is opened
-``read_only`` and unlinked at once, so it takes no disk space once the
-connection is closed and holds no lock on ``<state-dir>/history.duckdb``. A
-notebook may keep it open for hours without making ``eventsched sql``,
-``metrics`` or the daemon wait, and nothing can write through it (DuckDB
-refuses every write on a read-only database). It shows the history up to the
-event named in ``SELECT seq FROM _position``; call ``history()`` again for
-newer events.
+The connection is a private snapshot, not the shared file: the model is caught
+up, copied table by table into a database file in a private temporary folder,
+opened ``read_only`` and unlinked at once, so it holds no lock on the shared
+file (a notebook may keep it open for hours without making anyone wait) and
+nothing can write through it. Call ``history()`` again for newer events.
 
 Works for anyone who can read the state directory's log (a root daemon's users
 ask ``eventsched sql`` instead, which the daemon answers as them).

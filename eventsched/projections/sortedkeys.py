@@ -1,13 +1,11 @@
 """A sorted list kept in blocks, for the indices that hold one entry per
-queued job or finished run (issue 16): the queue's orders, its groups by
-runtime key, the runtime history.
+queued job or finished run: the queue's orders, its groups by runtime key,
+the runtime history.
 
-A plain list kept sorted with ``bisect.insort`` moves every entry after the
-insertion or removal point: with 50,000 queued jobs, placing the job at the
-head moves the whole list (hundreds of KiB) on every placement. Here an
-insertion or removal moves one block of at most ``2 x LOAD`` entries; finding
-the block is a bisect over the blocks' last keys. Iteration yields the keys in
-order, as the list did. Duplicates are allowed (runtimes repeat).
+A plain sorted list moves every entry after the insertion or removal point
+(the whole queue, when the job at its head is placed). Here an insertion or
+removal moves one block of at most ``2 x LOAD`` entries, found by a bisect
+over the blocks' last keys. Duplicates are allowed (runtimes repeat).
 """
 
 from __future__ import annotations

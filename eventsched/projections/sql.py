@@ -8,6 +8,7 @@ statement the parser let through could not change the read model.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import math
@@ -19,8 +20,7 @@ import duckdb
 
 from eventsched.projections.history import History, HistoryError
 
-__all__ = ["run_sql", "query", "query_typed", "SqlError", "plain_result", "needs_daemon", "check_read_only",
-           "QueryRefused", "format_table", "format_csv", "format_json"]
+__all__ = ["query", "query_typed", "SqlError", "needs_daemon", "check_read_only", "QueryRefused", "harden"]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
@@ -41,13 +41,8 @@ class QueryRefused(Exception):
 
 def _one_line(message: str) -> str:
     """DuckDB's message on one line: drop the caret diagram, keep the hints."""
-    keep = []
-    for line in message.splitlines():
-        text = line.strip()
-        if not text or text.startswith("LINE ") or set(text) <= {"^", " "}:
-            continue
-        keep.append(text)
-    return " ".join(keep)
+    lines = (line.strip() for line in message.splitlines())
+    return " ".join(t for t in lines if t and not t.startswith("LINE ") and not set(t) <= {"^", " "})
 
 
 def _explained(text: str) -> list[str]:
@@ -130,12 +125,8 @@ def check_read_only(sql: str) -> list[str]:
 def harden(con: duckdb.DuckDBPyConnection, *, memory_limit: str | None = None, threads: int | None = None,
            spill: bool = True) -> None:
     """Lock ``con`` down before it runs a user's SQL: no files outside the
-    database already open (read_text, glob, COPY, ATTACH), no extensions
-    installed or loaded, then ``lock_configuration`` so no statement can undo
-    any of it. ``memory_limit``/``threads`` bound it; ``spill=False`` keeps it
-    off the disk altogether. One helper for both the local ``sql`` and the
-    daemon's sandbox (``sql_sandbox``).
-    """
+    database already open, no extensions, then ``lock_configuration`` so no
+    statement can undo it; ``spill=False`` keeps it off the disk altogether."""
     settings: list[str] = []
     if not spill:  # temp_directory may only change while external access is on
         settings += ["SET temp_directory = ''", "SET max_temp_directory_size = '0B'"]
@@ -147,16 +138,10 @@ def harden(con: duckdb.DuckDBPyConnection, *, memory_limit: str | None = None, t
                  "SET enable_progress_bar = false"]
     for statement in settings:
         con.execute(statement)
-    for optional in ("SET allow_community_extensions = false",):
-        try:
-            con.execute(optional)
-        except duckdb.CatalogException:
-            pass  # a setting this DuckDB version does not have
+    with contextlib.suppress(duckdb.CatalogException):  # a setting older DuckDBs lack
+        con.execute("SET allow_community_extensions = false")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
-
-
-# --- formatting ----------------------------------------------------------------
 
 
 def _plain(value: Any) -> Any:
@@ -180,9 +165,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     return value
-
-
-# --- the command -----------------------------------------------------------------
 
 
 class SqlError(Exception):
@@ -235,14 +217,8 @@ def query_typed(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str],
     return columns, rows, types
 
 
-def plain_result(columns: list[str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """A result that crosses the control socket (msgpack-ready values)."""
-    return {"columns": columns, "rows": [[_plain(v) for v in row] for row in rows]}
-
-
 def needs_daemon(state_dir: str | os.PathLike[str]) -> bool:
     """Whether the daemon must answer: this user cannot read the log here (a
-    root daemon's state, or none in this user's default state dir). The
-    daemon reads the log and owns the read model for them."""
+    root daemon's state, or none in this user's default state dir)."""
     log = os.path.join(os.fspath(state_dir), "log")
     return not os.access(log, os.R_OK | os.X_OK)

@@ -18,21 +18,11 @@ they are never read from the source, only produced by the core.
 Fidelity. Replaying a log under the policy that recorded it reproduces its
 placements exactly. Each input carries an ordering key ``(time, class, seq)``:
 recorded inputs use their recorded time and sequence number, so inputs that the
-daemon handled in one batch (one ``now``) keep their recorded order, and a
-process event comes back exactly at its recorded time because its time is
-computed as ``recorded_time + shift`` with ``shift`` exactly 0.0 when the
-placement happened when it was recorded. The daemon records each timer tick
-that decided anything as a ``TimerFired`` fact; the replay ticks at exactly
-those moments (a log from before facts and causes were recorded ticks when the
-core asks instead, so it is replayed faithfully only up to timer latency).
-Stimuli are the events whose ``cause`` is not ``seq:N``: nothing is inferred
-from how events happened to be batched into frames. Recorded
-clocks that stepped backwards are flattened (running maximum) first.
-
-Sources (``load_source``): a state dir or log dir of ours, a plain CSV
-(``traces.load_csv``; needs a machine: ``fake:N[:MIB]``), the Alibaba openb pod
-list (with its node list next to it; see ``alibaba_workload`` for the arrival
-and duration model, since the trace's own times are not a schedule).
+daemon handled in one batch keep their recorded order, and a process event
+comes back exactly at ``recorded_time + shift``, ``shift`` being exactly 0.0
+when the placement happened when it was recorded. The replay ticks exactly at
+the recorded ``TimerFired`` facts (a log from before causes were recorded
+ticks when the core asks instead: faithful only up to timer latency).
 
 Every replay writes its own log (``<out>/log``), so ``open_history(out)`` and
 ``eventsched sql`` work on it as on a real state dir.
@@ -68,9 +58,6 @@ __all__ = ["RECORDED", "ReplayResult", "simulate"]
 RECORDED = "recorded"  # policy name meaning "as the log says, policy changes included"
 SIGTERM = 15
 FLUSH_EVENTS = 65_536  # events per frame of a replay's log (one fdatasync each)
-
-
-# --- the simulator ----------------------------------------------------------------------
 
 
 # job states in which each command still applies
@@ -115,9 +102,7 @@ class _Sim:
         self.launches: dict[int, int] = {}
         self.ordinal_of: dict[int, int] = {}  # replay job id -> submission ordinal
         self.id_of: dict[int, int] = {}  # submission ordinal -> replay job id
-        self.refused = 0
-        self.placements = 0
-        self.estimated = 0
+        self.refused = self.placements = self.estimated = 0
         self.now = 0.0
         self.started_at: float | None = None
         self.notes: list[str] = list(workload.notes)
@@ -369,8 +354,7 @@ class _Sim:
                 self.now = max(self.now, t)
                 self.process(item)
             else:
-                t = stimuli[i][0]
-                item = stimuli[i][3]
+                t, _, _, item = stimuli[i]
                 i += 1
                 if t > -math.inf:
                     self.now = max(self.now, t)
@@ -397,15 +381,8 @@ def _earlier(pending: tuple[float, int, float, int, Any], stimulus: tuple[float,
     return pending[2] < stimulus[2]
 
 
-def simulate(
-    workload: Workload,
-    policy: str,
-    state_dir: str | os.PathLike[str],
-    *,
-    validate: bool = False,
-    settings: dict[str, Any] | None = None,
-    tenants: dict[str, Tenant] | None = None,
-) -> ReplayResult:
+def simulate(workload: Workload, policy: str, state_dir: str | os.PathLike[str], *, validate: bool = False,
+             settings: dict[str, Any] | None = None, tenants: dict[str, Tenant] | None = None) -> ReplayResult:
     """Replay ``workload`` under ``policy`` (``RECORDED`` = as the log says),
     writing its log to ``<state_dir>/log``. ``validate`` checks the state's
     invariants after every step (tests). ``settings`` (scheduler settings by
@@ -419,14 +396,11 @@ def simulate(
         raise ReplayError(f"policy {RECORDED!r} needs a recorded log as the source")
     t0 = time.perf_counter()
     out = Path(state_dir)
-    # the Started of a log replay, under another policy, gets that policy
     if policy == RECORDED and (settings or tenants is not None):
         raise ReplayError(f"policy {RECORDED!r} replays the recording as it was: it takes no what-if settings")
     sim = _Sim(workload, policy, out, validate, settings, tenants)
-    # The cyclic collector's full passes walk every object the replay holds
-    # (the workload, every job, the events not yet written): 4 passes cost
-    # about a fifth of a 100,000-job replay. The fold makes no garbage cycles
-    # worth chasing meanwhile; whatever there is goes at the next pass after.
+    # the cyclic collector's full passes would walk every object the replay
+    # holds, and the fold makes no garbage cycles worth chasing meanwhile
     try:
         with collector.paused():
             sim.run()
@@ -438,41 +412,26 @@ def simulate(
     unfinished = sum(1 for j in st.jobs.values() if j.state not in FINAL)
     notes = list(sim.notes)
     if sim.estimated:
-        notes.append(
-            f"{sim.estimated} jobs never ran in the recording; their runtime is the median recorded runtime "
-            "of the same user's same job (else of all jobs)"
-        )
+        notes.append(f"{sim.estimated} jobs never ran in the recording; their runtime is the median recorded "
+                     "runtime of the same user's same job (else of all jobs)")
     if sim.modelled_launches:
         notes.append(_launch_note(workload))
     if unfinished:
         notes.append(f"{unfinished} jobs had not finished when the inputs ran out")
     if policy == "sjf-backfill" and workload.kind != "log" and len({runtime_key(j.spec) for j in st.jobs.values()}) <= 1:
-        notes.append(
-            "sjf-backfill had no history to predict from: this trace has no users or job names, so every job "
-            "got the same prediction (the mean of all runs so far) and it ordered them by priority and arrival, "
-            "as best-fit does; see sjf-oracle for what a perfect predictor would do"
-        )
+        notes.append("sjf-backfill had no history to predict from: this trace has no users or job names, so every "
+                     "job got the same prediction (the mean of all runs so far) and it ordered them by priority and "
+                     "arrival, as best-fit does; see sjf-oracle for what a perfect predictor would do")
     return ReplayResult(
-        policy=policy if policy != RECORDED else f"{RECORDED} ({workload.recorded_policy})",
-        source=workload.name,
-        state_dir=str(out),
-        jobs=len(st.jobs),
-        events=sim.next_seq - 1,
-        placements=sim.placements,
-        refused=sim.refused,
-        estimated_runtimes=sim.estimated,
-        unfinished=unfinished,
-        sim_start=sim.started_at if sim.started_at is not None else 0.0,
-        sim_end=sim.now,
-        wall_s=time.perf_counter() - t0,
-        notes=notes,
-    )
+        policy=policy if policy != RECORDED else f"{RECORDED} ({workload.recorded_policy})", source=workload.name,
+        state_dir=str(out), jobs=len(st.jobs), events=sim.next_seq - 1, placements=sim.placements,
+        refused=sim.refused, estimated_runtimes=sim.estimated, unfinished=unfinished,
+        sim_start=sim.started_at if sim.started_at is not None else 0.0, sim_end=sim.now,
+        wall_s=time.perf_counter() - t0, notes=notes)
 
 
 def _launch_note(workload: Workload) -> str:
     costs = sorted(a.launch_s for runs in workload.attempts.values() for a in runs if a.launch_s is not None)
     median = costs[len(costs) // 2] if costs else 0.0
-    return (
-        "placement-to-start latency is modelled, estimated from the recording: one launch at a time, each "
-        f"taking the time its job's launch took there (median {1000 * median:.1f} ms); run times as recorded"
-    )
+    return ("placement-to-start latency is modelled, estimated from the recording: one launch at a time, each "
+            f"taking the time its job's launch took there (median {1000 * median:.1f} ms); run times as recorded")

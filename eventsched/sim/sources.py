@@ -82,9 +82,6 @@ class Workload(msgspec.Struct, kw_only=True):
     notes: list[str] = []
 
 
-# --- sources ----------------------------------------------------------------------------
-
-
 def parse_fake_gpus(text: str) -> tuple[int, int]:
     """``fake:N[:MIB]`` -> (N, MIB), as a replay error."""
     try:
@@ -102,8 +99,7 @@ def _log_dir_of(path: Path) -> Path | None:
 
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
-    # A workload is a few objects per job that make no cycles: young
-    # collections would walk them again and again.
+    # a workload's objects make no cycles: young collections would only rescan them
     with collector.paused():
         return _load(source, gpus=gpus, seed=seed, nodes=nodes)
 
@@ -119,11 +115,7 @@ def _load(source: str | os.PathLike[str], *, gpus: str | None, seed: int, nodes:
         raise ReplayError(f"{path}: no such file or directory")
     try:
         with open(path, encoding="utf-8") as f:
-            head = ""
-            for line in f:
-                if line.strip() and not line.lstrip().startswith("#"):
-                    head = line
-                    break
+            head = next((line for line in f if line.strip() and not line.lstrip().startswith("#")), "")
     except (OSError, UnicodeDecodeError) as e:
         raise ReplayError(f"{path}: cannot read: {e}") from None
     columns = {c.strip() for c in head.split(",")}
@@ -146,18 +138,14 @@ def _load(source: str | os.PathLike[str], *, gpus: str | None, seed: int, nodes:
     )
 
 
-def _started_message(
-    node: str, gpus: list[GpuInfo], config: SchedulerConfig, backend: str, pid: int = 0, version: str = __version__
-) -> Started:
+def _started_message(node: str, gpus: list[GpuInfo], config: SchedulerConfig, backend: str, pid: int = 0,
+                     version: str = __version__) -> Started:
     return Started(node=node, pid=pid, version=version, gpu_backend=backend, gpus=gpus, config=config)
 
 
 def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
     config = settings_from_dict(dict(e.config), node=e.node)
     return msgspec.structs.replace(config, policy=e.policy or config.policy)
-
-
-# Events an operator's command leaves, one per job named (cancel, hold, release).
 
 
 _COMMANDS = {"cancel": Cancel, "hold": Hold, "release": Release}
@@ -172,12 +160,7 @@ def _legacy_command(e: ev.Event) -> bool:
 
 
 def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
-    """Read a recorded log into stimuli and per-job attempts.
-
-    A stimulus is an event whose ``cause`` is not ``seq:N`` (``events.is_stimulus``):
-    what a user, a process, a GPU or the clock did. Decisions name the stimulus
-    that caused them and are never read back as inputs, only compared.
-    """
+    """Read a recorded log into stimuli and per-job attempts (see the module docstring)."""
     try:
         events = [e for batch in eventlog.read_batches(log_dir) for e in batch]
     except eventlog.LogError as err:
@@ -201,10 +184,10 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         nonlocal node_up
         if node_up is not None:
             t, seq, e, infos = node_up
-            joined = isinstance(e, ev.NodeJoined)
+            joined = e if isinstance(e, ev.NodeJoined) else None
             stimuli.append((t, _REC, float(seq), NodeUp(
-                node=e.node, gpus=infos, ray_node=e.ray_node if isinstance(e, ev.NodeJoined) else "",
-                gpu_backend=e.gpu_backend if isinstance(e, ev.NodeJoined) else "", restarted=not joined)))
+                node=e.node, gpus=infos, ray_node=joined.ray_node if joined else "",
+                gpu_backend=joined.gpu_backend if joined else "", restarted=joined is None)))
             node_up = None
 
     def flush_start() -> None:
@@ -222,10 +205,9 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         seq = e.seq
         stimulus = ev.is_stimulus(e)
         if isinstance(e, ev.GpuDiscovered):  # part of the DaemonStarted (or NodeJoined) before it
-            if start is not None:
-                start[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
-            elif node_up is not None:
-                node_up[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
+            owner = start or node_up
+            if owner is not None:
+                owner[3].append(GpuInfo(gpu=e.gpu, uuid=e.uuid, model=e.model, memory_total_mib=e.memory_total_mib))
             continue
         if isinstance(e, ev.PolicyChanged) and e.by == "config":
             continue  # recorded by the core itself when a restart brings another policy
@@ -350,18 +332,11 @@ def _attempt(attempts: dict[int, list[dict[str, Any]]], job: int) -> dict[str, A
     return runs[-1]
 
 
-def trace_workload(
-    name: str,
-    kind: str,
-    jobs: Sequence[Any],
-    machine: list[tuple[str, list[GpuInfo]]],
-    backend: str,
-    notes: Iterable[str] = (),
-) -> Workload:
+def trace_workload(name: str, kind: str, jobs: Sequence[Any], machine: list[tuple[str, list[GpuInfo]]], backend: str,
+                   notes: Iterable[str] = ()) -> Workload:
     """Stimuli for a list of ``traces.TraceJob`` on a machine of (node, GPUs)."""
-    stimuli: list[tuple[float, int, float, Any]] = []
-    for k, (node, infos) in enumerate(machine):
-        stimuli.append((-math.inf, _REC, float(k), ("start", node, infos, backend)))
+    stimuli: list[tuple[float, int, float, Any]] = [
+        (-math.inf, _REC, float(k), ("start", node, infos, backend)) for k, (node, infos) in enumerate(machine)]
     attempts: dict[int, list[Attempt]] = {}
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].submit_time, i))
     for n, i in enumerate(order, start=1):
@@ -378,9 +353,8 @@ def trace_workload(
 
 
 def _trace_submit(spec: ev.JobSpec) -> Submit:
-    """A trace row's submission, its spec normalised once here rather than
-    at every replay of the workload (one per policy compared); a row with a
-    value of no valid type is left for the core to refuse, as before."""
+    """A trace row's submission, normalised once here rather than at every
+    replay; a row with a value of no valid type is left for the core to refuse."""
     try:
         return Submit(spec=ev.normalise_spec(spec), by="trace", normalised=True)
     except (msgspec.ValidationError, TypeError):
@@ -399,8 +373,7 @@ def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int
     machine = [(name, [GpuInfo(gpu=i, uuid=f"fake-{name}-{i}" if nodes > 1 else f"fake-{i}", model="fake",
                                memory_total_mib=mib) for i in range(n_gpus)]) for name in names]
     notes = []
-    too_big = sum(1 for j in jobs if j.gpus > n_gpus or j.gpu_mem_mib > mib)
-    if too_big:
+    if too_big := sum(1 for j in jobs if j.gpus > n_gpus or j.gpu_mem_mib > mib):
         where = f"fake:{n_gpus}:{mib}" + (" (a job's GPUs are all on one node)" if nodes > 1 else "")
         notes.append(f"{too_big} jobs ask for more than {where} has; they never run")
     return trace_workload(str(path), "csv", jobs, machine, f"fake:{n_gpus}:{mib}", notes)
@@ -443,13 +416,9 @@ def alibaba_workload(
 
     pods, nodes = load_alibaba(pod_csv, node_csv)
     finished = sorted(
-        float(p.deletion_time - p.creation_time)
-        for p in pods
+        float(p.deletion_time - p.creation_time) for p in pods
         if p.pod_phase in ("Succeeded", "Failed") and p.creation_time is not None and p.deletion_time is not None
-        and p.deletion_time > p.creation_time
-    )
-    if not finished:
-        finished = [3600.0]
+        and p.deletion_time > p.creation_time) or [3600.0]
     rng = random.Random(seed)
     if node_share < 1.0:
         shapes: dict[tuple[str, int], list[AlibabaNode]] = {}
@@ -473,12 +442,9 @@ def alibaba_workload(
     for p, d, g in zip(gpu_pods, durations, demand):
         jobs.append(TraceJob(submit_time=round(t, 3), duration=round(d, 3), gpus=g, user=p.qos))
         t += rng.expovariate(1.0 / mean_gap) if mean_gap > 0 else 0.0
-    machine = []
-    for node in nodes:
-        mib = _MODEL_MIB.get(node.model, 32_768)
-        machine.append((node.name, [
-            GpuInfo(gpu=i, uuid=f"{node.name}-{i}", model=node.model, memory_total_mib=mib) for i in range(node.gpus)
-        ]))
+    machine = [(node.name, [GpuInfo(gpu=i, uuid=f"{node.name}-{i}", model=node.model,
+                                    memory_total_mib=_MODEL_MIB.get(node.model, 32_768)) for i in range(node.gpus)])
+               for node in nodes]
     notes = [
         f"Alibaba openb: {len(gpu_pods)} GPU pods of {len(pods)} (CPU-only ones left out) "
         f"on a seeded {node_share:.3g} sample of the nodes: {len(nodes)} nodes / {capacity} GPUs",

@@ -38,7 +38,7 @@ from typing import TypeVar
 import msgspec
 
 __all__ = ["TraceError", "AlibabaPod", "AlibabaNode", "TraceJob", "load_alibaba", "load_alibaba_pods",
-           "load_alibaba_nodes", "load_csv", "alibaba_jobs"]
+           "load_alibaba_nodes", "load_csv"]
 
 
 class TraceError(ValueError):
@@ -93,23 +93,17 @@ def _rows(path: str | os.PathLike[str], required: tuple[str, ...]) -> Iterator[t
         header: list[str] | None = None
         for fields in reader:
             lineno = reader.line_num
-            if not fields or (len(fields) == 1 and not fields[0].strip()):
-                continue
-            if fields[0].lstrip().startswith("#"):
+            if not fields or (len(fields) == 1 and not fields[0].strip()) or fields[0].lstrip().startswith("#"):
                 continue
             if header is None:
                 header = [h.strip() for h in fields]
                 missing = [c for c in required if c not in header]
                 if missing:
-                    raise TraceError(
-                        f"{path}:{lineno}: header must name {', '.join(required)};"
-                        f" missing {', '.join(missing)} (got {','.join(header)})"
-                    )
+                    raise TraceError(f"{path}:{lineno}: header must name {', '.join(required)};"
+                                     f" missing {', '.join(missing)} (got {','.join(header)})")
                 continue
             if len(fields) != len(header):
-                raise TraceError(
-                    f"{path}:{lineno}: expected {len(header)} fields, got {len(fields)}"
-                )
+                raise TraceError(f"{path}:{lineno}: expected {len(header)} fields, got {len(fields)}")
             yield lineno, {h: v.strip() for h, v in zip(header, fields)}
         if header is None:
             raise TraceError(f"{path}: empty file (a header line is required)")
@@ -137,8 +131,6 @@ def _opt_int(raw: str) -> int | None:
     return None if raw == "" else int(raw)
 
 
-# --- Alibaba openb ---------------------------------------------------------
-
 _POD_COLS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 _NODE_COLS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
@@ -153,21 +145,13 @@ def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
             raise TraceError(f"{pod_csv}:{n}: gpu_milli must be > 0 when num_gpu is {k}")
         if k == 0:
             g = 0  # a CPU-only pod has no GPU share, whatever the column says
-        times = {}
-        for col in ("creation_time", "deletion_time", "scheduled_time"):
-            times[col] = _field(pod_csv, n, r, col, _opt_int) if col in r else None
-        spec = r.get("gpu_spec", "")
+        times = {col: _field(pod_csv, n, r, col, _opt_int) if col in r else None
+                 for col in ("creation_time", "deletion_time", "scheduled_time")}
         pods.append(AlibabaPod(
-            name=r["name"],
-            cpu_milli=_field(pod_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
-            memory_mib=_field(pod_csv, n, r, "memory_mib", int, nonneg, ">= 0"),
-            num_gpu=k,
-            gpu_milli=g,
-            gpu_spec=tuple(s for s in spec.split("|") if s),
-            qos=r.get("qos", ""),
-            pod_phase=r.get("pod_phase", r.get("pod_phrase", "")),
-            **times,
-        ))
+            name=r["name"], cpu_milli=_field(pod_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
+            memory_mib=_field(pod_csv, n, r, "memory_mib", int, nonneg, ">= 0"), num_gpu=k, gpu_milli=g,
+            gpu_spec=tuple(s for s in r.get("gpu_spec", "").split("|") if s), qos=r.get("qos", ""),
+            pod_phase=r.get("pod_phase", r.get("pod_phrase", "")), **times))
     return pods
 
 
@@ -177,48 +161,16 @@ def load_alibaba_nodes(node_csv: str | os.PathLike[str]) -> list[AlibabaNode]:
         nonneg = lambda v: v >= 0  # noqa: E731
         gpus = _field(node_csv, n, r, "gpu", int, lambda v: 0 <= v <= 64, "in 0..64")
         nodes.append(AlibabaNode(
-            name=r["sn"],
-            cpu_milli=_field(node_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
-            memory_mib=_field(node_csv, n, r, "memory_mib", int, nonneg, ">= 0"),
-            gpus=gpus,
-            model=r["model"],
-        ))
+            name=r["sn"], cpu_milli=_field(node_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
+            memory_mib=_field(node_csv, n, r, "memory_mib", int, nonneg, ">= 0"), gpus=gpus, model=r["model"]))
     return nodes
 
 
-def load_alibaba(
-    pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str]
-) -> tuple[list[AlibabaPod], list[AlibabaNode]]:
+def load_alibaba(pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str]
+                 ) -> tuple[list[AlibabaPod], list[AlibabaNode]]:
     """Read an openb pod list and node list. Raises TraceError on a bad row."""
     return load_alibaba_pods(pod_csv), load_alibaba_nodes(node_csv)
 
-
-def alibaba_jobs(pods: list[AlibabaPod]) -> list[TraceJob]:
-    """Pods as replayable jobs, for a dynamic replay.
-
-    Caveat (README of the trace): deletion_time is censored for Running and
-    Pending pods, so durations are unreliable; pods without a creation or
-    deletion time are skipped. submit_time is relative to the earliest pod.
-    """
-    timed = [p for p in pods if p.creation_time is not None and p.deletion_time is not None]
-    t0 = min((p.creation_time or 0 for p in timed), default=0)
-    jobs = []
-    for p in timed:
-        assert p.creation_time is not None and p.deletion_time is not None
-        dur = float(p.deletion_time - p.creation_time)
-        if dur <= 0:
-            continue
-        if p.num_gpu == 0:
-            gpus = 0.0
-        elif p.num_gpu == 1 and p.gpu_milli < 1000:
-            gpus = p.gpu_milli / 1000.0
-        else:
-            gpus = float(p.num_gpu)
-        jobs.append(TraceJob(submit_time=float(p.creation_time - t0), duration=dur, gpus=gpus))
-    return jobs
-
-
-# --- plain CSV --------------------------------------------------------------
 
 def _gpus_ok(v: float) -> bool:
     return v == 0 or 0 < v < 1 or (v >= 1 and v == int(v))
@@ -231,11 +183,8 @@ def load_csv(path: str | os.PathLike[str]) -> list[TraceJob]:
         jobs.append(TraceJob(
             submit_time=_field(path, n, r, "submit_time", float, lambda v: v >= 0, ">= 0"),
             duration=_field(path, n, r, "duration", float, lambda v: v > 0, "> 0"),
-            gpus=_field(path, n, r, "gpus", float, _gpus_ok,
-                        "0, a share in (0, 1) or a whole number of GPUs"),
+            gpus=_field(path, n, r, "gpus", float, _gpus_ok, "0, a share in (0, 1) or a whole number of GPUs"),
             gpu_mem_mib=_field(path, n, r, "gpu_mem", int, lambda v: v >= 0, ">= 0", default=0),
-            user=r.get("user", ""),
-            priority=_field(path, n, r, "priority", int, default=0),
-            tenant=r.get("tenant", ""),
-        ))
+            user=r.get("user", ""), priority=_field(path, n, r, "priority", int, default=0),
+            tenant=r.get("tenant", "")))
     return jobs

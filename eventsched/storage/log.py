@@ -20,10 +20,9 @@ then frames, each a 24-byte header and a msgpack payload (``events.encode_many``
 A segment is written ahead of its frames with zeros (``PREALLOCATE`` bytes at a
 time) and cut to its last frame when it is sealed. A commit then overwrites
 blocks the file already has, so its ``fdatasync`` writes the data and nothing
-about the inode: on ext4 that halves a commit (bench/bench_log.py). A frame
-header of 24 zero bytes is therefore *unwritten space*, the end of what the
-writer has committed, not damage; zeros followed by anything else are a torn
-write like any other.
+about the inode. A frame header of 24 zero bytes is therefore *unwritten
+space*, the end of what the writer has committed, not damage; zeros followed
+by anything else are a torn write like any other.
 
 The checksum is ``zlib.crc32`` of header bytes 4..24 and the payload, seeded with
 the segment's random salt. crc32c is not in the standard library; zlib's crc32
@@ -52,6 +51,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import itertools
 import os
 import re
 import secrets
@@ -102,8 +102,6 @@ LOCK_NAME = "LOCK"
 VERIFIED_NAME = "verified"
 
 
-# --- errors ---------------------------------------------------------------
-
 
 class LogError(Exception):
     """Base of log errors; ``str()`` is a one-line message for a user."""
@@ -146,8 +144,6 @@ class RecoveryReport(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     next_seq: int  # the sequence the next append gets
 
-
-# --- segment files ----------------------------------------------------------
 
 
 class Segment(msgspec.Struct, frozen=True):
@@ -196,13 +192,9 @@ def segments(directory: str | os.PathLike[str]) -> list[Segment]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    found = []
-    for name in names:
-        m = _SEGMENT_RE.match(name)
-        if m:
-            found.append(Segment(os.path.join(os.fspath(directory), name), int(m.group(1))))
-    found.sort(key=lambda s: s.first_seq)
-    return found
+    d = os.fspath(directory)
+    return sorted((Segment(os.path.join(d, n), int(n[:20])) for n in names if _SEGMENT_RE.match(n)),
+                  key=lambda s: s.first_seq)
 
 
 def _segment_header(salt: int, first_seq: int) -> bytes:
@@ -233,8 +225,6 @@ def _frame_bytes(salt: int, first_seq: int, count: int, payload: bytes) -> bytes
     crc = zlib.crc32(payload, zlib.crc32(rest, salt))
     return struct.pack("<I", crc) + rest + payload
 
-
-# --- scanning -------------------------------------------------------------
 
 
 class SegmentScan:
@@ -410,25 +400,34 @@ def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
         ) from None
 
 
-# --- the writer -------------------------------------------------------------
-
-
-def keep_aside(path: str, offset: int, data: bytes, ops: FileOps = PLAIN) -> str:
-    """Write ``data`` (bytes cut from ``path`` at ``offset``) to a file next to it."""
+def cut_aside(directory: str, path: str, offset: int, data: bytes, ops: FileOps = PLAIN) -> str:
+    """Cut ``path`` at ``offset`` durably, ``data`` (the bytes cut) first kept
+    in a file next to it, whose name is returned."""
     target = f"{path}.torn-{offset}"
     n = 1
     while os.path.exists(target):
         target = f"{path}.torn-{offset}.{n}"
         n += 1
-    fd = ops.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    ops.write_new(target, data)
+    ops.fsync_dir(directory)  # the kept bytes' name is on disk before the cut can be
+    fd = ops.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[ops.write(fd, view) :]
-        ops.fsync(fd)
+        ops.ftruncate(fd, offset)
+        ops.fsync(fd)  # the cut must be durable before anything is appended
     finally:
         ops.close(fd)
     return target
+
+
+def try_lock(lock_path: str) -> int | None:
+    """The log's lock file, flock'ed (None: another process holds it); OSError if it cannot be opened."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def lock_holder(lock_path: str) -> str:
@@ -441,14 +440,13 @@ def lock_holder(lock_path: str) -> str:
 
 
 class LogWriter:
-    """The one appender of a log directory.
+    """The one appender of a log directory; not thread-safe.
 
-    Not thread-safe: one task (the engine) appends. ``append`` writes a batch
-    as one frame with one ``write`` and one
+    ``append`` writes a batch as one frame with one ``write`` and one
     ``fdatasync`` (group commit) and returns once it is durable. ``_pwrite`` and
-    ``_fdatasync`` are the only system calls on the write path, kept as
-    attributes so that tests can inject ENOSPC and EIO; ``_fault`` is called
-    at each step of rotation so that tests can crash there.
+    ``_fdatasync`` are the only system calls on the write path, attributes so
+    that tests can inject ENOSPC and EIO; ``_fault`` is called at each step of
+    rotation so that tests can crash there.
     """
 
     _pwrite: Callable[[int, bytes | memoryview, int], int] = staticmethod(os.pwrite)  # type: ignore[assignment]
@@ -503,16 +501,12 @@ class LogWriter:
     def _lock(self) -> None:
         lock_path = os.path.join(self.directory, LOCK_NAME)
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = try_lock(lock_path)
         except OSError as e:
             raise LogError(f"cannot open {lock_path}: {e.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise LogLockedError(
-                f"log {self.directory} is locked by pid {lock_holder(lock_path)} (another writer is running)"
-            ) from None
+        if fd is None:
+            raise LogLockedError(f"log {self.directory} is locked by pid {lock_holder(lock_path)} "
+                                 "(another writer is running)")
         with contextlib.suppress(OSError):  # the pid is only for the message a second writer prints
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -576,16 +570,8 @@ class LogWriter:
         self._end, self._next_seq, self._allocated = end, next_seq, allocated
 
     def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
-        ops = self._ops
-        kept = keep_aside(path, offset, cut, ops)
-        ops.fsync_dir(self.directory)  # the kept bytes' name is on disk before the cut can be
-        fd = ops.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            ops.ftruncate(fd, offset)
-            ops.fsync(fd)  # the cut must be durable before anything is appended
-        finally:
-            ops.close(fd)
-        ops.fsync_dir(self.directory)
+        kept = cut_aside(self.directory, path, offset, cut, self._ops)
+        self._ops.fsync_dir(self.directory)
         self.recovered = RecoveryReport(
             segment=path, offset=offset, bytes_cut=len(cut), kept_at=kept, reason=reason, next_seq=next_seq
         )
@@ -644,11 +630,6 @@ class LogWriter:
     def next_seq(self) -> int:
         """The sequence number the next appended event gets."""
         return self._next_seq
-
-    @property
-    def path(self) -> str:
-        """The segment being appended to."""
-        return self._path
 
     def append(self, events: Sequence[Event]) -> int:
         """Append a batch durably (one write, one fdatasync); return its last seq."""
@@ -742,7 +723,7 @@ class LogWriter:
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise LogFatalError(f"{self._dead}; the log writer has stopped, restart to recover")
+            raise self._die(self._dead)
         if self._fd < 0:
             raise LogError(f"log {self.directory} is closed")
 
@@ -786,8 +767,6 @@ class LogWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-# --- reading ----------------------------------------------------------------
 
 
 class _Cursor:
@@ -882,17 +861,14 @@ def read_batches(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterat
 
 
 def read_frames(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Frame]:
-    """``read_batches`` before decoding: the frames holding events from
-    ``from_seq`` on (the first may start before it), for a reader that decodes
-    them itself (the history fold); ``decode_frame`` decodes one as
-    ``read_batches`` would."""
+    """``read_batches`` before decoding (the first frame may start before
+    ``from_seq``); ``decode_frame`` decodes one as ``read_batches`` would."""
     return _Cursor(os.fspath(directory), from_seq).frames()
 
 
 def read(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Event]:
     """The events from ``from_seq`` on, in order, streaming."""
-    for batch in read_batches(directory, from_seq):
-        yield from batch
+    return itertools.chain.from_iterable(read_batches(directory, from_seq))
 
 
 def last_seq(directory: str | os.PathLike[str]) -> int:
@@ -905,8 +881,6 @@ def last_seq(directory: str | os.PathLike[str]) -> int:
             raise LogCorruptError(segs[-1].path, 0, scan.problem or "bad segment header")
         return scan.run().next_seq - 1
 
-
-# --- tailing ----------------------------------------------------------------
 
 _IN_MODIFY = 0x002
 _IN_CLOSE_WRITE = 0x008
@@ -953,7 +927,6 @@ class _Waiter:
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
-            self.fd = -1
 
 
 def follow(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import os
 import re
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 import msgspec
@@ -92,7 +92,7 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
         if problem is not None:
             found.segment, found.offset, found.problem = seg.path, offset, problem
             found.later = [s.path for s in segs[i + 1 :]]
-            return found
+            break
     return found
 
 
@@ -110,16 +110,12 @@ def verify(directory: str | os.PathLike[str]) -> int:
         _err(f"no log segments in {d}")
         return 1
     if found.problem:
+        where = f"segment {found.segment} at byte {found.offset}: {found.problem}"
         if found.torn_tail:
-            _err(
-                f"torn tail: segment {found.segment} at byte {found.offset}: {found.problem}; "
-                f"events up to {found.last_seq} are sound; the writer cuts this tail when it next opens the log"
-            )
+            _err(f"torn tail: {where}; events up to {found.last_seq} are sound; "
+                 "the writer cuts this tail when it next opens the log")
         else:
-            _err(
-                f"damaged: segment {found.segment} at byte {found.offset}: {found.problem}; "
-                f"run `eventsched log repair {d}` to cut the log there (the cut part is kept aside)"
-            )
+            _err(f"damaged: {where}; run `eventsched log repair {d}` to cut the log there (the cut part is kept aside)")
         return 1
     print(f"ok: {d}: {found.segments} segment(s), events 1..{found.last_seq}, {found.size} bytes")
     return 0
@@ -147,12 +143,10 @@ def dump(directory: str | os.PathLike[str], json: bool = False, from_seq: int = 
         return code
     stream = out if out is not None else sys.stdout
     encoder = msgspec.json.Encoder()
+    line: Callable[[Event], str] = (lambda e: encoder.encode(e).decode()) if json else format_event
     try:
         for batch in L.read_batches(d, max(1, from_seq)):
-            if json:
-                stream.write("".join(encoder.encode(e).decode() + "\n" for e in batch))
-            else:
-                stream.write("".join(format_event(e) + "\n" for e in batch))
+            stream.write("".join(line(e) + "\n" for e in batch))
         stream.flush()
     except BrokenPipeError:
         # `dump | head`: the reader left; not an error. Keep Python's exit-time flush quiet.
@@ -171,13 +165,8 @@ def dump(directory: str | os.PathLike[str], json: bool = False, from_seq: int = 
 
 def _lock(d: str) -> int | str:
     path = os.path.join(d, L.LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return L.lock_holder(path)
-    return fd
+    fd = L.try_lock(path)
+    return L.lock_holder(path) if fd is None else fd
 
 
 def repair(directory: str | os.PathLike[str], ops: FileOps = PLAIN) -> int:
@@ -210,22 +199,11 @@ def repair(directory: str | os.PathLike[str], ops: FileOps = PLAIN) -> int:
             ops.rename(seg, kept)
             print(f"moved {seg} aside to {kept}: {found.problem}")
         else:
-            size = os.path.getsize(seg)
             with open(seg, "rb") as f:
                 f.seek(found.offset)
                 data = f.read()
-            kept = L.keep_aside(seg, found.offset, data, ops)
-            ops.fsync_dir(d)  # the kept bytes' name is on disk before the cut can be
-            fd = ops.open(seg, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                ops.ftruncate(fd, found.offset)
-                ops.fsync(fd)
-            finally:
-                ops.close(fd)
-            print(
-                f"cut {seg} at byte {found.offset} ({found.problem}); "
-                f"{size - found.offset} bytes kept in {kept}"
-            )
+            kept = L.cut_aside(d, seg, found.offset, data, ops)
+            print(f"cut {seg} at byte {found.offset} ({found.problem}); {len(data)} bytes kept in {kept}")
         for later in found.later:
             ops.rename(later, f"{later}.torn-0")
             print(f"moved later segment {later} aside to {later}.torn-0")

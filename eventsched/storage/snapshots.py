@@ -64,14 +64,7 @@ def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes, *, ops:
     final = d / _name(seq)
     tmp = d / (final.name + ".tmp")
     _unlink(ops, tmp)  # a leftover with another mode; O_EXCL below
-    fd = ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(HEADER.pack(MAGIC, zlib.crc32(data), len(data)) + data)
-        while view:
-            view = view[ops.write(fd, view) :]
-        ops.fsync(fd)
-    finally:
-        ops.close(fd)
+    ops.write_new(tmp, HEADER.pack(MAGIC, zlib.crc32(data), len(data)) + data)
     ops.replace(tmp, final)
     ops.fsync_dir(d)
     prune(d, ops=ops)
