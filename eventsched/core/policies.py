@@ -19,7 +19,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from eventsched.core.fgd import NodeFragments
 from eventsched.core.records import Placement
@@ -40,25 +40,19 @@ REPLAY_ONLY = {"sjf-oracle": "it knows each job's true duration, which only a re
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
 
 
-class Policy(Protocol):
-    def __call__(self, state: ClusterState, now: float) -> list[Placement]: ...
+Policy = Callable[[ClusterState, float], list[Placement]]
 
 
 class View:
-    """Free capacity of the usable GPUs during one decision.
-
-    Placements taken in the decision are subtracted here, so one decision
-    never over-commits; the state itself changes only when the core applies
-    the resulting JobPlaced events.
-    """
+    """Free capacity of the usable GPUs during one decision: its placements
+    are subtracted here, so it never over-commits; the state itself changes
+    only when the core applies the resulting JobPlaced events."""
 
     def __init__(self, cap: Capacity, default_node: str, free: list[int] | None = None,
                  mem: list[int] | None = None) -> None:
-        self.cap = cap
-        self.default_node = default_node
+        self.cap, self.default_node = cap, default_node
         # shared, never changed here
-        self.node, self.id, self.index = cap.node, cap.id, cap.index
-        self.nodes, self.node_idx = cap.nodes, cap.node_idx
+        self.node, self.id, self.index, self.node_idx = cap.node, cap.id, cap.index, cap.node_idx
         # copied: the decision subtracts its own placements
         self.free = list(cap.free) if free is None else free
         self.mem = list(cap.mem) if mem is None else mem
@@ -80,20 +74,13 @@ class View:
 
     def max_free(self) -> int:
         if self.max_known < 0:
-            free = self.free
-            self.max_known = _max_of(free)
+            self.max_known = _max_of(self.free)
         return self.max_known
 
     def most_whole(self) -> int:
         """The most all-free GPUs on one node."""
         if self.whole_known < 0:
-            free, most = self.free, 0
-            if len(self.node_idx) == 1:
-                most = _count_at(free, 0, len(free), FULL)
-            else:
-                for lo, hi, n in _node_counts(self):
-                    most = max(most, n)
-            self.whole_known = most
+            self.whole_known = max([n for _, _, n in _node_counts(self)], default=0)
         return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
@@ -160,13 +147,8 @@ class View:
     def placement(self, job: Job, idxs: list[int]) -> Placement:
         if not idxs:
             return Placement(job=job.id, node=job.spec.node or self.default_node, gpu_ids=[], share=0.0, mem=0)
-        return Placement(
-            job=job.id,
-            node=self.node[idxs[0]],
-            gpu_ids=[self.id[i] for i in idxs],
-            share=job.milli / FULL,
-            mem=job.spec.gpu_mem_mib,
-        )
+        return Placement(job=job.id, node=self.node[idxs[0]], gpu_ids=[self.id[i] for i in idxs],
+                         share=job.milli / FULL, mem=job.spec.gpu_mem_mib)
 
 
 # A chooser picks GPU indices for a job on a view (None: it does not fit now).
@@ -202,7 +184,7 @@ def first_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> li
 
 
 def best_fit(view: View, job: Job, exclude: frozenset[int] = frozenset()) -> list[int] | None:
-    """Fractional jobs go where the least share remains after them (F5)."""
+    """Fractional jobs go where the least share remains after them."""
     if job.count == 0:
         return []
     if not exclude and _plain(job):
@@ -227,10 +209,9 @@ def _plain(job: Job) -> bool:
 
 
 # The scans of a view's free shares below are plain loops: compiled (mypyc),
-# a loop over a list[int] compares unboxed ints and calls nothing, 3-4x
-# faster than list.index, list.count, max() or sorted(set()) over 64 GPUs,
-# whose calls and rich comparisons cost more than the loop (the pure-Python
-# build pays the other way round).
+# a loop over a list[int] compares unboxed ints and calls nothing, faster than
+# list.index, list.count, max() or sorted(set()), whose calls and rich
+# comparisons cost more than the loop (the pure-Python build pays the other way round).
 
 
 def _all_at(free: list[int], value: int) -> list[int]:
@@ -316,14 +297,9 @@ def _eligible(state: ClusterState, job: Job, now: float) -> bool:
     return True
 
 
-def _slots(state: ClusterState) -> int:
-    limit = state.config.max_running
-    return limit - len(state.running) if limit > 0 else 1 << 62
-
-
 class Limits:
     """Tenants' quotas and arrays' caps (%K) during one decision: what each
-    tenant may still start, less what this decision has placed (F12).
+    tenant may still start, less what this decision has placed.
 
     Quotas are ceilings on what runs at once; a tenant with no quota set
     for a resource has none on it.
@@ -337,18 +313,13 @@ class Limits:
     def _tenant_left(self, tenant: str) -> list[int] | None:
         if tenant in self.left:
             return self.left[tenant]
-        quota = self.state.tenants.get(tenant)
-        if quota is None:
-            left = None
-        else:
-            usage = self.state.usage.get(tenant)
+        quota, usage, big = self.state.tenants.get(tenant), self.state.usage.get(tenant), 1 << 62
+        left = None
+        if quota is not None:
             milli, mem, jobs = usage.held() if usage is not None else (0, 0, 0)
-            big = 1 << 62
-            left = [
-                big if quota.gpus is None else round(quota.gpus * FULL) - milli,
-                big if quota.gpu_mem_mib is None else quota.gpu_mem_mib - mem,
-                big if quota.jobs is None else quota.jobs - jobs,
-            ]
+            left = [big if quota.gpus is None else round(quota.gpus * FULL) - milli,
+                    big if quota.gpu_mem_mib is None else quota.gpu_mem_mib - mem,
+                    big if quota.jobs is None else quota.jobs - jobs]
         self.left[tenant] = left
         return left
 
@@ -449,7 +420,8 @@ def _fitting_shapes(state: ClusterState, view: View) -> set[tuple[Any, ...]]:
 def _room(state: ClusterState) -> tuple[View, int, int] | None:
     """Free capacity (view, job slots, smallest queued share), or None when
     no queued job can start: no slot left, or no GPU has the smallest share."""
-    slots = _slots(state)
+    limit = state.config.max_running
+    slots = limit - len(state.running) if limit > 0 else 1 << 62
     if slots <= 0:
         return None
     cap = state.capacity
@@ -459,31 +431,33 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     return View(cap, state.node), slots, smallest
 
 
+def _start(state: ClusterState) -> tuple[View, int, int, set[tuple[Any, ...]], Limits] | None:
+    """``_room``, the shapes that fit in it, and the quotas; None when nothing can start."""
+    room = _room(state)
+    if room is None:
+        return None
+    view, slots, smallest = room
+    live = _fitting_shapes(state, view)
+    return (view, slots, smallest, live, Limits(state)) if live else None
+
+
 def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
-    """Place jobs in priority order while capacity lasts; a job that does not
-    fit is skipped, a job over its tenant's quota or its array's cap too.
+    """Place jobs in priority order while capacity lasts, skipping those that
+    do not fit or are over a quota or array cap (with ``fair_share``, each
+    tenant's fair-share factor is added to its jobs' scores).
 
     Only shapes that fit at the start are tried, and a shape that fails is
     dropped for the rest of the decision (capacity only shrinks within it).
-    The jobs of the live shapes come from their own queues, merged by their
-    heads, so the cost grows with the shapes and the jobs placed, not with
-    the jobs waiting behind shapes that do not fit. With ``fair_share`` each
-    tenant's fair-share factor is added to its jobs' scores.
-
-    A gang job at the head that cannot start gets its GPUs reserved (when
-    ``reserve_for_gang``): a later job may use them only if it is predicted
-    to end before the head could start (``_Reservation``).
-    """
-    room = _room(state)
-    if room is None:
+    The live shapes' own queues are merged by their heads, so the cost grows
+    with the shapes and the jobs placed, not with the jobs waiting behind
+    shapes that do not fit. A blocked gang at the head may get GPUs reserved
+    (``_Reservation``)."""
+    start = _start(state)
+    if start is None:  # nothing can start: no placement for a reservation to guard
         return []
-    view, slots, smallest = room
-    limits = Limits(state)
+    view, slots, smallest, live, limits = start
     offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
-    live = _fitting_shapes(state, view)
-    if not live:  # nothing can start: no placement for a reservation to guard
-        return []
     # (head's (aged -priority - fair share, order, id), its position, shape):
     # keys are unique, so neither position nor shape is ever compared
     lanes = {s: iter(queues[s]) for s in live}  # read in order, never by position
@@ -508,14 +482,18 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
                 if idxs is None:  # this shape fits only on the held GPUs: not searched deeper
                     heapq.heappop(heap)  # (a later job of it with a shorter prediction waits too)
                     continue
-            view.take(idxs, job.milli, job.spec.gpu_mem_mib)
-            limits.take(job)
-            out.append(view.placement(job, idxs))
-            slots -= 1
-            if slots == 0 or (smallest > 0 and view.max_free() < smallest):
+            if _place(view, limits, out, job, idxs, slots, smallest):
                 break
         _advance(heap, lanes[shape], pos, shape, offsets)
     return out
+
+
+def _place(view: View, limits: Limits, out: list[Placement], job: Job, idxs: list[int], slots: int, smallest: int) -> bool:
+    """Place ``job`` on ``idxs``; True when nothing more can start in this decision."""
+    view.take(idxs, job.milli, job.spec.gpu_mem_mib)
+    limits.take(job)
+    out.append(view.placement(job, idxs))
+    return len(out) == slots or (smallest > 0 and view.max_free() < smallest)
 
 
 def _lane_key(entry: tuple[float, int, int], shape: Any, offsets: dict[str, float]) -> tuple[float, int, int]:
@@ -525,15 +503,14 @@ def _lane_key(entry: tuple[float, int, int], shape: Any, offsets: dict[str, floa
 
 
 class _Reservation:
-    """GPUs held for a blocked gang job at the head of the queue (F11's
-    companion: aging brings a big job to the head, this lets it start).
+    """GPUs held (``reserve_for_gang``) for a blocked gang job at the head of
+    the queue: aging brings a big job to the head, this lets it start.
 
-    The head is the job with the best score among the first jobs of every
-    shape, when it cannot start now and has waited ``reserve_after_s``. Its GPUs are those it would get as the
-    running jobs end, by prediction, at ``shadow``; a later job may take one
-    of them only if it has a prediction (its own runs, or a time limit) and
-    is predicted to end by then.
-    """
+    The head is the best-scored of the shapes' first jobs, when it cannot
+    start now and has waited ``reserve_after_s``. Its GPUs are those it would
+    get as running jobs end, by prediction, at ``shadow``; a later job may
+    take one only if it has a prediction (its own runs, or a time limit) and
+    is predicted to end by then."""
 
     def __init__(self, state: ClusterState, now: float, head: Job, shadow: float, gpus: frozenset[int]) -> None:
         self.state, self.now, self.head, self.shadow, self.gpus = state, now, head, shadow, gpus
@@ -592,14 +569,14 @@ def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tupl
 
 
 def _end_entry(r: Job, end: float, index: dict[tuple[str, int], int]) -> tuple[float, int, list[int], int, int]:
-    """(end, job, GPU indices, share, memory) of running job ``r``; its GPUs
-    that are not usable now have no index and are left out."""
-    idxs = []
-    for g in r.gpu_ids:
-        i = index.get((r.node, g))
-        if i is not None:
-            idxs.append(i)
-    return (end, r.id, idxs, r.milli, r.mem_mib)
+    """(end, job, GPU indices, share, memory) of running job ``r``."""
+    return (end, r.id, _indices(index, r), r.milli, r.mem_mib)
+
+
+def _indices(index: dict[tuple[str, int], int], job: Job) -> list[int]:
+    """The view indices of ``job``'s GPUs; those not usable now have none and are left out."""
+    node = job.node
+    return [index[(node, g)] for g in job.gpu_ids if (node, g) in index]
 
 
 def _running_ends(state: ClusterState, view: View, now: float,
@@ -620,10 +597,8 @@ def _running_ends(state: ClusterState, view: View, now: float,
         limit = time_limit_of(r, default)
         if limit is not None:
             p = min(p, limit)
-        node = r.node
-        idxs = [index[(node, g)] for g in r.gpu_ids if (node, g) in index]
         start = r.started_at if r.started_at is not None else now
-        out.append((max(now, start + p), jid, idxs, r.milli, r.mem_mib))
+        out.append((max(now, start + p), jid, _indices(index, r), r.milli, r.mem_mib))
     return out
 
 
@@ -644,36 +619,26 @@ def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose
     Its cost is bounded by the jobs placed and the ineligible ones before the
     blocker, so it needs no per-shape merge.
     """
-    room = _room(state)
-    if room is None:
+    start = _start(state)
+    if start is None:
         return []
-    view, slots, smallest = room
-    live = _fitting_shapes(state, view)
-    if not live:
-        return []
-    jobs = state.jobs
-    shape_of = state.queue.shape_of
-    limits = Limits(state)
+    view, slots, smallest, live, limits = start
+    jobs, shape_of = state.jobs, state.queue.shape_of
     out: list[Placement] = []
     for jid in order:
         job = jobs[jid]
         if not _eligible(state, job, now) or limits.blocked(job):  # a quota holds back its tenant only
             continue
         idxs = choose(view, job, frozenset()) if shape_of[jid] in live else None
-        if idxs is None:
-            break
-        view.take(idxs, job.milli, job.spec.gpu_mem_mib)
-        limits.take(job)
-        out.append(view.placement(job, idxs))
-        slots -= 1
-        if slots == 0 or (smallest > 0 and view.max_free() < smallest):
+        if idxs is None or _place(view, limits, out, job, idxs, slots, smallest):
             break
     return out
 
 
 def _by_order(state: ClusterState) -> Iterator[int]:
-    # Lazy and uncopied: a decision only reads the queue (the core applies
-    # the placements after it), and most decisions stop after a few jobs.
+    # Lazy and uncopied (a generator function: mypyc builds a generator
+    # expression's whole list first): a decision only reads the queue, and
+    # most decisions stop after a few jobs.
     for _, jid in state.queue.by_order:
         yield jid
 
@@ -738,32 +703,21 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
         keys = sorted((k0, pred(state.jobs[j]), o, j) for k0, o, j in state.queue.by_priority)
         return (j for _, _, _, j in keys)
 
-    def running_pred(job: Job) -> float:
-        return truth.get(job.id, DEFAULT_RUNTIME_S)
-
-    return _sjf(state, now, pred, order, running_pred)
+    return _sjf(state, now, pred, order, pred)
 
 
 def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
          order: Callable[[set[Any], Callable[[], bool]], Iterator[int]],
          running_pred: Callable[[Job], float] | None) -> list[Placement]:
     """Shortest (predicted) job first with EASY backfill, for ``pred``."""
-    room = _room(state)
-    if room is None:
+    start = _start(state)
+    if start is None:
         return []
-    view, slots, smallest = room
-    jobs = state.jobs
-
-    live = _fitting_shapes(state, view)
-    if not live:
-        return []
-    shape_of = state.queue.shape_of
+    view, slots, smallest, live, limits = start
+    jobs, shape_of = state.jobs, state.queue.shape_of
     # what will free capacity, and when: this decision's own placements here,
     # running jobs added only if a reservation is needed
     ends: list[tuple[float, int, list[int], int, int]] = []
-
-    limits = Limits(state)
-
     out: list[Placement] = []
     # The head (the first job that cannot start now) gets a reservation; it is
     # worked out from the view and ends as they were then, but only once a
@@ -777,11 +731,8 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
         job = jobs[jid]
         if not _eligible(state, job, now) or limits.blocked(job):
             continue
-        if shape not in live:  # the head: it cannot start now
-            head = (view.copy(), job, list(ends))
-            continue
-        idxs = best_fit(view, job, frozenset())
-        if idxs is None:
+        idxs = best_fit(view, job, frozenset()) if shape in live else None
+        if idxs is None:  # the head (it cannot start now), or a shape that no longer fits
             live.discard(shape)
             if head is None:
                 head = (view.copy(), job, list(ends))
@@ -797,12 +748,8 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
                 idxs = best_fit(view, job, reserved)
                 if idxs is None:
                     continue
-        view.take(idxs, job.milli, job.spec.gpu_mem_mib)
-        limits.take(job)
-        out.append(view.placement(job, idxs))
         ends.append((now + pred(job), job.id, idxs, job.milli, job.spec.gpu_mem_mib))
-        slots -= 1
-        if slots == 0 or (smallest > 0 and view.max_free() < smallest):
+        if _place(view, limits, out, job, idxs, slots, smallest):
             break
     return out
 
@@ -896,8 +843,10 @@ def _reservation(
     head's GPUs stays able to: count such GPUs per node as ends free them, and
     run ``best_fit`` once, at the first end after which some node has enough.
     """
+    if not ordered:
+        ends = sorted(ends, key=lambda e: (e[0], e[1]))
     if head.count > 1 and head.milli == FULL and _plain(head):
-        return _whole_gang_reservation(view, head.count, ends if ordered else sorted(ends, key=lambda e: (e[0], e[1])))
+        return _whole_gang_reservation(view, head.count, ends)
     future = view.copy()
     need = max(head.count, 1)
     able = set(future.candidates(head))
@@ -905,7 +854,7 @@ def _reservation(
     for i in able:
         per_node[future.node[i]] = per_node.get(future.node[i], 0) + 1
     enough = head.count == 0 or max(per_node.values(), default=0) >= need
-    for end, _, idxs, milli, mem in (ends if ordered else sorted(ends, key=lambda e: (e[0], e[1]))):
+    for end, _, idxs, milli, mem in ends:
         future.give(idxs, milli, mem)
         for i in idxs:
             if i not in able and future.can_take(head, i):

@@ -30,11 +30,7 @@ def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
             "tenant": name,
             "configured": tenant is not None,
             "users": list(tenant.users) if tenant else [],
-            "quota": {
-                "gpus": tenant.gpus if tenant else None,
-                "gpu_mem_mib": tenant.gpu_mem_mib if tenant else None,
-                "jobs": tenant.jobs if tenant else None,
-            },
+            "quota": {k: getattr(tenant, k) if tenant else None for k in ("gpus", "gpu_mem_mib", "jobs")},
             "weight": tenant.weight if tenant else 1.0,
             "preemptible": tenant.preemptible if tenant else False,
             "usage": {"gpus": milli / FULL, "gpu_mem_mib": mem, "jobs": jobs, "queued": waiting.get(name, 0)},
