@@ -110,8 +110,7 @@ class JobHandle:
     """One submitted job. ``state``, ``info()``, ``wait()``, ``logs()``, ``cancel()``."""
 
     def __init__(self, job_id: int, socket_path: str | Path) -> None:
-        self.id = int(job_id)
-        self.socket_path = Path(socket_path)
+        self.id, self.socket_path = int(job_id), Path(socket_path)
 
     def _client(self) -> Client:
         return Client(self.socket_path)
@@ -166,8 +165,7 @@ class JobHandle:
 
     def follow(self, poll: float = 0.1) -> str:
         """Print the output as it comes until the job ends; interrupt to detach."""
-        path = self.log_path()
-        position = 0
+        path, position = self.log_path(), 0
         try:
             while True:
                 state = self.state
@@ -216,8 +214,7 @@ class JobHandle:
                 f"<b style='color:{colour}'>●</b> {html.escape(text)}</span>")
 
     def _repr_html_(self) -> str:
-        state, text = self._summary(self._current())
-        return self._html(state, text, self.id)
+        return self._html(*self._summary(self._current()), self.id)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         state, text = self._summary(self._current())
@@ -238,8 +235,7 @@ class JobHandle:
         def update(model: Any) -> None:
             job = model.jobs.get(job_id)
             if job is not None:
-                state, text = self._summary(job)
-                value = self._html(state, text, job_id)
+                value = self._html(*self._summary(job), job_id)
                 if value != view.value:
                     view.value = value
 

@@ -4,17 +4,10 @@
 Options are parsed by the very parsers of the ``eventsched`` command
 (``cli.build_parser``), so a magic accepts exactly what the CLI accepts.
 
-Variable expansion
-------------------
-IPython expands the magic's *line* before the magic sees it, as it does for
-``!shell`` commands:
-
-* ``$name`` and ``$obj.attr`` are replaced by the value of a Python variable;
-* ``{expression}`` is replaced by the value of any Python expression;
-* ``$$`` gives a literal ``$`` and ``{{`` / ``}}`` literal braces;
-* ``$name`` inside single quotes is left alone;
-* if any expansion on the line fails (an undefined name), IPython leaves the
-  *whole* line as written.
+Variable expansion: IPython expands the magic's *line* first, as for
+``!shell``: ``$name``/``$obj.attr`` and ``{expression}`` become their values,
+``$$`` is a literal ``$`` and ``{{``/``}}`` literal braces; ``$name`` inside
+single quotes is left alone; if any expansion fails, the *whole* line stays as written.
 
 The expanded line is then split like a POSIX shell would (quotes group words),
 but the job runs without a shell: ``$HOME`` that reaches the job stays
@@ -110,9 +103,8 @@ class ArrayHandle:
     for them all, ``cancel()`` of the whole array; shown as one line."""
 
     def __init__(self, ids: list[int], socket_path: str | Path) -> None:
-        self.ids = list(ids)
+        self.ids, self.socket_path = list(ids), Path(socket_path)
         self.array_id = self.ids[0]
-        self.socket_path = Path(socket_path)
         self.handles = [JobHandle(i, self.socket_path) for i in self.ids]
 
     def __len__(self) -> int:
@@ -139,7 +131,7 @@ class ArrayHandle:
                 raise TimeoutError(f"array {self.array_id}: {left} of {len(self.ids)} tasks not finished after {timeout:g}s")
             time.sleep(poll)
 
-    def cancel(self) -> "ArrayHandle":
+    def cancel(self) -> ArrayHandle:
         with Client(self.socket_path) as c:
             c.cancel_each([self.array_id], arrays=True)
         return self
@@ -173,7 +165,7 @@ def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
     """Turn a user's mistake or the daemon's refusal into one line, no traceback."""
 
     @functools.wraps(method)
-    def wrapper(self: "EventschedMagics", *args: Any, **kwargs: Any) -> T | None:
+    def wrapper(self: EventschedMagics, *args: Any, **kwargs: Any) -> T | None:
         try:
             return method(self, *args, **kwargs)
         except _HelpShown:
@@ -209,8 +201,6 @@ class EventschedMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self._started: subprocess.Popen[bytes] | None = None
 
-    # --- where the daemon is -------------------------------------------------
-
     def resolve_state_dir(self, args: argparse.Namespace | None = None) -> Path:
         given = getattr(args, "state_dir", None) or self.state_dir
         return Path(given).expanduser() if given else default_state_dir()
@@ -221,8 +211,6 @@ class EventschedMagics(Magics):
 
     def client(self, args: argparse.Namespace | None = None) -> Client:
         return Client(self.resolve_socket(args))
-
-    # --- submit ------------------------------------------------------------------
 
     @line_cell_magic
     @user_errors
@@ -271,13 +259,10 @@ class EventschedMagics(Magics):
         digest = cli.content_hash(spec.command, spec.cwd, args, env) if spec.content_hash else ""
         spec = msgspec.structs.replace(spec, env=env, content_hash=digest)
         socket_path = self.resolve_socket(args)
-        if indices is not None:
-            with Client(socket_path) as c:
-                ids = c.submit_array(spec, indices)
-            return ArrayHandle(ids, socket_path)
         with Client(socket_path) as c:
-            job = c.submit(spec)
-        handle = JobHandle(job, socket_path)
+            if indices is not None:
+                return ArrayHandle(c.submit_array(spec, indices), socket_path)
+            handle = JobHandle(c.submit(spec), socket_path)
         if args.interactive:
             handle.follow()
         return handle
@@ -285,9 +270,9 @@ class EventschedMagics(Magics):
     def _cell_command(self, cell: str, script_args: list[str], args: argparse.Namespace) -> list[str]:
         digest = hashlib.sha256(cell.encode()).hexdigest()[:12]
         folder = Path(self.cell_dir or os.getcwd()).expanduser() / ".eventsched-cells"
+        path = folder / f"cell-{digest}.py"
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"cell-{digest}.py"
             path.write_text(cell)
         except OSError as exc:
             raise UsageError(f"%%gpusubmit: cannot save the cell in {folder}: {exc.strerror}") from None
@@ -296,15 +281,11 @@ class EventschedMagics(Magics):
         # -u: unbuffered, so the panel's output tail shows prints as they happen
         return [self.python, "-u", str(path), *script_args]
 
-    # --- queue, cancel, status ----------------------------------------------
-
     @line_magic
     @user_errors
     def gpuqueue(self, line: str) -> JobTable | None:
         """``%gpuqueue [--all]``: queued and running jobs (``--all``: finished ones too).
-
-        Returns a table (``.to_dataframe()`` for pandas). ``$var``/``{expr}`` are expanded.
-        """
+        Returns a table (``.to_dataframe()`` for pandas). ``$var``/``{expr}`` are expanded."""
         args = subcommand_parser("queue", "%gpuqueue").parse_args(_split(line, "%gpuqueue"))
         with self.client(args) as c:
             jobs = c.jobs(all=args.all)
@@ -345,8 +326,6 @@ class EventschedMagics(Magics):
             status = c.status()  # no daemon: say so now, not in a corner of the panel
         return StatusPanel(socket_path, status)
 
-    # --- SQL ------------------------------------------------------------------------
-
     @line_cell_magic
     @user_errors
     def gpusql(self, line: str, cell: str | None = None) -> Any:
@@ -378,15 +357,12 @@ class EventschedMagics(Magics):
         from eventsched.projections.history import HistoryError, open_history
 
         try:
-            history = open_history(state_dir)
-            columns, rows = history.query(query)
+            columns, rows = open_history(state_dir).query(query)
         except HistoryError as exc:
             raise UsageError(str(exc)) from None
         except duckdb.Error as exc:
             raise UsageError(f"%gpusql: {_first_line(exc)}") from None
         return pd.DataFrame(rows, columns=columns)
-
-    # --- the daemon ------------------------------------------------------------
 
     @line_magic
     @user_errors
@@ -413,8 +389,7 @@ class EventschedMagics(Magics):
 
     def _start(self, words: list[str]) -> Message:
         args = subcommand_parser("serve", "%gpuscheduler start").parse_args(words)
-        state_dir = self.resolve_state_dir(args)
-        socket_path = self.resolve_socket(args)
+        state_dir, socket_path = self.resolve_state_dir(args), self.resolve_socket(args)
         try:
             info = _ping(socket_path)
         except DaemonNotRunning:
@@ -432,11 +407,8 @@ class EventschedMagics(Magics):
             raise UsageError(f"%gpuscheduler: cannot use {state_dir}: {exc.strerror}") from None
         with out:
             # own session: interrupting the kernel must not reach the daemon
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "eventsched.cli", "serve", *words],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, cwd=state_dir,
-            )
+            proc = subprocess.Popen([sys.executable, "-m", "eventsched.cli", "serve", *words], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=state_dir)
         self._started = proc
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
@@ -448,10 +420,8 @@ class EventschedMagics(Magics):
                 break
             except ClientError:
                 if time.monotonic() > deadline:
-                    raise UsageError(
-                        f"%gpuscheduler: the daemon (pid {proc.pid}) did not answer within {START_TIMEOUT_S:g}s; "
-                        f"see {state_dir / 'serve.out'}"
-                    ) from None
+                    raise UsageError(f"%gpuscheduler: the daemon (pid {proc.pid}) did not answer within "
+                                     f"{START_TIMEOUT_S:g}s; see {state_dir / 'serve.out'}") from None
                 time.sleep(0.1)
         self._remember(args)
         return Message(

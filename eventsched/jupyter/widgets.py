@@ -34,9 +34,6 @@ STATE_COLOURS = {"running": "#2e7d32", "queued": "#1565c0", "held": "#6a1b9a", "
                  "failed": "#c62828", "cancelled": "#8d6e63", "preempted": "#ef6c00", "lost": "#c62828"}
 
 
-# --- the pure fold ----------------------------------------------------------
-
-
 def _share(job: dict[str, Any]) -> float:
     """The share of each assigned GPU a running job holds."""
     if "share" in job:
@@ -60,21 +57,16 @@ class PanelModel:
     def __init__(self) -> None:
         self.gpus: dict[GpuKey, dict[str, Any]] = {}
         self.jobs: dict[int, dict[str, Any]] = {}
-        self.policy = ""
-        self.seq = 0
-        self.connected = False
-        self.error = ""
+        self.policy, self.seq, self.connected, self.error = "", 0, False, ""
 
     @classmethod
-    def from_status(cls, status: dict[str, Any]) -> "PanelModel":
+    def from_status(cls, status: dict[str, Any]) -> PanelModel:
         model = cls()
         for gpu in status.get("gpus", []):
             model.gpus[(str(gpu.get("node") or "local"), int(gpu["id"]))] = dict(gpu)
         for job in status.get("jobs", []):
             model.jobs[int(job["id"])] = dict(job)
-        model.policy = status.get("policy", "")
-        model.seq = int(status.get("seq", 0))
-        model.connected = True
+        model.policy, model.seq, model.connected = status.get("policy", ""), int(status.get("seq", 0)), True
         return model
 
     # views used by renderers
@@ -120,8 +112,7 @@ class PanelModel:
                     alloc[(node, gid)] += _share(job)
                     on_gpu[(node, gid)].append(job["id"])
         for key, gpu in self.gpus.items():
-            gpu["allocated"] = round(min(alloc[key], 1.0), 3)
-            gpu["jobs"] = on_gpu[key]
+            gpu.update(allocated=round(min(alloc[key], 1.0), 3), jobs=on_gpu[key])
 
     def _forget_old(self) -> None:
         done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE]
@@ -204,9 +195,6 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
 }
 
 
-# --- rendering (pure: model in, text out) -----------------------------------
-
-
 def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
     return "–" if value is None else f"{value:.{digits}f}{unit}"
 
@@ -262,13 +250,9 @@ def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jo
     head = "".join(f"<th style='text-align:left;padding:0 8px'>{c}</th>" for c in JOB_COLUMNS)
     rows = []
     for job in jobs:
-        cells = _job_cells(job, now)
         colour = STATE_COLOURS.get(job["state"], "#000")
-        tds = "".join(
-            f"<td style='padding:0 8px;{'color:' + colour + ';font-weight:bold' if i == 2 else ''}'>"
-            f"{html.escape(c)}</td>"
-            for i, c in enumerate(cells)
-        )
+        tds = "".join(f"<td style='padding:0 8px;{'color:' + colour + ';font-weight:bold' if i == 2 else ''}'>"
+                      f"{html.escape(c)}</td>" for i, c in enumerate(_job_cells(job, now)))
         rows.append(f"<tr class='es-job es-state-{job['state']}' data-job='{job['id']}' "
                     f"data-state='{job['state']}'>{tds}</tr>")
     return f"<table class='es-jobs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
@@ -291,8 +275,7 @@ def render_text(model: PanelModel, now: float) -> str:
 def render_html(model: PanelModel, now: float) -> str:
     if not model.connected:
         return f"<p><b>eventsched:</b> {html.escape(model.error or 'not connected')}</p>"
-    rows = []
-    several = model.several_nodes()
+    rows, several = [], model.several_nodes()
     for node, gpus in model.by_node():
         if several:
             rows.append(f"<tr class='es-node'><th colspan='3' style='text-align:left'>node {html.escape(node)}</th></tr>")
@@ -310,7 +293,7 @@ def _gpu_row_html(label: str, g: dict[str, Any]) -> str:
             f"<td>{html.escape(gpu_line(g))}</td></tr>")
 
 
-# --- history at a glance: SVG of ``cli.status_history``'s data ----------
+# history at a glance: SVG of ``cli.status_history``'s data
 
 HISTORY_WINDOW_S = 3600.0  # the panel's charts cover the last hour
 HISTORY_REFRESH_S = 15.0  # re-read at most this often, and soon after a job ends
@@ -325,14 +308,13 @@ def _step_path(values: list[float | None], top: float) -> str:
         return ""
     width = SPARK_W / len(values)
     parts: list[str] = []
-    pen_down = False
+    pen_down = False  # False: the next step starts a new segment
     for i, v in enumerate(values):
         if v is None:
             pen_down = False
             continue
         y = SPARK_H - 2 - min(max(v / top, 0.0), 1.0) * (SPARK_H - 4)
-        x0, x1 = i * width, (i + 1) * width
-        parts.append(f"{'L' if pen_down else 'M'}{x0:.1f},{y:.1f} L{x1:.1f},{y:.1f}")
+        parts.append(f"{'L' if pen_down else 'M'}{i * width:.1f},{y:.1f} L{(i + 1) * width:.1f},{y:.1f}")
         pen_down = True
     return " ".join(parts)
 
@@ -369,8 +351,7 @@ def render_history_html(h: dict[str, Any]) -> str:
     bars = []
     for i, u in enumerate(users):
         who = u["user"] or "(none)"
-        width = 0.0 if top <= 0 else max(1.0, u["gpu_hours"] / top * bar_w)
-        y = i * row_h
+        width, y = 0.0 if top <= 0 else max(1.0, u["gpu_hours"] / top * bar_w), i * row_h
         bars.append(
             f"<g class='es-user' data-user='{esc(who)}'><text x='0' y='{y + 12}' font-size='11'>{esc(who[:16])}</text>"
             f"<rect class='es-user-bar' x='{label_w}' y='{y + 3}' width='{width:.1f}' height='{row_h - 5}' "
@@ -386,29 +367,22 @@ def render_history_html(h: dict[str, Any]) -> str:
             f"<p style='margin:4px 0'><b>GPU-hours today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
 
 
-# --- the background thread ------------------------------------------------
-
-
 Listener = Callable[[PanelModel], None]
 
 
 class Watcher:
     """One background thread folding one daemon's events; listeners redraw.
-
-    The thread re-seeds from ``status()`` whenever the stream breaks (daemon
-    restarted, not yet started) and retries every ``retry_s`` seconds.
-    """
+    It re-seeds from ``status()`` whenever the stream breaks, retrying every ``retry_s``."""
 
     def __init__(self, socket_path: str | Path, retry_s: float = 1.0) -> None:
-        self.socket_path = Path(socket_path)
-        self.retry_s = retry_s
+        self.socket_path, self.retry_s = Path(socket_path), retry_s
         self.model = PanelModel()
         self.lock = threading.RLock()
         self._listeners: list[Listener] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_draw = 0.0
         self._timer: threading.Timer | None = None
+        self._last_draw = 0.0
         self._drawn_seq = -1  # the model's seq when listeners last ran
 
     def settle(self, job_id: int, timeout: float = 2.0) -> None:
@@ -471,8 +445,7 @@ class Watcher:
             finally:
                 client.close()
             with self.lock:
-                self.model.connected = False
-                self.model.error = message
+                self.model.connected, self.model.error = False, message
             self._draw(force=True)
             self._stop.wait(self.retry_s)
 
@@ -489,8 +462,7 @@ class Watcher:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            self._last_draw = now
-            self._drawn_seq = self.model.seq
+            self._last_draw, self._drawn_seq = now, self.model.seq
             for listener in list(self._listeners):
                 try:
                     listener(self.model)
@@ -516,15 +488,10 @@ def watcher_for(socket_path: str | Path) -> Watcher:
         return _watchers[key]
 
 
-# --- the widget -------------------------------------------------------------
-
-
 def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
+            f.seek(max(0, f.seek(0, 2) - max_bytes))
             data = f.read()
     except OSError:
         return ""
@@ -562,8 +529,7 @@ def _panel_class() -> type:
             self.history_html = w.HTML(value="<p class='es-empty'><i>reading the last hour…</i></p>")
             self.history_html.add_class("es-history-box")
             self._history_lock = threading.Lock()
-            self._history_busy = False
-            self._history_at = -HISTORY_REFRESH_S
+            self._history_busy, self._history_at = False, -HISTORY_REFRESH_S
             self._history_ended: frozenset[int] = frozenset()
             self.jobs_html = w.HTML(value="")
             self.job_select = w.Dropdown(options=[("(select a job)", 0)], value=0, description="output of")
@@ -618,8 +584,7 @@ def _panel_class() -> type:
                 if self._history_busy or not (age >= HISTORY_REFRESH_S
                                               or (ended != self._history_ended and age >= HISTORY_SOON_S)):
                     return
-                self._history_busy = True
-                self._history_ended = ended
+                self._history_busy, self._history_ended = True, ended
             threading.Thread(target=self._refresh_history, name="eventsched-panel-history", daemon=True).start()
 
         def _refresh_history(self) -> None:
@@ -632,16 +597,14 @@ def _panel_class() -> type:
                 self.history_html.value = f"<p class='es-empty'><i>history: {html.escape(str(exc))}</i></p>"
             finally:
                 with self._history_lock:
-                    self._history_at = time.monotonic()
-                    self._history_busy = False
+                    self._history_at, self._history_busy = time.monotonic(), False
 
         def _redraw_tail(self) -> None:
             job = self.job_select.value
             if not job:
                 self.tail.value = ""
                 return
-            path = self._log_paths.get(job)
-            if path is None:
+            if (path := self._log_paths.get(job)) is None:
                 try:
                     from eventsched.wire.client import Client
 
@@ -650,9 +613,8 @@ def _panel_class() -> type:
                 except Exception as exc:  # shown in the panel, never raised into a cell
                     self.tail.value = f"<i>{html.escape(str(exc))}</i>"
                     return
-            text = _read_tail(path)
             self.tail.value = (f"<pre class='es-tail' style='max-height:20em;overflow:auto;"
-                               f"background:#f7f7f7'>{html.escape(text) or '(no output yet)'}</pre>")
+                               f"background:#f7f7f7'>{html.escape(_read_tail(path)) or '(no output yet)'}</pre>")
 
         def close(self) -> None:
             self.watcher.remove_listener(self.update)

@@ -1,28 +1,15 @@
 """Each job in its own cgroup v2, so nothing it starts escapes a cancel.
 
-A process group is not a container: a job that calls ``setsid`` or
-``setpgid`` leaves it, and a signal to the group no longer reaches it. A
-cgroup is: every descendant of a process in a cgroup is born in it, and only
-someone who may write the ``cgroup.procs`` of a common ancestor (root, or the
-owner of a delegated subtree) can move a process out. So:
-
-- at start-up ``Cgroups.setup`` finds the cgroup2 mount (``/proc/self/mountinfo``;
-  ``/sys/fs/cgroup`` on a unified host, ``/sys/fs/cgroup/unified`` on a hybrid
-  one) and the daemon's own cgroup (``/proc/self/cgroup``, the ``0::`` line),
-  and proves it can contain a process: it makes the daemon-owned parent
-  ``<own cgroup>/eventsched-<hash of the state dir>`` (or a sibling of the
-  daemon's cgroup, if a child of it cannot hold processes), moves a throw-away
-  ``sleep`` into a probe cgroup there and kills it;
-- each job attempt gets ``<parent>/job-<id>-<attempt>``, which the job is
-  born in, or joins before it switches identity and execs (``supervisor.py``);
-- cancel and time limits signal every process listed in ``cgroup.procs`` and
-  kill with ``cgroup.kill`` (or SIGKILL of every pid, on kernels before 5.14);
-  when the job's main process ends, the supervisor empties and removes it.
-
-Where none of this works (no cgroup2, not root and no delegation), jobs run as
-before, contained by their process group only, and ``setup`` says why in one
-line. No controller is enabled anywhere: the cgroups only group and kill, so
-the "no internal processes" rule does not apply.
+A job that calls ``setsid`` or ``setpgid`` leaves its process group; it
+cannot leave its cgroup (only a writer of a common ancestor's ``cgroup.procs``
+can move it). At start-up ``Cgroups.setup`` finds the cgroup2 mount and the
+daemon's own cgroup, makes the parent ``<own cgroup>/eventsched-<hash of the
+state dir>`` (or a sibling, if a child of ours cannot hold processes) and
+proves it can contain a throw-away process. Each attempt is then born in
+``<parent>/job-<id>-<attempt>``; cancel signals everything in it and kills by
+``cgroup.kill``; the supervisor empties and removes it when the job ends.
+Where none of this works, jobs are contained by their process group only and
+``setup`` says why in one line. Only the memory controller is ever enabled.
 
 The I/O on one cgroup directory is ``cgroupfs.py``, which the supervisor shares.
 """
@@ -44,22 +31,9 @@ from eventsched.runtime.launch.cgroupfs import read as _read
 from eventsched.runtime.launch.cgroupfs import write as _write
 
 __all__ = [
-    "Cgroups",
-    "cgroup2_mounts",
-    "own_cgroup",
-    "find_own_cgroup_dir",
-    "procs",
-    "signal_all",
-    "kill_all",
-    "remove",
-    "HostMemory",
-    "MEMORY_MODES",
-    "v1_memory_dir",
-    "enable_memory_v2",
+    "Cgroups", "cgroup2_mounts", "own_cgroup", "find_own_cgroup_dir", "procs", "signal_all", "kill_all", "remove",
+    "HostMemory", "MEMORY_MODES", "v1_memory_dir", "enable_memory_v2",
 ]
-
-
-# --- pure: where is cgroup2, and where are we in it ---------------------------
 
 
 def _unescape(field: str) -> str:
@@ -93,8 +67,7 @@ def own_cgroup(proc_cgroup: str) -> str | None:
     """Our path in the cgroup2 hierarchy: the ``0::PATH`` line of ``/proc/self/cgroup``."""
     for line in proc_cgroup.splitlines():
         if line.startswith("0::"):
-            path = line[3:]
-            return path.removesuffix(" (deleted)") or "/"
+            return line[3:].removesuffix(" (deleted)") or "/"
     return None
 
 
@@ -121,7 +94,15 @@ def _mounted_dir(mounts: list[tuple[str, str]], path: str | None, isdir: Callabl
     return None
 
 
-# --- the daemon's parent cgroup ------------------------------------------------
+def _parent_name(state_dir: str | os.PathLike[str]) -> str:
+    return "eventsched-" + hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
+
+
+def _sleeper(seconds: int) -> subprocess.Popen:
+    """A throw-away process to move into a probe cgroup."""
+    argv = ["sleep", str(seconds)] if shutil.which("sleep") else [sys.executable, "-c", f"import time; time.sleep({seconds})"]
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _probe(parent: str) -> str:
@@ -134,11 +115,8 @@ def _probe(parent: str) -> str:
         pass
     except OSError as e:
         return f"cannot create {probe}: {e.strerror}"
-    sleeper = shutil.which("sleep") or "/bin/sleep"
-    argv = [sleeper, "30"] if os.path.exists(sleeper) else [sys.executable, "-c", "import time; time.sleep(30)"]
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        p = _sleeper(30)
     except OSError as e:
         remove(probe)
         return f"cannot start a probe process: {e.strerror}"
@@ -161,7 +139,7 @@ class Cgroups:
     parent: str
 
     @classmethod
-    def setup(cls, state_dir: str | os.PathLike[str]) -> tuple["Cgroups | None", str]:
+    def setup(cls, state_dir: str | os.PathLike[str]) -> tuple[Cgroups | None, str]:
         """(Cgroups, "") where the daemon can contain its jobs, else (None,
         one line saying what is missing). Leaves no cgroup behind: the
         parent is made again at the first launch."""
@@ -171,11 +149,9 @@ class Cgroups:
         own = find_own_cgroup_dir(mountinfo, _read("/proc/self/cgroup"))
         if own is None:
             return None, "cannot find this process's cgroup v2 directory"
-        digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
-        name = f"eventsched-{digest}"
+        name = _parent_name(state_dir)
         candidates = [os.path.join(own, name)]
-        mount_points = {m for _, m in cgroup2_mounts(mountinfo)}
-        if own not in mount_points:  # a sibling, if our own cgroup cannot hold children with processes
+        if own not in {m for _, m in cgroup2_mounts(mountinfo)}:  # a sibling, if our own cgroup cannot hold children with processes
             candidates.append(os.path.join(os.path.dirname(own), name))
         why = ""
         for parent in candidates:
@@ -216,24 +192,12 @@ class Cgroups:
             os.rmdir(self.parent)
 
 
-# --- host memory limits ------------------------------------------------------------
-#
-# A job's host memory limit is enforced by the kernel, by the best means the
-# machine offers, found once at start-up (``HostMemory.setup``):
-#
-# - ``cgroup2``: ``memory.max`` (and ``memory.swap.max`` = 0) on the job's own
-#   cgroup v2, where the memory controller can be enabled for the daemon's
-#   parent cgroup (root on a unified host, or a systemd-delegated subtree);
-# - ``cgroup1``: a cgroup in the v1 ``memory`` hierarchy (a hybrid host, as
-#   root): ``memory.limit_in_bytes`` and ``memory.memsw.limit_in_bytes``,
-#   ``<own v1 memory cgroup>/eventsched-<hash>/job-<id>-<attempt>``, which the
-#   job's child joins before exec, next to its v2 cgroup;
-# - ``rlimit-as``: ``RLIMIT_AS`` set by the supervisor before exec (caution:
-#   CUDA reserves much address space, so GPU jobs need a generous limit).
-#
-# A job killed by its cgroup limit is told from one killed otherwise by the
-# ``oom_kill`` count of ``memory.events`` (v2) or ``memory.oom_control`` (v1),
-# read by the supervisor before it removes the cgroup.
+# Host memory limits, by the best means found at start-up: ``cgroup2``
+# (memory.max on the job's own cgroup, where the memory controller can be
+# enabled), ``cgroup1`` (a job cgroup in the v1 memory hierarchy of a hybrid
+# host, joined before exec), else ``rlimit-as`` (RLIMIT_AS before exec: CUDA
+# reserves much address space, so GPU jobs need a generous limit). The
+# supervisor tells a kill for the limit by the cgroup's oom_kill count.
 
 MEMORY_MODES = ("cgroup2", "cgroup1", "rlimit-as")
 MIB = 1 << 20
@@ -255,16 +219,12 @@ def v1_memory_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bo
     return _mounted_dir(mounts, own, isdir)
 
 
-def _controllers(path: str) -> set[str]:
-    return set(_read(path).split())
-
-
 def enable_memory_v2(parent: str) -> bool:
     """Make sure the cgroup v2 memory controller is on for the children of
     ``parent`` (enabling it one level up first if need be); True if it is."""
-    if "memory" in _controllers(os.path.join(parent, "cgroup.subtree_control")):
+    if "memory" in _read(os.path.join(parent, "cgroup.subtree_control")).split():
         return True
-    if "memory" not in _controllers(os.path.join(parent, "cgroup.controllers")):
+    if "memory" not in _read(os.path.join(parent, "cgroup.controllers")).split():
         with contextlib.suppress(OSError):
             _write(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), "+memory")
     try:
@@ -286,7 +246,7 @@ class HostMemory:
     @classmethod
     def setup(
         cls, state_dir: str | os.PathLike[str], cgroups: Cgroups | None, *, forced: str = ""
-    ) -> tuple["HostMemory", str]:
+    ) -> tuple[HostMemory, str]:
         """The best mode available (or ``forced``, if available), and one
         line on what was chosen and why."""
         if forced and forced not in (*MEMORY_MODES, "auto"):
@@ -304,8 +264,7 @@ class HostMemory:
             if own is None:
                 why.append("no cgroup v1 memory hierarchy")
             else:
-                digest = hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
-                parent = os.path.join(own, f"eventsched-{digest}")
+                parent = os.path.join(own, _parent_name(state_dir))
                 problem = _probe_v1(parent)
                 if not problem:
                     return cls("cgroup1", parent), f"memory.limit_in_bytes on each job's cgroup v1 under {parent}"
@@ -372,9 +331,7 @@ def _probe_v1(parent: str) -> str:
         with contextlib.suppress(FileExistsError):
             os.mkdir(probe, 0o755)
         _write(os.path.join(probe, "memory.limit_in_bytes"), str(1 << 30))
-        p = subprocess.Popen(["sleep", "5"] if shutil.which("sleep") else [sys.executable, "-c", "import time; time.sleep(5)"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             close_fds=True, start_new_session=True)
+        p = _sleeper(5)
         try:
             _write(os.path.join(probe, "cgroup.procs"), str(p.pid))
         finally:

@@ -1,44 +1,28 @@
 """Launch, signal and reap job processes.
 
 Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
-process in its own session that outlives the daemon, like conmon or
-containerd-shim. Supervisors are forked by a zygote (``supervisor.py
---zygote``): while ``run`` is active, one long-lived zygote, so a launch costs
-a fork at most rather than an interpreter start-up; otherwise (before
-``run``, or ``zygote=False``) one started for that launch alone. A dead
-zygote is replaced at the next launch; the supervisors it forked run on, and
-so do they when the daemon dies (the zygote then reads EOF and exits). The
-executor and a supervisor share nothing but the zygote's socket and the job's
-files, side by side in one directory (a directory per job would be one more
-inode per launch)::
+process in its own session that outlives the daemon, like conmon. Supervisors
+are forked by a zygote: while ``run`` is active one long-lived zygote, so a
+launch costs a fork rather than an interpreter start-up; otherwise one started
+for that launch alone. Supervisors outlive a dead zygote and a dead daemon.
+The executor and a supervisor share only the zygote's socket and the job's
+files, side by side in one directory (a directory per job is one more inode)::
 
-    <state_dir>/jobs/<job>.<attempt>           created with O_EXCL: "this attempt was launched";
-                    then its record, a JSON object per line, each appended in one
-                    write by the supervisor: the pid line (job pid + /proc start
-                    time, cgroups) once the job runs, the exit line (exit code or
-                    signal, end time) once it has ended
+    <state_dir>/jobs/<job>.<attempt>           created with O_EXCL, then a JSON record per line
+                    appended by the supervisor: the pid line once the job runs, the exit line once it ended
     <state_dir>/jobs/<job>.log                 the job's stdout+stderr (0o600, its user's), all
-                    attempts, copied there by the supervisor: created at the first
-                    byte of output, so a job that prints nothing has none
-    <state_dir>/jobs/<job>.<attempt>.spec.json the plan (``plan.Plan``), only when it is
-                    too big to travel with the zygote's request
+                    attempts, created at the first byte of output
+    <state_dir>/jobs/<job>.<attempt>.spec.json the plan, only when too big for the zygote's request
 
-Creating the attempt file is the launch's commit point: a second launch of
-the same (job, attempt) is refused, even by a restarted daemon, so nothing is
-ever launched twice. Exits are noticed without polling: the pipe a zygote
-worker closes once the exit is recorded; ``recover`` re-adopts supervisors
-(by pidfd) after a restart.
+Creating the attempt file is the commit point: a second launch of the same
+(job, attempt) is refused, even by a restarted daemon. Exits are noticed
+without polling (the pipe a zygote worker closes once the exit is recorded);
+``recover`` re-adopts supervisors by pidfd after a restart. Only conda,
+env_setup and shell involve a shell; otherwise the argv is exec'd as is.
 
-Only ``spec.conda``, ``spec.env_setup`` and ``spec.shell`` involve a shell;
-otherwise the command is exec'd as an argv, never interpreted.
-
-Containment: where the daemon can manage cgroup v2 (``cgroups.py``), each
-attempt runs in its own cgroup ``<parent>/job-<id>-<attempt>``, which the job
-is born in; signals then reach every process in it, including those that
-left the job's process group (``setsid``, ``setpgid``). Elsewhere jobs are
-contained by their process group only, and the executor says so once, at
-start-up. The job also gets the submitter's umask and resource limits,
-clamped to the daemon's own (``rlimits.py``).
+Containment: where cgroup v2 can be managed (``cgroups.py``), each attempt is
+born in its own cgroup, so signals reach processes that left the job's process
+group too; elsewhere only the process group, said once at start-up.
 """
 
 from __future__ import annotations
@@ -63,26 +47,13 @@ import msgspec
 from eventsched.domain import rlimits as _rl
 from eventsched.domain.events import JobSpec
 from eventsched.domain.paths import DEFAULT_PATH
-from eventsched.domain.messages import (
-    Message,
-    NeverLaunched,
-    ProcessExited,
-    ProcessLost,
-    ProcessStarted,
-)
+from eventsched.domain.messages import Message, NeverLaunched, ProcessExited, ProcessLost, ProcessStarted
 from eventsched.runtime.launch import cgroups as _cg
 from eventsched.runtime.launch import sessions as _sessions
 from eventsched.runtime.launch.plan import Plan, append_record, encode
 from eventsched.runtime.launch.zygote import INLINE_SPEC_BYTES, Zygote
 
-__all__ = [
-    "Executor",
-    "LaunchError",
-    "AlreadyLaunched",
-    "rewrite_cuda",
-    "job_argv",
-    "job_env",
-]
+__all__ = ["Executor", "LaunchError", "AlreadyLaunched", "rewrite_cuda", "job_argv", "job_env"]
 
 _READY_TIMEOUT_S = 60.0  # a supervisor that says nothing for this long is broken
 _log = logging.getLogger("eventsched.executor")
@@ -98,17 +69,13 @@ class AlreadyLaunched(LaunchError):
     """This (job, attempt) was launched before: it is never launched twice."""
 
 
-# --- pure: what to exec ---------------------------------------------------
-
-
 def rewrite_cuda(argv: list[str], gpu_ids: list[int]) -> list[str]:
     """Replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
     physical ids (the seed scheduler's contract: scripts that copy it into
     ``CUDA_VISIBLE_DEVICES`` keep working). CPU-only jobs are left alone."""
     if not gpu_ids:
         return list(argv)
-    ids = ",".join(str(g) for g in gpu_ids)
-    out = list(argv)
+    ids, out = _visible(gpu_ids), list(argv)
     for i in range(1, len(out)):
         if out[i] == "--cuda" and i + 1 < len(out):
             out[i + 1] = ids
@@ -123,9 +90,8 @@ def _visible(gpu_ids: list[int]) -> str:
 
 def job_argv(spec: JobSpec, gpu_ids: list[int], *, job: int = 0, log_path: str = "") -> list[str]:
     """The argv to exec: the command itself, or ``bash -c`` only for conda,
-    env_setup or a shell command line;
-    for a ``--session`` job, the waiter that runs that inside the session
-    (``sessions.py``; it appends the session's output to ``log_path``)."""
+    env_setup or a shell command line; for a ``--session`` job, the waiter
+    that runs that inside the session (it appends its output to ``log_path``)."""
     argv = _plain_argv(spec, gpu_ids)
     if spec.session:
         return _sessions.session_argv(spec.session, job, argv, log_path or "/dev/null")
@@ -154,9 +120,7 @@ def _plain_argv(spec: JobSpec, gpu_ids: list[int]) -> list[str]:
     return ["bash", "-c", "\n".join(lines), f"eventsched-job-{spec.name or 'job'}"]
 
 
-def job_env(
-    job: int, spec: JobSpec, gpu_ids: list[int], *, home: str = "", user: str = ""
-) -> dict[str, str]:
+def job_env(job: int, spec: JobSpec, gpu_ids: list[int], *, home: str = "", user: str = "") -> dict[str, str]:
     """The job's environment: the submitter's, plus what the scheduler owes it."""
     env = dict(spec.env)
     env.setdefault("PATH", DEFAULT_PATH)
@@ -173,15 +137,11 @@ def job_env(
     return env
 
 
-# --- I/O helpers ------------------------------------------------------------
-
-
 def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     """(pid record, exit record) of an attempt, each None until written: the
     lines of its file ``jobs/ID.ATTEMPT``."""
     try:
-        with open(attempt_path, "rb") as f:
-            data = f.read()
+        data = attempt_path.read_bytes()
     except FileNotFoundError:
         return None, None
     started = ended = None
@@ -191,8 +151,8 @@ def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
         except msgspec.DecodeError:
             continue
         if not isinstance(record, dict):
-            continue
-        if started is None and "pid" in record:
+            pass
+        elif started is None and "pid" in record:
             started = record
         elif ended is None and "exit_code" in record:
             ended = record
@@ -219,39 +179,25 @@ class _Creds(msgspec.Struct, frozen=True):
 
 
 _PASSWD_TTL_S = 10.0  # an NSS lookup per launch cost more than the launch's mkdirs
-_passwd_cache: dict[int, tuple[float, pwd.struct_passwd | None]] = {}
-_groups_cache: dict[tuple[str, int], tuple[float, list[int]]] = {}
+_nss_cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
 
 
-def _passwd_entry(uid: int) -> pwd.struct_passwd | None:
-    """``pwd.getpwuid(uid)`` (None: no such user), remembered for a few
+def _nss(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (None on KeyError: no such user), remembered for a few
     seconds: a sweep launches many jobs of one user; an account change is
     seen within ``_PASSWD_TTL_S``."""
-    now = time.monotonic()
-    hit = _passwd_cache.get(uid)
+    now, key = time.monotonic(), (fn, *args)
+    hit = _nss_cache.get(key)
     if hit is not None and hit[0] > now:
         return hit[1]
     try:
-        pw: pwd.struct_passwd | None = pwd.getpwuid(uid)
+        value = fn(*args)
     except KeyError:
-        pw = None
-    if len(_passwd_cache) > 4096:
-        _passwd_cache.clear()
-    _passwd_cache[uid] = (now + _PASSWD_TTL_S, pw)
-    return pw
-
-
-def _group_list(user: str, gid: int) -> list[int]:
-    """``os.getgrouplist`` (it reads /etc/group), remembered like ``_passwd_entry``."""
-    now = time.monotonic()
-    hit = _groups_cache.get((user, gid))
-    if hit is not None and hit[0] > now:
-        return list(hit[1])
-    groups = os.getgrouplist(user, gid)
-    if len(_groups_cache) > 4096:
-        _groups_cache.clear()
-    _groups_cache[(user, gid)] = (now + _PASSWD_TTL_S, groups)
-    return list(groups)
+        value = None
+    if len(_nss_cache) > 4096:
+        _nss_cache.clear()
+    _nss_cache[key] = (now + _PASSWD_TTL_S, value)
+    return value
 
 
 def _credentials(spec: JobSpec) -> _Creds | None:
@@ -259,14 +205,14 @@ def _credentials(spec: JobSpec) -> _Creds | None:
     a spec without an owner, which only in-process callers can build)."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
-    pw = _passwd_entry(spec.uid)
+    pw: pwd.struct_passwd | None = _nss(pwd.getpwuid, spec.uid)
     if pw is None and spec.gid < 0:
         raise LaunchError(f"unknown user id {spec.uid} and no group id given")
     gid = spec.gid if spec.gid >= 0 else pw.pw_gid  # type: ignore[union-attr]
     if spec.groups:
         groups = list(spec.groups)
     elif pw is not None:
-        groups = _group_list(pw.pw_name, gid)
+        groups = list(_nss(os.getgrouplist, pw.pw_name, gid))
     else:
         groups = [gid]
     home = spec.home or (pw.pw_dir if pw else "/")
@@ -278,15 +224,11 @@ class _Watch:
 
     __slots__ = ("job", "attempt_path", "pgid", "pidfd", "report", "ended", "cgroup", "memcg", "of_job", "_event")
 
-    def __init__(
-        self, job: int, attempt_path: Path, pgid: int, pidfd: int, *, cgroup: str = "", memcg: str = ""
-    ) -> None:
-        self.job = job
-        self.attempt_path = attempt_path
+    def __init__(self, job: int, attempt_path: Path, pgid: int, pidfd: int, *, cgroup: str = "", memcg: str = ""):
+        self.job, self.attempt_path = job, attempt_path
         self.pgid = pgid  # the job's pid == its process group == its session
         self.pidfd = pidfd  # readable once the exit is recorded: its worker's pipe, or an adopted supervisor's pidfd
-        self.report = True  # False: a stray's end, not the job's
-        self.ended = False
+        self.report, self.ended = True, False  # report False: a stray's end, not the job's
         self.cgroup = cgroup  # the job's cgroup v2 directory; "" = none
         self.memcg = memcg  # its cgroup v1 memory directory (host memory limit); "" = none
         # pidfd is the job's own (no pipe came from its worker): its exit is
@@ -334,14 +276,8 @@ class Executor:
     fork_safe = True
 
     def __init__(
-        self,
-        state_dir: Path,
-        *,
-        node: str = "local",
-        python: str = sys.executable,
-        zygote: bool = True,
-        cgroups: bool = True,
-        max_host_mem_mib: int = 0,
+        self, state_dir: Path, *, node: str = "local", python: str = sys.executable, zygote: bool = True,
+        cgroups: bool = True, max_host_mem_mib: int = 0,
     ):
         self.node = node
         self.jobs_dir = Path(state_dir) / "jobs"
@@ -383,8 +319,7 @@ class Executor:
     def host_mem_limit_mib(self, spec: JobSpec) -> int:
         """A job's effective host memory limit: its own, never above the
         daemon's maximum; else the maximum (0: none)."""
-        top = self.max_host_mem_mib
-        own = spec.host_mem_mib
+        top, own = self.max_host_mem_mib, spec.host_mem_mib
         if own > 0:
             return min(own, top) if top > 0 else own
         return top
@@ -393,8 +328,6 @@ class Executor:
     def containment(self) -> str:
         """``cgroup2:<parent dir>`` or ``process-group``."""
         return self._cgroups.containment if self._cgroups else "process-group"
-
-    # --- paths ----------------------------------------------------------
 
     def log_path(self, job: int) -> Path:
         return self.jobs_dir / f"{job}.log"
@@ -411,8 +344,6 @@ class Executor:
                 if job.isdecimal() and attempt.isdecimal():
                     out.setdefault(int(job), []).append(int(attempt))
         return out
-
-    # --- launch ---------------------------------------------------------
 
     async def launch(
         self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0, node: str | None = None
@@ -446,9 +377,7 @@ class Executor:
             try:
                 cgroup = self._cgroups.create(job, attempt)
             except OSError as e:
-                _log.warning(
-                    "job %d: cannot create its cgroup (%s): contained by its process group only", job, e
-                )
+                _log.warning("job %d: cannot create its cgroup (%s): contained by its process group only", job, e)
         memory_mib = self.host_mem_limit_mib(spec)
         memory_mode, memcg = "", ""
         if memory_mib > 0:
@@ -494,7 +423,7 @@ class Executor:
             if done_fd < 0:
                 # No pipe came with the answer (out of descriptors: the kernel
                 # drops it). Its worker lives on after the job: watch the job.
-                w.pidfd, w.of_job = _job_pidfd(pid, start_time), True
+                w.pidfd, w.of_job = _open_pidfd(pid, start_time), True
             self._watch(w)
             return ProcessStarted(job=job, pid=pid, start_time=start_time, log_path=str(log_path))
         if done_fd >= 0:
@@ -538,8 +467,6 @@ class Executor:
             z.retire()
         return handed[1].result, handed[1].pidfd
 
-    # --- signal ---------------------------------------------------------
-
     async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
         """SIGTERM (or ``signum``: a preempted job's ``--signal``) every
         process of the job now (its cgroup, else its process group); SIGKILL
@@ -547,10 +474,12 @@ class Executor:
         w = self._watched.get(job)
         if w is None or w.pgid <= 0:
             return  # not running here (ended, or never started): nothing to stop
-        first = signum or _signal.SIGTERM
+        self._terminate(w, signum or _signal.SIGTERM, grace_s)
+
+    def _terminate(self, w: _Watch, sig: int, grace_s: float) -> None:
         # once each: a second SIGTERM can land inside the job's handler for the first
-        if not (w.cgroup and _cg.signal_all(w.cgroup, first)):
-            _killpg(w.pgid, first)
+        if not (w.cgroup and _cg.signal_all(w.cgroup, sig)):
+            _killpg(w.pgid, sig)
         self._spawn(self._kill_after, w, grace_s)
 
     async def _kill_after(self, w: _Watch, grace_s: float) -> None:
@@ -561,11 +490,7 @@ class Executor:
                 await anyio.to_thread.run_sync(_cg.kill_all, w.cgroup)
             _killpg(w.pgid, _signal.SIGKILL)
 
-    # --- recovery ---------------------------------------------------------
-
-    def recover(
-        self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None
-    ) -> list[Message]:
+    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None) -> list[Message]:
         """At start-up, for each job the log believes placed or running
         (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
         report how it ended, re-adopt it, or say it was never launched.
@@ -595,21 +520,16 @@ class Executor:
                 out.append(_exited(job, ended))
             elif started is not None:
                 _clear_cgroups(started)
-                out.append(
-                    ProcessLost(
-                        job=job,
-                        reason=f"supervisor gone without recording an exit (job pid {started['pid']})",
-                    )
-                )
+                reason = f"supervisor gone without recording an exit (job pid {started['pid']})"
+                out.append(ProcessLost(job=job, reason=reason))
             else:
                 out.append(ProcessLost(job=job, reason="supervisor gone before starting the job"))
         self._sweep_cgroups()
         return out
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
-        """(job, attempt, job pid) of every attempt on this disk
-        whose supervisor is still alive without an exit record (the liveness
-        test of ``recover``'s re-adoption), watched here or not."""
+        """(job, attempt, job pid) of every attempt on this disk whose supervisor
+        is alive without an exit record, watched here or not."""
         out: list[tuple[int, int, int]] = []
         for job, tries in sorted(self._attempts().items()):
             for attempt in sorted(tries):
@@ -636,10 +556,8 @@ class Executor:
         if w is None:
             return 0
         w.report = False  # a stray's end is not the job's: nothing to count
-        if not (w.cgroup and _cg.signal_all(w.cgroup, _signal.SIGTERM)):
-            _killpg(w.pgid, _signal.SIGTERM)
         self._watch(w)
-        self._spawn(self._kill_after, w, grace_s)
+        self._terminate(w, _signal.SIGTERM, grace_s)
         with anyio.move_on_after(grace_s + 10.0):
             await w.event().wait()
         return w.pgid
@@ -662,31 +580,18 @@ class Executor:
                     _cg.remove(path)
 
     def _started(self, job: int, started: dict) -> ProcessStarted:
-        return ProcessStarted(
-            job=job, pid=started["pid"], start_time=started["start_time"], log_path=str(self.log_path(job))
-        )
+        log = str(self.log_path(job))
+        return ProcessStarted(job=job, pid=started["pid"], start_time=started["start_time"], log_path=log)
 
     def _adopt(self, job: int, attempt_path: Path, started: dict) -> _Watch | None:
-        spid = started["supervisor_pid"]
-        try:
-            pidfd = os.pidfd_open(spid)
-        except OSError:
-            return None
-        # checked after opening the pidfd: if it matches now, the pidfd is it
-        stat = _proc_stat(spid)
-        if stat is None or stat[0] in ("Z", "X") or stat[2] != started["supervisor_start_time"]:
-            os.close(pidfd)
+        pidfd = _open_pidfd(started["supervisor_pid"], started["supervisor_start_time"], live=True)
+        if pidfd < 0:
             return None
         cgroup, memcg = _job_cgroup(started), _job_cgroup(started, "memory_cgroup")
         return _Watch(job, attempt_path, started["pid"], pidfd, cgroup=cgroup, memcg=memcg)
 
-    # --- the long-running task ----------------------------------------------
-
     async def run(
-        self,
-        send: Callable[[Message], Awaitable[None]],
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+        self, send: Callable[[Message], Awaitable[None]], *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Report ``ProcessExited`` for every launched or adopted job as it
         ends. While it runs, launches are forked by the zygote (started
@@ -732,34 +637,24 @@ class Executor:
         ended = _read_records(w.attempt_path)[1]
         if w.of_job:
             ended = await _exit_record(w.attempt_path, ended)
-        if w.cgroup and os.path.isdir(w.cgroup):  # the supervisor removes it, unless killed
-            await anyio.to_thread.run_sync(_clear, w.cgroup, ended is None)
-        if w.memcg and os.path.isdir(w.memcg):
-            await anyio.to_thread.run_sync(_clear, w.memcg, ended is None)
+        for cg in (w.cgroup, w.memcg):  # the supervisor removes them, unless killed
+            if cg and os.path.isdir(cg):
+                await anyio.to_thread.run_sync(_clear, cg, ended is None)
         w.set_ended()
         if not w.report:
             return
         if self._watched.get(w.job) is w:
             del self._watched[w.job]
-        msg: Message
-        if ended is None:
-            msg = ProcessLost(
-                job=w.job, reason=f"supervisor killed without recording an exit (job pid {w.pgid})"
-            )
-        else:
-            msg = _exited(w.job, ended)
         assert self._send is not None
-        await self._send(msg)
-
-    # --- observation ----------------------------------------------------
+        reason = f"supervisor killed without recording an exit (job pid {w.pgid})"
+        await self._send(ProcessLost(job=w.job, reason=reason) if ended is None else _exited(w.job, ended))
 
     def running_jobs(self) -> dict[int, int]:
         """{job: pid} of the jobs being watched."""
         return {j: w.pgid for j, w in self._watched.items() if w.pgid > 0}
 
     def job_process_ids(self) -> set[int]:
-        """Pids of every process in a watched job's session (the job and its
-        descendants), for telling job GPU memory from foreign."""
+        """Pids of every process of a watched job, for telling job GPU memory from foreign."""
         return set(self.job_processes())
 
     def job_processes(self) -> dict[int, int]:
@@ -780,15 +675,15 @@ class Executor:
         return pids
 
 
-def _job_pidfd(pid: int, start_time: int) -> int:
-    """A pidfd of the job ``pid`` (started at ``start_time``); -1 if it is
-    gone already, or none can be opened."""
+def _open_pidfd(pid: int, start_time: int, live: bool = False) -> int:
+    """A pidfd of the process ``pid`` started at ``start_time`` (``live``: and
+    not a zombie); -1 if it is gone already, or none can be opened."""
     try:
         fd = os.pidfd_open(pid)
     except OSError:
         return -1
-    stat = _proc_stat(pid)  # after opening: if it is the job now, the pidfd is the job's
-    if stat is None or stat[2] != start_time:
+    stat = _proc_stat(pid)  # after opening: if it matches now, the pidfd is it
+    if stat is None or stat[2] != start_time or (live and stat[0] in ("Z", "X")):
         os.close(fd)
         return -1
     return fd
@@ -810,16 +705,13 @@ async def _exit_record(attempt_path: Path, ended: dict | None) -> dict | None:
     return ended
 
 
-HOST_MEMORY_LIMIT = "host memory limit"  # ProcessExited.reason of a job killed for its memory limit
-
-
 def _exited(job: int, ended: dict) -> ProcessExited:
     error = ended.get("error") or ""
     reason = f"launch-failed: {error}" if error else ""
     # the supervisor saw the kernel kill it for its limit (or, under
     # RLIMIT_AS, an allocation failure end it): not a bare signal 9
     if not reason and ended.get("oom") and ended.get("exit_code") != 0:
-        reason = HOST_MEMORY_LIMIT
+        reason = "host memory limit"
     return ProcessExited(job=job, exit_code=ended.get("exit_code"), signal=ended.get("signal"), reason=reason)
 
 

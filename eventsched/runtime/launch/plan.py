@@ -33,34 +33,14 @@ class Plan:
     )
 
     def __init__(
-        self,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str = "/",
-        log: str = "",
-        uid: int = -1,
-        gid: int = -1,
-        groups: list[int] | None = None,
-        umask: int = -1,
-        rlimits: dict[str, list[int]] | None = None,
-        cgroup: str = "",
-        memory_cgroup: str = "",
-        memory_limit: str = "",
-        open_log: bool = False,
+        self, argv: list[str], env: dict[str, str], cwd: str = "/", log: str = "", uid: int = -1, gid: int = -1,
+        groups: list[int] | None = None, umask: int = -1, rlimits: dict[str, list[int]] | None = None,
+        cgroup: str = "", memory_cgroup: str = "", memory_limit: str = "", open_log: bool = False,
     ) -> None:
-        self.argv = argv
-        self.env = env
-        self.cwd = cwd
-        self.log = log
-        self.uid = uid
-        self.gid = gid
-        self.groups = groups or []
-        self.umask = umask
-        self.rlimits = rlimits or {}
-        self.cgroup = cgroup
-        self.memory_cgroup = memory_cgroup
-        self.memory_limit = memory_limit
-        self.open_log = open_log
+        self.argv, self.env, self.cwd, self.log = argv, env, cwd, log
+        self.uid, self.gid, self.groups, self.umask = uid, gid, groups or [], umask
+        self.rlimits, self.open_log = rlimits or {}, open_log
+        self.cgroup, self.memory_cgroup, self.memory_limit = cgroup, memory_cgroup, memory_limit
 
 
 class _Decoding:  # what the C scanner reads off json.JSONDecoder

@@ -1,41 +1,24 @@
 """Jobs inside a detached terminal session (``submit --session tmux|screen``).
 
-The job's process, the one its supervisor starts and waits on, is a small
-``sh`` script (the *waiter*), run as the submitting user like any job. It
-starts the session, runs the command in it, waits for it to end and exits
-the way the command did, so the supervisor records the exit, the cgroup
-holds every process and a restarted daemon re-adopts the job exactly as for
-any other job.
+The job's process is a small ``sh`` script (the *waiter*), run as the user
+like any job: it starts the session, runs the command in it, waits for it and
+exits the way the command did, so exit records, cgroups and re-adoption work
+as for any other job.
 
-tmux: each job gets its own tmux server, ``tmux -L eventsched-JOB`` (socket
-``$TMUX_TMPDIR/tmux-UID/eventsched-JOB``, made by tmux as the user), holding
-one session of the same name: ``eventsched attach JOB`` runs
-``tmux -L eventsched-JOB attach -t eventsched-JOB``. Not the user's default
-server: a job's session must not run in (and take its environment from) a
-server the user started by hand, and a server the job started must not take
-the user's later sessions down with it when the job's cgroup is emptied.
+tmux: each job gets its own server, ``tmux -L eventsched-JOB``, not the user's
+default one: the job must not take its environment from a server started by
+hand, nor take the user's later sessions down when its cgroup is emptied.
+The pane's shell stores the command's status in ``@eventsched_rc`` and
+unlocks a ``wait-for -L`` channel the waiter blocks on (a lock, because two
+``-S`` signals before anyone waits lose the wake-up). ``#{pane_dead_status}``
+alone is not enough (tmux 3.3a now and then misses the SIGCHLD of a pane that
+exits at once); it stays for a shell killed before it can report. A status
+128+N makes the waiter die of signal N. ``pipe-pane`` appends the pane's
+output to the log; the command waits until it is in place. On cancel the
+waiter forwards the signal to the command's process group.
 
-- exit status: the shell in the pane runs the command, stores its status
-  in a server option (``@eventsched_rc``) and unlocks a ``wait-for -L``
-  channel the waiter locked before the command started and blocks on (a
-  lock, not ``wait-for -S``: two signals before anyone waits lose the
-  wake-up; a second unlock is harmless; nothing is polled); the waiter exits with
-  that code, or kills itself with signal N for a status 128+N (the shell's
-  convention: a command that *exits* 130 reads as killed by SIGINT). Not
-  ``remain-on-exit`` + ``#{pane_dead_status}`` alone: tmux 3.3a now and then
-  misses the SIGCHLD of a pane that exits at once, and the
-  status never comes; that route (and the ``pane-died`` hook) is kept for a
-  pane whose shell is killed before it can report;
-- output: ``pipe-pane`` appends the pane's output (as a terminal shows it,
-  escape sequences included) to the job's log; the command waits on a second
-  channel until the pipe is in place, so nothing it prints is missed;
-- cancel: the cgroup (or process group) gets the signal; without a cgroup the
-  waiter forwards it to the command's process group.
-
-screen: ``screen -DmS eventsched-JOB`` runs in the foreground of the waiter
-(``screen -r eventsched-JOB`` attaches); the log is screen's own ``-L``
-log, flushed every second; the exit status is the one the shell in the
-window saw (``128+N`` for a signal N).
+screen: ``screen -DmS eventsched-JOB`` runs in the waiter's foreground; the
+log is screen's own ``-L`` log, flushed every second.
 """
 
 from __future__ import annotations

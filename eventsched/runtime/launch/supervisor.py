@@ -3,34 +3,20 @@
 The daemon runs ``python -I -S supervisor.py --zygote SOCK_FD`` (its end is
 ``zygote.py``): a long-lived process whose workers each supervise one job at
 a time and then wait for the next, so a launch costs neither an interpreter
-start-up nor, mostly, a fork. When the daemon keeps no zygote (before
-``Executor.run``, or ``zygote=False``) it starts one for a single launch.
-The script is stdlib-only (besides its siblings ``plan`` and ``cgroupfs``,
-loaded by path) because its start-up is part of a launch's latency. Like
-conmon or containerd-shim it outlives the daemon: it runs in its own session
-and talks to the daemon through the zygote's socket and the attempt's files:
+start-up nor, mostly, a fork. The script is stdlib-only (besides its siblings
+``plan`` and ``cgroupfs``, loaded by path) because its start-up is part of a
+launch's latency. It outlives the daemon, in its own session, and talks to it
+through the zygote's socket and the attempt's files: it gets the plan with the
+request (or from ``ATTEMPT.spec.json``), appends the pid line and the exit line
+to ``ATTEMPT``, and copies the job's output into ``jobs/ID.log``, created at
+its first byte (each inode costs CPU: a silent job creates none).
 
-- gets the plan (``plan.Plan``) with the zygote's request, or from
-  ``ATTEMPT.spec.json`` when it is too big for one message;
-- appends to ``ATTEMPT`` (``jobs/ID.N``, the file whose creation by the
-  daemon was the launch's commit point) one JSON object per line, each in
-  one write: the pid line once the job has exec'd (with the job's cgroups,
-  for a restarted daemon to clear), the exit line when it has ended;
-- copies the job's stdout and stderr (one pipe) into the job's log
-  (``jobs/ID.log``), which it creates at the job's first byte of output.
-  That file is the only inode a launch creates beside ``ATTEMPT``, and a job
-  that prints nothing creates none: each inode costs CPU, more so on a
-  journaled file system (``docs/launch-path.md``).
-
-``start(plan)`` starts a job: by the C accelerator (``_spawn.c``) where it is
-built, else by the portable reference, a fork and ``_child``. Both take the
-same steps in the same order and report a failure as (step, errno), which
-``_failure`` words once.
+``start(plan)`` starts a job by the C accelerator (``_spawn.c``) where built,
+else by a fork and ``_child``; both take the same steps in the same order and
+report a failure as (step, errno), which ``_failure`` words once.
 """
 
-from __future__ import (
-    annotations,  # annotations stay strings: typing is never imported (start-up time)
-)
+from __future__ import annotations  # annotations stay strings: typing is never imported (start-up time)
 
 import _signal as signal  # not `signal` nor `socket`: their enum import costs start-up time
 import _socket
@@ -180,9 +166,6 @@ def _drain(out: int, log: _Log) -> None:
     except OSError:
         pass
     os.close(out)
-
-
-# --- start(plan) -> pid | Failure ------------------------------------------------
 
 
 class Failure(str):
@@ -419,16 +402,12 @@ def clone_start(p: Plan) -> int | Failure | None:
     return pid if pid > 0 else _failure(p, step, err)
 
 
-# --- one job, start to end ------------------------------------------------------------
-
-
 def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes, devnull: int) -> None:
     """Be the supervisor of the job attempt whose record is ``attempt``:
     start its job, answer ``token`` on ``sock``, copy its output, wait,
     record its end. ``data``: the plan, sent with the request (else in
     spec.json)."""
-    job_pid = [0]
-    cgroup = [""]
+    job_pid, cgroup = [0], [""]
 
     def forward(signum: int, frame: object) -> None:  # stopping the supervisor stops its job, all of it
         if not (cgroup[0] and cgroupfs.signal_all(cgroup[0], signum)) and job_pid[0]:
@@ -463,8 +442,7 @@ def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes, devn
             _record_exit(attempt, 127, None, error)
             _send(sock, "%s error %s" % (token, error))
             return
-        job_pid[0] = pid
-        cgroup[0] = p.cgroup
+        job_pid[0], cgroup[0] = pid, p.cgroup
         # the cgroup whose oom_kill count tells a kill for the memory limit
         oom_cgroup = {"cgroup1": p.memory_cgroup, "cgroup2": p.cgroup}.get(p.memory_limit, "")
         start_time = _proc_start_time(pid)
@@ -505,9 +483,6 @@ def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes, devn
         log.close()
 
 
-# --- the zygote and its workers -------------------------------------------------------
-
-
 def _noop(signum: int, frame: object) -> None:
     pass
 
@@ -517,8 +492,7 @@ _IDLE_WORKERS = 16
 
 
 def zygote(sock_fd: int) -> int:
-    """Hand each launch to a supervisor worker, so a launch costs neither an
-    interpreter start-up nor, most of the time, a fork. ``sock_fd`` is a
+    """Hand each launch to a supervisor worker. ``sock_fd`` is a
     SOCK_SEQPACKET socket to the daemon; one message each way per event:
 
     - daemon -> us:    ``TOKEN ATTEMPT`` (then NUL and the plan, if it fits)
@@ -527,14 +501,10 @@ def zygote(sock_fd: int) -> int:
       with this launch: the exit recorded, or the worker dead;
     - worker -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``.
 
-    A worker (``_worker``) is a child of ours that supervises one job at a
-    time and then waits for the next launch; we fork one when none is idle.
-    A fresh fork costs the copies of every page the supervisor writes; a
-    worker pays them once.
-
-    EOF from the daemon (it stopped or died) ends us: idle workers read EOF
-    and exit; busy ones finish supervising their job, record its end, and
-    exit then, as a one-job supervisor would.
+    A worker is a child that supervises one job at a time and then waits for
+    the next launch (a fresh fork would copy every page it writes, a worker
+    pays that once). EOF from the daemon ends us: idle workers exit, busy ones
+    once their job's end is recorded.
     """
     import gc
     import select
@@ -640,9 +610,7 @@ def zygote(sock_fd: int) -> int:
                     holding[fd] = token
 
 
-def _fork_worker(
-    sock: _socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int
-) -> int:
+def _fork_worker(sock: _socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int) -> int:
     """Fork a worker for ``request`` (it stays for the next ones); the fd of
     our end of its socket, -1 if it could not be forked (the daemon is told)."""
     import select
@@ -724,13 +692,11 @@ def _send(sock: _socket.socket, text: str, fd: int = -1) -> None:
 
 
 def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
 
 
 if __name__ == "__main__":  # supervisor.py --zygote SOCK_FD

@@ -15,8 +15,6 @@ import subprocess
 from pathlib import Path
 
 import anyio
-import anyio.abc
-import anyio.to_thread
 
 __all__ = ["INLINE_SPEC_BYTES", "Zygote", "ZygoteRequest"]
 
@@ -50,13 +48,9 @@ class Zygote:
         try:
             self.popen = subprocess.Popen(
                 [python, "-I", "-S", _SUPERVISOR, "--zygote", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), cwd="/",
                 start_new_session=True,  # the daemon's session and signals are not its
-                cwd="/",
             )
         except BaseException:
             ours.close()
@@ -68,8 +62,7 @@ class Zygote:
         self.requests: dict[int, ZygoteRequest] = {}
         self.next_token = 0
         self.eof = False  # the zygote and every supervisor it forked closed their end
-        self.retired = False
-        self.users = 0
+        self.retired, self.users = False, 0
         self.lock: anyio.Lock | None = None
 
     def alive(self) -> bool:
@@ -80,10 +73,8 @@ class Zygote:
         reads spec.json); None if the zygote did not take it (dead)."""
         self.next_token += 1
         token = self.next_token
-        try:
-            # absolute: the zygote runs in /
-            path = os.path.abspath(attempt)
-            request = f"{token} {path}".encode(errors="surrogateescape")
+        try:  # absolute: the zygote runs in /
+            request = f"{token} {os.path.abspath(attempt)}".encode(errors="surrogateescape")
             if spec is not None:
                 request += b"\0" + spec  # a path holds no NUL
             self.sock.send(request, socket.MSG_NOSIGNAL)
@@ -128,20 +119,14 @@ class Zygote:
                 return
             token, _, rest = data.decode(errors="replace").partition(" ")
             req = self.requests.get(int(token)) if token.isdigit() else None
-            if req is None:  # an abandoned launch (timed out): drop its pidfd
-                for fd in fds:
-                    os.close(fd)
-                continue
-            if rest.startswith("forked"):
+            if req is not None and rest.startswith("forked"):
                 req.forked = True
                 if fds:
-                    req.pidfd = fds[0]
-                for fd in fds[1:]:
-                    os.close(fd)
-            else:
-                req.result = req.result or rest.strip()  # the first answer stands (a dead worker's zygote may add one)
-                for fd in fds:
-                    os.close(fd)
+                    req.pidfd = fds.pop(0)
+            elif req is not None:  # the first answer stands (a dead worker's zygote may add one)
+                req.result = req.result or rest.strip()
+            for fd in fds:  # the rest, or all of an abandoned (timed out) launch's
+                os.close(fd)
 
     def retire(self) -> None:
         """No more launches: the zygote reads EOF and exits (its supervisors
