@@ -1,15 +1,10 @@
 """What the control socket admits from a user, before the core sees it.
 
-The core checks that a job *could run here* (``core.check_spec``); this module
-checks that a request is *reasonable from this user*: every number a user
-sends is bounded, every string has a size cap, and priorities above the
-ceiling are for operators only. A value outside these bounds is refused at
-submit with one line naming the option and the bound, so nothing absurd ever
-reaches the log (which is append-only: a bad value there would stay forever).
-
-Compiled with mypyc (``setup.py``): it runs on every submission. The bounds
-themselves (``limits.SubmitLimits``) are a msgspec Struct with class options
-mypyc would drop, so they live in an interpreted module.
+The core checks that a job *could run here*; this checks that a request is
+*reasonable from this user*: every number and string is bounded, high
+priorities are for operators, so nothing absurd reaches the append-only log.
+Compiled with mypyc; the bounds (``limits.SubmitLimits``) are a Struct with
+class options mypyc would drop, so they live in an interpreted module.
 """
 
 from __future__ import annotations
@@ -38,14 +33,9 @@ def _within(strings: list[str], limit: int) -> bool:
 
 def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> None:
     """Refuse (``Refused``) a spec outside ``limits``; return if admissible."""
-    if operator:
-        pass  # root and the daemon's user may use any priority the type holds
-    elif abs(spec.priority) > limits.max_user_priority:
-        raise Refused(
-            RefusalKind.FORBIDDEN,
-            f"--priority {spec.priority} is outside [-{limits.max_user_priority}, {limits.max_user_priority}]; "
-            "higher priorities are for operators"
-        )
+    if not operator and abs(spec.priority) > limits.max_user_priority:  # operators: any priority
+        raise Refused(RefusalKind.FORBIDDEN, f"--priority {spec.priority} is outside [-{limits.max_user_priority}, "
+                      f"{limits.max_user_priority}]; higher priorities are for operators")
     if abs(spec.priority) > 1 << 31:
         raise Refused(RefusalKind.INVALID, f"--priority {spec.priority} is too large")
     if not 0 <= spec.retries <= limits.max_retries:
@@ -75,11 +65,8 @@ def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> 
     strings = [*spec.env, *spec.env.values(), spec.env_setup]
     env = 0 if _within(strings, limits.max_env_bytes) else _bytes(strings)
     if env > limits.max_env_bytes:
-        raise Refused(
-            RefusalKind.INVALID,
-            f"the environment and --env-setup are {env} bytes; at most {limits.max_env_bytes} "
-            "(submit from a shell with a smaller environment, e.g. `env -i PATH=$PATH eventsched submit ...`)"
-        )
+        raise Refused(RefusalKind.INVALID, f"the environment and --env-setup are {env} bytes; at most {limits.max_env_bytes} "
+                      "(submit from a shell with a smaller environment, e.g. `env -i PATH=$PATH eventsched submit ...`)")
     if len(spec.cwd) > 4096 or "\0" in spec.cwd:
         raise Refused(RefusalKind.INVALID, "the working directory is not a valid path")
     try:  # the supervisor clamps them to the daemon's own limits; refuse nonsense here

@@ -1,23 +1,13 @@
 """Declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md): pure findings.
 
 The core asks these after each ``GpuSampled`` (only about the jobs on that
-GPU: O(jobs there x their GPUs)), on each timer tick (idle deadlines) and
-after each scheduling round (idle jobs that a waiting job could replace); it
-records what they find as decisions caused by that fact, and signals.
-
-- **Memory.** A running job with a ``--gpu-mem`` whose processes hold more
-  than that on one of its GPUs is *over*: ``JobGpuMemoryExceeded`` once per
-  crossing (then, under ``gpu_mem_policy = "stop"``, its warning signal and
-  SIGKILL after the grace; it ends ``failed``, "GPU memory over request"),
-  ``JobGpuMemoryWithin`` when it is back under on every GPU.
-- **Idle.** A running job whose GPUs have all shown at most
-  ``idle_utilization_pct`` for ``idle_after_s`` is idle (``JobIdle``); when
-  one of them is busy again, ``JobBusy``. Utilisation is the whole GPU's, so a
-  share of a GPU that another job keeps busy is not idle.
-- **Reclaim.** Under ``idle_policy`` "stop" or "requeue", an idle job is
-  stopped for the best waiting job that would then fit on its node (its own
-  GPUs freed, the others as they are); one reclaim at a time, as for
-  preemption, so a waiting job never stops two idle jobs for one place.
+GPU), on each timer tick and after each scheduling round, and records what
+they find as decisions caused by that fact. Memory: a job whose processes hold
+more than its ``--gpu-mem`` on one GPU is over (once per crossing). Idle: all
+its GPUs at most ``idle_utilization_pct`` for ``idle_after_s``; utilisation is
+the whole GPU's, so a share of a GPU another job keeps busy is not idle.
+Reclaim: one at a time, as for preemption, so a waiting job never stops two
+idle jobs for one place.
 """
 
 from __future__ import annotations
@@ -52,9 +42,8 @@ def memory_findings(state: ClusterState, gpu: Gpu) -> list[tuple[Job, bool, int,
         if request <= 0 or job.cancel_reason:
             continue
         used, where = job_gpu_memory(state, job)
-        over = used > request
-        if over != job.gpu_mem_over:
-            out.append((job, over, used, where))
+        if (used > request) != job.gpu_mem_over:
+            out.append((job, used > request, used, where))
     return out
 
 
@@ -99,24 +88,14 @@ def _room_for(state: ClusterState, idle: Job, waiting: Job) -> bool:
 
 
 def reclaim(state: ClusterState, now: float) -> tuple[int, int] | None:
-    """(idle job to stop, the waiting job it makes room for), or None. The
-    job idle longest goes first; the waiting job is the first (in the queue's
-    key order) of the shapes' heads that is eligible, within its limits and that
-    would fit."""
+    """(idle job to stop, the waiting job it makes room for), or None: the job
+    idle longest, for the first eligible shape head (queue order) that would fit."""
     if state.config.idle_policy == "off" or not state.idle_jobs or not state.queue or state.reclaiming:
         return None
     heads = [e[2] for e in sorted(entries[0] for entries in state.queue.shape_queue.values() if entries)]
     limits = Limits(state)
-    waiting = [
-        state.jobs[j] for j in heads
-        if _eligible(state, state.jobs[j], now) and limits.blocked(state.jobs[j]) is None
-    ]
+    waiting = [state.jobs[j] for j in heads if _eligible(state, state.jobs[j], now) and limits.blocked(state.jobs[j]) is None]
     if not waiting:
         return None
     idle = sorted(state.idle_jobs, key=lambda j: (state.jobs[j].idle_since or 0.0, j))
-    for jid in idle:
-        job = state.jobs[jid]
-        for w in waiting:
-            if _room_for(state, job, w):
-                return jid, w.id
-    return None
+    return next(((jid, w.id) for jid in idle for w in waiting if _room_for(state, state.jobs[jid], w)), None)

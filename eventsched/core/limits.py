@@ -11,8 +11,6 @@ YEAR_S = 366 * 86400.0
 
 
 class SubmitLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ``[limits]`` table of the serve config."""
-
     max_user_priority: int = 100  # non-operators submit priorities in [-this, this]
     max_retries: int = 100
     max_time_limit_s: float = YEAR_S

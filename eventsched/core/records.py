@@ -1,9 +1,7 @@
-"""What the core's decisions are made of: a placement (``policies``), and a
-type of the FGD target workload (``fgd``).
+"""What the core's decisions are made of: a placement and an FGD task type.
 
-msgspec Structs, kept apart from those modules because they are compiled
-with mypyc (``setup.py``), which would drop a Struct's class options
-(``kw_only``, ``frozen``).
+msgspec Structs, kept apart from those modules because mypyc compiles them
+and would drop a Struct's class options (``kw_only``, ``frozen``).
 """
 
 from __future__ import annotations

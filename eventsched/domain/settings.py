@@ -1,12 +1,9 @@
 """The scheduler settings as the log records them, and how they evolve.
 
-``DaemonStarted.config`` holds them as a plain dict stamped with
-``settings_version``; reading one goes dict -> upcasters -> struct (as
-eventsourcing's ``upcast_vN_vN1``), so a newer daemon starts on an older log,
-and an older daemon meets a newer log with a clear one-line refusal.
-
-To change their shape: bump ``SETTINGS_VERSION`` and register a new
-``upcast_v{N}_v{N+1}`` in ``UPCASTERS``; never edit one that has shipped. A
+``DaemonStarted.config`` is a dict stamped with ``settings_version``, read via
+upcasters to the struct, so a newer daemon starts on an older log and an older
+one refuses a newer log in one line. To change the shape: bump
+``SETTINGS_VERSION`` and add an upcaster; never edit one that has shipped. A
 field added with a default needs none unless old logs should get another value.
 """
 
@@ -30,47 +27,31 @@ class SettingsError(Exception):
 
 
 def upcast_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:
-    """v2 added a per-user queue limit. A v1 log had none: give it one as large
-    as its global limit, so replaying or resuming it decides as it did."""
-    out = dict(raw)
-    out.setdefault("max_queued_per_user", out.get("max_queued", SchedulerConfig().max_queued))
-    return out
+    """v2 added a per-user queue limit: a v1 log gets its global one, so it decides as it did."""
+    return {"max_queued_per_user": raw.get("max_queued", SchedulerConfig().max_queued), **raw}
 
 
 def upcast_v2_v3(raw: dict[str, Any]) -> dict[str, Any]:
-    """v3 added teams: aging, fair share, gang reservations and preemption.
-    A v2 log decided by priority alone: switch them off for it, so replaying
-    or resuming it decides as it did (a restart with a config records v3)."""
-    out = dict(raw)
-    out.setdefault("aging_per_hour", 0.0)
-    out.setdefault("fair_share_weight", 0.0)
-    out.setdefault("reserve_for_gang", False)
-    out.setdefault("preemption", False)
-    return out
+    """v3 added aging, fair share, gang reservations and preemption: off for a
+    v2 log, which decided by priority alone, so it decides as it did."""
+    return {"aging_per_hour": 0.0, "fair_share_weight": 0.0, "reserve_for_gang": False, "preemption": False, **raw}
 
 
 def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
-    """v4 added the GPU memory and idle settings. A v3 log never looked
-    for idle jobs: switch that off for it, so replaying or resuming it decides
-    as it did (its samples carry no per-job memory, so the memory check is moot)."""
-    out = dict(raw)
-    out.setdefault("idle_after_s", 0.0)
-    return out
+    """v4 added the idle settings: off for a v3 log, which never looked for idle
+    jobs (its samples carry no per-job memory, so the memory check is moot)."""
+    return {"idle_after_s": 0.0, **raw}
 
 
 def upcast_v4_v5(raw: dict[str, Any]) -> dict[str, Any]:
-    """v5 counts aging in whole tiers, and preempts only for a job that then
-    goes first (docs/fair-share.md). A v4 log aged continuously and compared
-    raw priorities to preempt: keep that for it, so it replays as it ran."""
-    out = dict(raw)
-    out.setdefault("aging_tiers", False)
-    return out
+    """v5 ages in whole tiers and preempts only for a job that then goes first;
+    a v4 log aged continuously: keep that for it, so it replays as it ran."""
+    return {"aging_tiers": False, **raw}
 
 
 def upcast_v5_v6(raw: dict[str, Any]) -> dict[str, Any]:
-    """v6 puts GPUs a stranger uses last on their node. A v5 log placed in
-    plain (node, id) order: keep that for it, so it replays as it ran."""
-    return {**raw, "avoid_foreign_gpus": raw.get("avoid_foreign_gpus", False)}
+    """v6 puts GPUs a stranger uses last; a v5 log placed in (node, id) order: keep that."""
+    return {"avoid_foreign_gpus": False, **raw}
 
 
 UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
@@ -93,10 +74,8 @@ def settings_from_dict(recorded: dict[str, Any], *, node: str = "local") -> Sche
     if not isinstance(version, int) or version < 1:
         raise SettingsError(f"the log's scheduler settings have an invalid version {version!r}")
     if version > SETTINGS_VERSION:
-        raise SettingsError(
-            f"the log was written by a newer eventsched (scheduler settings version {version}; this one reads "
-            f"up to {SETTINGS_VERSION}): upgrade eventsched to use this state directory"
-        )
+        raise SettingsError(f"the log was written by a newer eventsched (scheduler settings version {version}; this one "
+                            f"reads up to {SETTINGS_VERSION}): upgrade eventsched to use this state directory")
     while version < SETTINGS_VERSION:
         raw = UPCASTERS[version](raw)
         version += 1

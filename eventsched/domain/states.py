@@ -1,17 +1,11 @@
 """Job states and the one table of how events move a job between them.
 
-Modelled on h11's ``_state.py``: every legal move is an entry keyed by
-``(state, event type)``; a pair that is not in the table is illegal, and
-``move`` raises ``IllegalTransition`` before anything changes. Every fold of a
-job's state reads it: the allocation projection (which the core checks
-commands against), the notebook panel, the what-if metrics, and the read
-model, whose SQL is generated from it (``projections/history_schema.py``).
-The one rule that is not a plain lookup, the state that follows an exit, is
-``exit_outcome``; it too is data (``STOP_OUTCOMES``), so SQL can follow it.
-
-``JobState`` is a ``StrEnum``: a state compares equal to its name
-(``JobState.QUEUED == "queued"``), which is how it appears in JSON, SQL and
-the log, so a plain string looks a state up in the table as well.
+As h11's ``_state.py``: every legal move is keyed by ``(state, event type)``;
+any other pair is illegal and ``move`` raises ``IllegalTransition`` before
+anything changes. Every fold of a job's state reads it, the read model's SQL
+included (generated from it); the one non-lookup rule, the state after an
+exit, is data too (``STOP_OUTCOMES``) so SQL can follow it. ``JobState`` is a
+``StrEnum``, so a plain string (as in JSON, SQL, the log) looks a state up too.
 """
 
 from __future__ import annotations
@@ -68,11 +62,8 @@ class IllegalTransition(ValueError):
 
 
 def exit_outcome(stop_reason: str, exit_code: int | None, reason: str = "") -> JobState:
-    """The state a running job ends in when its process exits.
-
-    ``stop_reason`` is why it was asked to stop, if it was (a key of
-    ``STOP_OUTCOMES``, or ""); ``reason`` what the exit report says.
-    """
+    """The state a running job ends in when its process exits; ``stop_reason``:
+    why it was asked to stop ("" if not), ``reason``: what the exit report says."""
     if reason == C:  # the executor cancelled it, whatever it had been asked
         return C
     return STOP_OUTCOMES.get(stop_reason) or (S if exit_code == 0 else F)
@@ -89,20 +80,11 @@ def _on_exit(stop_reason: str, event: Any) -> JobState:
 # (state, event type) -> the next state, or a rule computing it from (stop reason, event)
 Target = JobState | Callable[[str, Any], JobState]
 TRANSITIONS: dict[tuple[str, type[ev.Event]], Target] = {
-    (Q, ev.JobPlaced): R,
-    (Q, ev.JobHeld): H,
-    (Q, ev.JobCancelled): C,
-    (H, ev.JobReleased): Q,
-    (H, ev.JobCancelled): C,
-    (R, ev.JobStarted): R,
-    (R, ev.JobCancelRequested): R,
-    (R, ev.JobExited): _on_exit,
-    (R, ev.JobLost): L,
+    (Q, ev.JobPlaced): R, (Q, ev.JobHeld): H, (Q, ev.JobCancelled): C,
+    (H, ev.JobReleased): Q, (H, ev.JobCancelled): C,
+    (R, ev.JobStarted): R, (R, ev.JobCancelRequested): R, (R, ev.JobExited): _on_exit, (R, ev.JobLost): L,
     # findings about a running job (GPU memory against its request, idle or busy): it stays running
-    (R, ev.JobGpuMemoryExceeded): R,
-    (R, ev.JobGpuMemoryWithin): R,
-    (R, ev.JobIdle): R,
-    (R, ev.JobBusy): R,
+    (R, ev.JobGpuMemoryExceeded): R, (R, ev.JobGpuMemoryWithin): R, (R, ev.JobIdle): R, (R, ev.JobBusy): R,
     (F, ev.JobRequeued): Q,  # a retry, a time-limit requeue, an attempt that never launched
     (P, ev.JobRequeued): Q,  # after a preemption
     (L, ev.JobRequeued): Q,  # lost with its node, retried by its retry policy

@@ -30,9 +30,7 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     jobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     preemptible: bool = False  # its jobs over its fair share may be preempted
-    # users (of ``users``) whose tenant this is when they name none: needed
-    # for a user listed in several tenants
-    default_for: list[str] = []
+    default_for: list[str] = []  # users whose tenant this is when they name none (if in several)
 
 
 class TenantConfig(Tenant, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,17 +57,14 @@ def check_tenants(tenants: dict[str, Tenant]) -> None:
         if len(names) > 1:
             defaults = [n for n in names if user in tenants[n].default_for]
             if len(defaults) != 1:
-                raise TenantError(
-                    f"user {user!r} is in tenants {', '.join(repr(n) for n in names)}: list them in "
-                    f"default_for of exactly one of them (it is used when they give no --tenant)"
-                )
+                raise TenantError(f"user {user!r} is in tenants {', '.join(repr(n) for n in names)}: list them in "
+                                  f"default_for of exactly one of them (it is used when they give no --tenant)")
 
 
 def tenant_of_user(tenants: dict[str, Tenant], user: str, asked: str = "") -> str:
-    """The tenant a job of ``user`` counts against: ``asked`` (checked: the
-    user must be listed in it), else the one listing them (their default
-    when several do), else the default tenant. With no tenants configured a
-    label is free and is its own tenant."""
+    """The tenant a job of ``user`` counts against: ``asked`` (if it lists them), else
+    the one listing them (their default if several), else the default tenant.
+    With no tenants configured a label is free and is its own tenant."""
     if not tenants:
         return asked or DEFAULT_TENANT
     if asked:
@@ -86,7 +81,4 @@ def tenant_of_user(tenants: dict[str, Tenant], user: str, asked: str = "") -> st
     listed = [n for n, t in tenants.items() if user in t.users]
     if len(listed) == 1:
         return listed[0]
-    for name in listed:
-        if user in tenants[name].default_for:
-            return name
-    return DEFAULT_TENANT
+    return next((n for n in listed if user in tenants[n].default_for), DEFAULT_TENANT)

@@ -1,13 +1,10 @@
-"""Text for a terminal: users' strings made safe to print, the one table
-formatter, the one JSON printer and the one error line.
+"""Text for a terminal: users' strings made safe, the one table formatter, the
+one JSON printer and the one error line.
 
-Job names, commands and users' strings reach other users' terminals through
-``queue``, ``status``, ``sql`` and ``explain``. A raw escape sequence there
-could retitle a window, hide lines or fake output, so every such string is
-printed through ``printable``: control characters (C0, DEL, C1) and the
-bidirectional overrides become visible escapes; everything else is kept.
-
-Imports nothing at module level: the CLI's fast path prints through it.
+Users' strings reach other users' terminals, where a raw escape sequence could
+retitle a window, hide lines or fake output: ``printable`` shows control
+characters and bidi overrides as escapes. No module-level imports: the CLI's
+fast path prints through it.
 """
 
 from __future__ import annotations
@@ -37,9 +34,8 @@ def has_control(text: str) -> bool:
 
 
 def table(headers: list[str], rows: list[list[Any]], *, right: list[bool] | None = None, rule: bool = False) -> str:
-    """Aligned columns for a terminal: every cell through ``printable`` (names
-    are users' text; None shows as nothing); ``right`` right-aligns columns
-    (numbers), ``rule`` draws a line under the header."""
+    """Aligned columns, every cell through ``printable`` (None shows as nothing);
+    ``right`` right-aligns columns, ``rule`` draws a line under the header."""
     head = [printable(h) for h in headers]
     cells = [["" if c is None else printable(str(c)) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(head)]

@@ -1,8 +1,7 @@
 """The units users write: durations, GPU id lists, job id lists, ``fake:N[:MIB]``.
 
-One parser each (and the one duration formatter), shared by the CLI, the daemon, the notebook magics and the
-replay. Each raises ``UnitError`` (a ``ValueError``) with a one-line message
-that names what was wrong.
+One parser each (and the one duration formatter), shared by every entry point;
+each raises ``UnitError`` (a ``ValueError``) with a one-line message.
 """
 
 from __future__ import annotations
@@ -12,14 +11,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Final
 
-__all__ = [
-    "FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus", "DEFAULT_FAKE_MEM_MIB",
-    "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration",
-]
+__all__ = ["FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus",
+           "DEFAULT_FAKE_MEM_MIB", "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration"]
 
 # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding.
-# Final: the compiled modules inline it (else each use is a dict lookup in a hot
-# scan); the annotation is never evaluated at run time
+# Final: the compiled modules inline it (else a dict lookup per use in hot scans)
 FULL: Final = 1000
 DEFAULT_FAKE_MEM_MIB = 81_920  # an 80 GiB card
 MAX_FAKE_GPUS = 1024
@@ -74,18 +70,13 @@ def format_duration(seconds: float | None, style: str = "clock") -> str:
                 return f"{int(seconds // size)}{unit}"
         return f"{seconds:.3g}s" if seconds < 60 else f"{seconds / 60:.3g}m"
     s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def parse_gpu_ids(text: str) -> list[int]:
     """``"1,3"``, ``"0-3"``, ``"0-1,4"`` -> sorted unique ids."""
     ids: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in filter(None, (p.strip() for p in text.split(","))):
         try:
             if "-" in part:
                 low, high = (int(x) for x in part.split("-", 1))
@@ -105,9 +96,7 @@ def parse_job_ids(values: Sequence[str]) -> list[int]:
     """Job ids as given on a command line: ``12 13`` or ``12,13``."""
     ids = []
     for value in values:
-        for part in value.split(","):
-            if not part.strip():
-                continue
+        for part in filter(str.strip, value.split(",")):
             try:
                 ids.append(int(part))
             except ValueError:
@@ -153,18 +142,11 @@ def parse_array(text: str) -> tuple[list[int], int]:
         if cap < 1:
             raise UnitError(f"--array {text!r}: %K must be at least 1")
     indices: set[int] = set()
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in filter(None, (p.strip() for p in spec.split(","))):
         rng, colon, step_text = part.partition(":")
         try:
             step = int(step_text) if colon else 1
-            if "-" in rng.lstrip("-"):
-                low_text, high_text = rng.split("-", 1)
-                low, high = int(low_text), int(high_text)
-            else:
-                low = high = int(rng)
+            low, high = (int(x) for x in rng.split("-", 1)) if "-" in rng.lstrip("-") else (int(rng),) * 2
         except ValueError:
             raise UnitError(f"--array {text!r}: {part!r} is not an index, a range like 0-99 or a stepped range like 0-99:2") from None
         if step < 1:

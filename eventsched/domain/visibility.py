@@ -1,11 +1,8 @@
 """Who sees what: the one policy for job specs that cross to another user.
 
-Everyone sees every job's metadata (id, user, name, state, GPUs, times,
-command); only the job's owner, root and the daemon's own user see its
-``env`` and ``env_setup``, which hold tokens and keys. Everything that hands a
-``JobSubmitted`` (or a ``JobSpec``) to a client goes through here: the event
-stream's history and live batches. (``job_json``, behind ``queue``/``status``,
-never carries the environment at all.)
+Everyone sees every job's metadata; only the owner, root and the daemon's
+own user see its ``env`` and ``env_setup``, which hold tokens and keys. Every
+``JobSubmitted`` or ``JobSpec`` handed to a client goes through here.
 """
 
 from __future__ import annotations
@@ -46,20 +43,15 @@ def redact_events(events: list[Event], viewer_uid: int, operators: Collection[in
         if isinstance(event, JobSubmitted):
             spec = redact_spec(event.spec, viewer_uid, operators)
             if spec is not event.spec:
-                if out is None:
-                    out = list(events)
+                out = out or list(events)
                 out[i] = msgspec.structs.replace(event, spec=spec)
     return events if out is None else out
 
 
 class BatchView:
-    """One committed batch (encoded once by the engine) as each viewer may see it.
-
-    Most batches hold no submission and go out unchanged to everyone. A batch
-    with submissions is decoded once; the redacted payload is encoded once and
-    shared by every other viewer, and an owner of a submission in it gets a
-    variant (encoded once per such owner) with their own secrets left in.
-    """
+    """One committed batch as each viewer may see it: most hold no submission and
+    go out unchanged; else the redacted payload is encoded once for all, and each
+    owner of a submission in it gets a variant with their own secrets left in."""
 
     __slots__ = ("payload", "operators", "_plain", "_events", "_owners", "_public", "_variants")
 
@@ -77,14 +69,9 @@ class BatchView:
             return self.payload
         if self._events is None:
             self._events = decode_many(self.payload)
-            self._owners = frozenset(
-                e.spec.uid for e in self._events if isinstance(e, JobSubmitted) and _has_secrets(e.spec)
-            )
-            if not self._owners:
-                self._public = self.payload
-            else:
-                # -1: nobody's uid, so every secret is hidden
-                self._public = encode_many(redact_events(self._events, -1, ()))
+            self._owners = frozenset(e.spec.uid for e in self._events if isinstance(e, JobSubmitted) and _has_secrets(e.spec))
+            # -1: nobody's uid, so every secret is hidden
+            self._public = encode_many(redact_events(self._events, -1, ())) if self._owners else self.payload
         assert self._public is not None
         if uid not in self._owners:
             return self._public

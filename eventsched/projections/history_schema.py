@@ -13,7 +13,6 @@ from collections.abc import Iterable
 
 from eventsched.domain.states import DONE_FOR_GOOD, FINAL, STOP_OUTCOMES, TRANSITIONS, WAITING, JobState
 
-# 9: start forecasts' 80 % ranges (forecasts.p10, p90; forecast_errors.covered, width_s)
 SCHEMA_VERSION = 9
 
 
@@ -22,10 +21,9 @@ def _sql_set(items: Iterable[str]) -> str:
 
 
 def _state_sql() -> tuple[str, str]:
-    """``states.TRANSITIONS`` as SQL: (the state each job event moves to, the
-    legal ``state:type`` pairs). Each event type that changes a state leads to
-    one state (an exit: to one rule), so the state before an event is the last
-    target before it; events that keep the state as it is yield none."""
+    """``states.TRANSITIONS`` as SQL: (the state each job event moves to, the legal
+    ``state:type`` pairs). Each state-changing event type leads to one state (an
+    exit: one rule), so the state before an event is the last target before it."""
     c, s, f = JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED
     stops = "".join(f" WHEN stop = '{why}' THEN '{to}'" for why, to in STOP_OUTCOMES.items())
     # the core records the state an exit ends in; older logs fall back to exit_outcome's rule

@@ -1,13 +1,8 @@
 """`eventsched metrics`: the scheduler's figures, from the DuckDB read model.
 
-* wait (submission to first start), run (time in completed attempts) and
-  turnaround (submission to end, finished jobs): count, mean, median, p95.
-  Quantiles are linear interpolation between order statistics (DuckDB's
-  ``quantile_cont``, numpy's default ``percentile``).
-* GPU utilisation mean and peak per GPU, from every ``GpuSampled``.
-* GPU-hours per user and per tenant: share x hours of every placement, open
-  placements counted up to the last event in the log.
-* Job counts by state.
+Wait, run and turnaround: count, mean, median, p95 (``quantile_cont``, numpy's
+default interpolation); GPU utilisation per GPU; GPU-hours per user and tenant,
+open placements counted up to the last event in the log; jobs by state.
 """
 
 from __future__ import annotations
@@ -71,20 +66,11 @@ def compute_metrics(history: History) -> dict[str, Any]:
         idle = _dicts(con, 'SELECT user_name AS "user", coalesce(idle_gpu_hours, 0.0) AS idle_gpu_hours, spells, '
                            "jobs FROM idle_gpu_hours ORDER BY user_name")
     return {
-        "log_seq": int(seq),
-        "log_ts": ts,
+        "log_seq": int(seq), "log_ts": ts,
         "jobs": {"total": sum(by_state.values()), "by_state": by_state,
                  "finished": sum(by_state.get(s, 0) for s in FINAL)},
-        **durations,
-        "gpus": gpus,
-        "gpu_hours_by_user": users,
-        "gpu_hours_by_tenant": tenants,
-        "tenants": usage,  # quota, weight, use now and in all (the tenant_usage view)
-        "preemptions": preemptions,
-        # start forecasts shown (explain) against the real starts: forecast_errors
-        "forecasts": forecasts,
-        # GPU-hours held while idle, per user (the idle_gpu_hours view)
-        "idle_gpu_hours": idle,
+        **durations, "gpus": gpus, "gpu_hours_by_user": users, "gpu_hours_by_tenant": tenants,
+        "tenants": usage, "preemptions": preemptions, "forecasts": forecasts, "idle_gpu_hours": idle,
     }
 
 
@@ -92,11 +78,7 @@ def compute_metrics(history: History) -> dict[str, Any]:
 
 
 def _num(value: float | int | None, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        return str(value)
-    return f"{value:.{digits}f}"
+    return "-" if value is None else str(value) if isinstance(value, int) else f"{value:.{digits}f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -156,9 +138,7 @@ def _labels(labels: dict[str, Any]) -> str:
 def _value(v: float | int | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "NaN"
-    if isinstance(v, float):
-        return ("+Inf" if v > 0 else "-Inf") if math.isinf(v) else repr(v)
-    return str(v)
+    return (("+Inf" if v > 0 else "-Inf") if math.isinf(v) else repr(v)) if isinstance(v, float) else str(v)
 
 
 def _scaled(value: Any, scale: float) -> float | int:
@@ -168,11 +148,8 @@ def _scaled(value: Any, scale: float) -> float | int:
 
 
 def prometheus_text(m: dict[str, Any]) -> str:
-    """The figures in the text exposition format 0.0.4; passes ``promtool check metrics``.
-
-    Names follow Prometheus' conventions: counters end in ``_total``, units are
-    base units (GPU time in seconds, memory in bytes, shares as ``_ratio``).
-    """
+    """The figures in the text exposition format 0.0.4 (``promtool check metrics``
+    passes): counters end in ``_total``, base units (seconds, bytes, ``_ratio``)."""
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, dict[str, Any], Any]]) -> None:
@@ -193,7 +170,6 @@ def prometheus_text(m: dict[str, Any]) -> str:
            [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_mean"]) for g in m["gpus"]])
     family("eventsched_gpu_utilization_peak_percent", "gauge", "Peak GPU utilisation over all samples.",
            [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_peak"]) for g in m["gpus"]])
-    # Base units (Prometheus naming): GPU time in seconds, memory in bytes, shares as ratios.
     family("eventsched_user_gpu_seconds_total", "counter", "GPU time used (share x seconds) per user.",
            [("", {"user": r["user"] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m["gpu_hours_by_user"]])
     family("eventsched_tenant_gpu_seconds_total", "counter", "GPU time used (share x seconds) per tenant.",
@@ -224,34 +200,27 @@ def prometheus_text(m: dict[str, Any]) -> str:
         family("eventsched_forecast_abs_error_seconds", "gauge",
                "Mean absolute error of the start forecasts shown, against the real starts.",
                [("", {}, float(fc["mean_abs_error_s"]))])
-    family("eventsched_log_last_seq", "gauge", "Last log sequence included in these figures.",
-           [("", {}, m["log_seq"])])
+    family("eventsched_log_last_seq", "gauge", "Last log sequence included in these figures.", [("", {}, m["log_seq"])])
     return "\n".join(lines) + "\n"
 
 
 def run_metrics(state_dir: str | os.PathLike[str], fmt: str = "table", *, out: TextIO | None = None,
                 err: TextIO | None = None) -> int:
     """Print the metrics as a table, ``json`` or ``prometheus`` text; exit status."""
-    out = out or sys.stdout
-    err = err or sys.stderr
+    out, err = out or sys.stdout, err or sys.stderr
     if fmt not in ("table", "json", "prometheus"):
         print(f"eventsched metrics: unknown format {fmt!r} (table, json or prometheus)", file=err)
         return 2
     try:
         with History(state_dir) as history:
             m = compute_metrics(history)
-    except (HistoryError, OSError, duckdb.Error) as e:
+    except Exception as e:  # the log's own errors (corruption) carry a user-facing message too
+        if not isinstance(e, (HistoryError, OSError, duckdb.Error)) and not type(e).__module__.startswith("eventsched"):
+            raise
         print(f"eventsched metrics: {e}", file=err)
         return 1
-    except Exception as e:  # the log's own errors (corruption) carry a user-facing message
-        if type(e).__module__.startswith("eventsched"):
-            print(f"eventsched metrics: {e}", file=err)
-            return 1
-        raise
     if fmt == "json":
         print_json(m, out)
-    elif fmt == "prometheus":
-        out.write(prometheus_text(m))
     else:
-        print(format_metrics(m), file=out)
+        out.write(prometheus_text(m) if fmt == "prometheus" else format_metrics(m) + "\n")
     return 0

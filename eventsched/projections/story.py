@@ -1,11 +1,8 @@
 """A job's story from the log: each event with its time and the fact that caused it.
 
-``job_story(events, job)`` is a pure function over events (the daemon feeds
-it the log from the job's submission on). Each line says what happened and,
-for a decision, *because* of what: the fact its ``cause`` names (``seq:N``),
-described in the user's terms ("placed on GPU 0 by best-fit — because job 7
-exited"). Environments never appear: a story is shown to whoever may see the
-job's metadata.
+Each line says what happened and, for a decision, *because* of the fact its
+``cause`` names, in the user's terms ("placed on GPU 0 by best-fit — because
+job 7 exited"). Environments never appear: whoever sees the metadata sees it.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from typing import Any
 import msgspec
 
 from eventsched.domain import events as ev
+from eventsched.domain.text import printable
 
 __all__ = ["StoryLine", "job_story", "describe_fact", "render_explanation"]
 
@@ -42,20 +40,12 @@ def _gpus(ids: Iterable[int]) -> str:
 
 
 def _exit_words(e: ev.JobExited) -> str:
-    if e.signal is not None:
-        how = f"killed by signal {e.signal}"
-    elif e.exit_code is None:
-        how = "ended without an exit code"
-    else:
-        how = f"exited with code {e.exit_code}"
-    if e.reason:
-        how += f" ({e.reason})"
-    return how
+    how = (f"killed by signal {e.signal}" if e.signal is not None else "ended without an exit code"
+           if e.exit_code is None else f"exited with code {e.exit_code}")
+    return how + (f" ({e.reason})" if e.reason else "")
 
 
 _KILL = "warning signal, then SIGKILL after the grace"
-
-
 _FACTS: dict[type, Callable[[Any], str]] = {
     ev.JobSubmitted: lambda e: f"job {e.job} was submitted by {e.spec.user or e.cause}",
     ev.JobExited: lambda e: f"job {e.job} {_exit_words(e)}",
@@ -125,9 +115,8 @@ def _what(e: ev.Event) -> str:
 
 
 def _concerns(e: ev.Event, job: int) -> bool:
-    if isinstance(e, ev.JobsCommanded):
-        return False  # told as the cause of the job's own event that follows
-    return getattr(e, "job", None) == job
+    # a JobsCommanded is told as the cause of the job's own event that follows
+    return not isinstance(e, ev.JobsCommanded) and getattr(e, "job", None) == job
 
 
 def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
@@ -142,10 +131,8 @@ def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
         if not _concerns(e, job):
             continue
         n = ev.cause_seq(e)
-        because = ""
-        if n is not None:
-            fact: Any = facts.get(n)
-            because = describe_fact(fact) if fact is not None else f"event {n}"
+        fact: Any = None if n is None else facts.get(n)
+        because = "" if n is None else describe_fact(fact) if fact is not None else f"event {n}"
         out.append(StoryLine(seq=e.seq, ts=e.ts, type=type(e).__name__, what=_what(e), because=because,
                              cause=e.cause, cause_seq=n))
     return out
@@ -154,8 +141,6 @@ def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
 def render_explanation(info: dict[str, Any]) -> str:
     """What ``eventsched explain`` prints for the daemon's answer ``info``
     (``job``, ``reason``, ``story``): every line through ``text.printable``."""
-    from eventsched.domain.text import printable
-
     job = info["job"]
     lines = [f"job {job['id']} ({job['name']}, {job['user']}) is {job['state']}"]
     if job.get("array_id") is not None:
@@ -179,10 +164,6 @@ def render_explanation(info: dict[str, Any]) -> str:
     for line in info["story"]:
         ts = line["ts"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 10)}"
-        text = f"  {when}  {line['what']}"
-        if line["because"]:
-            text += f" (because {line['because']}, event {line['cause_seq']})"
-        elif line["cause"]:
-            text += f" [{line['cause']}]"
-        lines.append(text)
+        lines.append(f"  {when}  {line['what']}" + (f" (because {line['because']}, event {line['cause_seq']})"
+                     if line["because"] else f" [{line['cause']}]" if line["cause"] else ""))
     return "\n".join(printable(x) for x in lines)

@@ -1,9 +1,7 @@
 """Vectorised fragmentation (numpy) for the static FGD experiment.
 
 The same F_n as ``core.fgd.node_fragmentation``, over many node states at
-once. It lives apart from ``core.fgd`` so that the scheduler's core, which
-the daemon and the replay import, does not load numpy (slow to import, and
-OpenBLAS threads) for math only the static experiment uses.
+once; apart from ``core.fgd`` so the daemon and replay never load numpy.
 """
 
 from __future__ import annotations
@@ -18,10 +16,7 @@ __all__ = ["FragTable", "fgd_scores"]
 
 
 class FragTable:
-    """Vectorised F_n over many node states at once (numpy), for one target workload.
-
-    `models` lists the GPU model names; nodes pass their model as an index in it.
-    """
+    """F_n for one target workload; nodes pass their model as an index in `models`."""
 
     def __init__(self, types: Sequence[TaskType], models: Sequence[str]) -> None:
         self.types = list(types)
@@ -30,10 +25,8 @@ class FragTable:
         self.g = np.array([t.gpu_milli for t in types], dtype=np.int64)
         self.p = np.array([t.popularity for t in types], dtype=np.float64)
         # spec_ok[model, m]: type m may use this model (and is a GPU type)
-        self.spec_ok = np.array(
-            [[t.gpu_milli > 0 and (not t.spec or mdl in t.spec) for t in types] for mdl in models],
-            dtype=bool,
-        ).reshape(len(models), len(types))
+        self.spec_ok = np.array([[t.gpu_milli > 0 and (not t.spec or mdl in t.spec) for t in types] for mdl in models],
+                                dtype=bool).reshape(len(models), len(types))
 
     def frag(self, free: np.ndarray, cpu_free: np.ndarray, model: np.ndarray) -> np.ndarray:
         """F_n for X node states: free[X, G] (absent GPUs padded with 0), cpu_free[X], model[X]."""

@@ -1,8 +1,5 @@
-"""What one replay produced (``simulator.simulate``).
-
-A msgspec Struct, kept apart from ``simulator`` because that module is
-compiled with mypyc (``setup.py``), which would drop a Struct's class options.
-"""
+"""What one replay produced: a Struct kept apart from the mypyc-compiled
+``simulator``, since mypyc would drop a Struct's class options."""
 
 from __future__ import annotations
 

@@ -2,23 +2,22 @@
 
 Pods of the Alibaba openb trace arrive one at a time in random order, are
 placed once on a 1,213-node cluster by a scoring policy (or dropped), and never
-leave. The metric is the share of GPU capacity left unallocated when the
-arrived GPU demand reaches 100 % of capacity; the median over seeds is compared
-with the paper. The experiment's description, kept with the traces (see
-replays/alibaba-fgd/README.md), gives every step; section numbers refer to it.
+leave. The metric, the share of GPU capacity unallocated when arrived demand
+reaches 100 % of capacity, median over seeds, is compared with the paper.
+Section numbers refer to replays/alibaba-fgd/README.md.
 
-Randomness: the FGD simulator seeds Go's global math/rand. We follow the same
-*procedure* (`GoLikeRand`: one throw-away draw, Go's Shuffle, uniform draws
-for the tuning, Go's Perm for node ranks, in that order from one stream), but
-the bits come from Python's Mersenne Twister, not Go's generator (its seeding
+Randomness follows the FGD simulator's *procedure* over Go's math/rand
+(`GoLikeRand`), but the bits come from Python's Mersenne Twister (Go's seeding
 table cannot be regenerated): a seed gives a different but identically
 distributed run, so compare medians over seeds, not single seeds.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -28,7 +27,8 @@ import numpy as np
 from eventsched.core.fgd import target_workload
 from eventsched.domain.units import FULL
 from eventsched.sim.frag_table import FragTable, fgd_scores
-from eventsched.sim.traces import AlibabaNode, AlibabaPod, load_alibaba
+from eventsched.domain.text import table
+from eventsched.sim.traces import AlibabaNode, AlibabaPod, TraceError, load_alibaba
 
 __all__ = ["POLICIES", "PAPER", "PAPER_SEED_RANGE", "DEFAULT_SEEDS", "XS", "GoLikeRand", "SeedRun", "PolicyResult",
            "StaticResult", "run_one", "run_static", "format_table", "result_dict"]
@@ -76,12 +76,8 @@ class GoLikeRand:
         m = [0] * n
         for i in range(n):  # Go's inside-out Perm
             j = self.intn(i + 1)
-            m[i] = m[j]
-            m[j] = i
+            m[i], m[j] = m[j], i
         return m
-
-
-# --- results -----------------------------------------------------------------
 
 
 class SeedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,18 +111,14 @@ class StaticResult(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float = 0.0
 
 
-# --- the experiment ------------------------------------------------------------
-
-
 def _arrivals(pods: Sequence[AlibabaPod], rng: GoLikeRand, target: int) -> list[int]:
     """§2 steps 1-3: arrival order as indices into the name-sorted pod list."""
     rng.int63()  # throw-away draw
     order = list(range(len(pods)))
     rng.shuffle(order)
     s = sum(p.num_gpu * p.gpu_milli for p in pods)
-    n = len(pods)
     while True:
-        i = rng.intn(n)
+        i = rng.intn(len(pods))
         p = pods[i]
         if s + p.gpu_milli > target:  # the artifact tests the per-GPU share, not k*g
             break
@@ -157,9 +149,7 @@ class _Cluster:
 
     def refresh(self, n: int) -> None:
         row = self.free[n]
-        self.tot[n] = row.sum()
-        self.maxfree[n] = row.max()
-        self.nfull[n] = int((row == FULL).sum())
+        self.tot[n], self.maxfree[n], self.nfull[n] = row.sum(), row.max(), int((row == FULL).sum())
 
 
 def _tag_bit(k: int, g: int) -> int:
@@ -196,27 +186,23 @@ class _FgdScorer:
         x, G = free.shape
         hyp, valid = _frac_candidates(free, g)
         f1 = self.t.frag(hyp, np.repeat(cpu - c, G), np.repeat(model, G)).reshape(x, G)
-        s = fgd_scores(f1 - base[:, None])
-        return np.where(valid, s, -1)
+        return np.where(valid, fgd_scores(f1 - base[:, None]), -1)
 
     def _compute(self, idx: np.ndarray, c: int, k: int, g: int) -> np.ndarray:
         cl = self.cl
         free, cpu, model, base = cl.free[idx], cl.cpu[idx], cl.model[idx], self.base[idx]
+        inv = None
         if len(idx) > 32:
             # Score depends on the multiset of free shares, CPU and model only:
             # many nodes share a state (all idle G2 nodes, say), so score each once.
             key = np.concatenate([np.sort(free, axis=1), cpu[:, None], model[:, None]], axis=1)
             _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
             free, cpu, model, base = free[first], cpu[first], model[first], base[first]
-        else:
-            inv = None
         if k == 0:
-            f1 = self.t.frag(free, cpu - c, model)
-            s = fgd_scores(f1 - base)
+            s = fgd_scores(self.t.frag(free, cpu - c, model) - base)
         elif g >= FULL:
             take = (free == FULL) & (np.cumsum(free == FULL, axis=1) <= k)
-            f1 = self.t.frag(np.where(take, 0, free), cpu - c, model)
-            s = fgd_scores(f1 - base)
+            s = fgd_scores(self.t.frag(np.where(take, 0, free), cpu - c, model) - base)
         else:
             s = self.per_gpu(free, cpu, model, base, c, g).max(axis=1)
         return s if inv is None else s[inv.reshape(-1)]
@@ -290,9 +276,8 @@ def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: st
     cl = _Cluster(nodes, models)
     rng = GoLikeRand(seed)
     order = _arrivals(pods, rng, int(round(tune * cl.capacity)))
-    perm = rng.perm(len(nodes))
     rank = np.empty(len(nodes), dtype=np.int64)
-    rank[np.array(perm, dtype=np.int64)] = np.arange(len(nodes))
+    rank[np.array(rng.perm(len(nodes)), dtype=np.int64)] = np.arange(len(nodes))
 
     shape_of: dict[tuple[int, int, int], int] = {}
     pshape = [shape_of.setdefault((p.cpu_milli, p.num_gpu, p.gpu_milli), len(shape_of)) for p in pods]
@@ -305,9 +290,7 @@ def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: st
 
     arrived = np.zeros(len(order), dtype=np.int64)
     used = np.zeros(len(order), dtype=np.int64)
-    a_sum = 0
-    u_sum = 0
-    failed = 0
+    a_sum = u_sum = failed = 0
     for j, pi in enumerate(order):
         p = pods[pi]
         c, m, k, g = p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli
@@ -405,8 +388,6 @@ def result_dict(result: StaticResult) -> dict:  # type: ignore[type-arg]
 
 def format_table(result: StaticResult) -> str:
     """Our unallocated-GPU % next to the paper's, one row per policy."""
-    from eventsched.domain.text import table
-
     rows = []
     for pr in result.policies:
         ours = pr.median.get(100, float("nan"))
@@ -440,17 +421,11 @@ def _seed_text(seeds: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m eventsched.sim.static_sim POD_CSV NODE_CSV [--policy P]... [--seed S]... [--json]`."""
-    import argparse
-    import sys
-
-    from eventsched.sim.traces import TraceError
-
     ap = argparse.ArgumentParser(prog="python -m eventsched.sim.static_sim",
                                  description="FGD Figure 9(a) static experiment")
     ap.add_argument("pod_csv")
     ap.add_argument("node_csv")
-    ap.add_argument("--policy", action="append", choices=POLICIES,
-                    help="repeatable; default: all six")
+    ap.add_argument("--policy", action="append", choices=POLICIES, help="repeatable; default: all six")
     ap.add_argument("--seed", action="append", type=int, help="repeatable; default: 42..51")
     ap.add_argument("--tune", type=float, default=1.3)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -461,10 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TraceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(result_dict(res)).decode()) + "\n")
-    else:
-        print(format_table(res))
+    print(msgspec.json.format(msgspec.json.encode(result_dict(res)).decode()) if args.json else format_table(res))
     return 0
 
 

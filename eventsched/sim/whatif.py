@@ -1,11 +1,9 @@
 """What-if: the metrics of replays (or of a real log), side by side.
 
-``metrics_from_log(log_dir)`` is a pure fold over one log's events; the DuckDB
-read model (``projections/history.py``) computes the same waits and
-turnarounds by SQL, and a test checks that they agree. Every metric is a
-function of the schedule alone (``_SCHEDULE``), so a daemon's log and its exact
-replay give identical figures; docs/whatif-metrics.md defines each one and
-says why.
+``metrics_from_log(log_dir)`` is a pure fold over one log's events (the read
+model computes the same waits by SQL; a test checks they agree). Every metric
+is a function of the schedule alone (``_SCHEDULE``), so a daemon's log and its
+exact replay give identical figures; docs/whatif-metrics.md defines each one.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ import msgspec
 
 from eventsched.domain import events as ev
 from eventsched.domain.states import FINAL, TRANSITIONS, IllegalTransition, JobState, move
-from eventsched.domain.units import FULL
+from eventsched.domain.text import table as aligned
+from eventsched.domain.units import FULL, format_duration
 from eventsched.storage import log as eventlog
 
 __all__ = ["Metrics", "metrics_from_log", "metrics_from_events", "compare", "format_comparison", "ROWS"]
@@ -103,7 +102,7 @@ class _Frag:
         self._sync(key)
 
     def wait(self, shape: tuple[int, int], sign: int) -> None:
-        if shape[0] == 0:
+        if not shape[0]:
             return
         n = self.waiting.get(shape, 0) + sign
         if n:
@@ -116,8 +115,7 @@ class _Frag:
         if dt <= 0:
             return
         if self.dirty:
-            self.cached = self._measure()
-            self.dirty = False
+            self.cached, self.dirty = self._measure(), False
         free, unusable = self.cached
         self.free_int += free * dt
         self.unusable_int += unusable * dt
@@ -135,12 +133,10 @@ class _Frag:
                 full_on[node] = full_on.get(node, 0) + 1
         total = unusable = 0
         for (node, _), f in self.free.items():
-            if f <= 0:
-                continue
-            total += f
-            if f >= frac_min or (f == FULL and full_on[node] >= whole_min):
-                continue
-            unusable += f
+            if f > 0:
+                total += f
+                if not (f >= frac_min or (f == FULL and full_on[node] >= whole_min)):
+                    unusable += f
         return total, unusable
 
     def _measure_np(self, frac_min: int, whole_min: int) -> tuple[int, int]:
@@ -213,13 +209,8 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
             key = (e.node, e.gpu)
             gpus.add(key)
             frag.set_off(key, False) if key in frag.off else frag.gpu(key)
-        elif tp is ev.GpuPaused:
-            frag.set_off((e.node, e.gpu), True)
-        elif tp is ev.GpuResumed:
-            frag.set_off((e.node, e.gpu), False)
-        elif tp is ev.GpuErrored:
-            if e.lost:
-                frag.set_off((e.node, e.gpu), True)
+        elif tp is ev.GpuPaused or tp is ev.GpuResumed or (tp is ev.GpuErrored and e.lost):
+            frag.set_off((e.node, e.gpu), tp is not ev.GpuResumed)
         elif tp is ev.JobSubmitted:
             job = e.job
             submitted[job] = ts
@@ -259,9 +250,7 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
     m.makespan_s = max(0.0, horizon - first_ts)
     waits = sorted(first_start[j] - submitted[j] for j in first_start if j in submitted)
     if waits:
-        m.mean_wait_s = sum(waits) / len(waits)
-        m.median_wait_s = _quantile(waits, 0.5)
-        m.p95_wait_s = _quantile(waits, 0.95)
+        m.mean_wait_s, m.median_wait_s, m.p95_wait_s = sum(waits) / len(waits), _quantile(waits, 0.5), _quantile(waits, 0.95)
     turn = [ended[j] - submitted[j] for j in ended if j in submitted]
     if turn:
         m.mean_turnaround_s = sum(turn) / len(turn)
@@ -270,9 +259,7 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
         m.gpu_utilization = allocated / (len(gpus) * m.makespan_s)
     free_int, unusable_int = at_horizon
     m.fragmentation = unusable_int / free_int if free_int > 0 else 0.0
-    # fairness in the arrival window
-    last_submit = max(submitted.values())
-    window = max(last_submit, first_ts + m.makespan_s / 2)
+    window = max(max(submitted.values()), first_ts + m.makespan_s / 2)  # fairness in the arrival window
     m.users, m.fairness = _jain(spans, submitted, window, user)
     _, m.tenant_fairness = _jain(spans, submitted, window, tenant)
     m.tenants = _per_tenant(spans, tenant, submitted, first_start, window)
@@ -321,16 +308,10 @@ def _per_tenant(spans: list[tuple[int, float, float, float]], tenant: dict[int, 
 
 # (key, label, format) of each row of the table
 ROWS: list[tuple[str, str, str]] = [
-    ("jobs", "jobs", "{:d}"),
-    ("finished", "finished", "{:d}"),
-    ("makespan_s", "makespan", "dur"),
-    ("mean_wait_s", "mean wait", "dur"),
-    ("median_wait_s", "median wait", "dur"),
-    ("p95_wait_s", "p95 wait", "dur"),
-    ("mean_turnaround_s", "mean turnaround", "dur"),
-    ("gpu_utilization", "GPU utilisation", "pct"),
-    ("fragmentation", "fragmentation", "pct"),
-    ("fairness", "fairness (Jain)", "{:.3f}"),
+    ("jobs", "jobs", "{:d}"), ("finished", "finished", "{:d}"), ("makespan_s", "makespan", "dur"),
+    ("mean_wait_s", "mean wait", "dur"), ("median_wait_s", "median wait", "dur"), ("p95_wait_s", "p95 wait", "dur"),
+    ("mean_turnaround_s", "mean turnaround", "dur"), ("gpu_utilization", "GPU utilisation", "pct"),
+    ("fragmentation", "fragmentation", "pct"), ("fairness", "fairness (Jain)", "{:.3f}"),
     ("tenant_fairness", "fairness, tenants", "{:.3f}"),
 ]
 
@@ -341,35 +322,25 @@ def compare(results: Sequence[Any], *, baseline: tuple[str, str | os.PathLike[st
     for a recording itself."""
     rows = []
     if baseline is not None:
-        label, log_dir = baseline
-        rows.append({"policy": label, "log": str(log_dir), **msgspec.to_builtins(metrics_from_log(log_dir))})
+        rows.append({"policy": baseline[0], "log": str(baseline[1]), **msgspec.to_builtins(metrics_from_log(baseline[1]))})
     for r in results:
         log_dir = os.path.join(r.state_dir, "log")
-        rows.append({
-            "policy": r.policy, "log": log_dir, **msgspec.to_builtins(metrics_from_log(log_dir)),
-            "events": r.events, "refused": r.refused, "unfinished": r.unfinished, "wall_s": round(r.wall_s, 3),
-        })
+        rows.append({"policy": r.policy, "log": log_dir, **msgspec.to_builtins(metrics_from_log(log_dir)), "events": r.events,
+                     "refused": r.refused, "unfinished": r.unfinished, "wall_s": round(r.wall_s, 3)})
     notes = list(dict.fromkeys(n for r in results for n in r.notes))
     source = results[0].source if results else (str(baseline[1]) if baseline else "")
     return {"source": source, "replays": rows, "notes": notes}
 
 
 def _fmt(value: Any, how: str) -> str:
-    from eventsched.domain.units import format_duration
-
     if value is None:
         return "-"
-    if how == "dur":
-        return format_duration(float(value), "decimal")
-    if how == "pct":
-        return f"{100 * float(value):.1f} %"
-    return how.format(value)
+    return (format_duration(float(value), "decimal") if how == "dur" else f"{100 * float(value):.1f} %"
+            if how == "pct" else how.format(value))
 
 
 def format_comparison(table: dict[str, Any]) -> str:
     """The comparison as a text table: one column per replay."""
-    from eventsched.domain.text import table as aligned
-
     cols = table["replays"]
     rows = [[label, *(_fmt(c.get(key), how) for c in cols)] for key, label, how in ROWS]
     tenants = sorted({t for c in cols for t in (c.get("tenants") or {})})
