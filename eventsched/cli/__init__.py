@@ -1,10 +1,6 @@
-"""The ``eventsched`` command.
-
-Imports are lazy: a ``submit`` from a shell loop must not pay for anyio,
-DuckDB or the scheduler core, and its fast path (``quick.py``) not even for
-argparse or msgspec; so the top imports only what that path needs
-(tests/test_cli_startup.py checks them).
-"""
+"""The ``eventsched`` command. Imports are lazy: a ``submit`` from a shell
+loop must not pay for anyio, DuckDB or the scheduler core, nor its fast path
+(``quick.py``) for argparse or msgspec."""
 
 from __future__ import annotations
 
@@ -30,10 +26,8 @@ if TYPE_CHECKING:
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options before ``--``, the job's command after it."""
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, []
+    i = argv.index("--") if "--" in argv else len(argv)
+    return argv[:i], argv[i + 1 :]
 
 
 def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
@@ -63,8 +57,7 @@ def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:
 
 
 def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str, Any]:
-    """The JobSpec's fields for ``submit``'s options and command (the fast
-    path, ``quick.py``, sends them without building the JobSpec)."""
+    """The JobSpec's fields for ``submit``'s options and command (``quick.py`` sends them as they are)."""
     from eventsched.domain import rlimits
 
     if not command:
@@ -105,15 +98,12 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
 
 
 # what only describes the terminal a job was submitted from, not what it computes
-SESSION_ENV = frozenset({
-    "_", "OLDPWD", "PWD", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "STY", "TMUX_PANE",
-    "WINDOWID", "TERM_SESSION_ID", "XDG_SESSION_ID",
-})
+SESSION_ENV = frozenset({"_", "OLDPWD", "PWD", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "STY", "TMUX_PANE",
+                         "WINDOWID", "TERM_SESSION_ID", "XDG_SESSION_ID"})
 
 
 def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
-    """--dedupe's key: command and arguments, working directory, set-up,
-    and the environment given to the job (sorted), less SESSION_ENV."""
+    """--dedupe's key: command, working directory, set-up and environment (less SESSION_ENV)."""
     import hashlib
     import json
 
@@ -123,19 +113,16 @@ def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: di
 
 
 def is_shell_string(command: list[str]) -> bool:
-    """One argument with blanks after ``--`` (``-- "python x.py --lr 3"``, the
-    seeds' spelling) is a shell command line, unless it names a file."""
+    """One argument with blanks (``-- "python x.py --lr 3"``) is a shell command line, unless a file."""
     return len(command) == 1 and any(c in command[0] for c in " \t\n;|&") and not os.path.exists(command[0])
 
 
 def default_name(command: list[str], shell: bool) -> str:
-    first = command[0].split()[0] if shell and command[0].split() else command[0]
-    return os.path.basename(first)
+    return os.path.basename(command[0].split()[0] if shell and command[0].split() else command[0])
 
 
 def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
-    """One job, or with ``--array 0-99[%K]`` one task per index, acknowledged
-    together: every id on a line of its own (``--json``: {"id"} or {"ids"})."""
+    """One job, or with ``--array`` one task per index, acknowledged together."""
     from eventsched.cli.quick import show_ids
 
     indices = parse_array(args.array)[0] if args.array is not None else None
@@ -149,11 +136,8 @@ def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
         if indices is not None:
             show_ids(c.submit_array(spec, indices), args.json)
             return 0
-        job = c.submit(spec)
-        show_ids(job, args.json)
-        if args.interactive:
-            return follow_output(c, job, detach_message=True, exit_status=True)
-    return 0
+        show_ids(job := c.submit(spec), args.json)
+        return follow_output(c, job, detach_message=True, exit_status=True) if args.interactive else 0
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
@@ -182,12 +166,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
                 tenant_of.append(j.get("tenant") or "")
             continue
         tenant_of.append(j.get("tenant") or "")
-        if j["state"] == JobState.QUEUED:
-            elapsed = now - j["submitted_at"]
-        elif j["started_at"] is not None:
-            elapsed = (j["ended_at"] or now) - j["started_at"]
-        else:
-            elapsed = None
+        elapsed = (now - j["submitted_at"] if j["state"] == JobState.QUEUED else None if j["started_at"] is None
+                   else (j["ended_at"] or now) - j["started_at"])
         rows.append([j["id"], j["name"][:24], j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
                      ",".join(map(str, j["gpu_ids"])) or "-", human_duration(elapsed),
                      "" if j["exit_code"] is None else j["exit_code"], _short_reason(j)])
@@ -233,21 +213,17 @@ def compact_indices(indices: list[int]) -> str:
         step = xs[1] - xs[0]
         if step > 1 and all(b - a == step for a, b in zip(xs, xs[1:])):
             return f"{xs[0]}-{xs[-1]}:{step}"
-    runs: list[str] = []
-    start = prev = xs[0]
-    for x in xs[1:] + [None]:  # type: ignore[list-item]
-        if x is not None and x == prev + 1:
-            prev = x
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if x is not None:
-            start = prev = x
+    from itertools import groupby
+
+    runs = []
+    for _, group in groupby(enumerate(xs), lambda p: p[1] - p[0]):  # consecutive indices share i - x
+        run = [x for _, x in group]
+        runs.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
     return ",".join(runs) if len(runs) <= 4 else ",".join(runs[:3]) + f",...,{xs[-1]}"
 
 
 def _short_reason(job: dict) -> str:
-    """The REASON column (Slurm's NODELIST(REASON)): why it waits, cut to fit;
-    `eventsched explain ID` tells the whole of it."""
+    """The REASON column: why it waits (or GPU flags), cut to fit; `explain` tells it all."""
     text = job.get("reason") or gpu_flags(job)  # a running job's: its GPU memory and idleness
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -312,8 +288,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif args.json:
             print_json(status)
         elif args.watch:
-            sys.stdout.write("\x1b[2J\x1b[H" + render_status(status) + extra + "\n")
-            sys.stdout.flush()
+            print("\x1b[2J\x1b[H" + render_status(status) + extra, flush=True)
         else:
             print(render_status(status) + extra)
 
@@ -321,8 +296,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         draw(c.status())
         if args.watch:
             try:
-                # redraw on every committed batch of events: nothing is polled
-                for _batch in c.subscribe(from_seq=0):
+                for _batch in c.subscribe(from_seq=0):  # redraw on every committed batch: nothing is polled
                     draw(c.status())
             except KeyboardInterrupt:
                 return 0
@@ -333,44 +307,35 @@ def parse_cancel_ids(values: list[str]) -> tuple[list[int], list[tuple[int, int]
     """``12 13,14 20_3``: job (or array) ids, and (array, index) for ``ARRAY_INDEX``."""
     ids: list[int] = []
     tasks: list[tuple[int, int]] = []
-    for value in values:
-        for part in value.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            array, underscore, index = part.partition("_")
-            try:
-                if underscore:
-                    tasks.append((int(array), int(index)))
-                else:
-                    ids.append(int(part))
-            except ValueError:
-                raise UserError(f"{part!r} is not a job id (a number, or ARRAY_INDEX like 12_3 for one task of array 12)") from None
+    for part in filter(None, (p.strip() for value in values for p in value.split(","))):
+        array, underscore, index = part.partition("_")
+        try:
+            if underscore:
+                tasks.append((int(array), int(index)))
+            else:
+                ids.append(int(part))
+        except ValueError:
+            raise UserError(f"{part!r} is not a job id (a number, or ARRAY_INDEX like 12_3 for one task of array 12)") from None
     if not ids and not tasks:
         raise UserError("no job id given")
     return ids, tasks
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    """Cancel every job it can (an array's id: all its tasks; ``12_3``: task 3
-    of array 12); one line on stderr for each it could not; exit 1 if any."""
+    """Cancel every job it can; one line on stderr for each it could not, and exit 1."""
     ids, tasks = parse_cancel_ids(args.jobs)
     with client(args) as c:
         result = c.cancel_each(ids, arrays=True, array_tasks=tasks)
-    for job in result["jobs"]:
-        print(f"{job['id']}\t{job['state']}")
-    sys.stdout.flush()
+    print("".join(f"{job['id']}\t{job['state']}\n" for job in result["jobs"]), end="", flush=True)
     for refused in result["refused"]:
         print(f"job {refused['job']}: {refused['reason']}", file=sys.stderr)
     return 1 if result["refused"] else 0
 
 
 def cmd_jobs_action(args: argparse.Namespace, action: str) -> int:
-    ids = parse_job_ids(args.jobs)
     with client(args) as c:
-        result = getattr(c, action)(ids)
-    for job in result:
-        print(f"{job['id']}\t{job['state']}")
+        result = getattr(c, action)(parse_job_ids(args.jobs))
+    print("".join(f"{job['id']}\t{job['state']}\n" for job in result), end="")
     return 0
 
 
@@ -389,8 +354,7 @@ def cmd_gpu_action(args: argparse.Namespace, action: str) -> int:
 
 def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: bool = False,
                   exit_status: bool = False) -> int:
-    """Print a job's output file; with ``follow``, until the job ends. With
-    ``exit_status``, return the job's exit code (128+N if signal N killed it)."""
+    """Print a job's output file (``follow``: until it ends); ``exit_status``: return its exit status."""
     import time
 
     from eventsched.domain.states import FINAL
@@ -426,8 +390,7 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
 
 
 def job_exit_status(info: dict) -> int:
-    """A finished job as a shell exit status: its code, 128+N for signal N,
-    1 if it never ran (cancelled while queued, lost)."""
+    """A finished job as a shell exit status: its code, 128+N for signal N, 1 if it never ran."""
     from eventsched.domain.states import JobState
 
     if info.get("signal"):
@@ -454,9 +417,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return follow_output(c, args.job, follow=args.follow)
 
 
-# --- local commands ---------------------------------------------------------
-
-
 def state_dir_of(args: argparse.Namespace) -> Path:
     from pathlib import Path
 
@@ -479,11 +439,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_log(args: argparse.Namespace) -> int:
     from eventsched.storage import logtools
 
-    if args.log_command == "verify":
-        return logtools.verify(args.dir)
     if args.log_command == "dump":
         return logtools.dump(args.dir, json=args.json, from_seq=args.from_seq)
-    return logtools.repair(args.dir)
+    return getattr(logtools, args.log_command)(args.dir)  # verify, repair
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -503,19 +461,6 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     fmt = "json" if args.json else "prometheus" if args.prometheus else "table"
     return run_metrics(state_dir_of(args), fmt)
-
-
-def cmd_submit_file(args: argparse.Namespace) -> int:
-    from eventsched.cli.submit_file import cmd_submit_file as run
-
-    with client(args) as c:
-        return run(args, c)
-
-
-def cmd_attach(args: argparse.Namespace) -> int:
-    from eventsched.cli.attach import run
-
-    return run(args, client(args))
 
 
 def cmd_config_sample(args: argparse.Namespace) -> int:
@@ -539,18 +484,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return build(only)
 
 
-def cmd_nodes(args: argparse.Namespace) -> int:
-    from eventsched.cli.nodes import show_nodes
-
-    with client(args) as c:
-        nodes = c.status().get("nodes", [])
-    return show_nodes(nodes, as_json=args.json)
-
-
 def _import_msgspec_lean() -> None:
-    """Import msgspec without typing_extensions, which costs every CLI call:
-    msgspec takes from it only what Python >= 3.11's typing has. The block is
-    lifted at once, so a later import of typing_extensions works as usual."""
+    """Import msgspec without typing_extensions (costly; on Python >= 3.11
+    msgspec needs nothing from it); the block is lifted at once."""
     if "msgspec" in sys.modules or "typing_extensions" in sys.modules or sys.version_info < (3, 11):
         return
     sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # makes its import fail
@@ -585,12 +521,13 @@ def main(argv: list[str] | None = None) -> int:
 
 # the commands whose whole handler lives in another module
 ELSEWHERE = {"replay": "eventsched.cli.replay.run_replay", "tenants": "eventsched.cli.tenants.cmd_tenants",
-             "tenant": "eventsched.cli.tenants.cmd_tenant", "token": "eventsched.cli.token.run"}
+             "tenant": "eventsched.cli.tenants.cmd_tenant", "token": "eventsched.cli.token.run",
+             "nodes": "eventsched.cli.nodes.cmd_nodes", "attach": "eventsched.cli.attach.run",
+             "submit-file": "eventsched.cli.submit_file.cmd_submit_file"}
 
 
 def parse(argv: list[str]) -> Callable[[], int]:
-    """The command ``argv`` asks for, read by argparse (which exits with a
-    one-line message on a usage error)."""
+    """The command ``argv`` asks for, read by argparse (one-line usage errors)."""
     _import_msgspec_lean()
     options, command = split_command(argv)
     # building the one parser needed keeps `submit` fast; anything unusual
@@ -612,7 +549,6 @@ def parse(argv: list[str]) -> Callable[[], int]:
     else:
         handler = globals()["cmd_" + args.command.replace("-", "_")]
     return lambda: handler(args)
-
 
 
 if __name__ == "__main__":

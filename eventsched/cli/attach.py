@@ -1,10 +1,6 @@
-"""``eventsched attach JOB``: the terminal session of a ``--session`` job.
-
-Runs ``tmux -L eventsched-JOB attach -t eventsched-JOB`` (or ``screen -r
-eventsched-JOB``) in place of itself, as the calling user: the session's
-server runs as the job's owner, so only they can attach; the daemon says
-whose job it is, and anyone else is refused before anything is run.
-"""
+"""``eventsched attach JOB``: tmux or screen attached to a ``--session`` job, in
+place of this process. The session's server runs as the job's owner, so anyone
+else is refused (the daemon says whose job it is) before anything runs."""
 
 from __future__ import annotations
 
@@ -14,19 +10,14 @@ import pwd
 import shutil
 import subprocess
 import sys
-from typing import TYPE_CHECKING
 
 from eventsched.cli.errors import UserError
-
-if TYPE_CHECKING:
-    from eventsched.wire.client import Client
 
 __all__ = ["run", "find_session"]
 
 
 def find_session(job: int) -> str:
-    """"tmux" or "screen": the kind of the calling user's live session of
-    ``job``; "" if there is none."""
+    """"tmux" or "screen": the kind of the calling user's live session of ``job``, or ""."""
     from eventsched.runtime.launch.sessions import session_name
 
     name = session_name(job)
@@ -41,12 +32,13 @@ def find_session(job: int) -> str:
     return ""
 
 
-def run(args: argparse.Namespace, c: Client) -> int:
+def run(args: argparse.Namespace) -> int:
+    from eventsched.cli import client
     from eventsched.runtime.launch.sessions import attach_argv
     from eventsched.wire import protocol
 
     job = args.job
-    with c:
+    with client(args) as c:
         c.request(protocol.JobLogPath(job=job))  # refuses another user's job (not an operator's)
         info = c.explain(job)["job"]
     try:

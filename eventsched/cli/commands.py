@@ -1,11 +1,9 @@
-"""The one table of ``eventsched``'s commands and their options.
+"""The one table of ``eventsched``'s commands and their options, read by
+``parser.build`` (argparse) and ``quick.parse`` (the fast path, so: plain data).
 
-``parser.build`` turns it into argparse parsers; ``quick.parse`` reads the
-plain spellings of ``submit`` and ``health`` from it without argparse. Each
-option is ``(flags, add_argument's keyword arguments)``, plus two keys of our
-own: ``exclusive`` (the options so marked exclude each other) and, on a
-positional ``ACTION``, ``actions``: that command's own sub-commands. Plain
-data (no argparse, no typing) so that the fast path can afford to import it.
+Each option is ``(flags, add_argument's keyword arguments)``, plus our own
+``exclusive`` (such options exclude each other) and ``actions`` (on a
+positional ACTION: that command's own sub-commands).
 """
 
 from __future__ import annotations
@@ -84,11 +82,9 @@ COMMANDS: dict[str, Command] = {
                                               "with --gpus K, K of them; NODE:0,1 on a cluster"),
         arg("--node", metavar="NAME", help="run on this node of a cluster (`eventsched nodes` lists them)"),
         arg("--priority", type=int, default=0, help="higher runs first (default 0)"),
-        arg("--name"),
-        arg("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)"),
+        arg("--name"), arg("--time-limit", metavar="SECONDS", help="kill after this long (90, 15m, 2h)"),
         arg("--requeue-on-time-limit", action="store_true", help="requeue at the back instead of killing for good"),
-        arg("--tenant"),
-        arg("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)"),
+        arg("--tenant"), arg("--after", action="append", metavar="JOB", help="run only after JOB succeeded (repeatable)"),
         arg("--retries", type=int, default=0, help="retry a failed job up to N times"),
         arg("--conda", metavar="ENV", help="activate this conda environment first"),
         arg("--env-setup", "--env-setup-cmd", dest="env_setup", metavar="CMD",
@@ -106,16 +102,11 @@ COMMANDS: dict[str, Command] = {
                                                     "(default TERM@preempt_grace_s)"),
         JSON,
     ),
-    "queue": command(
-        "list queued and running jobs",
-        arg("--all", action="store_true", help="include finished jobs"),
-        arg("--expand", action="store_true", help="one line per array task (arrays are folded into one line otherwise)"),
-        JSON,
-    ),
+    "queue": command("list queued and running jobs", arg("--all", action="store_true", help="include finished jobs"),
+                     arg("--expand", action="store_true",
+                         help="one line per array task (arrays are folded into one line otherwise)"), JSON),
     "status": command(
-        "GPUs, allocation and jobs",
-        JSON,
-        arg("--watch", action="store_true", help="keep updating as events arrive"),
+        "GPUs, allocation and jobs", JSON, arg("--watch", action="store_true", help="keep updating as events arrive"),
         arg("--history", metavar="WINDOW", help="also per-GPU utilisation/memory sparklines over WINDOW (e.g. 1h) "
                                                 "and today's GPU-hours per user"),
     ),
@@ -130,16 +121,12 @@ COMMANDS: dict[str, Command] = {
     "health": command("is the daemon up (exit 0) or not", JSON),
     "sql": command(
         "read-only SQL over the whole history (DuckDB)",
-        arg("query"),
-        arg("--format", choices=["table", "csv", "json", "parquet"], default="table"),
+        arg("query"), arg("--format", choices=["table", "csv", "json", "parquet"], default="table"),
         arg("-o", "--output", metavar="FILE",
             help="write the result to FILE (written by this command, as you; parquet needs it)"),
     ),
-    "metrics": command(
-        "wait/run times, utilisation, GPU-hours",
-        arg("--json", action="store_true", exclusive=True),
-        arg("--prometheus", action="store_true", exclusive=True),
-    ),
+    "metrics": command("wait/run times, utilisation, GPU-hours", arg("--json", action="store_true", exclusive=True),
+                       arg("--prometheus", action="store_true", exclusive=True)),
     "replay": command(
         "replay a log or trace under policies",
         arg("source", help="a state dir, a log dir, or a trace file"),
@@ -159,8 +146,7 @@ COMMANDS: dict[str, Command] = {
         repair=command("move damaged frames aside so the log opens again", arg("dir"), common=False),
     ), common=False),
     "submit-file": command(
-        "submit the lines of a jobs file (priority,script,conda_env,arguments,allowed_gpus)",
-        arg("file", metavar="FILE"),
+        "submit the lines of a jobs file (priority,script,conda_env,arguments,allowed_gpus)", arg("file", metavar="FILE"),
         arg("--watch", action="store_true", help="keep following the file for new or edited lines (Ctrl-C stops)"),
         arg("--llm-config", metavar="FILE",
             help="llm_config.json for --llm NAME (default ./llm_config.json, else the state dir's)"),
@@ -187,12 +173,9 @@ COMMANDS: dict[str, Command] = {
     )),
     "token": command("API tokens for the HTTP API (serve --http): create, list, revoke", actions(
         "token_command",
-        create=command(
-            "print a new token for you (shown once; only its hash is kept)",
-            arg("--name", default="", help="a name to know it by (default token-ID)"),
-            arg("--user", metavar="NAME", help="root only: a token of this user"),
-            JSON,
-        ),
+        create=command("print a new token for you (shown once; only its hash is kept)",
+                       arg("--name", default="", help="a name to know it by (default token-ID)"),
+                       arg("--user", metavar="NAME", help="root only: a token of this user"), JSON),
         list=command("your tokens (root: everyone's)", JSON),
         revoke=command("revoke a token by its id or name", arg("token", metavar="ID|NAME")),
     ), common=False),

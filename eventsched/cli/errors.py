@@ -16,9 +16,7 @@ class UserError(Exception):
 
 
 def refusal_exit(kind: str) -> int:
-    """The exit status for a daemon's refusal of this kind (a ``RefusalKind``
-    value): a request wrong in itself is a usage error, 2, as on the command
-    line; any other refusal, or no answer, is 1."""
+    """A refusal's exit status: 2 for a request wrong in itself (a usage error), else 1."""
     return 2 if kind == "invalid" else 1
 
 

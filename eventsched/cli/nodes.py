@@ -1,17 +1,14 @@
-"""``eventsched nodes [--json]``: each node, its state, GPUs and jobs.
-
-On one machine that is the one node (``local``); under ``serve --ray`` every
-Ray node that offers GPUs, ``up`` or ``down`` (it left or died: its GPUs take
-nothing new, its jobs ended ``lost``).
-"""
+"""``eventsched nodes [--json]``: each node, its state, GPUs and jobs (one,
+``local``, on one machine; under ``serve --ray`` every Ray node with GPUs)."""
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from eventsched.domain.text import print_json, table
 
-__all__ = ["show_nodes", "render_nodes"]
+__all__ = ["cmd_nodes", "render_nodes"]
 
 
 def render_nodes(nodes: list[dict]) -> str:
@@ -25,9 +22,12 @@ def render_nodes(nodes: list[dict]) -> str:
     return table(["NODE", "STATE", "GPUS", "BUSY", "JOBS", "RUNNING", "SINCE", "REASON"], rows)
 
 
-def show_nodes(nodes: list[dict], *, as_json: bool) -> int:
-    """Print ``nodes`` (``status``'s ``nodes``) as a table or as JSON."""
-    if as_json:
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from eventsched.cli import client
+
+    with client(args) as c:
+        nodes = c.status().get("nodes", [])
+    if args.json:
         print_json(nodes)
     else:
         print(render_nodes(nodes))

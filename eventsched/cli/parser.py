@@ -1,6 +1,5 @@
-"""argparse from the command table (``commands.py``), with one-line errors:
-imported only when a command needs the full parser (the fast path of
-``quick.py`` reads the same table without it)."""
+"""argparse from the command table (``commands.py``), with one-line errors;
+imported only when a command needs the full parser."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
 """The fast path of ``eventsched submit`` (and ``health``, ``--version``).
 
-A sweep queued from a shell loop is one short process per job, so a
-``submit`` should cost little more than the interpreter's start-up; argparse,
-msgspec and ``socket.py`` each cost more than the rest of such a call. So
-``parse`` reads the plain spellings of the options in ``commands.COMMANDS``
-(the table argparse is built from), the job is built by the full path's
-``spec_fields`` and sent by ``wire.lean``. Anything not read exactly as
-argparse would (``--help``, an abbreviation, a value starting with ``-``, a
-bad value, ``--interactive``, ``--llm``) returns None *before anything is
-sent*, and the full parser takes over: its messages are the contract.
+A ``submit`` from a shell loop should cost little more than the interpreter's
+start-up, and argparse, msgspec and ``socket.py`` each cost more than the rest.
+So ``parse`` reads the plain spellings of ``commands.COMMANDS``' options and
+``wire.lean`` sends the job; anything not read exactly as argparse would
+returns None *before anything is sent*, and the full parser takes over.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ _UNDERSTOOD = frozenset({"dest", "type", "default", "action", "choices", "help",
 
 class Args:
     """What ``parse`` read: an attribute per option, as argparse's Namespace has."""
-
     command: str
 
     def __init__(self, **values: Any) -> None:
@@ -68,12 +63,10 @@ def parse(command: str, argv: list[str]) -> Args | None:
             values[dest] = True
             continue
         if not eq:
-            if i == n:
+            if i == n or argv[i].startswith("-"):  # argparse has its own rules for these (negative numbers, ...)
                 return None
             value = argv[i]
             i += 1
-            if value.startswith("-"):  # argparse has its own rules for these (negative numbers, ...)
-                return None
         convert = options.get("type")
         if convert is not None:
             try:
@@ -110,9 +103,8 @@ def plan(argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]) ->
     return lambda: _submit(args, message, remote=remote)
 
 
-def submit_message(
-    argv: list[str], build: Callable[[Args, list[str]], dict[str, Any]]
-) -> tuple[Args, dict[str, Any]] | None:
+def submit_message(argv: list[str],
+                   build: Callable[[Args, list[str]], dict[str, Any]]) -> tuple[Args, dict[str, Any]] | None:
     """``submit ... -- COMMAND``'s options and its ``SubmitJob`` as a dict for
     ``wire.lean``, or None where the full path must read ``argv``."""
     if argv[:1] != ["submit"] or "--" not in argv:

@@ -1,10 +1,6 @@
-"""``eventsched replay SOURCE --policy A [--policy B ...]``: run and compare replays.
-
-Each replay writes its own state dir (``<out>/<policy>/log``), queryable like a
-real one (``eventsched sql --state-dir <out>/<policy> ...``). With ``--static``
-the Alibaba trace goes through the FGD paper's static packing experiment
-instead (``static_sim``).
-"""
+"""``eventsched replay SOURCE --policy A [--policy B ...]``: run and compare
+replays, each into a state dir of its own (``<out>/<policy>``); ``--static``:
+the FGD paper's static packing experiment on the Alibaba trace instead."""
 
 from __future__ import annotations
 
@@ -73,9 +69,8 @@ def _run_static(args: argparse.Namespace) -> int:
 
 
 def what_if(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The ``[scheduler]`` keys and ``[tenants]`` a config file sets, to
-    replay a log or trace under them (a quota change tried on last month's
-    log). Keys the file does not set stay as recorded."""
+    """The ``[scheduler]`` keys and ``[tenants]`` a config file sets, to replay
+    under them; keys it does not set stay as recorded."""
     import tomllib
 
     import msgspec

@@ -1,9 +1,7 @@
 """``eventsched sql``'s output: a result as an aligned table, CSV, JSON or Parquet.
 
-The query itself is ``projections.sql``'s (or the daemon's, for a user who
-cannot read the log: ``needs_daemon``). Every file is written here, by the
-client process, as the user who asked: a root daemon writing to a path a user
-names could overwrite any file.
+Every file is written here, by the client process, as the user who asked: a
+root daemon writing to a path a user names could overwrite any file.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
 def format_csv(columns: list[str], rows: list[tuple[Any, ...]], out: TextIO) -> None:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
-    for row in rows:
-        writer.writerow(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else _plain(v)
-                         for v in row])
+    writer.writerows(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else _plain(v)
+                      for v in row] for row in rows)
 
 
 def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
@@ -78,8 +75,6 @@ def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out:
     else:
         print(format_table(columns, rows), file=out)
 
-
-# --- Parquet ---------------------------------------------------------------------
 
 # DuckDB types a plain value (JSON-ready: ISO text for times, seconds for an
 # INTERVAL, hex for a BLOB) is cast back to; others keep the type Arrow infers.
@@ -116,9 +111,8 @@ def _quoted(name: str) -> str:
 
 
 def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[str], path: str) -> None:
-    """Write the rows to ``path`` as Parquet through a private in-memory DuckDB,
-    each column cast back to its DuckDB type where that is known (DuckDB's
-    writer keeps INTERVAL, HUGEINT, UUID and nested types that Arrow's cannot)."""
+    """The rows to ``path`` as Parquet through a private DuckDB, each column cast back to
+    its DuckDB type where known (its writer keeps types Arrow's cannot: INTERVAL, UUID ...)."""
     import duckdb
     import pyarrow as pa
 
@@ -147,8 +141,7 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
 
 
 def _replace(path: str, write: Callable[[str], None]) -> None:
-    """``write`` a temporary file beside ``path``, then rename it into place: a
-    reader never sees half of it."""
+    """``write`` a temporary file beside ``path``, then rename it into place."""
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(path)))
     os.close(fd)
@@ -176,9 +169,6 @@ def write_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
         with open(tmp, "rb") as f:
             shutil.copyfileobj(f, target)
     target.flush()
-
-
-# --- the command -------------------------------------------------------------------
 
 
 def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str], fmt: str,
@@ -217,13 +207,9 @@ def ask_daemon(socket_path: str, sql: str, timeout_s: float) -> dict[str, Any]:
 def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
             *, out: TextIO | None = None, err: TextIO | None = None,
             via_daemon: Callable[[str], dict[str, Any]] | None = None, output: str | None = None) -> int:
-    """Print (or write to ``output``) the result of read-only ``sql`` over the history; the exit status.
-
-    ``via_daemon`` asks the daemon instead (see ``needs_daemon``). ``parquet``
-    needs ``output`` (a file, or ``-`` for standard output when it is not a terminal).
-    """
-    out = out or sys.stdout
-    err = err or sys.stderr
+    """Print (or write to ``output``) the result of read-only ``sql`` over the
+    history, or ``via_daemon``'s; the exit status."""
+    out, err = out or sys.stdout, err or sys.stderr
     if fmt not in FORMATS:
         print(f"eventsched sql: unknown format {fmt!r} (table, csv, json or parquet)", file=err)
         return EXIT_BAD_QUERY

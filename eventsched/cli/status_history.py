@@ -1,17 +1,13 @@
 """History at a glance: ``eventsched status --history 1h``.
 
-Per GPU, a utilisation and a memory sparkline over the window, and per user
-the GPU-hours of the current day (UTC, the ``gpu_hours_daily`` view), all from
-the history read model by one SQL query: run here when this user can read the
-log, else answered by the daemon as this user, exactly like ``eventsched sql``.
-The notebook panel (``jupyter/widgets.py``) draws the same data as SVG.
+Per GPU, utilisation and memory sparklines over the window, and per user
+today's GPU-hours (UTC), from one SQL query over the history read model: run
+here when this user can read the log, else by the daemon (as ``eventsched sql``).
 
-How samples become columns. The sampler logs a GPU's sample when it changes
-(utilisation by 5 points, memory by 2 %, ...) and at least once a minute, so a
-GPU's reading holds until its next sample. The window is cut into ``buckets``
-equal columns; a column with samples shows their mean, a column without shows
-the last reading before it (as long as that reading is at most
-``HOLD_S`` old: a stopped daemon's GPUs go blank rather than flat).
+The sampler logs a GPU's sample when it changes and at least once a minute, so
+a reading holds until the next. Each of ``buckets`` columns shows the mean of
+its samples, else the last reading before it if at most ``HOLD_S`` old (a
+stopped daemon's GPUs go blank rather than flat).
 """
 
 from __future__ import annotations
@@ -56,11 +52,9 @@ def _num(value: float) -> str:
 def history_query(start: float, end: float, buckets: int, day: dt.date, *, fit: bool = True) -> str:
     """One read-only query (one round trip, one consistent view) for the whole picture.
 
-    With ``fit``, a window that reaches back before the first sample in the log
-    (a daemon started ten minutes ago, asked for an hour) starts at that sample
-    instead, so the columns show what there is; at least ``MIN_SPAN_S`` though.
-    Its first row (``kind = 'window'``) gives the window's start and column width.
-    """
+    With ``fit``, a window reaching back before the log's first sample starts at
+    that sample instead (spanning at least ``MIN_SPAN_S``). Its first row
+    (``kind = 'window'``) gives the window's start and column width."""
     s, e, n = _num(start), _num(end), int(buckets)
     first = f"greatest({s}, least({e} - {_num(MIN_SPAN_S)}, coalesce((SELECT min(ts) FROM gpu_samples), {s})))"
     return f"""
@@ -141,8 +135,8 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
 
 def fetch_history(run_query: Query, window_s: float, *, now: float | None = None,
                   buckets: int = DEFAULT_BUCKETS, fit: bool = True) -> dict[str, Any]:
-    """The picture for the last ``window_s`` seconds (``fit``: or since the first sample, if later):
-    per-GPU columns and today's GPU-hours per user."""
+    """Per-GPU columns over the last ``window_s`` seconds (``fit``: or since the
+    first sample, if later) and today's GPU-hours per user."""
     end = time.time() if now is None else now
     day = dt.datetime.fromtimestamp(end, dt.timezone.utc).date()
     _columns, rows = run_query(history_query(end - window_s, end, buckets, day, fit=fit))
@@ -152,9 +146,6 @@ def fetch_history(run_query: Query, window_s: float, *, now: float | None = None
     data = series_from_rows(rows, start, bucket_s, buckets)
     return {"window_s": end - start, "asked_s": window_s, "start": start, "end": end, "bucket_s": bucket_s,
             "buckets": buckets, "day": day.isoformat(), **data}
-
-
-# --- the terminal ---------------------------------------------------------------
 
 
 def sparkline(values: list[float | None], top: float) -> str:
@@ -177,8 +168,7 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
     return "█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")
 
 
-def span_text(seconds: float) -> str:
-    """``3600`` -> ``1h``, ``60`` -> ``1m``, ``0.5`` -> ``0.5s``."""
+def span_text(seconds: float) -> str:  # 3600 -> 1h, 0.5 -> 0.5s
     from eventsched.domain.units import format_duration
 
     return format_duration(seconds, "span")
@@ -207,8 +197,7 @@ def render_history(h: dict[str, Any]) -> str:
                      f"  mean {_pct(g['utilization_mean'])}  peak {_pct(g['utilization_peak'])}")
         lines.append(f"  {pad}  mem  {sparkline(g['memory_used_mib'], float(total))}  last "
                      f"{_gib(g['memory_used_mib_last'])} of {_gib(total)}  peak {_gib(g['memory_used_mib_peak'])}")
-    lines.append("")
-    lines.append(f"GPU-hours today ({h['day']}, UTC)")
+    lines += ["", f"GPU-hours today ({h['day']}, UTC)"]
     if not h["users"]:
         lines.append("  none yet")
     top = max((u["gpu_hours"] for u in h["users"]), default=0.0)
@@ -217,9 +206,6 @@ def render_history(h: dict[str, Any]) -> str:
         lines.append(f"  {(u['user'] or '(none)').ljust(width)}  {bar(u['gpu_hours'], top).ljust(BAR_WIDTH)}"
                      f"  {u['gpu_hours']:.3g}")
     return "\n".join(lines)
-
-
-# --- where the rows come from ----------------------------------------------------
 
 
 def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
@@ -234,6 +220,7 @@ def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
 
 def via_socket(socket_path: str | os.PathLike[str], timeout_s: float = 60.0) -> Query:
     """SQL answered by the daemon at ``socket_path``, as this user."""
+
     def run(sql: str) -> tuple[list[str], list[Any]]:
         from eventsched.cli.sql import ask_daemon
 
@@ -244,8 +231,7 @@ def via_socket(socket_path: str | os.PathLike[str], timeout_s: float = 60.0) -> 
 
 
 class StatusHistory:
-    """``cmd_status``'s helper: the window from ``--history``, the data (re-read
-    at most every ``REFRESH_S`` under ``--watch``) and its text."""
+    """``status --history``'s data (re-read at most every ``REFRESH_S`` under ``--watch``) and text."""
 
     def __init__(self, window: str, state_dir: str | os.PathLike[str], socket: str | None) -> None:
         self.window_s = parse_window(window)

@@ -1,23 +1,18 @@
 """``eventsched submit-file FILE [--watch] [--llm-config FILE] [--json]``.
 
-The seeds' jobs file (format and conversions: ``domain/jobsfile.py``), all
-its lines submitted over one connection. New ids go to stdout one per line;
-a bad line is ``FILE:LINE: reason`` on stderr, the others still load, and the
-exit status is 1. A line the daemon already has (same user, same
-``PATH:LINE:SHA`` source) is skipped, never submitted twice.
-
-``--watch`` keeps following the file: on a change of its identity, size or
-times it is read again whole (sources dedupe); a last line without its
-newline is held back until the file has stood still for one more look, so a
-half-written line is never submitted.
-
-Also home of the ``llm_config.json`` lookup shared with ``eventsched submit``:
-``--llm-config FILE``, else ``./llm_config.json``, else the state directory's.
+The seeds' jobs file (``domain/jobsfile.py``), all its lines submitted over one
+connection. A bad line is ``FILE:LINE: reason`` on stderr, the others still
+load, exit status 1; a line the daemon already has (same ``PATH:LINE:SHA``
+source) is skipped. ``--watch`` re-reads the file whole when it changes, and
+holds back a last line without its newline until the file stands still, so a
+half-written line is never submitted. Also the ``llm_config.json`` lookup
+shared with ``eventsched submit``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -45,17 +40,20 @@ class FileProblem(UnitError):
     """A file the user named cannot be used: one line (``main`` prints it), exit status 2."""
 
 
-# --- llm_config.json ----------------------------------------------------------
-
-
-def _read_llm(path: str) -> LlmConfig:
+def _read(path: str, what: str, too_large: str) -> bytes:
+    """The file at ``path``, or FileProblem: it cannot be read (as ``what``) or is ``too_large``."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise FileProblem(f"cannot read the LLM config {path}: {exc.strerror or exc}") from None
+        raise FileProblem(f"cannot read {what}: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise FileProblem(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB; not an LLM config")
+        raise FileProblem(too_large)
+    return data
+
+
+def _read_llm(path: str) -> LlmConfig:
+    data = _read(path, f"the LLM config {path}", f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB; not an LLM config")
     try:
         return parse_llm_config(data, path)
     except LlmConfigError as exc:
@@ -63,8 +61,7 @@ def _read_llm(path: str) -> LlmConfig:
 
 
 def find_llm_config(explicit: str | None, state_dir: str | None) -> LlmConfig:
-    """``explicit`` (must exist), else ``./llm_config.json``, else the state
-    directory's, else the built-in default (1 GPU for every model)."""
+    """``explicit``, else ``./llm_config.json``, else the state directory's, else the default."""
     if explicit:
         return _read_llm(explicit)
     from eventsched.domain.paths import state_dir_location
@@ -76,8 +73,7 @@ def find_llm_config(explicit: str | None, state_dir: str | None) -> LlmConfig:
 
 
 def llm_sized(args: argparse.Namespace, command: list[str], spec: JobSpec) -> JobSpec:
-    """``eventsched submit``: ``--llm NAME`` in the command sets ``gpus`` from
-    llm_config.json, unless ``--gpus`` was given."""
+    """``--llm NAME`` in ``submit``'s command sets ``gpus`` from llm_config.json, unless ``--gpus`` did."""
     if args.gpus is not None:
         return spec
     words = command[1:]
@@ -95,9 +91,6 @@ def llm_sized(args: argparse.Namespace, command: list[str], spec: JobSpec) -> Jo
 
     llm = find_llm_config(args.llm_config, args.state_dir)
     return msgspec.structs.replace(spec, gpus=llm.gpus(name))
-
-
-# --- the jobs file --------------------------------------------------------------
 
 
 @dataclass
@@ -118,19 +111,11 @@ class JobsFile:
     resolved: str  # the path in every line's source
     llm: LlmConfig
     base: JobSpec
-    # sources sent to the daemon (submitted, skipped or refused): not sent again
-    known: set[str] = field(default_factory=set)
-    # bad lines already reported: (line number, text)
-    reported: set[tuple[int, str]] = field(default_factory=set)
+    known: set[str] = field(default_factory=set)  # sources sent to the daemon: not sent again
+    reported: set[tuple[int, str]] = field(default_factory=set)  # bad lines reported: (line number, text)
 
     def read(self) -> str:
-        try:
-            with open(self.shown, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise FileProblem(f"cannot read jobs file {self.shown}: {exc.strerror or exc}") from None
-        if len(data) > MAX_FILE_BYTES:
-            raise FileProblem(f"jobs file {self.shown} is larger than {MAX_FILE_BYTES >> 20} MiB")
+        data = _read(self.shown, f"jobs file {self.shown}", f"jobs file {self.shown} is larger than {MAX_FILE_BYTES >> 20} MiB")
         return data.decode("utf-8", "surrogateescape")
 
     def error(self, outcome: Outcome, line: int, reason: str) -> None:
@@ -138,8 +123,7 @@ class JobsFile:
         outcome.errors.append({"line": line, "reason": reason})
 
     def submit(self, c: Client, text: str, *, announce: bool) -> Outcome:
-        """Submit every line of ``text`` not sent before; print new ids
-        (``announce``) and report bad lines once each."""
+        """Submit every line of ``text`` not sent before; report bad lines once each."""
         outcome = Outcome()
         jobs, bad = parse_jobs_text(text)
         lines = text.split("\n") if bad else []
@@ -184,28 +168,28 @@ def _base_spec() -> JobSpec:
                    umask=rlimits.current_umask(), rlimits=rlimits.current())
 
 
-def cmd_submit_file(args: argparse.Namespace, c: Client) -> int:
-    llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2
-    jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm, base=_base_spec())
-    text = jobs.read()
-    outcome = jobs.submit(c, text, announce=not args.json)
-    failed = bool(outcome.errors)
-    if args.json:
+def cmd_submit_file(args: argparse.Namespace) -> int:
+    from eventsched.cli import client
+
+    with client(args) as c:
+        llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2
+        jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm, base=_base_spec())
+        text = jobs.read()
+        outcome = jobs.submit(c, text, announce=not args.json)
+        failed = bool(outcome.errors)
+        if args.json:
+            if args.watch:
+                print(json.dumps(outcome.json()), flush=True)
+            else:
+                print_json(outcome.json())
+        elif outcome.skipped:
+            n = len(outcome.skipped)
+            print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} already submitted; skipped",
+                  file=sys.stderr)
         if args.watch:
-            print(json.dumps(outcome.json()), flush=True)
-        else:
-            print_json(outcome.json())
-    elif outcome.skipped:
-        n = len(outcome.skipped)
-        print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} already submitted; skipped",
-              file=sys.stderr)
-    if not args.watch:
+            with contextlib.suppress(KeyboardInterrupt):
+                failed = _watch(args, c, jobs, text) or failed
         return 1 if failed else 0
-    try:
-        failed = _watch(args, c, jobs, text) or failed
-    except KeyboardInterrupt:
-        pass
-    return 1 if failed else 0
 
 
 def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bool:

@@ -56,11 +56,10 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     if args.users is not None:
         base["users"] = _names(args.users)
     for key, text in (("gpus", args.gpus), ("gpu_mem_mib", args.gpu_mem), ("jobs", args.jobs)):
-        if text is not None:
-            if text == "none":
-                base.pop(key, None)
-            else:
-                base[key] = _number(key, text)
+        if text == "none":
+            base.pop(key, None)
+        elif text is not None:
+            base[key] = _number(key, text)
     if args.weight is not None:
         base["weight"] = args.weight
     if args.preemptible is not None:
@@ -84,10 +83,11 @@ def _names(text: str) -> list[str]:
 
 
 def _number(key: str, text: str) -> float:
+    flag = "--" + key.replace("_mib", "").replace("_", "-")
     try:
         value = float(text)
     except ValueError:
-        raise UnitError(f"--{key.replace('_mib', '').replace('_', '-')} {text!r}: a number, or 'none'") from None
+        raise UnitError(f"{flag} {text!r}: a number, or 'none'") from None
     if not value >= 0:
-        raise UnitError(f"--{key.replace('_mib', '').replace('_', '-')} must be >= 0, not {text}")
+        raise UnitError(f"{flag} must be >= 0, not {text}")
     return int(value) if key != "gpus" else value

@@ -1,9 +1,5 @@
 """``eventsched token create|list|revoke``: API tokens for ``serve --http``.
-
-Always over the daemon's socket, whatever ``EVENTSCHED_URL`` says: the daemon
-learns who is asking from the socket's peer credentials, so a token is only
-ever made for the user who runs this (or, by root, for ``--user``).
-"""
+Always over the socket, whose peer credentials say who is asking."""
 
 from __future__ import annotations
 
@@ -39,11 +35,8 @@ def run(args: argparse.Namespace) -> int:
                 print_json(made)
             else:
                 print(made["token"])
-                print(
-                    f"token {made['id']} ({made['name']}) for {made['user']}: shown only this once. Use it as\n"
-                    f"  EVENTSCHED_URL=http://HOST:PORT EVENTSCHED_TOKEN=<token> eventsched queue",
-                    file=sys.stderr,
-                )
+                print(f"token {made['id']} ({made['name']}) for {made['user']}: shown only this once. Use it as\n"
+                      f"  EVENTSCHED_URL=http://HOST:PORT EVENTSCHED_TOKEN=<token> eventsched queue", file=sys.stderr)
             return 0
         if args.token_command == "list":
             tokens = c.request(protocol.ListTokens())

@@ -1,12 +1,7 @@
-"""Why a job waits, in the user's terms (SPEC N1): a pure function of the state.
+"""Why a job waits, in the user's terms: a pure function of the state.
 
-``waiting_reason(state, job_id, now)`` answers for a queued or held job with
-one of the reasons Slurm users know from ``squeue``'s REASON column, made
-specific: ``held``, ``dependency``, ``backoff``, ``queue limit``,
-``resources`` (what it needs against what is free, and which GPUs are out of
-play and why) or ``priority`` (it would fit, but jobs ahead of it go first).
-The daemon answers ``explain`` and fills the ``reason`` column of ``queue``
-with it; nothing here changes the state.
+The reasons are those Slurm users know from ``squeue``'s REASON column, made
+specific; ``explain`` and ``queue``'s REASON column answer with them.
 """
 
 from __future__ import annotations
@@ -17,14 +12,7 @@ from typing import Any
 
 import msgspec
 
-from eventsched.core.policies import (
-    Limits,
-    View,
-    _fitting_shapes,
-    _Reservation,
-    best_fit,
-    fair_shares,
-)
+from eventsched.core.policies import Limits, View, _fitting_shapes, _Reservation, best_fit, fair_shares
 from eventsched.domain.states import WAITING, JobState
 from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
@@ -41,12 +29,7 @@ class Reason(msgspec.Struct, frozen=True, kw_only=True):
     first_ahead: int | None = None
     waits_for: list[int] = []  # dependency: the jobs not yet succeeded
     blocked_gpus: dict[str, str] = {}  # "node:gpu" -> why it takes nothing new
-    # the multifactor score and its parts: priority, age, fair_share, total
-    score: dict[str, float] = {}
-
-
-def _gpu_label(gpu: Gpu, single_node: bool) -> str:
-    return f"GPU {gpu.id}" if single_node else f"GPU {gpu.node}:{gpu.id}"
+    score: dict[str, float] = {}  # the multifactor score's parts: priority, age, fair_share, total
 
 
 def unusable_reason(gpu: Gpu, state: ClusterState) -> str | None:
@@ -69,22 +52,16 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
     """For each job in ``wanted``: how many eligible waiting jobs the policy
     considers before it, and the first of them.
 
-    A few jobs out of a long queue (a page of ``queue --json``, one
-    ``explain``) are counted by rank in the sorted queue, less the few queued
-    jobs that are not eligible now (backing off, or waiting on ``--after``):
-    the cost grows with the page, not with the queue (issue 16). Many jobs at
-    once take one walk of the queue instead."""
-    fifo = state.policy == "fifo"
-    queue = state.queue
+    A few jobs are counted by rank in the sorted queue, less the queued jobs
+    not eligible now, so the cost grows with the page, not with the queue;
+    many jobs at once take one walk of the queue instead."""
+    fifo, queue, jobs = state.policy == "fifo", state.queue, state.jobs
     order = queue.by_order if fifo else queue.by_priority  # every policy but fifo scans in priority order first
-    jobs = state.jobs
 
     def key(job: Job) -> tuple[Any, ...]:
         return (job.order, job.id) if fifo else queue.key(job)
 
-    # a rank costs about as much as looking at a few jobs of a walk: listing a
-    # 10,000-job queue in 250-job pages took 192 ms with walks beyond 1/64 of
-    # the queue, 125 ms with walks only beyond 1/4 (measured over HTTP)
+    # a rank costs about as much as looking at a few jobs of a walk
     if len(wanted) * 4 > len(order):
         return _ahead_by_walk(state, now, wanted, ((k[-1]) for k in order))
     maybe = set(state.backoff) | set(state.queued_with_deps)
@@ -103,9 +80,8 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
     return out
 
 
-def _ahead_by_walk(
-    state: ClusterState, now: float, wanted: set[int], order: Iterator[int]
-) -> dict[int, tuple[int, int | None]]:
+def _ahead_by_walk(state: ClusterState, now: float, wanted: set[int],
+                   order: Iterator[int]) -> dict[int, tuple[int, int | None]]:
     """``_ahead_of`` in one walk of the queue in the policy's order."""
     jobs = state.jobs
     out: dict[int, tuple[int, int | None]] = {}
@@ -131,10 +107,7 @@ def _request_text(job: Job) -> str:
     spec = job.spec
     if job.count == 0:
         return "no GPU"
-    if job.milli < FULL:
-        need = f"{job.milli / FULL:g} of a GPU"
-    else:
-        need = f"{job.count} whole GPU{'s' if job.count > 1 else ''}"
+    need = f"{job.milli / FULL:g} of a GPU" if job.milli < FULL else f"{job.count} whole GPU{'s' if job.count > 1 else ''}"
     if spec.gpu_mem_mib:
         need += f" with {spec.gpu_mem_mib} MiB free on each"
     if spec.gpu_ids is not None:
@@ -152,8 +125,7 @@ def _free_text(state: ClusterState, job: Job, view: View) -> str:
     if not allowed:
         return "none of the GPUs it may use takes new jobs"
     if job.milli < FULL:
-        best = max(view.free[i] for i in allowed)
-        text = f"the largest free share is {best / FULL:g}"
+        text = f"the largest free share is {max(view.free[i] for i in allowed) / FULL:g}"
     else:
         per_node: dict[str, int] = {}
         for i in allowed:
@@ -172,8 +144,7 @@ def waiting_reason(state: ClusterState, job_id: int, now: float) -> Reason | Non
 
 
 def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None = None) -> dict[int, Reason]:
-    """``waiting_reason`` of many jobs at once (default: every waiting job),
-    in one walk of the queue: what ``queue``'s REASON column needs."""
+    """``waiting_reason`` of many jobs at once (default: every waiting one)."""
     if job_ids is None:
         job_ids = [j.id for j in state.jobs.values() if j.state in WAITING]
     waiting = [state.jobs[j] for j in job_ids if j in state.jobs and state.jobs[j].state in WAITING]
@@ -194,8 +165,7 @@ def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None =
 
 
 class _Context:
-    """What every waiting job's reason may need, worked out once: quotas,
-    fair shares, the gang reservation."""
+    """What every waiting job's reason may need, worked out once."""
 
     def __init__(self, state: ClusterState, now: float, view: View) -> None:
         self.state, self.now = state, now
@@ -262,11 +232,10 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
                       f"max_running = {limit}")
     held_back = ctx.limits.blocked(job)
     if held_back is not None:
-        kind = "quota" if held_back == "quota" else "array limit"
-        return Reason(kind=kind, text=ctx.quota_text(job), score=ctx.score(job))
+        return Reason(kind="quota" if held_back == "quota" else "array limit", text=ctx.quota_text(job),
+                      score=ctx.score(job))
     n, first = ahead
-    jobs_ahead = f"{n} job{'s' if n != 1 else ''} ahead of it"
-    res = ctx.reservation
+    jobs_ahead, res = f"{n} job{'s' if n != 1 else ''} ahead of it", ctx.reservation
     if fits and res is not None and res.head.id != job.id:
         idxs = best_fit(view, job)
         if idxs is not None and res.collides(idxs, job) and best_fit(view, job, res.gpus) is None:
@@ -281,7 +250,7 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
         for g in state.gpu_list:
             why = blocked.get(f"{g.node}:{g.id}")
             if why and (job.spec.gpu_ids is None or g.id in job.spec.gpu_ids):
-                parts.append(f"{_gpu_label(g, single)} {why}")
+                parts.append(f"GPU {g.id} {why}" if single else f"GPU {g.node}:{g.id} {why}")
         if n:
             parts.append(jobs_ahead)
         return Reason(kind="resources", text="; ".join(parts), ahead=n, first_ahead=first, blocked_gpus=blocked,

@@ -1,30 +1,24 @@
 """When will a queued job start, and how sure is that?
 
-The scheduler's own core runs forward from a copy of the current state on a
-virtual clock: every running job is taken to end at its predicted time (the
-mean of the same user's runs of the same job, else the median of all runs,
-capped by its time limit; a job already past its prediction goes on as one
-of the runs that lasted as long did), each end is fed to
-``core.handle`` as an exit, and the placements the policy then makes are the
-median forecast starts.
+The scheduler's own core runs forward from a copy of the state on a virtual
+clock: each running job ends at its predicted time (see ``_remaining``), each
+end is fed to ``core.handle`` as an exit, and the placements the policy then
+makes are the median forecast starts.
 
-The 80 % range around it is conformal: the forecasts shown before
-(``JobForecast``) are scored against their real starts as the log ratio of
-actual to forecast wait, and the range is the forecast wait scaled by that
-score's 10th and 90th percentiles. What the forward run leaves out (jobs
-submitted later that go first, runtimes off their mean) is in those errors,
-so the range covers 8 starts in 10 as long as the future errs as the recent
-past did. Forecasts still waiting count with the wait so far, a lower bound:
-leaving them out would keep the longest waits out of the scores. Until
-``MIN_SCORES`` forecasts can be scored, a wide guess stands in and is said to.
-
-Pure: the state passed in is never changed.
+The 80 % range is conformal: past forecasts (``JobForecast``) are scored
+against their real starts as the log ratio of actual to forecast wait, and the
+range scales the forecast wait by that score's 10th and 90th percentiles, so
+what the forward run leaves out (later jobs that go first, runtimes off their
+mean) is in it. Forecasts still waiting count with the wait so far, a lower
+bound, so the longest waits are not left out. Until ``MIN_SCORES`` can be
+scored, a wide guess stands in and is said to. Pure: the state is never changed.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 import threading
 from collections import deque
@@ -42,7 +36,8 @@ from eventsched.projections.model import TenantUsage, time_limit_of
 
 _ACTIVE = (JobState.QUEUED, JobState.RUNNING, JobState.HELD)
 
-__all__ = ["Forecast", "Calibration", "shown", "range_basis", "forecast_starts", "run_forecast", "working_copy", "describe", "ASSUMPTIONS", "MAX_STEPS"]
+__all__ = ["Forecast", "Calibration", "shown", "range_basis", "forecast_starts", "run_forecast", "working_copy",
+           "describe", "ASSUMPTIONS", "MAX_STEPS"]
 
 DEFAULT_RUNTIME_S = 3600.0  # a job nobody has seen run: an hour (as sjf-backfill assumes)
 MAX_STEPS = 2000  # simulated exits per forecast: beyond that, "not within the forecast"
@@ -66,8 +61,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Calibration:
-    """Forecasts shown against what happened: a fold of ``JobForecast`` and
-    the ``JobPlaced`` that follows, kept to the last ``WINDOW``."""
+    """The last ``WINDOW`` forecasts shown (``JobForecast``) scored against their ``JobPlaced``."""
 
     def __init__(self) -> None:
         self.seq = 0  # the last event folded
@@ -117,11 +111,10 @@ def _predicted(state: ClusterState, job: Job) -> float:
 
 
 def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> float:
-    """How much longer a job that ran ``ran`` s runs. Past its prediction it is
-    not about to end: it goes on as one of the runs (all runs, in ms) that
-    lasted as long did, or as long again when none did. Which one is spread
-    evenly over the overdue jobs by their ids: the first of many to end comes
-    sooner than any one's median end."""
+    """How much longer a job that ran ``ran`` s runs. Past its prediction it goes
+    on as one of the ``runs`` (ms) that lasted as long did (as long again if
+    none did), picked evenly by job id: the first of many overdue jobs to end
+    comes sooner than any one's median end."""
     p = _predicted(state, job)
     if ran < p:
         return max(1.0, p - ran)  # what waits for an end does not start "at the next decision"
@@ -137,11 +130,9 @@ def forecast_starts(state: ClusterState, now: float, wanted: set[int] | None = N
     return run_forecast(working_copy(state), now, wanted, max_steps, calibration)
 
 
-
 def working_copy(state: ClusterState) -> ClusterState:
-    """A copy of what a forecast needs: the GPUs, the waiting and running jobs
-    (and the jobs they wait for), the runtime history, the tenants. Finished
-    jobs are left out, so the copy costs what is active, not all history."""
+    """A copy of what a forecast needs, without the finished jobs (but those the
+    active ones wait for), so it costs what is active, not all history."""
     sim = ClusterState()
     sim.last_seq, sim.node, sim.policy, sim.config = state.last_seq, state.node, state.policy, state.config
     sim.gpus = {k: g.copy() for k, g in state.gpus.items()}
@@ -168,33 +159,27 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
         return Forecast(starts={}, made_at=now, horizon=now, complete=True)
     # (time, order, kind, job): ends of running jobs and the core's wake-ups
     ends: list[tuple[float, int, str, int]] = []
-    n = 0
-    runs = sim.stats.sorted
+    order = itertools.count()  # ties go in the order pushed
     for jid in sim.running:
         job = sim.jobs[jid]
         ran = now - (job.started_at if job.started_at is not None else now)
-        ends.append((now + _remaining(sim, job, ran, runs), n, "end", jid))
-        n += 1
+        ends.append((now + _remaining(sim, job, ran, sim.stats.sorted), next(order), "end", jid))
     heapq.heapify(ends)
     starts: dict[int, float] = {}
     t = now
 
     def feed(msg: m.Message, at: float) -> None:
-        nonlocal n
         events, effects = core.handle(sim, msg, at)
         for e in events:
             if isinstance(e, ev.JobPlaced):
                 if e.job in wanted:
                     starts[e.job] = at
-                heapq.heappush(ends, (at + _predicted(sim, sim.jobs[e.job]), n, "end", e.job))
-                n += 1
+                heapq.heappush(ends, (at + _predicted(sim, sim.jobs[e.job]), next(order), "end", e.job))
         for eff in effects:
             if isinstance(eff, m.Signal):  # a stop asked (a time limit, a preemption): it ends after the grace
-                heapq.heappush(ends, (at + min(eff.grace_s, 1.0), n, "end", eff.job))
-                n += 1
+                heapq.heappush(ends, (at + min(eff.grace_s, 1.0), next(order), "end", eff.job))
             elif isinstance(eff, m.WakeAt) and eff.at > at:
-                heapq.heappush(ends, (eff.at, n, "tick", 0))
-                n += 1
+                heapq.heappush(ends, (eff.at, next(order), "tick", 0))
 
     feed(m.Tick(), now)  # what could start right now (backoff over, a fresh decision)
     steps = 0

@@ -23,10 +23,7 @@ __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
 
 
 def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
-    """What a job's output file holds past ``position`` (b"" before it exists).
-
-    Shared by ``eventsched logs -f`` and the notebook's ``JobHandle.follow``.
-    """
+    """What a job's output file holds past ``position`` (b"" before it exists)."""
     try:
         with open(path, "rb") as f:
             f.seek(position)
@@ -76,8 +73,6 @@ class Client:
             raise refused(reply.error, reply.kind, reply.data)
         return reply.data
 
-    # --- commands --------------------------------------------------------
-
     def submit(self, spec: JobSpec) -> int:
         return int(self.request(protocol.SubmitJob(spec=spec))["id"])
 
@@ -86,9 +81,8 @@ class Client:
         return [int(i) for i in self.request(protocol.SubmitJob(spec=spec, array=list(indices)))["ids"]]
 
     def submit_many(self, specs: list[JobSpec]) -> list[int]:
-        """Submit several jobs over one connection, pipelined: every request
-        is sent before the replies are read, so the daemon can commit them
-        together. Returns the ids in order; stops at the first refusal."""
+        """Several jobs over one connection, pipelined so that the daemon can
+        commit them together; the ids in order, stopping at the first refusal."""
         ids = []
         for reply in self._pipelined(specs):
             if not reply.ok:
@@ -97,19 +91,17 @@ class Client:
         return ids
 
     def submit_each(self, specs: list[JobSpec]) -> list[int | ClientError]:
-        """Like ``submit_many`` (one connection, pipelined), but a refusal
-        does not stop the rest: one result per spec, in order, either the new
-        job's id or the daemon's refusal of it."""
+        """``submit_many`` where a refusal does not stop the rest: per spec,
+        in order, the new job's id or the daemon's refusal of it."""
         return [
             int(reply.data["id"]) if reply.ok else refused(reply.error, reply.kind, reply.data)
             for reply in self._pipelined(specs)
         ]
 
     def _pipelined(self, specs: list[JobSpec]) -> list[protocol.Reply]:
-        """One ``SubmitJob`` per spec over one connection, a window at a
-        time, the next window sent before the last one's replies are read:
-        the daemon stops reading a client that leaves many replies unread,
-        so sending everything first could leave both sides waiting."""
+        """One ``SubmitJob`` per spec, a window at a time, each sent before the last
+        one's replies are read: the daemon stops reading a client that leaves many
+        replies unread, so sending everything first could leave both sides waiting."""
         if self._sock is None:
             self._sock = self._connect()
         sock = self._sock
@@ -129,17 +121,13 @@ class Client:
         except (ClientError, OSError):
             self.close()
             raise
-        out = []
-        for reply in replies:
-            if not isinstance(reply, protocol.Reply):
-                raise ClientError("unexpected message from the daemon")
-            out.append(reply)
-        return out
+        if not all(isinstance(reply, protocol.Reply) for reply in replies):
+            raise ClientError("unexpected message from the daemon")
+        return replies  # type: ignore[return-value]  # every one a Reply (checked above)
 
     def jobs(self, all: bool = False, page: int = 250) -> list[dict]:
-        """Every job (``all``: finished ones too), in id order, fetched a page
-        at a time so that a long listing never holds the daemon's loop for
-        long; ``page=0`` asks for all of it in one reply."""
+        """Every job (``all``: finished ones too), in id order, a page at a time so that
+        a long listing never holds the daemon's loop long (``page=0``: one reply)."""
         if page <= 0:
             return self.request(protocol.ListJobs(all=all))
         out: list[dict] = []
@@ -155,17 +143,15 @@ class Client:
         return self.request(protocol.GetStatus())
 
     def cancel(self, jobs: list[int]) -> list[dict]:
-        """Cancel ``jobs``; returns those cancelled. When some cannot be
-        (finished, unknown, someone else's), the others are still cancelled
-        and ClientError names each one that was not."""
+        """Cancel ``jobs``; those cancelled, or ClientError naming each that was not
+        (the others are cancelled all the same)."""
         result = self.cancel_each(jobs)
         if result["refused"]:
             raise ClientError("; ".join(f"job {r['job']}: {r['reason']}" for r in result["refused"]))
         return result["jobs"]
 
-    def cancel_each(
-        self, jobs: list[int], *, arrays: bool = False, array_tasks: list[tuple[int, int]] | None = None
-    ) -> dict:
+    def cancel_each(self, jobs: list[int], *, arrays: bool = False,
+                    array_tasks: list[tuple[int, int]] | None = None) -> dict:
         """``{"jobs": [cancelled...], "refused": [{"job", "reason"}...]}``; with
         ``arrays`` an array's id cancels all its tasks; ``array_tasks`` names
         single tasks as (array id, index)."""
@@ -182,9 +168,6 @@ class Client:
 
     def resume_gpu(self, gpu: int, node: str = "") -> dict:
         return self.request(protocol.ResumeGpu(gpu=gpu, node=node))
-
-    def set_policy(self, policy: str) -> dict:
-        return self.request(protocol.SetPolicy(policy=policy))
 
     def tenants(self) -> list[dict]:
         return list(self.request(protocol.ListTenants()))
@@ -204,11 +187,8 @@ class Client:
         return self.request(protocol.Ping())
 
     def subscribe(self, from_seq: int = 0) -> Iterator[list[Event]]:
-        """Events from ``from_seq`` (0: from now on), then live, on a connection of its own.
-
-        The iterator ends when the daemon closes the stream; closing the
-        generator closes the connection.
-        """
+        """Events from ``from_seq`` (0: from now on), then live, on a connection
+        of its own, until the daemon closes the stream or the generator is closed."""
         sock = self._connect()
         sock.settimeout(None)
         try:

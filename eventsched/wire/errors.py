@@ -1,6 +1,5 @@
-"""What a client of the control socket raises: shared by the full client
-(``client.py``) and the lean one-request client (``lean.py``), so that
-``except ClientError`` catches both. Imports nothing."""
+"""What a client of the control socket raises, full (``client.py``) or lean
+(``lean.py``), so that ``except ClientError`` catches both. Imports nothing."""
 
 from __future__ import annotations
 
@@ -8,9 +7,8 @@ __all__ = ["ClientError", "DaemonNotRunning", "refused", "went_away"]
 
 
 class ClientError(Exception):
-    """The daemon refused a request (or could not be asked); str() is the
-    one-line reason. ``kind``: the daemon's ``RefusalKind`` ("" when it did
-    not answer); ``existing``: the job a conflict is with."""
+    """The daemon refused a request (or could not be asked), str() saying why in one line;
+    ``kind``: its ``RefusalKind`` ("": no answer); ``existing``: the job a conflict is with."""
 
     def __init__(self, message: str, kind: str = "", existing: int | None = None) -> None:
         super().__init__(message)
@@ -26,16 +24,12 @@ def refused(error: str, kind: str, data: object) -> ClientError:
 
 class DaemonNotRunning(ClientError):
     def __init__(self, path: str) -> None:
-        super().__init__(
-            f"no eventsched daemon is listening on {path}; start one with "
-            f"`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)"
-        )
+        super().__init__(f"no eventsched daemon is listening on {path}; start one with "
+                         f"`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)")
         self.path = path
 
 
 def went_away(exc: OSError, what: str = "the request") -> ClientError:
     """The daemon hung up (or died) between a request and its reply."""
-    return ClientError(
-        f"the daemon went away before answering ({exc.strerror}); whether it took {what} is "
-        "in its log: check with `eventsched queue` once it is back"
-    )
+    return ClientError(f"the daemon went away before answering ({exc.strerror}); whether it took {what} is "
+                       "in its log: check with `eventsched queue` once it is back")

@@ -1,11 +1,6 @@
-"""A client's side of the control socket's framing: connect, send, read a frame.
-
-A frame is a 4-byte big-endian length, then that many bytes (msgpack, see
-``protocol.py``). Both clients speak through here: the full one
-(``client.py``) and the CLI fast path's one-request client (``lean.py``), so
-it imports only ``_socket`` (``socket.py`` builds enums at import, a cost
-every ``submit`` from a shell loop would pay).
-"""
+"""A client's side of the control socket's framing (a 4-byte big-endian length,
+then that many bytes): connect, send, read a frame. The CLI's fast path uses it
+too, so it imports only ``_socket`` (``socket.py`` builds enums at import)."""
 
 from __future__ import annotations
 
@@ -74,8 +69,7 @@ def read_frame(sock: _socket.socket) -> bytes:
 
 
 def exchange(sock: _socket.socket, data: bytes) -> bytes:
-    """Send one framed request, read the frame that answers it; a daemon
-    that dies in between is a ClientError that says so."""
+    """Send one framed request and read the frame that answers it."""
     send(sock, data)
     try:
         return read_frame(sock)

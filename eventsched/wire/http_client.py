@@ -1,11 +1,8 @@
-"""The CLI's client of ``serve --http``: ``EVENTSCHED_URL`` and
-``EVENTSCHED_TOKEN`` set, ``submit``, ``queue``, ``cancel``, ``status``,
-``explain`` and ``health`` go over HTTP with the same output and exit codes.
+"""The CLI's client of ``serve --http`` (``EVENTSCHED_URL`` and ``EVENTSCHED_TOKEN``).
 
-It has the methods of ``client.Client`` that those commands use, and raises
-the same ``ClientError`` with the daemon's own one-line reason, so the CLI's
-handlers do not know which transport they talk to. Standard library only
-(``http.client``, ``json``): the CLI's start-up stays what it was.
+It has the methods of ``client.Client`` that the CLI's commands use and raises
+the same ``ClientError``, so the handlers do not know which transport they
+talk to. Standard library only, so the CLI's start-up stays what it was.
 """
 
 from __future__ import annotations
@@ -27,10 +24,9 @@ def from_environment() -> "HttpClient":
     url = os.environ.get("EVENTSCHED_URL", "")
     token = os.environ.get("EVENTSCHED_TOKEN", "")
     if not token:
-        raise ClientError(
-            f"EVENTSCHED_URL is set ({url}) but EVENTSCHED_TOKEN is not: make a token with "
-            "`eventsched token create` on the daemon's machine, or unset EVENTSCHED_URL to use the local socket"
-        )
+        raise ClientError(f"EVENTSCHED_URL is set ({url}) but EVENTSCHED_TOKEN is not: make a token with "
+                          "`eventsched token create` on the daemon's machine, or unset EVENTSCHED_URL to use "
+                          "the local socket")
     return HttpClient(url, token)
 
 
@@ -46,13 +42,11 @@ class HttpClient:
         self.timeout = timeout
         self._conn: Any = None
 
-    # --- transport -----------------------------------------------------------
-
     def _connection(self) -> Any:
         if self._conn is None:
-            import http.client
+            from http.client import HTTPConnection, HTTPSConnection
 
-            kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            kind = HTTPSConnection if self._parts.scheme == "https" else HTTPConnection
             self._conn = kind(self._parts.hostname or "", self._parts.port, timeout=self.timeout)
         return self._conn
 
@@ -70,9 +64,8 @@ class HttpClient:
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """One request; the reply's JSON, or ClientError with the API's reason."""
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        if data is not None:
-            headers["Content-Type"] = "application/json"
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json",
+                   **({} if data is None else {"Content-Type": "application/json"})}
         for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: once more, anew
             reused = self._conn is not None
             conn = self._connection()
@@ -88,10 +81,9 @@ class HttpClient:
                     continue
                 if isinstance(exc, TimeoutError):
                     raise
-                raise ClientError(
-                    f"no eventsched API answers at {self.url} ({getattr(exc, 'strerror', None) or exc}); "
-                    "is the daemon serving with --http?"
-                ) from None
+                raise ClientError(f"no eventsched API answers at {self.url} "
+                                  f"({getattr(exc, 'strerror', None) or exc}); "
+                                  "is the daemon serving with --http?") from None
         try:
             answer = json.loads(raw) if raw else None
         except ValueError:
@@ -118,23 +110,13 @@ class HttpClient:
     def jobs(self, all: bool = False) -> list[dict]:
         return list(self.call("GET", "/v1/jobs?all=1" if all else "/v1/jobs"))
 
-    def job(self, job: int) -> dict:
-        return dict(self.call("GET", f"/v1/jobs/{int(job)}"))
-
     def status(self) -> dict:
         return dict(self.call("GET", "/v1/status"))
 
-    def cancel_each(
-        self, jobs: list[int], *, arrays: bool = False, array_tasks: list[tuple[int, int]] | None = None
-    ) -> dict:
+    def cancel_each(self, jobs: list[int], *, arrays: bool = False,
+                    array_tasks: list[tuple[int, int]] | None = None) -> dict:
         body = {"jobs": list(jobs), "arrays": arrays, "array_tasks": [list(t) for t in array_tasks or []]}
         return dict(self.call("POST", "/v1/cancel", body))
-
-    def cancel(self, jobs: list[int]) -> list[dict]:
-        result = self.cancel_each(jobs)
-        if result["refused"]:
-            raise ClientError("; ".join(f"job {r['job']}: {r['reason']}" for r in result["refused"]))
-        return list(result["jobs"])
 
     def explain(self, job: int) -> dict:
         return dict(self.call("GET", f"/v1/jobs/{int(job)}/explain"))
@@ -145,10 +127,8 @@ class HttpClient:
     # --- what needs the daemon's machine --------------------------------------
 
     def request(self, req: Any) -> Any:
-        raise ClientError(
-            "this command is not part of the HTTP API yet; run it on the daemon's machine "
-            "(without EVENTSCHED_URL)"
-        )
+        raise ClientError("this command is not part of the HTTP API yet; run it on the daemon's machine "
+                          "(without EVENTSCHED_URL)")
 
     def subscribe(self, from_seq: int = 0) -> Iterator[list[Any]]:
         raise ClientError("following events (`status --watch`) needs the daemon's socket; over HTTP run `status` again")
@@ -158,10 +138,8 @@ class HttpClient:
             raise AttributeError(name)
 
         def unavailable(*_args: Any, **_kwargs: Any) -> Any:
-            raise ClientError(
-                f"`{name.replace('_', '-')}` is not part of the HTTP API; run it on the daemon's machine "
-                "(without EVENTSCHED_URL)"
-            )
+            raise ClientError(f"`{name.replace('_', '-')}` is not part of the HTTP API; run it on the daemon's "
+                              "machine (without EVENTSCHED_URL)")
 
         return unavailable
 

@@ -1,17 +1,12 @@
 """One request on the control socket without msgspec: the CLI's fast path.
 
-``eventsched submit`` from a shell loop is one short process per job, and
-importing msgspec (which imports typing, uuid, decimal, datetime ...) costs
-more than the whole rest of such a call. This module speaks the same wire
-format (``protocol.py``: a 4-byte big-endian length, then msgpack) for the
-few plain messages the fast path sends: a request is a dict laid out as
-msgspec lays out the tagged ``Request`` struct (``{"type": "SubmitJob",
-"spec": {...}}``; fields left out take their defaults), the reply a plain
-dict (``{"type": "Reply", "ok": ..., "error": ..., "data": ...}``).
-
-It imports only ``_struct`` and ``framing.py`` (which imports only
-``_socket``). ``packb`` raises ``ValueError`` before anything is sent for
-what it cannot encode, so a caller can fall back to the full client.
+A ``submit`` from a shell loop is one short process per job, and importing
+msgspec costs more than the rest of such a call. This speaks the same wire
+format (``protocol.py``) for the few plain messages the fast path sends: a
+request is a dict laid out as msgspec lays out the tagged ``Request`` struct
+(fields left out take their defaults), the reply a plain dict. ``packb``
+raises ``ValueError`` before anything is sent for what it cannot encode, so a
+caller can fall back to the full client.
 """
 
 from __future__ import annotations
@@ -29,24 +24,14 @@ __all__ = ["packb", "unpackb", "request"]
 
 _DOUBLE = _struct.Struct(">d")
 _FLOAT = _struct.Struct(">f")
-
-
-# --- msgpack ------------------------------------------------------------------
+_CONSTANTS = {0xC0: None, 0xC2: False, 0xC3: True}
 
 
 def _pack(value: Any, out: bytearray) -> None:
     kind = type(value)
     if kind is str:
         data = value.encode()
-        n = len(data)
-        if n < 32:
-            out.append(0xA0 | n)
-        elif n < 0x100:
-            out += b"\xd9" + n.to_bytes(1, "big")
-        elif n < 0x10000:
-            out += b"\xda" + n.to_bytes(2, "big")
-        else:
-            out += b"\xdb" + n.to_bytes(4, "big")
+        _length(out, len(data), 0xA0, 32, 0xD9)
         out += data
     elif value is None:
         out.append(0xC0)
@@ -59,34 +44,20 @@ def _pack(value: Any, out: bytearray) -> None:
             out.append(value)
         elif -32 <= value < 0:
             out.append(value & 0xFF)
+        elif not -(1 << 63) <= value < 1 << 64:
+            raise ValueError(f"integer {value} does not fit in 64 bits")
         elif value >= 0:
-            if value >= 1 << 64:
-                raise ValueError(f"integer {value} does not fit in 64 bits")
             out += b"\xcf" + value.to_bytes(8, "big")
         else:
-            if value < -(1 << 63):
-                raise ValueError(f"integer {value} does not fit in 64 bits")
             out += b"\xd3" + value.to_bytes(8, "big", signed=True)
     elif kind is float:
         out += b"\xcb" + _DOUBLE.pack(value)
     elif kind is list or kind is tuple:
-        n = len(value)
-        if n < 16:
-            out.append(0x90 | n)
-        elif n < 0x10000:
-            out += b"\xdc" + n.to_bytes(2, "big")
-        else:
-            out += b"\xdd" + n.to_bytes(4, "big")
+        _length(out, len(value), 0x90, 16, 0xDB)
         for item in value:
             _pack(item, out)
     elif kind is dict:
-        n = len(value)
-        if n < 16:
-            out.append(0x80 | n)
-        elif n < 0x10000:
-            out += b"\xde" + n.to_bytes(2, "big")
-        else:
-            out += b"\xdf" + n.to_bytes(4, "big")
+        _length(out, len(value), 0x80, 16, 0xDD)
         for key, item in value.items():
             _pack(key, out)
             _pack(item, out)
@@ -96,6 +67,18 @@ def _pack(value: Any, out: bytearray) -> None:
         out += value
     else:
         raise ValueError(f"cannot encode a {kind.__name__}")
+
+
+def _length(out: bytearray, n: int, fixed: int, limit: int, code8: int) -> None:
+    """A str's, list's or map's length: in its type byte below ``limit``, else
+    after the code for 8 (str only), 16 or 32 bits (``code8`` + 0, 1, 2)."""
+    if n < limit:
+        out.append(fixed | n)
+    elif n < 0x100 and fixed == 0xA0:
+        out += bytes((code8, n))
+    else:
+        wide = n >= 0x10000
+        out += bytes((code8 + 1 + wide,)) + n.to_bytes(4 if wide else 2, "big")
 
 
 def packb(value: Any) -> bytes:
@@ -137,12 +120,8 @@ class _Reader:
             return [self.value() for _ in range(b & 0x0F)]
         if 0x80 <= b < 0x90:
             return self.mapping(b & 0x0F)
-        if b == 0xC0:
-            return None
-        if b == 0xC2:
-            return False
-        if b == 0xC3:
-            return True
+        if b in _CONSTANTS:
+            return _CONSTANTS[b]
         if b in (0xD9, 0xDA, 0xDB):
             return self.take(self.uint(1 << (b - 0xD9))).decode()
         if b in (0xC4, 0xC5, 0xC6):
@@ -162,11 +141,7 @@ class _Reader:
         raise ValueError(f"msgpack type 0x{b:02x} is not supported here")
 
     def mapping(self, n: int) -> dict[Any, Any]:
-        result = {}
-        for _ in range(n):
-            key = self.value()
-            result[key] = self.value()
-        return result
+        return {self.value(): self.value() for _ in range(n)}  # the key is read first
 
 
 def unpackb(data: bytes) -> Any:
@@ -176,9 +151,6 @@ def unpackb(data: bytes) -> Any:
     if reader.pos != len(data):
         raise ValueError("trailing bytes after a msgpack value")
     return value
-
-
-# --- one request -------------------------------------------------------------
 
 
 def request(path: str, message: dict[str, Any], timeout: float | None = 30.0) -> Any:

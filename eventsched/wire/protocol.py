@@ -1,12 +1,7 @@
-"""The control socket's wire format: length-prefixed msgpack messages.
-
-Each message is a 4-byte big-endian length followed by that many bytes of
-msgpack. Requests are a tagged union; every request gets exactly one ``Reply``,
-except ``Subscribe``, which gets a ``Reply`` and then a stream of ``EventBatch``
-messages until either side closes.
-
-The requesting user is never part of a request: the server takes it from the
-socket's peer credentials (SO_PEERCRED).
+"""The control socket's wire format: messages of msgpack, each after its
+4-byte big-endian length. Every request (a tagged union) gets one ``Reply``;
+``Subscribe`` then a stream of ``EventBatch``. The requesting user is never in
+a request: the server takes it from the socket's peer credentials.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class SubmitJob(Request, frozen=True):
-    # user, uid, gid, groups and home are filled in by the server from the
-    # peer credentials; whatever the client puts there is overwritten.
+    # the spec's user, uid, gid, groups and home: the server's, from the peer credentials
     spec: JobSpec
     array: list[int] = []  # --array: the indices (one task each), accepted all or none
 
@@ -47,10 +41,8 @@ class GetStatus(Request, frozen=True):
 
 
 class CancelJobs(Request, frozen=True):
-    # Cancels every job it can; the reply: {"jobs": [cancelled...], "refused":
-    # [{"job", "reason"}...]}. With ``arrays``, an array's id (its first task's)
-    # stands for all its tasks (the CLI's ``cancel 12``); ``array_tasks`` names
-    # single tasks as (array id, index) (``cancel 12_3``).
+    # cancels every job it can (see Client.cancel_each); with ``arrays`` an
+    # array's id stands for all its tasks, ``array_tasks`` are (array id, index)
     jobs: list[int]
     arrays: bool = False
     array_tasks: list[tuple[int, int]] = []
@@ -85,7 +77,6 @@ class ListTenants(Request, frozen=True):
 class SetTenant(Request, frozen=True):
     """``eventsched tenant set|remove``: the tenant's whole new definition
     (None: remove it). Only root or the daemon's user."""
-
     name: str
     tenant: Tenant | None = None
 
@@ -96,14 +87,12 @@ class JobLogPath(Request, frozen=True):
 
 class ExplainJob(Request, frozen=True):
     """Why a job waits now, and its story from the log (``eventsched explain``)."""
-
     job: int
 
 
 class RunSql(Request, frozen=True):
     """Read-only SQL over the history, answered by the daemon (for users who
     cannot read a root daemon's log themselves)."""
-
     query: str
 
 
@@ -115,14 +104,12 @@ class Subscribe(Request, frozen=True):
     from_seq: int = 0  # 0 = only events after now
 
 
-# --- API tokens (`eventsched token`; only over the socket, where
-# the peer is known from its credentials) ---
+# --- API tokens (`eventsched token`): only over the socket, whose peer is known ---
 
 
 class CreateToken(Request, frozen=True):
     """A new API token for the peer (root: for ``for_uid``); the reply holds
     the secret, which the daemon keeps only as a hash."""
-
     name: str = ""
     for_uid: int = -1  # -1: the peer itself
 
@@ -136,25 +123,9 @@ class RevokeToken(Request, frozen=True):
 
 
 AnyRequest = Union[
-    SubmitJob,
-    ListJobs,
-    GetStatus,
-    CancelJobs,
-    HoldJobs,
-    ReleaseJobs,
-    PauseGpu,
-    ResumeGpu,
-    SetPolicy,
-    ListTenants,
-    SetTenant,
-    JobLogPath,
-    ExplainJob,
-    RunSql,
-    Ping,
-    Subscribe,
-    CreateToken,
-    ListTokens,
-    RevokeToken,
+    SubmitJob, ListJobs, GetStatus, CancelJobs, HoldJobs, ReleaseJobs, PauseGpu,
+    ResumeGpu, SetPolicy, ListTenants, SetTenant, JobLogPath, ExplainJob, RunSql,
+    Ping, Subscribe, CreateToken, ListTokens, RevokeToken,
 ]
 
 
