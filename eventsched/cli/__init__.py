@@ -8,6 +8,7 @@ import os
 import sys
 
 from eventsched.cli.commands import COMMANDS
+from eventsched.cli.connect import client, socket_client
 from eventsched.cli.errors import UserError, fail, refusal_exit
 from eventsched.domain.paths import socket_location
 from eventsched.domain.text import print_json, table
@@ -28,21 +29,6 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options before ``--``, the job's command after it."""
     i = argv.index("--") if "--" in argv else len(argv)
     return argv[:i], argv[i + 1 :]
-
-
-def client(args: argparse.Namespace) -> Client:  # imported lazily (start-up time)
-    if os.environ.get("EVENTSCHED_URL"):  # the daemon's HTTP API instead of its socket
-        from eventsched.wire.http_client import from_environment
-
-        return from_environment()  # type: ignore[return-value]  # the same methods, over HTTP
-    return socket_client(args)
-
-
-def socket_client(args: argparse.Namespace) -> Client:
-    """The daemon's socket, whatever ``EVENTSCHED_URL`` says."""
-    from eventsched.wire.client import Client
-
-    return Client(args.socket or socket_location(args.state_dir))
 
 
 def build_spec(args: argparse.Namespace, command: list[str]) -> JobSpec:

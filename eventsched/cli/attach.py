@@ -33,7 +33,7 @@ def find_session(job: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eventsched.cli import client
+    from eventsched.cli.connect import client
     from eventsched.runtime.launch.sessions import attach_argv
     from eventsched.wire import protocol
 

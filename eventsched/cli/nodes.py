@@ -23,7 +23,7 @@ def render_nodes(nodes: list[dict]) -> str:
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
-    from eventsched.cli import client
+    from eventsched.cli.connect import client
 
     with client(args) as c:
         nodes = c.status().get("nodes", [])

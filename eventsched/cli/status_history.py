@@ -115,7 +115,7 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
                 reading = seen[:2]
             else:
                 fresh = held is not None and start + i * bucket_s - held[0] <= HOLD_S
-                reading = held[1:] if fresh else (None, None)
+                reading = held[1:] if fresh and held is not None else (None, None)
             util.append(reading[0])
             mem.append(reading[1])
         known_util = [u for u in util if u is not None]

@@ -169,7 +169,7 @@ def _base_spec() -> JobSpec:
 
 
 def cmd_submit_file(args: argparse.Namespace) -> int:
-    from eventsched.cli import client
+    from eventsched.cli.connect import client
 
     with client(args) as c:
         llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2

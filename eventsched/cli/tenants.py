@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eventsched.cli import socket_client as _client
+from eventsched.cli.connect import socket_client as _client
 from eventsched.domain.text import print_json, table
 from eventsched.domain.units import UnitError
 

@@ -8,7 +8,7 @@ import pwd
 import sys
 import time
 
-from eventsched.cli import socket_client
+from eventsched.cli.connect import socket_client
 from eventsched.cli.errors import UserError
 from eventsched.domain.text import print_json, table
 

@@ -1,9 +1,5 @@
-"""Notebook support: ``%load_ext eventsched.jupyter`` registers the magics.
-
-See ``eventsched.jupyter.magics`` for the magics (and how ``$var`` / ``{expr}``
-expansion works), ``widgets`` for the live status panel and ``handle`` for the
-job handle ``%gpusubmit`` returns.
-"""
+"""Notebook support: ``%load_ext eventsched.jupyter`` registers the magics
+(``magics``); ``widgets`` is the live panel, ``handle`` the job handle."""
 
 from __future__ import annotations
 

@@ -1,47 +1,7 @@
 """The event log: segments of checksummed frames, group commit, recovery, tailing.
 
-Layout of ``<state-dir>/log/``::
-
-    LOCK                              flock'ed by the one writer; holds its pid
-    00000000000000000001.seg          segments, named by their first sequence
-    00000000000000004097.seg
-    00000000000000004097.seg.torn-812 bytes cut from a torn tail, kept aside
-    verified                          sealed segments already checked frame by frame (a cache)
-
-A segment starts with a 32-byte header::
-
-    magic "EVSCHLOG" | version u16 | header size u16 | salt u32 | first seq u64
-    | crc32 of the previous 24 bytes u32 | 4 zero bytes
-
-then frames, each a 24-byte header and a msgpack payload (``events.encode_many``)::
-
-    checksum u32 | payload length u32 | first seq u64 | count u32 | type u8 | 3 zero bytes
-
-A segment is written ahead of its frames with zeros (``PREALLOCATE`` bytes at a
-time) and cut to its last frame when it is sealed. A commit then overwrites
-blocks the file already has, so its ``fdatasync`` writes the data and nothing
-about the inode. A frame header of 24 zero bytes is therefore *unwritten
-space*, the end of what the writer has committed, not damage; zeros followed
-by anything else are a torn write like any other.
-
-The checksum is ``zlib.crc32`` of header bytes 4..24 and the payload, seeded with
-the segment's random salt. crc32c is not in the standard library; zlib's crc32
-runs in C at memory speed and catches every burst error up to 32 bits. The salt
-means a stale frame (left from an older file, or copied between segments) never
-validates where it does not belong. A frame's checksum is its commit: a reader
-sees a frame only once all of it is on disk and its checksum matches.
-
-Integers are little-endian. Sequence numbers start at 1 and have no gaps: the
-first frame of a segment carries the segment's first sequence, and each frame
-starts where the previous one ended.
-
-Recovery (``LogWriter.open``) distinguishes a *torn tail* -- a bad or short frame
-at the end of the last segment with no valid frame after it, which is what a
-crash during a write leaves -- from *damage*: a bad frame anything valid follows,
-or anything wrong in a sealed segment (walked once; later opens check its
-header, size and mtime, see ``VERIFIED_NAME``). The first is cut (the bytes are kept in
-``<segment>.torn-<offset>``); the second refuses to open, naming the segment,
-the byte offset and ``eventsched log repair``.
+The on-disk format, the checksum and what recovery tells apart from damage
+are in docs/log-format.md.
 """
 
 from __future__ import annotations
