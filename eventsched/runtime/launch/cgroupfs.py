@@ -66,6 +66,14 @@ def signal_all(path: str, sig: int) -> int:
     return len(seen)
 
 
+def _pause(seconds: float) -> None:
+    """Wait by select's relative timeout, not time.sleep, whose absolute
+    monotonic deadline libfaketime (the clock tests' daemon) turns invalid."""
+    import select
+
+    select.select([], [], [], seconds)
+
+
 def kill_all(path: str, wait_s: float = 2.0) -> None:
     """SIGKILL everything in the cgroup: ``cgroup.kill`` (Linux 5.14+, atomic
     even against a fork bomb), else each pid, again and again; then wait (at
@@ -80,7 +88,7 @@ def kill_all(path: str, wait_s: float = 2.0) -> None:
     while populated(path) and time.monotonic() < deadline:
         if each:
             signal_all(path, _signal.SIGKILL)
-        time.sleep(pause)
+        _pause(pause)
         pause = min(pause * 2, 0.05)
 
 
@@ -96,7 +104,7 @@ def remove(path: str, timeout_s: float = 0.0) -> bool:
         except OSError as e:
             if e.errno != errno.EBUSY or time.monotonic() >= deadline:
                 return False
-        time.sleep(0.01)
+        _pause(0.01)
 
 
 def oom_kills(path: str) -> int:

@@ -136,11 +136,14 @@ class Zygote:
         self.retired = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_WR)
+        # a pidfd, not Popen.wait(timeout), whose sleeps libfaketime (the clock tests) breaks
+        pidfd = os.pidfd_open(self.popen.pid)
         try:
-            self.popen.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+            if not select.select([pidfd], [], [], 2)[0]:
+                self.popen.kill()
+        finally:
+            os.close(pidfd)
+        self.popen.wait()
         self._maybe_close()
 
     def _maybe_close(self) -> None:
