@@ -137,12 +137,13 @@ class Zygote:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_WR)
         # a pidfd, not Popen.wait(timeout), whose sleeps libfaketime (the clock tests) breaks
-        pidfd = os.pidfd_open(self.popen.pid)
-        try:
-            if not select.select([pidfd], [], [], 2)[0]:
-                self.popen.kill()
-        finally:
-            os.close(pidfd)
+        with contextlib.suppress(ProcessLookupError):  # already gone and reaped
+            pidfd = os.pidfd_open(self.popen.pid)
+            try:
+                if not select.select([pidfd], [], [], 2)[0]:
+                    self.popen.kill()
+            finally:
+                os.close(pidfd)
         self.popen.wait()
         self._maybe_close()
 
