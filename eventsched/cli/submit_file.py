@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text
+from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text, unreported
 from eventsched.domain.llm import (DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, llm_name,
                                   parse_llm_config)
 from eventsched.domain.text import print_json
@@ -126,12 +126,8 @@ class JobsFile:
         """Submit every line of ``text`` not sent before; report bad lines once each."""
         outcome = Outcome()
         jobs, bad = parse_jobs_text(text)
-        lines = text.split("\n") if bad else []
-        for problem in bad:
-            key = (problem.line, lines[problem.line - 1].strip())
-            if key not in self.reported:
-                self.reported.add(key)
-                self.error(outcome, problem.line, problem.reason)
+        for problem in unreported(text, bad, self.reported):
+            self.error(outcome, problem.line, problem.reason)
         fresh = [job for job in jobs if line_source(self.resolved, job) not in self.known]
         if not fresh:
             return outcome

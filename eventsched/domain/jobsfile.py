@@ -49,7 +49,7 @@ from eventsched.domain.llm import LlmConfig, llm_name
 from eventsched.domain.text import has_control
 from eventsched.domain.units import UnitError, parse_gpu_ids
 
-__all__ = ["JobLine", "LineError", "JobsFileError", "CUDA_PLACEHOLDER", "parse_jobs_text", "parse_line",
+__all__ = ["unreported", "JobLine", "LineError", "JobsFileError", "CUDA_PLACEHOLDER", "parse_jobs_text", "parse_line",
            "our_priority", "line_source", "line_command", "line_spec"]
 
 # `--cuda` as a line's command holds it until launch, when the executor writes
@@ -114,6 +114,14 @@ def parse_line(text: str, line: int) -> JobLine:
                                 "or 0-1,4 (empty: any GPU)") from None
     return JobLine(line=line, text=text, priority=priority, script=script, conda=conda, args=args,
                    allowed_gpus=allowed, sha=hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16])
+
+
+def unreported(text: str, bad: list[LineError], reported: set[tuple[int, str]]) -> list[LineError]:
+    """The bad lines not reported before (by line number and text), now marked reported."""
+    lines = text.split("\n") if bad else []
+    fresh = [p for p in bad if (p.line, lines[p.line - 1].strip()) not in reported]
+    reported.update((p.line, lines[p.line - 1].strip()) for p in fresh)
+    return fresh
 
 
 def parse_jobs_text(text: str) -> tuple[list[JobLine], list[LineError]]:

@@ -35,7 +35,7 @@ import anyio.to_thread
 
 from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSpec
-from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text
+from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text, unreported
 from eventsched.domain.llm import DEFAULT_LLM_CONFIG, LLM_CONFIG_NAME, LlmConfig, LlmConfigError, parse_llm_config
 from eventsched.domain.paths import DEFAULT_PATH
 from eventsched.projections.cluster import ClusterState
@@ -302,12 +302,8 @@ class JobsFileFollower:
 
     async def submit(self, text: str, owner: Owner) -> None:
         jobs, bad = parse_jobs_text(text)
-        lines = text.split("\n") if bad else []
-        for problem in bad:
-            key = (problem.line, lines[problem.line - 1].strip())
-            if key not in self.reported:
-                self.reported.add(key)
-                logger.error("%s:%d: %s", self.path, problem.line, problem.reason)
+        for problem in unreported(text, bad, self.reported):
+            logger.error("%s:%d: %s", self.path, problem.line, problem.reason)
         base = self.base_spec(owner)
         peer = Peer(pid=0, uid=owner.uid, gid=owner.gid, groups=tuple(owner.groups))
         todo: list[tuple[int, JobSpec]] = []  # (line, spec)
