@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from eventsched import _compiled
 
 # A compiled module older than its source: this process runs the .py sources
@@ -11,3 +13,22 @@ from eventsched import _compiled
 # start, without repeating it. tests/test_compiled.py fails on it in CI.
 if os.environ.get("EVENTSCHED_PURE", "") in ("", "0") and _compiled.stale():
     os.environ["EVENTSCHED_PURE"] = "1"
+
+
+# The machine-wide install spends minutes in pip, unpacking and byte-compiling
+# every dependency, while most tests wait on daemons with a core to spare: it
+# starts as soon as the tests are collected, and its test waits for it.
+INSTALL_TEST = "test_install_system.py::"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.geteuid() == 0 and any(INSTALL_TEST in item.nodeid for item in session.items):
+        from install_harness import start_install
+
+        start_install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from install_harness import discard_install
+
+    discard_install()

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from install_harness import finished_install
 from users_harness import User, needs_root, users  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, needs_root]
 
 
@@ -31,16 +29,13 @@ def _as(user: User, prefix: Path, socket: Path, *args: str) -> subprocess.Comple
 
 def test_a_non_root_user_uses_a_machine_wide_install(users) -> None:  # noqa: F811
     alice, _ = users
-    top = Path(tempfile.mkdtemp(prefix="es-install-"))
-    top.chmod(0o755)
+    top, code, output = finished_install()
+    assert code == 0, output
     prefix, state, run = top / "usr", top / "var-lib-eventsched", top / "run"
     run.mkdir(mode=0o755)
     socket = run / "eventsched.sock"
     daemon = None
     try:
-        install = subprocess.run(["scripts/install-system.sh"], cwd=ROOT, env={**os.environ, "PREFIX": str(prefix)},
-                                 capture_output=True, text=True, timeout=600)
-        assert install.returncode == 0, install.stderr
         # the interpreter is not a private one (e.g. under /root)
         assert os.access(prefix / "bin" / "eventsched", os.X_OK)
         daemon = subprocess.Popen([str(prefix / "bin" / "eventsched"), "serve", "--gpus", "fake:2",
@@ -70,4 +65,3 @@ def test_a_non_root_user_uses_a_machine_wide_install(users) -> None:  # noqa: F8
         if daemon is not None:
             daemon.terminate()
             daemon.wait(20)
-        shutil.rmtree(top, ignore_errors=True)
