@@ -1,4 +1,4 @@
-"""Decisions that do not grow with the backlog (issue 16).
+"""Decisions that do not grow with the backlog.
 
 Two seeded plain-CSV workloads of 100,000 jobs on ``fake:64:81920``
 (durations uniform 60-7,200 s, GPU requests from 0.25, 0.5, 1, 1, 2, 4,
@@ -14,52 +14,7 @@ with the shapes mixed at random and with the fitting ones behind the rest.
 
 Prints figures only; asserts nothing.
 
-Figures on the 2-core dev machine, before -> after the per-shape scan and the
-no-fit memo (best-fit replay): 0.8x 11.5 -> 11.4 s, 4x 240.7 -> 15.0 s, ratio
-21.0x -> 1.3x. Core decision after an exit, big-first backlog, p50/p99 ms:
-best-fit 28.2/35.2 -> 0.18/0.32, priority 28.9/40.4 -> 0.18/0.35, fgd
-19.2/37.0 -> 0.22/0.48, sjf-backfill 91.9/130.7 -> 0.55/0.86, fifo 0.23/0.89
--> 0.24/0.43. sjf-backfill replay at 4x is still quadratic (jobs a backfill
-reservation holds back are tried one by one; 3,000 jobs: 9.2 -> 8.7 s).
-
-Round two (tenants, fair share, reservations and predicted ends had brought
-the replays to 0.8x 15.2 s, 4x 26.8 s): the queue's orders and the runtime
-history in blocked sorted lists (``projections.sortedkeys``), C-level fast
-paths for plain requests, no reservation work when nothing fits or every
-shape fits, and no cyclic GC during a replay (its full passes were a fifth
-of the quiet replay). Back to back on the 2-core machine under other
-engineers' load (load average 3-4), unchanged tree -> this one, wall:
-0.8x 18.2 -> 13.3 s, 4x 30.0 -> 21.2 s, ratio 1.6x -> 1.6x; CPU seconds
-with both trees running side by side: 0.8x 17.1 -> 13.7, 4x 29.9 -> 21.9.
-The < 10 s target is not met on this machine.
-
-Round three, the hot path compiled with mypyc against its sources in the same
-run (``bench/builds.py bench/bench_backlog.py --skip-core``): 0.8x 12.3 ->
-8.6 s, 4x 18.6 -> 13.4 s, ratio 1.5x -> 1.6x. Core decision after an exit,
-compiled, p99: best-fit 0.20 ms, fgd 0.31-0.35 ms, sjf-backfill 0.66-0.70 ms.
-The 4x replay is still over 10 s.
-
-Round four, against the tree before it in the same runs (3 runs, compiled,
-the CSV's loading included as in ``replay_s``): 0.8x 8.4-8.7 -> 7.2-7.5 s,
-4x 13.3-14.3 -> 11.3-11.6 s, ratio 1.5-1.6x. Loading 100,000 CSV jobs took
-1.2-1.4 s while the cyclic collector walked them again and again, 0.6 s with
-it paused (``sim/sources.load_source``); the queue's priority and submission
-orders and its runtime groups are built only when something asks for them
-(fifo, a listing, sjf), which saves four of the five sorted insertions and
-removals per queued job under the other policies. Still over 10 s.
-
-Round five, against the tree before it, alternating runs in the same minutes
-(4 runs each, compiled, loading included; medians and ranges): 0.8x 7.3
-(7.2-7.9) -> 5.6 (5.4-5.8) s, 4x 11.6 (11.3-12.8) -> 8.2 (7.7-8.3) s, ratio
-1.6x -> 1.5x, the same events. The compiled hot path no longer pays for what
-helped the interpreted one: ``units.FULL`` is ``Final`` (inlined, not a
-globals lookup per use), and the view's free shares are scanned with plain
-loops rather than ``list.index``/``count``, ``max`` and ``sorted(set())``.
-Also: the largest free share and most whole GPUs kept on the view, a plain
-gang's reservation counted on the free shares alone, the runtime history
-sorted only when asked, the young collection after a paused replay skipped
-(its survivors go straight to the oldest generation), the log's stamping
-checked in C, the records' hot methods compiled in ``model``.
+Figures measured so far: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -87,7 +42,7 @@ QUEUED = 100_000
 
 
 def write_workload(path: Path, n: int, mean_gap: float, seed: int = 16) -> None:
-    """The issue's CSV workload: Poisson arrivals with ``mean_gap``."""
+    """The CSV workload: Poisson arrivals with ``mean_gap``."""
     rng = random.Random(seed)
     t = 0.0
     with path.open("w", newline="") as f:

@@ -2,7 +2,7 @@
 
 Prints figures; asserts nothing. Run: python bench/bench_core.py [--policy NAME]
 [--tenants 20]: the jobs come from 20 tenants (one user each, weights 1-3, a
-quota of 8 GPUs each, every tenth job --preemptible), as issue 10 asks.
+quota of 8 GPUs each, every tenth job --preemptible).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy", action="append", help="default: every policy")
     ap.add_argument("--freeze", action="store_true", help="gc.freeze() after loading, as a daemon may")
-    ap.add_argument("--tenants", type=int, default=0, help="jobs from this many tenants with quotas (issue 10: 20)")
+    ap.add_argument("--tenants", type=int, default=0, help="jobs from this many tenants with quotas (e.g. 20)")
     args = ap.parse_args()
     for policy in args.policy or [p for p in POLICIES if p not in REPLAY_ONLY]:
         for nodes, per in ((1, 64), (8, 8)):

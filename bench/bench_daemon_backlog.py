@@ -1,4 +1,4 @@
-"""A real daemon with 100,000 queued jobs (issue 16; issue 14's "Load").
+"""A real daemon with 100,000 queued jobs.
 
 Starts ``eventsched serve --gpus fake:64:81920`` in a temporary state dir
 (best-fit, queue limits raised), fills its 64 GPUs with long ``sleep`` jobs
@@ -23,32 +23,7 @@ so that every later job waits, then prints:
 Prints figures only; asserts nothing. Other processes on the machine skew
 every figure: compare ratios taken in one run.
 
-Figures, 2-core dev machine with another daemon busy on one core, before ->
-after freezing the state out of the cyclic collector (projections/collector.py)
-and forking the snapshot writer (runtime/snapshot_child.py): full collections
-25-680 ms -> 10-36 ms; submission rate at 100,000 queued / empty 0.63 ->
-0.79-1.02 (four runs); restart 2.8 / 3.8 s -> 1.7-2.3 / 1.6-2.4 s (SIGTERM /
-kill -9). On a quiet 16-core Xeon (Python 3.12) the ratio was 0.65 after: the
-rest of the gap is no single function (cache misses over a 350 MiB heap are
-the suspect). The "longest stall" during ``queue --json`` had been the bench's
-own GIL, reading 50 MB from a pipe: with the listing sent to a file, 60 ms
-against 36 ms for the same prober without a listing.
-
-Round three (the same day, compiled core): the ratio was 0.70-0.72 in three
-runs, both builds. Two causes, both growing with the backlog: this bench's
-jobs are one runtime key, whose group (QueueIndex.by_rkey) was a plain sorted
-list that a job of priority 1 or 2 entered near its front; and young
-collections, whose cost per pass grew with the state (in-process, 156 passes
-per 10,000 submissions: 15 ms with an empty queue, 76 ms with 100,000). With
-the groups blocked (SortedKeys) and a young pass every 10,000 allocations
-(collector.fewer_young_passes): 0.84, 0.83, 0.85 in three runs.
-
-Round four: the runtime groups are built only under sjf-backfill (or when it
-is first asked for), the priority and submission orders at start-up (so the
-first listing does not sort the queue on the loop: built by it, it stalled
-other clients 99 ms). Ratio 0.73 and 0.96 in two runs (the first probe with
-the backlog is 17.7-18.9 k/s every time, the machine's noise dominates);
-RSS 366 MiB; restart 1.42-1.47 s (1.65-2.2 s before).
+Figures measured so far: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Benchmark the DuckDB read model (SPEC D3).
+"""Benchmark the DuckDB read model.
 
 1. Catch-up: fold a 1M-event log (written with the real LogWriter, daemon-like
    frames of jobs' lifecycles and GPU samples) into a fresh history.duckdb.
-   Target >= 600,000 events/s (issue 13; decode + columnar insert + derived
+   Target >= 600,000 events/s (decode + columnar insert + derived
    tables). Each run is followed by one without the C frame walker (frames
-   decoded by msgspec first, the path before it), for a baseline.
+   decoded by msgspec first), for a baseline.
 2. Aggregate: GPU-hours per user per day (the ``gpu_hours_daily`` view) over a
    10M-event model. The 10M-event model is made by folding the same 1M-event
    log's frames ten times with shifted sequence numbers, job ids and times,
@@ -13,23 +13,7 @@
 
 Run: ``.venv/bin/python bench/bench_history.py [--events N]``
 
-Where a million events go (2 cores, shared; 0.63-0.66 M/s, 1.5-1.6 s wall,
-2.0-2.1 s CPU; decoding first: 0.27-0.34 M/s, 2.9-3.8 s wall, 3.6-4.3 s CPU).
-The converting thread reads the log (0.2 s: pread and the frame checksums),
-walks the frames into column buffers (0.3 s, C, without the GIL) and makes
-Arrow tables and the ``detail`` strings (0.1 s). The writer thread is the
-limit: inserts 0.1 s, refreshing ``jobs`` and ``placements`` per chunk
-0.5-0.6 s (the same SQL once per commit: 0.36-0.45 s, but then nothing
-overlaps it), DuckDB compressing row groups as they fill and at the commit
-0.5 s. One DuckDB thread: a second one made inserts slower (0.53 s instead of
-0.39 s) and the commit does not use it.
-Measured and not kept: two chunks in flight instead of one (more CPU, slower);
-disabling DuckDB compression methods (fsst/dict_fsst, bitpacking or alp) 3-5%
-faster for a file 1.5-2.5x bigger; a checkpoint threshold that defers the
-checkpoint to close (the same time, later). Before the walker, decoding took
-0.55 s and building columns 0.9-1.4 s; pyarrow.array's first call imports
-pandas (0.3 s) and pyarrow.compute's builds its registry (0.16 s), which the
-walker's path avoids (a catch-up of one frame: 0.06 s instead of 0.2 s).
+Figures measured so far: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Several machines on Ray (issue 12): what a remote node costs.
+"""Several machines on Ray: what a remote node costs.
 
 Starts a local Ray cluster (``ray.cluster_utils.Cluster``, all on 127.0.0.1: a
 head without GPUs and two nodes of two fake GPUs each) and two daemons in the

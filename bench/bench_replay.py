@@ -4,39 +4,9 @@ read and decode the same log.
 
     .venv/bin/python bench/bench_replay.py [--jobs 100000] [--policy best-fit] [--skip-alibaba]
 
-Targets (issue 5): 100k jobs < 10 s; Alibaba < 5 s. Prints figures only.
+Targets: 100k jobs < 10 s; Alibaba < 5 s. Prints figures only.
 
-Figures on the 2-core dev machine (before -> after the incremental capacity
-index, deadline heap, per-node grouping and lazy sjf reservation):
-synthetic 100k / 64 GPUs: best-fit 16.7 -> 7.4 s, fifo 17.8 -> 7.6 s,
-sjf-backfill 21.6 -> 11.5 s, fgd 34.8 -> 15.9 s; Alibaba 387-GPU sample:
-best-fit 6.5 -> 0.9 s, fifo 9.8 -> 2.7 s, sjf-backfill 122.6 -> 4.2 s,
-fgd 12.9 -> 2.5 s; whole 6,212-GPU cluster (--alibaba-full): best-fit
-146 -> 8.2 s, fifo 147 -> 5.2 s, sjf-backfill 7.5 s, fgd 39.5 s.
-
-The hot path compiled with mypyc (setup.py), against its sources in the same
-run (``bench/builds.py bench/bench_replay.py --skip-alibaba``), synthetic 100k:
-best-fit 10.9-11.2 -> 7.2-7.3 s, fifo 10.2 -> 6.6 s, sjf-backfill 14.4 ->
-9.9 s, fgd 18.2 -> 12.6 s (with core/fgd.py compiled too), 11.8 s once fgd
-scores a share of one GPU once per distinct free share.
-
-Round four, compiled, against the tree before it in the same runs (5-9 runs,
-alternating): fgd 12.1-12.8 -> 8.3-8.9 s (a node summed up per task type
-once per job, each candidate placement scored by a few additions per type:
-``core/fgd.py`` ``NodeFragments``), sjf-backfill 10.1-10.8 -> 9.7-10.7 s
-(time limits read by compiled code, one prediction per runtime key per
-reservation; under 10 s in 5 of 9 runs), best-fit 7.4-7.8 -> 6.9-8.4 s
-(median 7.5 -> 7.2). Same events for best-fit, sjf-backfill and fgd on this
-workload and on the Alibaba sample.
-
-Round six, against 88737b7 in the same minutes: best-fit medians 5.45 ->
-4.28 s (5 alternating pairs, one replay per process), sjf-backfill 7.54 ->
-6.22 s, fgd 6.25 -> 5.41 s, fifo 4.70 -> 3.99 s, the same events: the
-state's jobs and GPUs are compiled classes (projections/live.py; generic
-attribute lookup on msgspec Structs was the largest cost under perf), the
-replay's log is appended on a worker thread, trace specs are normalised
-once per workload, and core.fgd no longer imports numpy (its OpenBLAS
-threads took 1.4 % of a replay's samples).
+Figures measured so far: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Restart on a 10-million-event log (issue 13): how long until ``serve``
+"""Restart on a 10-million-event log: how long until ``serve``
 answers again, and what that time is spent on.
 
 Builds, in a temporary directory, a state directory whose log holds

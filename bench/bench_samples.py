@@ -1,4 +1,4 @@
-"""24 hours of GPU samples on 8 GPUs: log growth per day, idle daemon CPU (issue 14, "Load").
+"""24 hours of GPU samples on 8 GPUs: log growth per day, idle daemon CPU.
 
 Log growth. The engine's own path for a sample, on a virtual clock: every
 ``--interval`` seconds (the default sample interval, 2 s) each GPU gives a

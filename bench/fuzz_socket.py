@@ -1,4 +1,4 @@
-"""Fuzz the daemon's control socket (issue 14): mutated and random frames.
+"""Fuzz the daemon's control socket: mutated and random frames.
 
 A root daemon on fake GPUs; the frames come from an unprivileged user
 (``nobody``, through ``setpriv``), as they would on a shared machine. The

@@ -15,12 +15,10 @@ for that job (start to exit as the daemon saw it). Placement-to-start is
 daemon launches one process at a time, so a recorded delay also holds the
 launches queued ahead of it, which another policy's placements do not
 reproduce; each launch takes the time that job's launch took in the
-recording, after the launch before it. Without that, fifo's bursts of
-placements (9.8 ms mean placement-to-start) were carried into best-fit's
-prediction (6.1 ms live), and the short-job workload's mean wait came out
-3-7 % high (four runs). Exit to the next placement needs no model: the daemon places in
-the same step that handles the exit (0.0 ms in every recording). Both are
-estimated from recording A and printed with each workload.
+recording, after the launch before it. Exit to the next placement needs no
+model: the daemon places in the same step that handles the exit. Both are
+estimated from recording A and printed with each workload. Why the model is
+needed, in figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -94,7 +92,7 @@ class Workload:
 
 
 def mixed(seed: int = 1, n: int = 40) -> Workload:
-    """The issue's workload: every 0.3 s a sleep of 0.5-3 s asking 0.5, 1 or 2 GPUs."""
+    """The mixed workload: every 0.3 s a sleep of 0.5-3 s asking 0.5, 1 or 2 GPUs."""
     rng = random.Random(seed)
     jobs = [Job(at=round(0.3 * i, 3), gpus=rng.choice([0.5, 1.0, 2.0]),
                 command=["sleep", f"{rng.uniform(0.5, 3.0):.2f}"]) for i in range(n)]

@@ -1,4 +1,4 @@
-"""Hundreds of kills (issue 14): kill -9 the daemon at random moments of a
+"""Hundreds of kills: kill -9 the daemon at random moments of a
 submission storm, restart it, and check that nothing was lost.
 
 Each round, against one real daemon on fake GPUs (its state kept across all

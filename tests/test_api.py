@@ -1,4 +1,4 @@
-"""The Python API of SPEC §2: ``from eventsched import Client, JobSpec`` and the
+"""The Python API: ``from eventsched import Client, JobSpec`` and the
 other names a notebook needs, whatever the inner layout."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Job arrays (F16, SPEC §2 ``--array``), end to end: a real daemon on fake
+"""Job arrays (``submit --array``), end to end: a real daemon on fake
 GPUs, the real CLI, and a real notebook kernel for ``%gpusubmit --array``."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`queue --json` is fetched a page at a time and says exactly what the
-one-reply listing said (issue 16): same jobs, same order, same reasons and
+one-reply listing said: same jobs, same order, same reasons and
 array counts, with and without --all, across page boundaries."""
 
 from __future__ import annotations

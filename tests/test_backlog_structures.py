@@ -1,4 +1,4 @@
-"""The parts issue 16 made faster decide exactly as the plain ones did.
+"""The fast structures for a long backlog decide exactly as the plain ones do.
 
 - ``SortedKeys`` (the blocked sorted list behind the queue's orders and the
   runtime history) holds, yields and finds the same keys as a list kept
@@ -107,7 +107,7 @@ def test_plain_fast_paths_choose_as_the_general_path(nodes: list[list[int]], gpu
 
 def test_ended_array_tasks_are_counted_as_they_end_and_after_a_reload() -> None:
     """`queue` folds an array into "N done" from a count kept as tasks end
-    (a listing walked every task of the array per page: issue 16)."""
+    (rather than by walking every task of the array for each page)."""
     from eventsched import core
     from eventsched.domain.messages import (
         Cancel,

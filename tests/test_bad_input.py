@@ -57,7 +57,7 @@ def test_cli_without_a_daemon_says_how_to_start_one(tmp_path: Path) -> None:
         ["serve", "--gpus", "fake:x"],
         ["serve", "--policy", "nonsense", "--gpus", "fake:1"],
         ["serve", "--config", "/no/such/file.toml", "--gpus", "fake:1"],
-        ["serve", "--sample-interval", "-1", "--gpus", "fake:1"],  # issue 14: crashed the sampler
+        ["serve", "--sample-interval", "-1", "--gpus", "fake:1"],  # must not reach the sampler
         ["serve", "--sample-interval", "nan", "--gpus", "fake:1"],
     ],
 )

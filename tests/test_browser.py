@@ -155,7 +155,7 @@ def test_quickstart_in_jupyterlab(lab: str, daemon, tmp_path: Path) -> None:
             assert seen[-1:] == ["succeeded"], seen
             assert "running" in seen, seen
 
-            # history at a glance (issue 17): a utilisation/memory chart per GPU drawn from the
+            # history at a glance: a utilisation/memory chart per GPU drawn from the
             # samples, and today's GPU-hours per user, which the jobs above put on the chart
             page.wait_for_function(
                 "() => document.querySelectorAll('.eventsched-panel svg.es-spark').length === 4"

@@ -1,6 +1,6 @@
-"""Fixes of issue 11 for the predecessors' users: ``cancel A B C`` cancels what
+"""The CLI as the predecessors' users expect it: ``cancel A B C`` cancels what
 it can and names the rest (exit 1), ``submit --interactive`` exits with the
-job's exit code, and ``--dedupe``'s hash covers the job's environment (F18)."""
+job's exit code, and ``--dedupe``'s hash covers the job's environment."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A big state and the loop (issue 16): the state is frozen out of the cyclic
+"""A big state and the loop: the state is frozen out of the cyclic
 collector's full passes after a load and after each full pass (new garbage
 cycles are still collected), and snapshots are written by a forked child."""
 

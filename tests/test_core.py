@@ -77,7 +77,7 @@ def placed(events: list[ev.Event]) -> dict[int, list[int]]:
     return {e.job: e.gpu_ids for e in events if isinstance(e, ev.JobPlaced)}
 
 
-# --- F1 fractional GPUs ---------------------------------------------------------
+# --- fractional GPUs ------------------------------------------------------------
 
 
 def test_two_halves_share_one_gpu_and_a_third_half_takes_another():
@@ -115,7 +115,7 @@ def test_cpu_only_job_runs_without_gpus():
     assert s.st(j) == "running" and s.on(j) == []
 
 
-# --- F2 memory --------------------------------------------------------------------
+# --- memory -----------------------------------------------------------------------
 
 
 def test_memory_request_goes_where_it_fits_and_foreign_memory_counts():
@@ -140,7 +140,7 @@ def test_memory_request_larger_than_any_gpu_is_refused():
     assert "MiB" in s.refused_submit(gpus=1, gpu_mem_mib=20000)
 
 
-# --- F3 pinning -------------------------------------------------------------------
+# --- pinning ----------------------------------------------------------------------
 
 
 def test_pinned_job_waits_for_its_gpu():
@@ -165,7 +165,7 @@ def test_unknown_gpu_id_is_refused():
     assert "only 1" in s.refused_submit(gpus=2, gpu_ids=[1])
 
 
-# --- F4 priority ------------------------------------------------------------------
+# --- priority ---------------------------------------------------------------------
 
 
 def test_higher_priority_runs_first_fifo_within():
@@ -182,7 +182,7 @@ def test_higher_priority_runs_first_fifo_within():
     assert s.st(low) == "running"
 
 
-# --- F5 best-fit packing -----------------------------------------------------------
+# --- best-fit packing --------------------------------------------------------------
 
 
 def test_best_fit_keeps_whole_gpus_free():
@@ -202,7 +202,7 @@ def test_small_jobs_pack_onto_one_gpu():
     assert s.st(s.submit(gpus=3)) == "running"
 
 
-# --- F6 gang ----------------------------------------------------------------------
+# --- gang -------------------------------------------------------------------------
 
 
 def test_gang_job_gets_all_its_gpus_at_once_or_waits():
@@ -214,7 +214,7 @@ def test_gang_job_gets_all_its_gpus_at_once_or_waits():
     assert s.on(gang) == [0, 3]
 
 
-# --- F7 pause / resume ------------------------------------------------------------
+# --- pause / resume ---------------------------------------------------------------
 
 
 def test_paused_gpu_gets_nothing_new_and_running_jobs_go_on():
@@ -234,7 +234,7 @@ def test_pausing_an_unknown_gpu_is_refused():
     assert "no GPU 9" in s.refused(m.PauseGpu(node="local", gpu=9))
 
 
-# --- F8 cancel --------------------------------------------------------------------
+# --- cancel -----------------------------------------------------------------------
 
 
 def test_cancel_queued_and_running_jobs():
@@ -275,7 +275,7 @@ def test_cancel_unknown_or_finished_job_is_refused():
     assert "already succeeded" in s.refused(m.Cancel(jobs=[j], uid=0))
 
 
-# --- F9 time limits --------------------------------------------------------------
+# --- time limits -----------------------------------------------------------------
 
 
 def test_time_limit_kills_the_job():
@@ -302,7 +302,7 @@ def test_time_limit_requeue_goes_to_the_back():
     assert s.st(a) == "running" and s.job(a).attempts == 2
 
 
-# --- F10 thresholds ---------------------------------------------------------------
+# --- thresholds -------------------------------------------------------------------
 
 
 def test_hot_or_busy_gpus_are_skipped():
@@ -330,7 +330,7 @@ def test_new_thresholds_apply_at_once_to_every_node():
     assert s.on(j) == [0]
 
 
-# --- F15 dependencies, hold / release ------------------------------------------------
+# --- dependencies, hold / release ----------------------------------------------------
 
 
 def test_after_runs_only_when_the_dependency_succeeded():
@@ -367,7 +367,7 @@ def test_hold_and_release():
     assert "only waiting jobs" in s.refused(m.Hold(jobs=[j], uid=OWNER))
 
 
-# --- F17 retries ------------------------------------------------------------------
+# --- retries ----------------------------------------------------------------------
 
 
 def test_failed_job_is_retried_with_exponential_backoff():
@@ -390,7 +390,7 @@ def test_failed_job_is_retried_with_exponential_backoff():
     assert s.st(j) == "failed" and s.job(j).attempts == 3
 
 
-# --- F18 de-duplication ------------------------------------------------------------
+# --- de-duplication ----------------------------------------------------------------
 
 
 def test_duplicate_is_refused_with_the_existing_id_until_it_failed():

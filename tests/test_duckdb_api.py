@@ -1,4 +1,4 @@
-"""Issue 17 item 6: DuckDB for people who already use it.
+"""DuckDB for people who already use it.
 
 ``eventsched.history()`` gives the read model as a read-only DuckDB
 connection; ``eventsched sql --format parquet -o FILE`` writes a typed Parquet

@@ -1,5 +1,5 @@
 """Disk full: submissions are refused with a clear error, nothing written
-before is damaged, and the daemon works again once space returns (SPEC §3)."""
+before is damaged, and the daemon works again once space returns."""
 
 from __future__ import annotations
 

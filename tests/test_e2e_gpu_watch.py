@@ -1,6 +1,7 @@
-"""Issue 17 end to end on fake GPUs: a job over its --gpu-mem is warned, and
-stopped under gpu_mem_policy = "stop"; an idle job is flagged and, under the
-opt-in idle_policy, reclaimed when someone waits. Each replays exactly.
+"""GPU memory and idle jobs end to end on fake GPUs: a job over its
+--gpu-mem is warned, and stopped under gpu_mem_policy = "stop"; an idle job
+is flagged and, under the opt-in idle_policy, reclaimed when someone waits.
+Each replays exactly.
 
 Fake GPUs see what processes declare in their environment
 (``EVENTSCHED_FAKE_GPU_MEM_MIB``, ``EVENTSCHED_FAKE_GPU_UTIL``), through the

@@ -1,4 +1,4 @@
-"""Teams end to end (issue 10): a real daemon on fake GPUs with tenants in
+"""Teams end to end: a real daemon on fake GPUs with tenants in
 its config, real jobs, the real CLI; the scheduler's rules themselves are
 tested through the core in tests/test_teams.py."""
 
@@ -151,7 +151,7 @@ def test_two_tenants_of_equal_weight_share_the_gpus_half_and_half(tmp_path: Path
 
 
 def test_a_two_gpu_job_starts_behind_a_stream_of_one_gpu_jobs(tmp_path: Path) -> None:
-    """The issue's report, end to end: on 2 GPUs a 2-GPU job at priority 0,
+    """A big job behind small ones, end to end: on 2 GPUs a 2-GPU job at priority 0,
     then a 1-GPU job a second; once it has waited reserve_after_s (1 s here)
     the reservation starts it as the jobs on its GPUs end (docs/fair-share.md:
     the bound)."""
@@ -201,7 +201,7 @@ def test_tenants_with_real_users_and_only_operators_change_them(users, public_di
 
 
 def test_explain_forecasts_a_start_records_it_and_measures_its_error(tmp_path: Path) -> None:
-    """Issue 17, 'when will my job start?': a queued job's forecast from the
+    """'When will my job start?': a queued job's forecast from the
     core run forward, recorded when shown, checked against the real start."""
     with Daemon(tmp_path / "state", gpus="fake:1") as d:
         for _ in range(2):  # history: this job takes about a second

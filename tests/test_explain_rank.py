@@ -1,5 +1,5 @@
 """Counting the jobs ahead of a few queued jobs by rank gives the numbers of
-the walk of the whole queue (issue 16: a page of ``queue --json`` must not
+the walk of the whole queue (so that a page of ``queue --json`` need not
 walk a 100,000-job queue)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fuzzed input (issue 14): the control socket, jobs files and config files.
+"""Fuzzed input: the control socket, jobs files and config files.
 
 Every input gets a result or a clear one-line error, never a traceback, and
 nothing already accepted changes. The quick part is hypothesis over the

@@ -1,5 +1,5 @@
-"""Issue 17 in the core: declared GPU memory enforced, allocated-but-idle jobs
-flagged and (opt-in) reclaimed; every finding a decision naming its fact, and
+"""GPU memory and idle jobs in the core: declared GPU memory enforced,
+allocated-but-idle jobs flagged and (opt-in) reclaimed; every finding a decision naming its fact, and
 the log folds back to the live state."""
 
 from __future__ import annotations

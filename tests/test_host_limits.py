@@ -1,5 +1,5 @@
 """Host memory limits (`submit --host-mem MIB`, `[scheduler] max_host_mem_mib`),
-end to end: a real daemon, real memory hogs killed by the kernel (issue 11)."""
+end to end: a real daemon, real memory hogs killed by the kernel."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile users (issue 14): two real unprivileged users against a root daemon.
+"""Hostile users: two real unprivileged users against a root daemon.
 
 What the other security tests (test_security_*.py, test_e2e_multiuser.py)
 already show is not repeated here: environment visibility on the stream,
@@ -340,6 +340,6 @@ def test_a_request_flood_from_one_user_does_not_starve_anothers_submissions(user
                     flood_max_s=max(under_flood), flood_requests_sent=sent)
     print("hostile users, submit latency:", json.dumps(MEASURED))
     assert sent > 5000, f"the flood was too weak to prove anything ({sent} requests)"
-    # before each user's requests in the engine were capped (64): 5-8 s; after: p50 ~0.5 s, max < 1 s
+    # each user's requests in the engine are capped, so a flood from others leaves one user's submits quick
     assert statistics.median(under_flood) < 1.5 and max(under_flood) < 3.0, MEASURED
     Daemon.cli(daemon, "cancel", *[str(i) for i in r.stdout.split()])

@@ -1,4 +1,4 @@
-"""The seeds' jobs file (I2): ``eventsched submit-file`` and the daemon's own
+"""The seeds' jobs file: ``eventsched submit-file`` and the daemon's own
 ``jobs_file`` follower, on the seeds' example files (tests/fixtures/seeds/)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""LLM-aware sizing (F19): the seeds' llm_config.json and ``--llm NAME``."""
+"""LLM-aware sizing: the seeds' llm_config.json and ``--llm NAME``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The per-shape scan makes exactly the decisions of the old queue walk (issue 16).
+"""The per-shape scan makes exactly the decisions of a walk of the whole queue.
 
 ``_reference_*`` below is the scan as it was before: walk the whole queue in
 priority (or submission) order, try every shape once, drop a shape that fails.

@@ -1,4 +1,4 @@
-"""Issue 17 item 5: the Prometheus exposition passes `promtool check metrics`.
+"""The Prometheus exposition passes `promtool check metrics`.
 
 promtool comes from Debian's ``prometheus`` package (scripts/test.sh installs
 it); its linter checks names and units (counters end in ``_total``, base units

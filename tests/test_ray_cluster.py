@@ -1,4 +1,4 @@
-"""Several machines on Ray (issue 12), on this one machine.
+"""Several machines on Ray, on this one machine.
 
 A real Ray cluster (``ray.cluster_utils.Cluster``: a head without GPUs and two
 nodes, ``gpu-a`` and ``gpu-b``, each declaring two GPUs and a ``node:NAME``
@@ -491,7 +491,7 @@ def test_a_removed_node_loses_its_job_which_is_retried_elsewhere(tmp_path: Path,
 
 
 def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Path, ray_cluster: Any) -> None:
-    """Issue 12: a node that leaves and comes back (here: its raylet removed,
+    """A node that leaves and comes back (here: its raylet removed,
     a new one with the same ``node:NAME`` started) before ``node_lost_after_s``
     keeps its running job: re-adopted, launched once, its own exit code."""
     d = _ray_daemon(tmp_path, ray_cluster, "back", node_lost_after_s=120.0)
@@ -532,7 +532,7 @@ def _log_events(d: Daemon) -> list[dict[str, Any]]:
 def test_a_node_back_after_being_declared_gone_has_its_stray_attempt_killed(
     tmp_path: Path, ray_cluster: Any
 ) -> None:
-    """Issue 12: a removed node's job is lost and runs again elsewhere; its
+    """A removed node's job is lost and runs again elsewhere; its
     first attempt's process (its supervisor runs in its own session) outlives
     the raylet. When a node of the same name (the same per-node state dir)
     joins again, that stray is killed and recorded, never re-adopted."""

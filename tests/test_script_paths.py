@@ -1,5 +1,5 @@
-"""`[scheduler] allowed_script_paths`: what a job may run, checked at submit
-(issue 11). The rule itself on real files (no daemon), then end to end."""
+"""`[scheduler] allowed_script_paths`: what a job may run, checked at submit.
+The rule itself on real files (no daemon), then end to end."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Security issue 18, part 3: containment.
+"""Security: containment of jobs.
 
-Jobs used to be contained by their process group only: one that called
-``setsid`` or ``setpgid`` outlived its cancel and its time limit, keeping GPUs
-the scheduler had already given to someone else. Now each job attempt runs in
-its own cgroup v2 (``eventsched/cgroups.py``), joined before exec; and it gets
-its submitter's umask and resource limits, never above the daemon's
-(``eventsched/rlimits.py``).
+A process group alone does not contain a job: one that calls ``setsid`` or
+``setpgid`` would outlive its cancel and its time limit, keeping GPUs the
+scheduler had already given to someone else. So each job attempt runs in its
+own cgroup v2 (``eventsched/runtime/launch/cgroups.py``), joined before exec;
+and it gets its submitter's umask and resource limits, never above the
+daemon's (``eventsched/domain/rlimits.py``).
 
 The quick tests check the pure parts (mountinfo, the clamp) and the executor
 on its own; the slow ones run a real root daemon and two real users.

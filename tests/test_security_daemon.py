@@ -1,4 +1,4 @@
-"""Security issue 18, part 2: who sees what on the stream, and fair use of a root daemon.
+"""Security: who sees what on the stream, and fair use of a root daemon.
 
 Two real unprivileged users against a root daemon on fake GPUs. The attacks
 run as the user (``attack_daemon.py``), bounded in count and time, and talk

@@ -1,5 +1,5 @@
 """`submit --session tmux|screen` and `attach`, end to end: a real daemon on
-fake GPUs, real tmux and screen sessions, the real CLI (issue 11)."""
+fake GPUs, real tmux and screen sessions, the real CLI."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 newer one is refused with one clear line.
 
 The fixture ``tests/fixtures/state_settings_v1/`` is the state directory of a
-daemon of the first round: its ``DaemonStarted.config`` has no
+daemon from before settings were versioned: its ``DaemonStarted.config`` has no
 ``settings_version`` and no ``max_queued_per_user``, and other settings than
 today's defaults. It is committed; regenerate it only on purpose with
 ``python tests/test_settings.py --write-fixture``.
@@ -32,7 +32,7 @@ from eventsched.storage import log
 
 FIXTURE = Path(__file__).parent / "fixtures" / "state_settings_v1"
 
-# what the first round's SchedulerConfig wrote, key for key
+# what SchedulerConfig wrote before settings were versioned, key for key
 V1_CONFIG = {
     "node": "local", "policy": "fifo", "default_time_limit_s": 3600.0, "kill_grace_s": 3.0, "max_queued": 50,
     "max_running": 2, "max_gpu_memory_used_pct": 95.0, "max_gpu_utilization_pct": 100.0,
@@ -70,7 +70,7 @@ def test_a_v1_settings_dict_is_upcast_before_it_becomes_settings() -> None:
     config = settings_from_dict(V1_CONFIG)
     # v2 -> v3: an old log decided by priority alone, with no aging, fair share, reservations or preemption
     old_ways = {"aging_per_hour": 0.0, "fair_share_weight": 0.0, "reserve_for_gang": False, "preemption": False}
-    # v3 -> v4 (issue 17): an old log never looked for idle jobs; v4 -> v5: it aged continuously;
+    # v3 -> v4: an old log never looked for idle jobs; v4 -> v5: it aged continuously;
     # v5 -> v6: it placed in plain GPU order, strangers or not
     assert config == SchedulerConfig(**{**V1_CONFIG, "max_queued_per_user": 50, **old_ways,  # type: ignore[arg-type]
                                         "idle_after_s": 0.0, "aging_tiers": False, "avoid_foreign_gpus": False})

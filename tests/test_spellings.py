@@ -1,4 +1,4 @@
-"""The predecessors' spellings (SPEC N2): ``--mem`` (mgpu_srun), ``--env-setup-cmd``,
+"""The predecessors' spellings: ``--mem`` (mgpu_srun), ``--env-setup-cmd``,
 ``--gpu-ids 0,1`` alone meaning exactly those GPUs, and a one-string command
 (``-- "python x.py --lr 3"``, seed 003) run by the shell. End to end against
 a real daemon on fake GPUs, plus the notebook magic's parser."""

@@ -1,4 +1,4 @@
-"""Issue 17 item 4: history at a glance, `eventsched status --history WINDOW`
+"""History at a glance: `eventsched status --history WINDOW`
 and the panel's charts (the browser test sees those on screen)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Teams (issue 10, SPEC F11-F13): tenants' quotas, fair share, aging, the
+"""Teams: tenants' quotas, fair share, aging, the
 gang reservation and preemption, through the sans-I/O core; the daemon end to
 end is in tests/test_e2e_teams.py."""
 
@@ -203,7 +203,7 @@ def test_aging_lets_an_old_low_priority_job_pass_newer_high_priority_ones() -> N
 
 
 def test_a_two_gpu_job_is_not_starved_by_a_stream_of_one_gpu_jobs() -> None:
-    """The issue's report: 2-GPU job at priority 0 behind a stream of 1-GPU
+    """A big job behind small ones: a 2-GPU job at priority 0 behind a stream of 1-GPU
     jobs on 2 GPUs. With the reservation it starts as soon as the GPUs its
     reservation names are free: within one run of the jobs holding them."""
     for reserve, starts in ((False, False), (True, True)):
@@ -327,7 +327,7 @@ def test_a_tenant_under_its_share_preempts_a_preemptible_tenant_over_it() -> Non
     assert not any(isinstance(e, ev.JobCancelRequested) for e in events)
 
 
-# --- arrays' %K cap (issue 11's core part) ---------------------------------------------
+# --- arrays' %K cap, in the core ---------------------------------------------------------
 
 
 def test_an_array_cap_runs_at_most_k_tasks_at_once() -> None:

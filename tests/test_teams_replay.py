@@ -1,4 +1,4 @@
-"""Teams in replay and what-if (issue 10): fair share measured on a few
+"""Teams in replay and what-if: fair share measured on a few
 thousand jobs, per-tenant figures, a quota change tried on a recorded
 workload, the sjf-oracle reference and its honest note."""
 
