@@ -1,11 +1,14 @@
 """The single-writer loop: the only place that appends to the log.
 
-One task drains the inbox, runs each message through the sans-I/O core,
-appends what the batch produced in one group commit (one fdatasync), only then
-acknowledges the clients, and performs the effects. Everything else (socket,
-exit watcher, GPU sampler, timer) only sends messages to the inbox. The
-projection runs ahead of the disk during a commit: if the commit fails (disk
-full) it is rebuilt from the log and every client of the batch is refused.
+One task drains the inbox, runs each message through the sans-I/O core and
+writes what the batch produced as one frame (group commit). Only once an
+fdatasync has made that frame durable are its clients acknowledged and its
+effects (launches, signals) performed, batch after batch in order. While a
+slow fdatasync runs in the commit thread the loop goes on deciding batches;
+what they produced is written as one frame when it returns. Everything else
+(socket, exit watcher, GPU sampler, timer) only sends messages to the inbox.
+The projection runs ahead of the disk: if a write fails (disk full) it is
+rebuilt from the log and every client of the batches not written is refused.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
-# a commit slower than this sends the next one to the commit thread (see _commit)
-SLOW_COMMIT_S = 0.002
+# an fdatasync slower than this sends the next ones to the commit thread (see _commit)
+SLOW_SYNC_S = 0.0005
 # Group commit: while fewer requests wait than the last batch answered, the
 # loop runs up to this many more steps before taking the batch (see _gather)
 GATHER_STEPS = 6
@@ -70,7 +73,7 @@ Reply = Callable[[Any, Refused | None], None]
 class Pending:
     """One item of the inbox (a plain slotted class: one is made per request)."""
 
-    __slots__ = ("item", "answer", "reply", "error", "produced")
+    __slots__ = ("item", "answer", "reply", "error", "produced", "result")
 
     def __init__(self, item: Message | Query, answer: Answer | None = None, reply: Reply | None = None) -> None:
         self.item = item
@@ -78,6 +81,17 @@ class Pending:
         self.reply = reply  # called once, inside the loop, after the commit: (result, error)
         self.error: Refused | None = None
         self.produced: list[ev.Event] = []
+        self.result: Any = None  # read when its batch is decided, sent once the batch is durable
+
+
+class Decided:
+    """A batch run through the core, waiting for the log to be durable up to ``upto``."""
+
+    __slots__ = ("upto", "batch", "effects", "payload")
+
+    def __init__(self, upto: int, batch: list[Pending], effects: list[Effect]) -> None:
+        self.upto, self.batch, self.effects = upto, batch, effects
+        self.payload: bytes | None = None  # the frame's, on the last batch it holds
 
 
 def prepare_state_dir(state_dir: Path) -> None:
@@ -143,7 +157,13 @@ class Engine:
         self._inbox_ready = asyncio.Event()
         self._inbox_room = asyncio.Event()  # set when a batch is taken: an exit waiting for room goes in
         self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
-        self._commit_in_thread = False  # the last commit was slow (see _commit)
+        self._sync_in_thread = False  # the last fdatasync was slow (see _commit)
+        self._syncing = False  # an fdatasync runs in the commit thread
+        self._sync_wanted = asyncio.Event()
+        self._unwritten: list[ev.Event] = []  # decided while an fdatasync ran
+        self._unreleased: collections.deque[Decided] = collections.deque()
+        self._released = asyncio.Event()
+        self._stale = False  # a full disk refused a write: the state is read again from the log
         self._subscribers: set[Callable[[bytes], bool]] = set()
         # called once a batch's replies are all given (the server writes them then)
         self.on_answered: Callable[[], None] | None = None
@@ -267,6 +287,7 @@ class Engine:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._main_loop)
+            tg.start_soon(self._syncer)
             tg.start_soon(self.executor.run, _Outbox(self))
             tg.start_soon(self._timer)
             tg.start_soon(self._sampler)
@@ -295,8 +316,9 @@ class Engine:
         if self.log is not None:
             if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
                 try:
-                    snapshot.save(snapshot_dir(self.state_dir), self.state)
-                except OSError as exc:
+                    if self.log.sync() == self.state.last_seq:  # a snapshot is never ahead of the durable log
+                        snapshot.save(snapshot_dir(self.state_dir), self.state)
+                except (OSError, eventlog.LogError) as exc:
                     logger.warning("could not save a snapshot at shutdown: %s", exc)
             self.log.close()
             self.log = None
@@ -306,9 +328,12 @@ class Engine:
     async def _main_loop(self) -> None:
         assert self.state is not None and self.log is not None
         while True:
-            while not self._inbox:
+            while not self._inbox and not self._stale:
                 await self._inbox_ready.wait()
                 self._inbox_ready.clear()
+            if self._stale:
+                await self._reload()
+                continue
             await self._gather()
             batch = [self._inbox.popleft() for _ in range(min(MAX_BATCH, len(self._inbox)))]
             self._inbox_room.set()
@@ -330,21 +355,14 @@ class Engine:
                 pending.produced = events
                 produced.extend(events)
                 effects.extend(item_effects)
-            if produced:
-                if not await self._commit(produced, batch):
-                    effects = []
-            requesters = 0
+            self._unwritten.extend(produced)
             for pending in batch:
                 if pending.reply is not None:
-                    requesters += 1
-                    self._answer(pending)
-            if requesters:  # a batch of observations alone (an exit, a sample) says nothing of them
-                self._last_requesters = requesters
-            if self.on_answered is not None:
-                self.on_answered()
-            for effect in effects:
-                self._perform(effect)
-            if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every:
+                    self._read_answer(pending)
+            self._unreleased.append(Decided(self.state.last_seq, batch, effects))
+            self._commit()
+            # a snapshot is never ahead of the durable log
+            if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every and await self._durable():
                 await self._snapshot()
 
     async def _gather(self) -> None:
@@ -359,58 +377,145 @@ class Engine:
                 return
             await asyncio.sleep(0)
 
-    def _answer(self, pending: Pending) -> None:
-        assert self.state is not None and pending.reply is not None
-        result = None
+    def _read_answer(self, pending: Pending) -> None:
+        """The reply as of the state its batch left (later batches may be
+        decided before it is sent)."""
+        assert self.state is not None
         if pending.error is None:
             try:
                 if isinstance(pending.item, Query):
-                    result = pending.item.read(self.state)
+                    pending.result = pending.item.read(self.state)
                 elif pending.answer is not None:
-                    result = pending.answer(self.state, pending.produced)
+                    pending.result = pending.answer(self.state, pending.produced)
                 else:
-                    result = pending.produced
+                    pending.result = pending.produced
             except Refused as refusal:
                 pending.error = refusal
-        pending.reply(result, pending.error)
 
-    async def _commit(self, produced: list[ev.Event], batch: list[Pending]) -> bool:
-        assert self.log is not None and self.state is not None
+    def _commit(self) -> None:
+        """Write what was decided as one frame, make it durable and release
+        the batches it holds. A quick fdatasync runs here, on the loop (every
+        reply waits for it, and a hand-off to a thread costs more); after a
+        slow one they run in the commit thread (``_syncer``), so sockets,
+        exits and timers are not held by a slow disk, and the batches decided
+        meanwhile are written when it returns."""
+        assert self.log is not None
+        if self._syncing:
+            return
+        self._write()
+        if self.log.synced_seq < self.log.next_seq - 1:
+            if self._sync_in_thread:
+                self._syncing = True
+                self._sync_wanted.set()
+            else:
+                self._sync_in_thread = self._timed_sync() > SLOW_SYNC_S
+        self._release()
+
+    def _timed_sync(self) -> float:
+        assert self.log is not None
+        started = time.monotonic()
+        self.log.sync()
+        return time.monotonic() - started
+
+    async def _syncer(self) -> None:
+        """The commit thread's side of ``_commit``: one fdatasync at a time."""
+        assert self.log is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._sync_wanted.wait()
+            self._sync_wanted.clear()
+            while self.log.synced_seq < self.log.next_seq - 1:
+                took = await loop.run_in_executor(self._committer, self._timed_sync)
+                self._sync_in_thread = took > SLOW_SYNC_S
+                self._release()
+                self._write()
+            self._syncing = False
+
+    def _write(self) -> None:
+        """Write every event decided since the last write as one frame: one
+        frame at most waits for an fdatasync (``LogWriter.write`` says why)."""
+        assert self.log is not None
+        if not self._unwritten:
+            return
+        events, self._unwritten = self._unwritten, []
         # the core stamped each event with the log's next seq (its causes
         # name seqs); anything else would be a second writer or a bug
-        if produced[0].seq != self.log.next_seq:
-            raise RuntimeError(f"core stamped seq {produced[0].seq}, the log is at {self.log.next_seq}")
+        if events[0].seq != self.log.next_seq:
+            raise RuntimeError(f"core stamped seq {events[0].seq}, the log is at {self.log.next_seq}")
         try:
-            # Quick commits run on the loop (every reply waits for them, and a
-            # hand-off to a thread costs more); after a slow one they go to the
-            # thread, so sockets, exits and timers are not held by a slow disk.
-            started = time.monotonic()
-            if self._commit_in_thread:
-                last, payload = await asyncio.get_running_loop().run_in_executor(
-                    self._committer, self.log.append_encoded, produced
-                )
-            else:
-                last, payload = self.log.append_encoded(produced)
-            self._commit_in_thread = time.monotonic() - started > SLOW_COMMIT_S
-        except eventlog.LogFullError as exc:  # nothing of the batch is durable: refuse it all
+            _, self._unreleased[-1].payload = self.log.write(events)
+        except eventlog.LogFullError as exc:  # nothing of these batches is written: refuse them all
             logger.error("append refused: %s", exc)
-            for pending in batch:
-                if pending.produced:
-                    pending.error = Refused(RefusalKind.UNAVAILABLE, str(exc))
-                    pending.produced = []
-            self.state = await anyio.to_thread.run_sync(self._load_state)
-            # an observation (an exit, a node's fault, a tick) has no one to
-            # tell: it is handled again later, or it would be lost for good
-            # (not a GPU sample: the next one says the same)
-            again = [p.item for p in batch if p.reply is None and not isinstance(p.item, (GpuObserved, Query))]
+            again: list[Message] = []
+            for decided in self._unreleased:
+                if decided.upto < events[0].seq:
+                    continue
+                decided.effects = []
+                for pending in decided.batch:
+                    if pending.produced:
+                        pending.error = Refused(RefusalKind.UNAVAILABLE, str(exc))
+                        pending.produced = []
+                    # an observation (an exit, a node's fault, a tick) has no one to
+                    # tell: it is handled again later, or it would be lost for good
+                    # (not a GPU sample: the next one says the same)
+                    if pending.reply is None and not isinstance(pending.item, (GpuObserved, Query)):
+                        again.append(pending.item)
             if again:
                 self._tg.start_soon(self._retry_after_full, again)
-            return False
-        self.state.last_seq = last
-        self.committed_seq = last
-        if self._subscribers:
-            self._broadcast(payload)  # the bytes just logged: the same events, encoded once
-        return True
+            self._stale = True  # the main loop reads the state again before it decides more
+            self._inbox_ready.set()
+            self._released.set()
+
+    async def _reload(self) -> None:
+        """After a full disk refused a write: the state read again from the
+        log, the refused batches' replies read from it and sent."""
+        assert self.log is not None
+        self.state = await anyio.to_thread.run_sync(self._load_state)
+        self._stale = False
+        written = self.log.next_seq - 1
+        for decided in self._unreleased:
+            if decided.upto > written:
+                decided.upto = written
+                for pending in decided.batch:
+                    if pending.reply is not None:
+                        self._read_answer(pending)
+        self._release()
+
+    def _release(self) -> None:
+        """Broadcast, acknowledge and perform every batch now durable, in order."""
+        assert self.log is not None
+        durable = self.log.synced_seq
+        released: list[Decided] = []
+        while self._unreleased and self._unreleased[0].upto <= durable:
+            released.append(self._unreleased.popleft())
+        if not released:
+            return
+        self.committed_seq = durable
+        for decided in released:
+            if decided.payload is not None and self._subscribers:
+                self._broadcast(decided.payload)  # the bytes logged: the same events, encoded once
+        requesters = 0
+        for decided in released:
+            for pending in decided.batch:
+                if pending.reply is not None:
+                    requesters += 1
+                    pending.reply(pending.result, pending.error)
+        if requesters:  # batches of observations alone (an exit, a sample) say nothing of them
+            self._last_requesters = requesters
+        if self.on_answered is not None:
+            self.on_answered()
+        for decided in released:
+            for effect in decided.effects:
+                self._perform(effect)
+        self._released.set()
+
+    async def _durable(self) -> bool:
+        """Wait until every batch decided is durable and released; False if a
+        full disk refused some (the state is read again first)."""
+        while self._unreleased and not self._stale:
+            self._released.clear()
+            await self._released.wait()
+        return not self._stale
 
     async def _retry_after_full(self, items: list[Message]) -> None:
         await self.clock.sleep(RETRY_AFTER_FULL_S)

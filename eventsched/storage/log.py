@@ -403,7 +403,10 @@ class LogWriter:
     """The one appender of a log directory; not thread-safe.
 
     ``append`` writes a batch as one frame with one ``write`` and one
-    ``fdatasync`` (group commit) and returns once it is durable. ``_pwrite`` and
+    ``fdatasync`` (group commit) and returns once it is durable. ``write`` and
+    ``sync`` are its two halves, for a caller that does other work while
+    ``sync`` runs (on another thread); one frame at most waits for a sync (see
+    ``write``). ``_pwrite`` and
     ``_fdatasync`` are the only system calls on the write path, attributes so
     that tests can inject ENOSPC and EIO; ``_fault`` is called at each step of
     rotation so that tests can crash there.
@@ -427,6 +430,7 @@ class LogWriter:
         self._end = 0
         self._allocated = 0  # the file's size: zeros from _end up to it
         self._next_seq = 1
+        self._synced = 0  # the last seq an fdatasync covered
         self._dead: str | None = None
         self.preallocate = PREALLOCATE
 
@@ -528,6 +532,7 @@ class LogWriter:
         self._fd = self._ops.open(last.path, os.O_RDWR | os.O_CLOEXEC)
         self._path, self._salt, self._first_seq = last.path, salt, first_seq
         self._end, self._next_seq, self._allocated = end, next_seq, allocated
+        self._synced = next_seq - 1
 
     def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
         kept = cut_aside(self.directory, path, offset, cut, self._ops)
@@ -598,17 +603,50 @@ class LogWriter:
 
     def append_stamped(self, events: Sequence[Event]) -> list[Event]:
         """Like ``append``, returning the events as stored, with their ``seq``."""
-        return self._append(events)[0]
+        stamped = self._write(events)[0]
+        self.sync()
+        return stamped
 
     def append_encoded(self, events: Sequence[Event]) -> tuple[int, bytes]:
-        """Like ``append``, also returning the frame's payload (``encode_many``
-        of the events as stored), so a caller that sends them on need not
-        encode them again."""
-        payload = self._append(events)[1]
+        """Like ``append``, also returning what ``write`` returns."""
+        written = self.write(events)
+        self.sync()
+        return written
+
+    def write(self, events: Sequence[Event]) -> tuple[int, bytes]:
+        """Write a batch as one frame, not yet durable (``sync`` makes it so);
+        return its last seq and the frame's payload (``encode_many`` of the
+        events as stored), so a caller that sends them on need not encode them
+        again. Refused while the last frame is not synced: of two frames
+        written since a sync, a power cut can keep the second and lose the
+        first, a hole recovery must refuse as damage; one unsynced frame can
+        only be a torn tail."""
+        payload = self._write(events)[1]
         return self._next_seq - 1, payload
 
-    def _append(self, events: Sequence[Event]) -> tuple[list[Event], bytes]:
+    def sync(self) -> int:
+        """Make every frame written durable (one fdatasync, none when nothing
+        is new); return the last seq that is durable."""
         self._check_alive()
+        upto = self._next_seq - 1
+        if upto > self._synced:
+            try:
+                self._fdatasync(self._fd)
+            except OSError as e:
+                # PostgreSQL's lesson: after a failed fsync the page cache may lie.
+                raise self._die(f"fdatasync of {self._path} failed: {e.strerror}") from None
+            self._synced = upto
+        return self._synced
+
+    @property
+    def synced_seq(self) -> int:
+        """The last seq a ``sync`` made durable."""
+        return self._synced
+
+    def _write(self, events: Sequence[Event]) -> tuple[list[Event], bytes]:
+        self._check_alive()
+        if self._synced < self._next_seq - 1:
+            raise LogError(f"log {self.directory}: a frame written before the last one was synced")
         if not events:
             return [], b""
         if self._end >= self.segment_bytes and self._end > SEGMENT_HEADER_SIZE:
@@ -616,10 +654,10 @@ class LogWriter:
         first = self._next_seq
         stamped = ev.stamp(list(events), first)
         payload = ev.encode_many(stamped)
-        self._commit(_frame_bytes(self._salt, first, len(stamped), payload), len(stamped))
+        self._put(_frame_bytes(self._salt, first, len(stamped), payload), len(stamped))
         return stamped, payload
 
-    def _commit(self, frame: bytes, count: int) -> None:
+    def _put(self, frame: bytes, count: int) -> None:
         fd, end = self._fd, self._end
         stop = end + len(frame)
         try:
@@ -629,11 +667,6 @@ class LogWriter:
                 self._write_ahead(fd, frame, end)
         except OSError as e:
             raise self._write_error(e, "appending", truncate_to=end) from None
-        try:
-            self._fdatasync(fd)
-        except OSError as e:
-            # PostgreSQL's lesson: after a failed fsync the page cache may lie.
-            raise self._die(f"fdatasync of {self._path} failed: {e.strerror}") from None
         self._end = stop
         self._allocated = max(self._allocated, stop)
         self._next_seq += count
@@ -692,6 +725,7 @@ class LogWriter:
         self._check_alive()
         if self._end == SEGMENT_HEADER_SIZE:
             return  # an empty segment: nothing to seal
+        self.sync()  # a segment's frames are durable before a newer segment exists
         self._seal()
         self._create_segment(self._next_seq)
 
