@@ -256,6 +256,17 @@ def test_panel_retries_and_requeues_go_back_to_the_queue() -> None:
     assert model.jobs[1]["state"] == "queued" and model.gpus[("local", 0)]["allocated"] == 0.0
 
 
+def test_panel_shows_a_forecast_as_a_range_as_explain_does() -> None:
+    model = PanelModel.from_status(_status())
+    model.fold([ev.JobSubmitted(seq=11, ts=5.0, job=2, spec=ev.JobSpec(command=["python", "t.py"], name="t", gpus=1)),
+                ev.JobForecast(seq=12, ts=5.0, job=2, estimated_start=725.0, p10=305.0, p90=2405.0, by="explain")])
+    shown = "starts in about 12 min (80 %: 5 min to 40 min)"
+    assert shown in render_text(model, 5.0) and shown in render_html(model, 5.0)
+    # once it runs, the forecast is gone from its line
+    model.fold([ev.JobPlaced(seq=13, ts=6.0, job=2, node="local", gpu_ids=[1], share=1.0)])
+    assert "starts in" not in render_text(model, 6.0) + render_html(model, 6.0)
+
+
 # --- against a real daemon ---------------------------------------------------------
 
 

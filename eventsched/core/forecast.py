@@ -1,7 +1,7 @@
 """When will a queued job start, and how sure is that?
 
 The scheduler's own core runs forward from a copy of the state on a virtual
-clock: each running job ends at its predicted time (see ``_remaining``), each
+clock: each running job ends as its kind's past runs say (``_running_remaining``), each
 end is fed to ``core.handle`` as an exit, and the placements the policy then
 makes are the median forecast starts.
 
@@ -46,6 +46,10 @@ SLACK_S = 10.0  # scores compare waits plus 10 s: a second off a wait of a secon
 MIN_SCORES = 20
 WINDOW = 500  # the most recent forecasts scored: the workload drifts
 LOOK_BACK = 100_000  # events a daemon reads back for them: a first explain stays quick on a long log
+RUNS_KEPT = 200  # each kind's most recent runs: its spread, as the workload drifts
+JOBS_KEPT = 100_000  # jobs whose kind is remembered, the most recent
+KINDS_KEPT = 10_000  # kinds whose runs are kept, those that ran last
+MIN_RUNS = 3  # a kind with fewer runs is predicted as the core predicts it
 GUESS = (math.log(0.5), math.log(3.0))  # the range before there is anything to score
 
 
@@ -61,12 +65,16 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Calibration:
-    """The last ``WINDOW`` forecasts shown (``JobForecast``) scored against their ``JobPlaced``."""
+    """The last ``WINDOW`` forecasts shown (``JobForecast``) scored against their
+    ``JobPlaced``, and each kind's recent run times: what the log says of them."""
 
     def __init__(self) -> None:
         self.seq = 0  # the last event folded
         self.open: dict[int, tuple[float, float]] = {}  # job -> (made at, forecast wait)
         self.scores: deque[float] = deque(maxlen=WINDOW)
+        self.kind: dict[int, tuple[str, str]] = {}  # job -> its runtime key (the last JOBS_KEPT submitted)
+        self.since: dict[int, float] = {}  # running job -> when it started
+        self.runs: dict[tuple[str, str], deque[float]] = {}  # kind -> its last RUNS_KEPT run times (s)
         self._lock = threading.Lock()  # one catch-up at a time; readers copy what they read
 
     def catch_up(self, read: Callable[[int], Iterable[list[ev.Event]]], last_seq: int) -> None:
@@ -83,10 +91,29 @@ class Calibration:
                 self.open[e.job] = (e.ts, e.estimated_start - e.ts)
                 if len(self.open) > WINDOW:
                     del self.open[next(iter(self.open))]
-            elif isinstance(e, (ev.JobPlaced, ev.JobCancelled)) and e.job in self.open:
+            elif isinstance(e, ev.JobSubmitted):
+                self.kind[e.job] = runtime_key(e.spec)
+                if len(self.kind) > JOBS_KEPT:
+                    del self.kind[next(iter(self.kind))]
+            elif isinstance(e, (ev.JobPlaced, ev.JobStarted)):
+                self.since[e.job] = e.ts
+            elif isinstance(e, ev.JobExited):
+                began, key = self.since.pop(e.job, None), self.kind.get(e.job)
+                if began is not None and key is not None:  # the kinds that ran last are kept
+                    runs = self.runs.pop(key, None) or deque(maxlen=RUNS_KEPT)
+                    runs.append(e.ts - began)
+                    self.runs[key] = runs
+                    if len(self.runs) > KINDS_KEPT:
+                        del self.runs[next(iter(self.runs))]
+            if isinstance(e, (ev.JobPlaced, ev.JobCancelled)) and e.job in self.open:
                 made, wait = self.open.pop(e.job)
                 if isinstance(e, ev.JobPlaced):
                     self.scores.append(_score(e.ts - made, wait))
+
+    def runs_of(self, key: tuple[str, str]) -> list[float]:
+        """The kind's recent run times (s), ascending."""
+        with self._lock:
+            return sorted(self.runs.get(key, ()))
 
     def bounds(self, now: float) -> tuple[float, float] | None:
         """The 10th and 90th percentile scores (None: too few yet)."""
@@ -110,18 +137,41 @@ def _predicted(state: ClusterState, job: Job) -> float:
     return min(p, limit) if limit is not None else p
 
 
+def _running_remaining(state: ClusterState, job: Job, ran: float, all_runs: list[int],
+                       calibration: Calibration | None) -> float:
+    """How much longer a running job runs, having run ``ran`` s: as one of its
+    kind's recent runs (``Calibration.runs``) that lasted longer did (as long
+    again if none did), picked evenly by job id (``_pick``). One job near its
+    kind's mean is not about to end when the kind's runs spread wide, and of
+    many running jobs the first to end comes sooner than any one's mean end.
+    A kind with fewer than ``MIN_RUNS`` runs goes as ``_remaining`` says."""
+    runs = calibration.runs_of(runtime_key(job.spec)) if calibration is not None else []
+    if len(runs) < MIN_RUNS:
+        return _remaining(state, job, ran, all_runs)
+    rest = _pick(runs, ran, job)
+    return _within_limit(state, job, ran, rest - ran if rest is not None else ran)
+
+
+def _pick(runs: list[float] | list[int], ran: float, job: Job) -> float | None:
+    """One of the sorted ``runs`` longer than ``ran``, picked evenly by job id
+    (None: none is): a sampled future that is the same every time."""
+    i = bisect.bisect_right(runs, ran)
+    return runs[i + int((job.id * 0.6180339887) % 1 * (len(runs) - i))] if i < len(runs) else None
+
+
 def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> float:
-    """How much longer a job that ran ``ran`` s runs. Past its prediction it goes
-    on as one of the ``runs`` (ms) that lasted as long did (as long again if
-    none did), picked evenly by job id: the first of many overdue jobs to end
-    comes sooner than any one's median end."""
+    """How much longer a job that ran ``ran`` s runs: its prediction less
+    ``ran``; past it, as one of all ``runs`` (ms) that lasted as long did."""
     p = _predicted(state, job)
     if ran < p:
-        return max(1.0, p - ran)  # what waits for an end does not start "at the next decision"
-    i = bisect.bisect_right(runs, ran * 1000)
-    rest = runs[i + int((job.id * 0.6180339887) % 1 * (len(runs) - i))] / 1000 - ran if i < len(runs) else ran
+        return p - ran
+    rest = _pick(runs, ran * 1000, job)
+    return _within_limit(state, job, ran, rest / 1000 - ran if rest is not None else ran)
+
+
+def _within_limit(state: ClusterState, job: Job, ran: float, rest: float) -> float:
     limit = time_limit_of(job, state.config.default_time_limit_s)
-    return max(1.0, min(rest, limit - ran) if limit is not None else rest)
+    return min(rest, limit - ran) if limit is not None else rest
 
 
 def forecast_starts(state: ClusterState, now: float, wanted: set[int] | None = None,
@@ -142,7 +192,7 @@ def working_copy(state: ClusterState) -> ClusterState:
     sim.next_job_id, sim.next_order = state.next_job_id, state.next_order
     sim.recent_shapes = type(state.recent_shapes)(state.recent_shapes, maxlen=state.recent_shapes.maxlen)
     sim.stats.by_key = dict(state.stats.by_key)
-    sim.stats.sorted = list(state.stats.sorted)
+    sim.stats.sorted = state.stats.sorted
     sim.tenants = dict(state.tenants)
     sim.usage = {t: TenantUsage(u.recent, u.as_of) for t, u in state.usage.items()}
     sim._derive()
@@ -160,10 +210,13 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     # (time, order, kind, job): ends of running jobs and the core's wake-ups
     ends: list[tuple[float, int, str, int]] = []
     order = itertools.count()  # ties go in the order pushed
+    all_runs = sim.stats.sorted
     for jid in sim.running:
         job = sim.jobs[jid]
         ran = now - (job.started_at if job.started_at is not None else now)
-        ends.append((now + _remaining(sim, job, ran, sim.stats.sorted), next(order), "end", jid))
+        rest = _running_remaining(sim, job, ran, all_runs, calibration)
+        # what waits for an end does not start "at the next decision"
+        ends.append((now + max(1.0, rest), next(order), "end", jid))
     heapq.heapify(ends)
     starts: dict[int, float] = {}
     t = now
