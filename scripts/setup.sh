@@ -59,7 +59,7 @@ log=$(mktemp)
 # compat editable mode (a .pth path entry, no import hook) keeps every CLI
 # call's start-up shorter than setuptools' default editable finder does;
 # it builds the compiled modules in place, beside their sources.
-if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[test,ray]' --config-settings editable_mode=compat; } >"$log" 2>&1; then
+if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[test,ray,mcp]' --config-settings editable_mode=compat; } >"$log" 2>&1; then
   cat "$log" >&2
   rm -f "$log"
   echo "setup: installing eventsched failed (output above)" >&2

@@ -26,7 +26,8 @@
 enum {
     K_INT = 1, K_FLOAT, K_STR, K_BOOL, K_OPT_INT, K_OPT_FLOAT, K_LIST_INT, K_OPT_LIST_INT,
     K_CMD, K_LITERAL, K_EMPTY_MAP, K_EMPTY_LIST, K_STRUCT,
-    /* checked, never stored: a job's environment and limits, a sample's memory per job */
+    /* checked, never stored: a job's environment and limits; a sample's memory
+       per job is stored (when the plan says so) as flat key, value items */
     K_MAP_STR_STR, K_MAP_STR_LIST_INT, K_MAP_INT_INT
 };
 
@@ -299,6 +300,27 @@ static int check_map(Rd *r, int kind) {
 
 static int parse_fields(Rd *r, TypeP *t, const int *kids, int n_kids, uint32_t pairs);
 
+/* a stored int -> int map: its items kept as a list's (2 per pair); a
+   repeated key (msgspec keeps the last) is left to msgspec */
+static int int_map(Rd *r, const Field *f, Val *v) {
+    if (!rd_maphead(r, &v->cnt) || v->cnt > UINT32_MAX / 2) return 0;
+    v->lp = r->p;
+    v->cnt *= 2;
+    for (uint32_t k = 0; k < v->cnt; k++) {
+        int64_t x;
+        if (!rd_int(r, &x) || x < f->lo || x > f->hi) return 0;
+        if (k % 2 == 0) {  /* a key: not one seen before */
+            Rd seen = {v->lp, r->p};
+            for (uint32_t j = 0; j < k; j += 2) {
+                int64_t key, val;
+                rd_int(&seen, &key); rd_int(&seen, &val);
+                if (key == x) return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 static int plain_word(const char *s, Py_ssize_t n) {
     /* history_fold._command joins without quoting when every word is
        non-empty and made of [\w@%+=:,./-] (ASCII) */
@@ -374,7 +396,10 @@ static int parse_value(Rd *r, TypeP *t, int fi) {
         if (!rd_maphead(r, &n)) return 0;
         return parse_fields(r, t, f->children, f->n_children, n);
     }
-    case K_MAP_STR_STR: case K_MAP_STR_LIST_INT: case K_MAP_INT_INT:
+    case K_MAP_INT_INT:
+        if (f->store) return int_map(r, f, v);
+        /* fall through */
+    case K_MAP_STR_STR: case K_MAP_STR_LIST_INT:
         return check_map(r, f->kind);
     }
     return 0;
@@ -454,6 +479,16 @@ static int commit(TypeP *t) {
             if (buf_put(&c->data, v->s, (size_t)v->n) < 0) return -1;
             if (put_i64(&c->offs, (int64_t)c->data.len) < 0) return -1;
             break;
+        case K_MAP_INT_INT: {
+            Rd r = {v->lp, v->lp + 10u * v->cnt};  /* the items were read once already */
+            for (uint32_t k = 0; k < v->cnt; k++) {
+                int64_t x;
+                rd_int(&r, &x);
+                if (put_i64(&c->flat, x) < 0) return -1;
+            }
+            if (put_i64(&c->counts, (int64_t)v->cnt) < 0) return -1;
+            break;
+        }
         case K_LIST_INT: case K_OPT_LIST_INT:
             if (put_ids(c, v, 1) < 0) return -1;
             if (put_i64(&c->offs, (int64_t)c->data.len) < 0) return -1;
@@ -749,9 +784,10 @@ static PyObject *Sink_column(Sink *s, PyObject *args) {
     int str = kind == K_STR || kind == K_LITERAL || kind == K_CMD || kind == K_LIST_INT || kind == K_OPT_LIST_INT;
     int list = kind == K_LIST_INT || kind == K_OPT_LIST_INT;
     int opt = kind == K_OPT_INT || kind == K_OPT_FLOAT || list;
+    int items = list || kind == K_MAP_INT_INT;
     PyObject *parts[5] = {
         bytes_or_none(&c->data, 1), bytes_or_none(&c->offs, str), bytes_or_none(&c->valid, opt),
-        bytes_or_none(&c->flat, list), bytes_or_none(&c->counts, list),
+        bytes_or_none(&c->flat, items), bytes_or_none(&c->counts, items),
     };
     PyObject *out = NULL;
     if (parts[0] && parts[1] && parts[2] && parts[3] && parts[4])
@@ -829,5 +865,7 @@ PyMODINIT_FUNC PyInit__frames(void) {
     KIND(K_OPT_LIST_INT) KIND(K_CMD) KIND(K_LITERAL) KIND(K_EMPTY_MAP) KIND(K_EMPTY_LIST) KIND(K_STRUCT)
     KIND(K_MAP_STR_STR) KIND(K_MAP_STR_LIST_INT) KIND(K_MAP_INT_INT)
 #undef KIND
+    /* this build stores int -> int maps (an older one only checks them) */
+    if (PyModule_AddIntConstant(m, "STORES_INT_MAPS", 1) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

@@ -7,7 +7,7 @@ TIMESTAMP columns (UTC) where grouping by calendar time is the point.
 Shape of the model
 ------------------
 * *Raw tables* are appended to, column-wise, straight from the log's frames:
-  ``job_events``, ``submissions``, ``placement_events`` (one row per GPU),
+  ``job_events``, ``submissions``, ``job_updates``, ``placement_events`` (one row per GPU),
   ``gpu_samples``, ``gpu_events``, ``daemon_events``. They never change once
   written, which is what keeps catch-up a cheap bulk insert.
 * *Derived tables* ``jobs``, ``placements`` and ``gpus`` are recomputed by SQL

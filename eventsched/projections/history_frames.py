@@ -56,7 +56,7 @@ _I32 = (-(1 << 31), (1 << 31) - 1)  # INTEGER columns (a larger value is DuckDB'
 # and those stored in INTEGER columns
 _STORED: dict[type, tuple[set[str], set[str]]] = {
     ev.GpuSampled: ({"seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib",
-                     "temperature_c", "power_w", "foreign_memory_mib"}, {"gpu"}),
+                     "temperature_c", "power_w", "foreign_memory_mib", "job_memory_mib"}, {"gpu"}),
     ev.JobSubmitted: ({"seq", "ts", "job", "cause", "spec.name", "spec.user", "spec.uid", "spec.tenant",
                        "spec.command", "spec.gpus", "spec.gpu_mem_mib", "spec.gpu_ids", "spec.priority",
                        "spec.time_limit_s", "spec.on_time_limit", "spec.retries", "spec.after", "spec.cwd",
@@ -175,7 +175,8 @@ def _plan() -> tuple[list[Any], dict[type, int], list[dict[str, int]]]:
 
 def available() -> bool:
     """Whether frames are folded by the extension (else they are decoded first)."""
-    return _frames is not None and not ev.UPCASTERS
+    # a build older than its source only checks a sample's memory per job: no fast path then
+    return _frames is not None and getattr(_frames, "STORES_INT_MAPS", 0) == 1 and not ev.UPCASTERS
 
 
 _decode_event = msgspec.msgpack.Decoder(ev.AnyEvent).decode
@@ -419,6 +420,17 @@ def _native_sampled(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iter
             "memory_total_mib": c.i64("memory_total_mib"), "temperature_c": c.f64("temperature_c"),
             "power_w": c.f64("power_w"), "foreign_memory_mib": c.i64("foreign_memory_mib")}
     yield "gpu_samples", {k: v.slice(a, b - a) for k, v in cols.items()}
+    # job_memory_mib: its (job, MiB) pairs as flat items, one row per pair
+    flat, counts = c.items("job_memory_mib")
+    first_item = np.cumsum(counts) - counts
+    lo, hi = (int(first_item[a]), int(first_item[b - 1] + counts[b - 1])) if b > a else (0, 0)
+    if hi > lo:
+        rows = np.repeat(np.arange(a, b), counts[a:b] // 2)  # sample of each row
+        yield "job_gpu_memory", {
+            "seq": _arrow(c.numbers("seq")[rows]), "ts": _arrow(c.numbers("ts", np.float64)[rows]),
+            "node": _text(np.array(c.py(c.text("node"), a, b), dtype=object)[rows - a].tolist()),
+            "gpu": _arrow(c.numbers("gpu")[rows]),
+            "job": _arrow(flat[lo:hi:2]), "memory_mib": _arrow(flat[lo + 1:hi:2])}
 
 
 def _native_started(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:

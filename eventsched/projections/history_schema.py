@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from eventsched.domain.report_card import IDLE_PCT, SUGGEST_SQL
 from eventsched.domain.states import DONE_FOR_GOOD, FINAL, STOP_OUTCOMES, TRANSITIONS, WAITING, JobState
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 11
 
 
 def _sql_set(items: Iterable[str]) -> str:
@@ -57,12 +58,17 @@ CREATE TABLE IF NOT EXISTS submissions (
     command VARCHAR, gpus DOUBLE, gpu_mem_mib BIGINT, allowed_gpu_ids VARCHAR, priority BIGINT,
     time_limit_s DOUBLE, on_time_limit VARCHAR, retries BIGINT, after VARCHAR, cwd VARCHAR,
     content_hash VARCHAR, node VARCHAR);
+CREATE TABLE IF NOT EXISTS job_updates (
+    seq BIGINT, ts DOUBLE, job BIGINT, "by" VARCHAR, priority BIGINT, time_limit_s DOUBLE, gpus DOUBLE,
+    name VARCHAR);
 CREATE TABLE IF NOT EXISTS placement_events (
     seq BIGINT, ts DOUBLE, job BIGINT, node VARCHAR, gpu INTEGER, idx INTEGER, share DOUBLE,
     gpu_mem_mib BIGINT, policy VARCHAR);
 CREATE TABLE IF NOT EXISTS gpu_samples (
     seq BIGINT, ts DOUBLE, node VARCHAR, gpu INTEGER, utilization DOUBLE, memory_used_mib BIGINT,
     memory_total_mib BIGINT, temperature_c DOUBLE, power_w DOUBLE, foreign_memory_mib BIGINT);
+CREATE TABLE IF NOT EXISTS job_gpu_memory (
+    seq BIGINT, ts DOUBLE, node VARCHAR, gpu INTEGER, job BIGINT, memory_mib BIGINT);
 CREATE TABLE IF NOT EXISTS gpu_events (
     seq BIGINT, ts DOUBLE, node VARCHAR, gpu INTEGER, type VARCHAR, cause VARCHAR, uuid VARCHAR,
     model VARCHAR, memory_total_mib BIGINT, "by" VARCHAR, error VARCHAR, lost BOOLEAN);
@@ -207,6 +213,40 @@ SELECT e.seq, e.ts, e.job, j."user",
 FROM job_events e JOIN jobs j ON j.id = e.job
 WHERE e.type = 'JobGpuMemoryExceeded';
 
+-- each job that ran, graded by its GPU samples: each sample of one of its GPUs
+-- counts from its time to the GPU's next sample, within the job's placement there
+CREATE OR REPLACE VIEW job_efficiency AS
+WITH s AS (
+    SELECT node, gpu, ts, utilization, lead(ts) OVER (PARTITION BY node, gpu ORDER BY seq) AS next_ts
+    FROM gpu_samples),
+seg AS (
+    SELECT p.job, p.node, p.gpu, p.from_ts, p.share, s.utilization,
+           least(coalesce(s.next_ts, p.to_ts), p.to_ts) - s.ts AS held_s
+    FROM placement_spans p JOIN s ON s.node = p.node AND s.gpu = p.gpu AND s.ts >= p.from_ts AND s.ts < p.to_ts),
+u AS (
+    SELECT job, count(*) AS samples, sum(utilization * held_s) / nullif(sum(held_s), 0) AS utilization_mean,
+           max(utilization) AS utilization_peak,
+           coalesce(sum(held_s * share) FILTER (WHERE utilization <= {IDLE_PCT}), 0) / 3600.0 AS idle_gpu_hours
+    FROM seg GROUP BY job),
+-- the most GPUs busy at once, at most: the sum of its GPUs' peaks, in its busiest placement
+g AS (
+    SELECT job, max(busy) AS gpus_used_peak
+    FROM (SELECT job, from_ts, sum(peak) AS busy
+          FROM (SELECT job, from_ts, node, gpu, max(utilization) / 100.0 * max(share) AS peak
+                FROM seg GROUP BY ALL) GROUP BY ALL)
+    GROUP BY job),
+h AS (SELECT job, sum(gpu_hours) AS gpu_hours FROM placement_spans GROUP BY job),
+m AS (SELECT job, max(memory_mib) AS mem_peak_mib FROM job_gpu_memory GROUP BY job),
+card AS (
+    SELECT j.id AS job, j.name, j."user", j.tenant, j.state, j.gpus, j.gpu_mem_mib, j.first_started_at,
+           j.ended_at, j.wait_s, j.run_s, coalesce(h.gpu_hours, 0) AS gpu_hours, coalesce(u.samples, 0) AS samples,
+           u.utilization_mean, u.utilization_peak, g.gpus_used_peak, m.mem_peak_mib,
+           NULL::BIGINT AS host_mem_peak_mib, coalesce(u.idle_gpu_hours, 0) AS idle_gpu_hours
+    FROM jobs j LEFT JOIN h ON h.job = j.id LEFT JOIN u ON u.job = j.id LEFT JOIN g ON g.job = j.id
+    LEFT JOIN m ON m.job = j.id
+    WHERE j.first_started_at IS NOT NULL)
+SELECT *, {SUGGEST_SQL[0]} AS suggested_gpus, {SUGGEST_SQL[1]} AS suggested_gpu_mem_mib FROM card;
+
 CREATE OR REPLACE VIEW job_state_counts AS
 SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
 
@@ -269,6 +309,13 @@ agg AS (
         max(seq) AS last_seq
     FROM st GROUP BY job
 ),
+upd AS (
+    -- `update`: each field as last changed, if it was
+    SELECT job, arg_max(name, seq) FILTER (WHERE name IS NOT NULL) AS name,
+        arg_max(gpus, seq) FILTER (WHERE gpus IS NOT NULL) AS gpus,
+        arg_max(priority, seq) FILTER (WHERE priority IS NOT NULL) AS priority
+    FROM job_updates WHERE job IN (SELECT job FROM _touched) GROUP BY job
+),
 last_place AS (
     SELECT job, arg_max(node, seq) AS node, max(seq) AS seq
     FROM placement_events WHERE job IN (SELECT job FROM _touched) GROUP BY job
@@ -278,7 +325,8 @@ place_ids AS (
     FROM placement_events p JOIN last_place l ON p.job = l.job AND p.seq = l.seq
     GROUP BY p.job
 )
-SELECT a.job AS id, s.name, s."user", s.uid, s.tenant, s.command, s.gpus, s.gpu_mem_mib, s.priority,
+SELECT a.job AS id, coalesce(u.name, s.name) AS name, s."user", s.uid, s.tenant, s.command,
+    coalesce(u.gpus, s.gpus) AS gpus, s.gpu_mem_mib, coalesce(u.priority, s.priority) AS priority,
     a.state, a.submitted_at, a.first_started_at, a.started_at,
     CASE WHEN a.state IN {_FINAL} THEN a.state_ts END AS ended_at,
     a.first_started_at - a.submitted_at AS wait_s,
@@ -295,6 +343,7 @@ SELECT a.job AS id, s.name, s."user", s.uid, s.tenant, s.command, s.gpus, s.gpu_
     a.attempts::INTEGER AS attempts, a.last_seq
 FROM agg a
 LEFT JOIN submissions s ON s.job = a.job
+LEFT JOIN upd u ON u.job = a.job
 LEFT JOIN runs r ON r.job = a.job
 LEFT JOIN last_place l ON l.job = a.job
 LEFT JOIN place_ids pi ON pi.job = a.job

@@ -1,0 +1,127 @@
+"""What the history says about GPU use: an ended job's report card (shown by
+``explain``) and ``eventsched report``, usage by user, tenant or day. Both
+are read-only SQL over the read model, asked as ``eventsched sql`` asks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from eventsched.domain import report_card
+from eventsched.domain.states import FINAL
+from eventsched.domain.units import UnitError, format_duration, parse_duration
+
+__all__ = ["card_of", "render_card", "cmd_report", "usage_sql"]
+
+
+def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
+    """Rows of read-only ``sql`` over the history: the daemon answers where this user cannot read the log."""
+    from pathlib import Path
+
+    from eventsched.cli.sql import ask_daemon
+    from eventsched.domain.paths import default_state_dir, socket_location
+    from eventsched.projections.sql import needs_daemon, query
+
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    if needs_daemon(state_dir):
+        answer = ask_daemon(args.socket or socket_location(args.state_dir), sql, 180.0)
+        columns, rows = answer["columns"], answer["rows"]
+    else:
+        columns, rows = query(state_dir, sql)
+    return [dict(zip(columns, row)) for row in rows]
+
+
+def card_of(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any] | None:
+    """An ended job's report card (its ``job_efficiency`` row and the advice); None while it has not ended
+    or never ran."""
+    from eventsched.projections.sql import SqlError
+
+    if job.get("state") not in FINAL:
+        return None
+    try:
+        rows = _history(args, f"SELECT * FROM job_efficiency WHERE job = {int(job['id'])}")
+    except SqlError:
+        return None  # no history to read: the rest of explain still stands
+    if not rows:
+        return None
+    card = rows[0]
+    card["advice"] = report_card.advice(card["gpus"], card["gpus_used_peak"], card["gpu_mem_mib"] or 0,
+                                        card["mem_peak_mib"])
+    return card
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f} %"
+
+
+def render_card(card: dict[str, Any]) -> str:
+    util = (f"mean {_pct(card['utilization_mean'])}, peak {_pct(card['utilization_peak'])} "
+            f"({card['samples']} samples)" if card["samples"] else "not sampled")
+    peak = card["mem_peak_mib"]
+    asked = card["gpu_mem_mib"] or 0
+    mem = "no per-job reading" if peak is None else f"peak {report_card.gb(peak)}" + (
+        f" of {report_card.gb(asked)} requested" if asked else " (no --gpu-mem request)")
+    gpu_hours, idle = card["gpu_hours"], card["idle_gpu_hours"]
+    share = f" ({idle / gpu_hours:.0%} of its {gpu_hours:.3g} GPU-hours)" if gpu_hours else ""
+    host = "not sampled" if card["host_mem_peak_mib"] is None else f"peak {report_card.gb(card['host_mem_peak_mib'])}"
+    return "\n".join([
+        "report card:",
+        f"  GPU utilisation: {util}",
+        f"  GPU memory (per GPU): {mem}",
+        f"  host memory: {host}",
+        f"  idle while allocated: {idle:.3g} GPU-hours{share}",
+        f"  queue wait: {format_duration(card['wait_s'])}",
+        f"  advice: {card['advice']}",
+    ])
+
+
+_KEYS = {"user": '"user"', "tenant": "tenant",
+         "day": "(DATE '1970-01-01' + floor(first_started_at / 86400)::INTEGER)"}
+
+
+def usage_sql(by: str, since: float, price: float) -> str:
+    """Usage per ``by`` of the jobs that started at or after ``since``, each counted in full."""
+    cost = f", sum(gpu_hours) * {float(price)!r} AS cost" if price else ""
+    return f"""
+SELECT {_KEYS[by]} AS {by}, count(*) AS jobs, sum(gpu_hours) AS gpu_hours, sum(idle_gpu_hours) AS idle_gpu_hours,
+       sum(utilization_mean / 100.0 * gpu_hours) / nullif(sum(gpu_hours) FILTER (WHERE utilization_mean IS NOT NULL), 0)
+           AS efficiency,
+       avg(wait_s) AS mean_wait_s, quantile_cont(wait_s, 0.9) AS p90_wait_s{cost}
+FROM job_efficiency WHERE first_started_at >= {float(since)!r}
+GROUP BY ALL ORDER BY 1"""
+
+
+def _markdown(columns: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from eventsched.cli.errors import fail
+    from eventsched.cli.sql import _cell, format_csv, format_table
+    from eventsched.projections.sql import SqlError, _plain
+    from eventsched.runtime.config import ConfigError, load_config
+
+    try:
+        since = time.time() - parse_duration(args.since)
+    except UnitError:
+        fail(f"--since {args.since!r}: give a duration such as 30d, 12h, 90m or seconds")
+    try:
+        price = load_config(args.config).accounting.gpu_hour_price if args.config else 0.0
+        rows = _history(args, usage_sql(args.by, since, price))
+    except (ConfigError, SqlError) as exc:
+        fail(str(exc))
+    columns = list(rows[0]) if rows else ["jobs", "gpu_hours"]
+    values = [tuple(r.values()) for r in rows]
+    if args.format == "csv":
+        format_csv(columns, values, sys.stdout)
+    elif args.format == "json":
+        print(json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows]))
+    elif args.format == "markdown":
+        print(_markdown(columns, [[_cell(v) for v in row] for row in values]))
+    else:
+        print(format_table(columns, values))
+    return 0
