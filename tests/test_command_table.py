@@ -50,8 +50,14 @@ def test_each_command_refuses_an_abbreviation_in_one_line(argv: list[str], optio
 
 
 def test_queue_state_is_not_state_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # queue's own --state (a filter) refuses a path as a state, before asking any daemon
     with pytest.raises(SystemExit) as exit_:
         main(["queue", "--state", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith(f"eventsched: error: --state {str(tmp_path)!r}: not a job state (")
+    # where there is no --state, it is no abbreviation of --state-dir
+    with pytest.raises(SystemExit) as exit_:
+        main(["status", "--state", str(tmp_path)])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (f"eventsched: error: unrecognized arguments: --state {tmp_path} "
                                        "(see `eventsched --help`)\n")

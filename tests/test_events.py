@@ -208,10 +208,11 @@ def today_samples() -> list[ev.Event]:
         ev.JobRequeued(**common, job=7, reason="retry", not_before=99.5),
         ev.JobHeld(**common, job=9, by="bob"),
         ev.JobReleased(**common, job=9, by="bob"),
+        ev.JobUpdated(**common, job=9, by="uid:1001", priority=7, gpus=0.5),
         ev.JobLost(**common, job=10, reason="not found after restart"),
         ev.TenantsConfigured(**common, tenants={"vision": Tenant(users=["alice"], gpus=2.0, weight=2.0)}, by="config"),
         ev.JobForecast(**common, job=4, estimated_start=1234.5, by="explain"),
-        # issue 17: per-job GPU memory and idle allocations
+        # per-job GPU memory and idle allocations
         ev.GpuSampled(**common, node="n", gpu=1, utilization=0.0, memory_used_mib=4000, memory_total_mib=81920,
                       temperature_c=30.0, power_w=60.0, foreign_memory_mib=500, job_memory_mib={7: 3500},
                       foreign_processes=[ev.GpuProcess(pid=4242, used_mib=500, uid=1002, user="carol")]),
@@ -219,7 +220,7 @@ def today_samples() -> list[ev.Event]:
         ev.JobGpuMemoryWithin(**common, job=7, used_mib=3000),
         ev.JobIdle(**common, job=7, since=1.25),
         ev.JobBusy(**common, job=7, idle_s=1800.5),
-        # issue 12: the nodes of a Ray cluster
+        # the nodes of a Ray cluster
         ev.NodeJoined(**common, node="gpu-a", ray_node="f4d964a9", gpu_backend="fake:2:8000", gpus=2),
         ev.NodeLeft(**common, node="gpu-a", reason="Ray reports the node dead"),
         ev.NodeActorRestarted(**common, node="gpu-a", reason="its executor actor was restarted"),

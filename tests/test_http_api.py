@@ -1,4 +1,4 @@
-"""The HTTP API (issue 12, SPEC L2): ``serve --http``, ``eventsched token``,
+"""The HTTP API: ``serve --http``, ``eventsched token``,
 and the CLI over ``EVENTSCHED_URL``.
 
 A root daemon serves two real unprivileged users (``users_harness``); each
@@ -316,7 +316,7 @@ def test_the_cli_over_http_says_what_is_missing_or_wrong(tmp_path: Path) -> None
     assert nobody.returncode == 1 and "no eventsched API answers" in nobody.stderr
     bad_url = _cli("status", EVENTSCHED_URL="ftp://x", EVENTSCHED_TOKEN="est_x")
     assert bad_url.returncode == 1 and "http://HOST:PORT" in bad_url.stderr
-    for args in (["status", "--watch"], ["submit", "--interactive", "--", "true"]):
+    for args in (["status", "--watch"], ["attach", "1"]):
         local_only = _cli(*args, EVENTSCHED_URL="http://127.0.0.1:9", EVENTSCHED_TOKEN="est_x")
         assert local_only.returncode == 2 and "EVENTSCHED_URL" in local_only.stderr, args
     assert all(len(r.stderr.splitlines()) == 1 for r in (no_token, nobody, bad_url))

@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import sys
 
-from eventsched.cli.commands import COMMANDS
+from eventsched.cli.commands import ALIASES, COMMANDS
 from eventsched.cli.connect import client, socket_client
 from eventsched.cli.errors import UserError, fail, refusal_exit
+from eventsched.domain.dedupe import SESSION_ENV, content_key  # noqa: F401  # SESSION_ENV: re-exported
 from eventsched.domain.paths import socket_location
 from eventsched.domain.text import print_json, table
-from eventsched.domain.units import UnitError, parse_array, parse_duration, parse_gpu_ids, parse_job_ids, parse_signal
+from eventsched.domain.units import (UnitError, parse_array, parse_begin, parse_duration, parse_gpu_ids, parse_job_ids,
+                                     parse_signal)
 from eventsched.domain.units import format_duration as human_duration
 
 TYPE_CHECKING = False  # typing is costly to import for every CLI call; mypy reads this as True
@@ -54,7 +56,8 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         raise UserError(f"--host-mem must be a positive number of MiB, not {args.host_mem}")
     env = dict(os.environ)
     env.pop("EVENTSCHED_TOKEN", None)  # a secret: never in a job's environment (nor so in the log)
-    shell = is_shell_string(command)  # -- "python x.py --lr 3" runs through the shell
+    # -- "python x.py --lr 3" runs through the shell; the same string without -- was split into words
+    shell = not getattr(args, "shell_free", False) and is_shell_string(command)
     node = args.node or ""
     ids_text = args.gpu_ids
     if ids_text and ":" in ids_text:  # --gpu-ids NODE:0,1
@@ -79,28 +82,37 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         umask=rlimits.current_umask(), rlimits=rlimits.current(),
         array_cap=parse_array(args.array)[1] if args.array is not None else 0,  # %K
         session=args.session or "", host_mem_mib=args.host_mem or 0, preemptible=args.preemptible,
+        begin=parse_begin(args.begin, __import__("time").time()) if args.begin else 0.0,
         **({"warn_signal": warn[0], "warn_s": warn[1]} if warn else {}),
     )
 
 
-# what only describes the terminal a job was submitted from, not what it computes
-SESSION_ENV = frozenset({"_", "OLDPWD", "PWD", "SHLVL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "STY", "TMUX_PANE",
-                         "WINDOWID", "TERM_SESSION_ID", "XDG_SESSION_ID"})
-
-
 def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
-    """--dedupe's key: command, working directory, set-up and environment (less SESSION_ENV)."""
-    import hashlib
-    import json
-
-    variables = sorted((k, v) for k, v in (env or {}).items() if k not in SESSION_ENV)
-    material = json.dumps([command, cwd, args.conda or "", args.env_setup or "", variables])
-    return hashlib.sha256(material.encode()).hexdigest()[:16]
+    """--dedupe's key (``domain/dedupe.py``)."""
+    return content_key(command, cwd, args.conda or "", args.env_setup or "", env)
 
 
 def is_shell_string(command: list[str]) -> bool:
     """One argument with blanks (``-- "python x.py --lr 3"``) is a shell command line, unless a file."""
     return len(command) == 1 and any(c in command[0] for c in " \t\n;|&") and not os.path.exists(command[0])
+
+
+def split_words(line: str) -> list[str]:
+    """A command given as one string without ``--``, split into words as a shell
+    would split them; what only a shell would do (``|``, ``;``, ``>``) is refused."""
+    import shlex
+
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError as exc:  # an unclosed quote
+        raise UserError(f"cannot split the command {line!r}: {exc}") from None
+    operators = [w for w in words if w and set(w) <= set(lexer.punctuation_chars)]
+    if operators:
+        raise UserError(f"{line!r} needs a shell ({operators[0]!r}): to run it through one, put it after `--` "
+                        f"(submit -- {shlex.quote(line)})")
+    return words
 
 
 def default_name(command: list[str], shell: bool) -> str:
@@ -114,9 +126,6 @@ def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
     indices = parse_array(args.array)[0] if args.array is not None else None
     if args.interactive and indices is not None:
         raise UserError("--interactive follows one job; it cannot be combined with --array")
-    if args.interactive and os.environ.get("EVENTSCHED_URL"):
-        raise UserError("--interactive reads the job's output file on the daemon's machine; "
-                        "over EVENTSCHED_URL submit without it")
     spec = build_spec(args, command)
     with client(args) as c:
         if indices is not None:
@@ -126,18 +135,31 @@ def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
         return follow_output(c, job, detach_message=True, exit_status=True) if args.interactive else 0
 
 
+def list_jobs(c: Client, args: argparse.Namespace) -> list[dict]:
+    """``queue``'s jobs (and ``%gpuqueue``'s): those ``--all`` and the filters
+    ask for, running first, then the queue in the order it runs."""
+    from eventsched.cli.filters import job_filter
+
+    select = job_filter(args)
+    jobs = c.jobs(all=args.all or (select is not None and select.finished))
+    if select is not None:
+        jobs = [j for j in jobs if select(j)]
+    order = {"running": 0, "queued": 1, "held": 2}
+    jobs.sort(key=lambda j: (order.get(j["state"], 3), -j["priority"] if j["state"] == "queued" else 0, j["id"]))
+    return jobs
+
+
 def cmd_queue(args: argparse.Namespace) -> int:
     from eventsched.domain.states import JobState
 
     with client(args) as c:
-        jobs = c.jobs(all=args.all)
-    order = {"running": 0, "queued": 1, "held": 2}
-    jobs.sort(key=lambda j: (order.get(j["state"], 3), -j["priority"] if j["state"] == "queued" else 0, j["id"]))
+        jobs = list_jobs(c, args)
     if args.json:
         print_json(jobs)
         return 0
     if not jobs:
-        print("no jobs" if args.all else "no queued or running jobs (--all shows finished ones)")
+        print("no job matches" if args.state or args.user or args.name else "no jobs" if args.all
+              else "no queued or running jobs (--all shows finished ones)")
         return 0
     now = __import__("time").time()
     rows = []
@@ -273,10 +295,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(json.dumps(status), flush=True)
         elif args.json:
             print_json(status)
-        elif args.watch:
-            print("\x1b[2J\x1b[H" + render_status(status) + extra, flush=True)
         else:
-            print(render_status(status) + extra)
+            text = render_status(status)
+            if args.detailed:
+                from eventsched.cli.status_detail import render_detailed
+
+                text = render_detailed(status, text)
+            print(("\x1b[2J\x1b[H" if args.watch else "") + text + extra, flush=True)
 
     with client(args) as c:
         draw(c.status())
@@ -307,11 +332,34 @@ def parse_cancel_ids(values: list[str]) -> tuple[list[int], list[tuple[int, int]
     return ids, tasks
 
 
+def cancel_jobs(c: Client, args: argparse.Namespace) -> dict:
+    """``cancel``'s request (and ``%gpucancel``'s): the ids given, or with
+    ``--state``/``--user``/``--name`` every unfinished job that matches (of the
+    ids given, if any); the daemon refuses the ones that are not the user's."""
+    from eventsched.cli.filters import job_filter
+
+    select = job_filter(args)
+    if select is None and not args.jobs:
+        raise UserError("name the jobs to cancel, or select them with --state, --user or --name")
+    ids, tasks = parse_cancel_ids(args.jobs) if args.jobs else ([], [])
+    if select is None:
+        return c.cancel_each(ids, arrays=True, array_tasks=tasks)
+    named: set[Any] = {*ids, *tasks}  # a job's id, its array's, or its ARRAY_INDEX
+    chosen = [j["id"] for j in c.jobs() if select(j) and (
+        not args.jobs or not named.isdisjoint((j["id"], j["array_id"], (j["array_id"], j["array_index"]))))]
+    if not chosen:
+        return {"jobs": [], "refused": []}
+    result = c.cancel_each(chosen)
+    # a job that ended since it was listed is no failure of a selection
+    return {**result, "refused": [r for r in result["refused"] if r.get("kind") != "conflict"]}
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     """Cancel every job it can; one line on stderr for each it could not, and exit 1."""
-    ids, tasks = parse_cancel_ids(args.jobs)
     with client(args) as c:
-        result = c.cancel_each(ids, arrays=True, array_tasks=tasks)
+        result = cancel_jobs(c, args)
+    if not result["jobs"] and not result["refused"]:  # a selection that matched nothing
+        print("no queued, held or running job matches", file=sys.stderr)
     print("".join(f"{job['id']}\t{job['state']}\n" for job in result["jobs"]), end="", flush=True)
     for refused in result["refused"]:
         print(f"job {refused['job']}: {refused['reason']}", file=sys.stderr)
@@ -346,7 +394,13 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
     from eventsched.domain.states import FINAL
     from eventsched.wire import protocol
     from eventsched.wire.client import read_new_output
+    from eventsched.wire.http_client import HttpClient
 
+    if isinstance(c, HttpClient):  # the file is on the daemon's machine: the daemon sends it
+        from eventsched.cli.attach import print_output
+
+        ended = print_output(c, job, follow=follow, detach_message=detach_message)
+        return job_exit_status(ended) if exit_status and ended else 0
     info = c.request(protocol.JobLogPath(job=job))
     path, state, position, next_check = info["path"], info["state"], 0, 0.0
     try:
@@ -389,12 +443,15 @@ def job_exit_status(info: dict) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     with client(args) as c:
         info = c.explain(args.job)
+    from eventsched.cli.report import card_of, render_card
+
+    card = info["report_card"] = card_of(args, info["job"])  # an ended job's, from the history
     if args.json:
         print_json(info)
     else:
         from eventsched.projections.story import render_explanation
 
-        print(render_explanation(info))
+        print(render_explanation(info) + ("\n\n" + render_card(card) if card else ""))
     return 0
 
 
@@ -509,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
 ELSEWHERE = {"replay": "eventsched.cli.replay.run_replay", "tenants": "eventsched.cli.tenants.cmd_tenants",
              "tenant": "eventsched.cli.tenants.cmd_tenant", "token": "eventsched.cli.token.run",
              "nodes": "eventsched.cli.nodes.cmd_nodes", "attach": "eventsched.cli.attach.run",
-             "submit-file": "eventsched.cli.submit_file.cmd_submit_file"}
+             "submit-file": "eventsched.cli.submit_file.cmd_submit_file", "update": "eventsched.cli.update.cmd_update",
+             "mcp": "eventsched.cli.mcp_server.run", "report": "eventsched.cli.report.cmd_report"}
 
 
 def parse(argv: list[str]) -> Callable[[], int]:
@@ -520,7 +578,16 @@ def parse(argv: list[str]) -> Callable[[], int]:
     # (help, a typo) gets the whole parser and its messages
     first = options[0] if options and not options[0].startswith("-") else None
     parser = build_parser(only=first if first in COMMANDS else None)
-    args = parser.parse_args(options)
+    args, rest = parser.parse_known_args(options)
+    args.command = ALIASES.get(args.command, args.command)
+    if args.command == "submit" and rest and not any(word.startswith("-") for word in rest):
+        if command or len(rest) > 1:
+            fail("put the command after `--` (submit --gpus 1 -- python train.py) or give it as one quoted string")
+        line = rest.pop()  # `submit [options] "python train.py --lr 1"`: its words, run without a shell
+        args.shell_free = True
+        return lambda: cmd_submit(args, split_words(line))
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if command and args.command != "submit":
         fail(f"`--` is only for `submit`, not `{args.command}`")
     if args.command == "submit":

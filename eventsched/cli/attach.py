@@ -1,6 +1,9 @@
 """``eventsched attach JOB``: tmux or screen attached to a ``--session`` job, in
 place of this process. The session's server runs as the job's owner, so anyone
-else is refused (the daemon says whose job it is) before anything runs."""
+else is refused (the daemon says whose job it is) before anything runs.
+
+Over HTTP (``EVENTSCHED_URL``) the daemon's machine sends a job's output
+instead (``print_output``: ``logs [-f]`` and ``submit --interactive``)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,25 @@ import sys
 
 from eventsched.cli.errors import UserError
 
-__all__ = ["run", "find_session"]
+__all__ = ["run", "find_session", "print_output"]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from eventsched.wire.http_client import HttpClient
+
+
+def print_output(c: HttpClient, job: int, *, follow: bool, detach_message: bool) -> dict | None:
+    """Print a job's output as the daemon sends it (``follow``: until the job ends);
+    the job as it ended when followed to its end, else None (Ctrl+C detaches)."""
+    try:
+        for chunk in c.output(job, follow=follow):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        if detach_message:
+            print(f"\ndetached; job {job} keeps running (eventsched logs {job} -f)", file=sys.stderr)
+        return None
+    return c.job(job) if follow else None
 
 
 def find_session(job: int) -> str:
@@ -38,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from eventsched.wire import protocol
 
     job = args.job
+    if os.environ.get("EVENTSCHED_URL"):
+        raise UserError(f"attach runs tmux or screen on the daemon's machine: run it there, without EVENTSCHED_URL "
+                        f"(`eventsched logs -f {job}` follows the output from here)")
     with client(args) as c:
         c.request(protocol.JobLogPath(job=job))  # refuses another user's job (not an operator's)
         info = c.explain(job)["job"]

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     Option = tuple[tuple[str, ...], dict[str, Any]]
     Command = tuple[str, list[Option]]  # (help, options)
 
-__all__ = ["COMMANDS", "COMMON", "positive_seconds"]
+__all__ = ["ALIASES", "COMMANDS", "COMMON", "positive_seconds"]
 
 
 def positive_seconds(text: str) -> float:
@@ -54,6 +54,13 @@ JSON = arg("--json", action="store_true")
 JOBS = arg("jobs", nargs="+", metavar="JOB")
 GPU = arg("gpu", metavar="[NODE:]ID", help="a GPU id, or NODE:ID on a cluster")
 JOB = arg("job", type=int)
+# which jobs: queue's filters, and cancel's selection (as squeue's and scancel's -t, -u, -n)
+FILTERS = [
+    arg("-t", "--state", "--status", metavar="S[,S..]", help="only jobs in these states: queued, held, running, "
+        "succeeded, failed, cancelled, preempted, lost, or Slurm's PD, R, CD, F, CA, PR (any case)"),
+    arg("-u", "--user", metavar="U[,U..]", help="only these users' jobs"),
+    arg("-n", "--name", metavar="N[,N..]", help="only jobs of these names"),
+]
 
 COMMANDS: dict[str, Command] = {
     "serve": command(
@@ -63,7 +70,10 @@ COMMANDS: dict[str, Command] = {
         arg("--config", help="TOML config file (see `eventsched config-sample`), or the seeds' config.json"),
         arg("--sample-interval", type=positive_seconds, help="seconds between GPU samples (default 2)"),
         arg("--time-limit", help="global time limit for every job (seconds or 2h, 30m ...)"),
-        arg("--log-level", default="info", choices=["debug", "info", "warning", "error"]),
+        arg("--log-level", type=str.lower, default="info", choices=["debug", "info", "warning", "error"],
+            help="in any case (DEBUG or debug)"),
+        arg("--log-file", metavar="PATH", help="write the daemon's log (JSON lines) to PATH instead of stderr, "
+                                               "created 0640; rotated at 10 MiB, keeping PATH.1 ... PATH.5"),
         arg("--metrics-port", type=int, help="serve Prometheus metrics on this HTTP port (GET /metrics)"),
         arg("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)"),
         arg("--ray", metavar="ADDRESS", help="run jobs on the GPU nodes of this Ray cluster (host:port, or auto); "
@@ -74,7 +84,8 @@ COMMANDS: dict[str, Command] = {
             help="let --http bind a non-loopback address (only where TLS is handled by something else)"),
     ),
     "submit": command(
-        "submit a job: eventsched submit [options] -- COMMAND ...",
+        "submit a job: eventsched submit [options] -- COMMAND ..., or [options] 'COMMAND ...' as one quoted "
+        "string (split into words as a shell would, run without one)",
         arg("--gpus", type=float, help="share of one GPU (0.1-1.0) or a whole number of GPUs (default 1)"),
         arg("--gpu-mem", "--mem", dest="gpu_mem", type=int, metavar="MIB",
             help="GPU memory needed on each GPU, MiB (--mem: mgpu_srun's spelling)"),
@@ -100,19 +111,27 @@ COMMANDS: dict[str, Command] = {
         arg("--preemptible", action="store_true", help="may be stopped (and requeued) for a more urgent job"),
         arg("--signal", metavar="SIG@SECONDS", help="when preempted: this signal first, SIGKILL SECONDS later "
                                                     "(default TERM@preempt_grace_s)"),
+        arg("--begin", metavar="TIME", help="not before TIME: now+10m, +10m, seconds from now, 16:00, "
+                                            "2026-11-28T15:00"),
         JSON,
     ),
     "queue": command("list queued and running jobs", arg("--all", action="store_true", help="include finished jobs"),
                      arg("--expand", action="store_true",
-                         help="one line per array task (arrays are folded into one line otherwise)"), JSON),
+                         help="one line per array task (arrays are folded into one line otherwise)"), *FILTERS, JSON),
     "status": command(
         "GPUs, allocation and jobs", JSON, arg("--watch", action="store_true", help="keep updating as events arrive"),
+        arg("--detailed", action="store_true", help="also the daemon's version, uptime and health, each GPU's "
+                                                    "reservations and processes, and each active job"),
         arg("--history", metavar="WINDOW", help="also per-GPU utilisation/memory sparklines over WINDOW (e.g. 1h) "
                                                 "and today's GPU-hours per user"),
     ),
-    "cancel": command("cancel jobs", JOBS),
+    "cancel": command("cancel jobs by id, or every job matching --state/--user/--name (as scancel -t/-u/-n)",
+                      arg("jobs", nargs="*", metavar="JOB"), *FILTERS),
     "hold": command("hold queued jobs", JOBS),
     "release": command("release held jobs", JOBS),
+    "update": command("change a queued or held job (as scontrol update)", JOB,
+                      arg("--priority", type=int), arg("--time-limit", metavar="SECONDS", help="90, 15m, 2h"),
+                      arg("--gpus", type=float), arg("--name"), JSON),
     "pause-gpu": command("place nothing new on a GPU", GPU),
     "resume-gpu": command("accept jobs on a GPU again", GPU),
     "explain": command("why a job waits, and its story", JOB, JSON),
@@ -127,6 +146,13 @@ COMMANDS: dict[str, Command] = {
     ),
     "metrics": command("wait/run times, utilisation, GPU-hours", arg("--json", action="store_true", exclusive=True),
                        arg("--prometheus", action="store_true", exclusive=True)),
+    "report": command(
+        "GPU-hours used and idle, efficiency, waits and jobs of the jobs started lately",
+        arg("--since", default="30d", help="jobs started this long ago or since (default 30d)"),
+        arg("--by", choices=["user", "tenant", "day"], default="user"),
+        arg("--format", choices=["table", "csv", "json", "markdown"], default="table"),
+        arg("--config", metavar="FILE", help="the daemon's config: its [accounting] gpu_hour_price adds a cost column"),
+    ),
     "replay": command(
         "replay a log or trace under policies",
         arg("source", help="a state dir, a log dir, or a trace file"),
@@ -150,6 +176,8 @@ COMMANDS: dict[str, Command] = {
         arg("--watch", action="store_true", help="keep following the file for new or edited lines (Ctrl-C stops)"),
         arg("--llm-config", metavar="FILE",
             help="llm_config.json for --llm NAME (default ./llm_config.json, else the state dir's)"),
+        arg("--session", choices=["tmux", "screen"], help="run each line in a detached terminal session"),
+        arg("--dedupe", action="store_true", help="skip a line identical to a queued, running or succeeded job"),
         JSON,
     ),
     "attach": command("attach to a --session job's terminal (tmux or screen)", JOB),
@@ -182,4 +210,9 @@ COMMANDS: dict[str, Command] = {
     "config-sample": command("print every config key at its default", arg("--format", choices=["toml", "json"],
                              default="toml", help="json: for `serve --config X.json`"), common=False),
     "nodes": command("each node: name, state, GPUs, jobs", JSON),
+    "mcp": command("serve these commands as tools of an MCP server on stdio, as you (docs/mcp.md)"),
 }
+
+# other schedulers' names for commands: each takes the same options as the command it names
+ALIASES = {"pause": "pause-gpu", "resume": "resume-gpu", "list-jobs": "queue"}
+COMMANDS.update({alias: (f"the same as `{name}`", COMMANDS[name][1]) for alias, name in ALIASES.items()})

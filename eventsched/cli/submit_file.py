@@ -1,11 +1,12 @@
-"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--json]``.
+"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--session tmux|screen] [--dedupe] [--json]``.
 
 The seeds' jobs file (``domain/jobsfile.py``), all its lines submitted over one
 connection. A bad line is ``FILE:LINE: reason`` on stderr, the others still
 load, exit status 1; a line the daemon already has (same ``PATH:LINE:SHA``
-source) is skipped. ``--watch`` re-reads the file whole when it changes, and
-holds back a last line without its newline until the file stands still, so a
-half-written line is never submitted. Also the ``llm_config.json`` lookup
+source) is skipped, and with ``--dedupe`` one identical to a queued, running
+or succeeded job (``submit --dedupe``'s rule). ``--watch`` re-reads the file
+whole when it changes, and holds back a last line without its newline until
+the file stands still, so a half-written line is never submitted. Also the ``llm_config.json`` lookup
 shared with ``eventsched submit``.
 """
 
@@ -111,6 +112,7 @@ class JobsFile:
     resolved: str  # the path in every line's source
     llm: LlmConfig
     base: JobSpec
+    dedupe: bool = False  # --dedupe: a line identical to a waiting, running or succeeded job is skipped
     known: set[str] = field(default_factory=set)  # sources sent to the daemon: not sent again
     reported: set[tuple[int, str]] = field(default_factory=set)  # bad lines reported: (line number, text)
 
@@ -131,7 +133,8 @@ class JobsFile:
         fresh = [job for job in jobs if line_source(self.resolved, job) not in self.known]
         if not fresh:
             return outcome
-        specs = [line_spec(job, resolved_path=self.resolved, llm=self.llm, base=self.base) for job in fresh]
+        specs = [line_spec(job, resolved_path=self.resolved, llm=self.llm, base=self.base, dedupe=self.dedupe)
+                 for job in fresh]
         results = c.submit_each(specs)
         for job, spec, result in zip(fresh, specs, results):
             self.known.add(spec.source)
@@ -140,7 +143,7 @@ class JobsFile:
                 if announce:
                     print(result, flush=True)
                 continue
-            if result.existing is not None:  # submitted before: the core knows each line's source
+            if result.existing is not None:  # submitted before (the core knows each line's source), or a duplicate
                 outcome.skipped.append({"line": job.line, "id": result.existing})
             else:
                 self.error(outcome, job.line, str(result))
@@ -155,13 +158,13 @@ def _fingerprint(path: str) -> tuple[int, ...] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _base_spec() -> JobSpec:
+def _base_spec(session: str) -> JobSpec:
     from eventsched.domain import rlimits
     from eventsched.domain.events import JobSpec
 
     # like `eventsched submit`: the caller's environment, folder, umask and limits
     return JobSpec(command=["python"], cwd=os.getcwd(), env=dict(os.environ),
-                   umask=rlimits.current_umask(), rlimits=rlimits.current())
+                   umask=rlimits.current_umask(), rlimits=rlimits.current(), session=session)
 
 
 def cmd_submit_file(args: argparse.Namespace) -> int:
@@ -169,7 +172,8 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
 
     with client(args) as c:
         llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2
-        jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm, base=_base_spec())
+        jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm,
+                        base=_base_spec(args.session or ""), dedupe=args.dedupe)
         text = jobs.read()
         outcome = jobs.submit(c, text, announce=not args.json)
         failed = bool(outcome.errors)
@@ -180,8 +184,8 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
                 print_json(outcome.json())
         elif outcome.skipped:
             n = len(outcome.skipped)
-            print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} already submitted; skipped",
-                  file=sys.stderr)
+            why = "already submitted" + (" or identical to a queued, running or succeeded job" if args.dedupe else "")
+            print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} {why}; skipped", file=sys.stderr)
         if args.watch:
             with contextlib.suppress(KeyboardInterrupt):
                 failed = _watch(args, c, jobs, text) or failed

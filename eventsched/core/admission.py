@@ -18,7 +18,7 @@ from eventsched.domain.rlimits import RlimitError
 from eventsched.domain.rlimits import validate as validate_rlimits
 from eventsched.domain.text import has_control
 
-__all__ = ["check_submission"]
+__all__ = ["check_submission", "check_update"]
 
 
 def _bytes(strings: list[str]) -> int:
@@ -31,29 +31,61 @@ def _within(strings: list[str], limit: int) -> bool:
     return 4 * sum(map(len, strings)) + len(strings) <= limit
 
 
+def _check_priority(priority: int, limits: SubmitLimits, operator: bool) -> None:
+    if not operator and abs(priority) > limits.max_user_priority:  # operators: any priority
+        raise Refused(RefusalKind.FORBIDDEN, f"--priority {priority} is outside [-{limits.max_user_priority}, "
+                      f"{limits.max_user_priority}]; higher priorities are for operators")
+    if abs(priority) > 1 << 31:
+        raise Refused(RefusalKind.INVALID, f"--priority {priority} is too large")
+
+
+def _check_time_limit(t: float | None, limits: SubmitLimits) -> None:
+    if t is not None and not (math.isfinite(t) and 0 < t <= limits.max_time_limit_s):
+        raise Refused(RefusalKind.INVALID,
+                      f"--time-limit must be between 0 and {limits.max_time_limit_s:g} seconds, not {t:g}")
+
+
+def _check_gpus(gpus: float, limits: SubmitLimits) -> None:
+    if not math.isfinite(gpus) or not 0 <= gpus <= limits.max_gpu_ids:
+        raise Refused(RefusalKind.INVALID, f"--gpus must be between 0 and {limits.max_gpu_ids}, not {gpus:g}")
+
+
+def _check_name(name: str, limits: SubmitLimits) -> None:
+    if len(name) > limits.max_name_chars:
+        raise Refused(RefusalKind.INVALID, f"--name is {len(name)} characters; at most {limits.max_name_chars}")
+
+
+def check_update(priority: int | None, time_limit_s: float | None, gpus: float | None, name: str | None,
+                 limits: SubmitLimits, *, operator: bool) -> None:
+    """``check_submission``'s bounds on the fields an ``update`` changes (None: unchanged)."""
+    if priority is None and time_limit_s is None and gpus is None and name is None:
+        raise Refused(RefusalKind.INVALID, "nothing to update: give --priority, --time-limit, --gpus or --name")
+    if priority is not None:
+        _check_priority(priority, limits, operator)
+    _check_time_limit(time_limit_s, limits)
+    if gpus is not None:
+        _check_gpus(gpus, limits)
+    if name is not None:
+        _check_name(name, limits)
+
+
 def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> None:
     """Refuse (``Refused``) a spec outside ``limits``; return if admissible."""
-    if not operator and abs(spec.priority) > limits.max_user_priority:  # operators: any priority
-        raise Refused(RefusalKind.FORBIDDEN, f"--priority {spec.priority} is outside [-{limits.max_user_priority}, "
-                      f"{limits.max_user_priority}]; higher priorities are for operators")
-    if abs(spec.priority) > 1 << 31:
-        raise Refused(RefusalKind.INVALID, f"--priority {spec.priority} is too large")
+    _check_priority(spec.priority, limits, operator)
     if not 0 <= spec.retries <= limits.max_retries:
         raise Refused(RefusalKind.INVALID, f"--retries must be between 0 and {limits.max_retries}, not {spec.retries}")
-    t = spec.time_limit_s
-    if t is not None and not (math.isfinite(t) and 0 < t <= limits.max_time_limit_s):
-        raise Refused(RefusalKind.INVALID, f"--time-limit must be between 0 and {limits.max_time_limit_s:g} seconds, not {t:g}")
+    _check_time_limit(spec.time_limit_s, limits)
     if not 0 <= spec.gpu_mem_mib <= limits.max_gpu_mem_mib:
         raise Refused(RefusalKind.INVALID, f"--gpu-mem must be between 0 and {limits.max_gpu_mem_mib} MiB, not {spec.gpu_mem_mib}")
-    if not math.isfinite(spec.gpus) or not 0 <= spec.gpus <= limits.max_gpu_ids:
-        raise Refused(RefusalKind.INVALID, f"--gpus must be between 0 and {limits.max_gpu_ids}, not {spec.gpus:g}")
+    _check_gpus(spec.gpus, limits)
+    if not (math.isfinite(spec.begin) and spec.begin >= 0):
+        raise Refused(RefusalKind.INVALID, f"--begin must be a time, not {spec.begin}")
     if spec.gpu_ids is not None and (len(spec.gpu_ids) > limits.max_gpu_ids
                                      or any(not 0 <= g < 1 << 20 for g in spec.gpu_ids)):
         raise Refused(RefusalKind.INVALID, "--gpu-ids lists too many GPUs or an impossible id")
     if len(spec.after) > limits.max_after or any(not 0 < j < 1 << 53 for j in spec.after):
         raise Refused(RefusalKind.INVALID, f"--after takes at most {limits.max_after} valid job ids")
-    if len(spec.name) > limits.max_name_chars:
-        raise Refused(RefusalKind.INVALID, f"--name is {len(spec.name)} characters; at most {limits.max_name_chars}")
+    _check_name(spec.name, limits)
     # control characters in names are kept (a default name is the command's
     # own) and escaped wherever they are printed (text.printable)
     if has_control(spec.tenant) or len(spec.tenant) > limits.max_name_chars:

@@ -7,6 +7,7 @@ specific; ``explain`` and ``queue``'s REASON column answer with them.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +19,8 @@ from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
 __all__ = ["Reason", "waiting_reason", "waiting_reasons", "unusable_reason", "REASON_KINDS"]
 
-REASON_KINDS = ("held", "dependency", "backoff", "queue limit", "quota", "array limit", "resources", "reserved",
-                "priority", "scheduling")
+REASON_KINDS = ("held", "dependency", "begin", "backoff", "queue limit", "quota", "array limit", "resources",
+                "reserved", "priority", "scheduling")
 
 
 class Reason(msgspec.Struct, frozen=True, kw_only=True):
@@ -223,6 +224,9 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
     if waits:
         states = ", ".join(f"job {dep} ({state.jobs[dep].state if dep in state.jobs else 'unknown'})" for dep in waits)
         return Reason(kind="dependency", text=f"dependency: waits for {states} to succeed", waits_for=waits)
+    if job.spec.begin > now:  # --begin
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.spec.begin))
+        return Reason(kind="begin", text=f"begin: waits for its begin time {at} (in {job.spec.begin - now:.0f}s)")
     if job.not_before > now:
         return Reason(kind="backoff",
                       text=f"backoff: retry {job.retries_used} of {job.spec.retries} may start in {job.not_before - now:.0f}s")

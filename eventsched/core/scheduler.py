@@ -473,6 +473,29 @@ def _hold(out: _Out, msg: m.Hold | m.Release) -> None:
     _schedule(out)
 
 
+def _update(out: _Out, msg: m.Update) -> None:
+    """Change a waiting job's request (``update``): checked as a submission
+    of the changed spec would be, recorded as one fact, then decided on."""
+    state = out.state
+    job = state.jobs.get(msg.job)
+    if job is None:
+        raise Refused(RefusalKind.NOT_FOUND, f"no job {msg.job}")
+    if not msg.operator and msg.uid != job.spec.uid:
+        raise Refused(RefusalKind.FORBIDDEN, f"job {job.id} belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}; "
+                      "only its owner, root or the daemon's user may update it")
+    if job.state not in WAITING:
+        raise Refused(RefusalKind.CONFLICT, f"job {job.id} is {job.state}; only a queued or held job can be updated")
+    by = msg.by or f"uid:{msg.uid}"
+    event = ev.JobUpdated(ts=out.now, cause=by, job=job.id, by=by, priority=msg.priority,
+                          time_limit_s=msg.time_limit_s, gpus=None if msg.gpus is None else float(msg.gpus), name=msg.name)
+    spec = msgspec.structs.replace(job.spec, **event.changes())
+    if msg.gpus is not None:  # a shape that could never run here, or that its tenant's quota forbids
+        check_spec(state, spec)
+        _admit_tenant(state, spec)
+    out.fact(event)
+    _schedule(out)
+
+
 # --- GPUs and policy ----------------------------------------------------------------
 
 
@@ -728,6 +751,7 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.Cancel: _cancel,
     m.Hold: _hold,
     m.Release: _hold,
+    m.Update: _update,
     m.PauseGpu: _pause,
     m.ResumeGpu: _pause,
     m.SetPolicy: _set_policy,

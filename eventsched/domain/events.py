@@ -36,7 +36,7 @@ from eventsched.domain.tenants import Tenant
 __all__ = ["Event", "JobSpec", "DaemonStarted", "DaemonStopped", "GpuDiscovered", "GpuSampled", "GpuErrored",
            "GpuPaused", "GpuResumed", "PolicyChanged", "JobSubmitted", "JobPlaced", "JobStarted", "JobExited",
            "JobCancelRequested", "JobCancelled", "JobRequeued", "JobHeld", "JobReleased", "JobLost",
-           "TenantsConfigured", "JobForecast", "GpuProcess", "JobGpuMemoryExceeded", "JobGpuMemoryWithin",
+           "JobUpdated", "UPDATABLE", "TenantsConfigured", "JobForecast", "GpuProcess", "JobGpuMemoryExceeded", "JobGpuMemoryWithin",
            "JobIdle", "JobBusy", "NodeJoined", "NodeLeft", "NodeActorRestarted", "ClusterDisconnected",
            "StrayAttemptKilled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
            "decode", "decode_many", "stamp"]
@@ -98,6 +98,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     host_mem_mib: int = 0  # host memory limit (0: the daemon's max_host_mem_mib, if any)
     # a jobs-file line, "PATH:LINE:SHA256-of-the-line": submitted once, ever
     source: str = ""
+    begin: float = 0.0  # `--begin`: not placed before this UNIX time (0: no such wait)
 
 
 class DaemonStarted(Event, frozen=True, kw_only=True):
@@ -272,6 +273,26 @@ class JobReleased(Event, frozen=True, kw_only=True):
     by: str = ""
 
 
+class JobUpdated(Event, frozen=True, kw_only=True):
+    """A waiting job's request changed (``eventsched update``): the fields
+    given; None keeps what it was. The spec a replay or a fold sees is the
+    submitted one with every update applied in order."""
+
+    job: int
+    by: str = ""
+    priority: int | None = None
+    time_limit_s: float | None = None
+    gpus: float | None = None
+    name: str | None = None
+
+    def changes(self) -> dict[str, int | float | str]:
+        """The ``JobSpec`` fields this update sets."""
+        return {k: v for k in UPDATABLE if (v := getattr(self, k)) is not None}
+
+
+UPDATABLE = ("priority", "time_limit_s", "gpus", "name")  # the spec fields `update` may change
+
+
 class JobLost(Event, frozen=True, kw_only=True):
     """The daemon restarted and could find neither the job nor how it ended."""
 
@@ -367,7 +388,7 @@ AnyEvent = Union[DaemonStarted, DaemonStopped, GpuDiscovered, GpuSampled, GpuErr
                  PolicyChanged, TimerFired, JobsCommanded, JobSubmitted, JobPlaced, JobStarted, JobExited,
                  JobCancelRequested, JobCancelled, JobRequeued, JobHeld, JobReleased, JobLost, TenantsConfigured,
                  JobForecast, JobGpuMemoryExceeded, JobGpuMemoryWithin, JobIdle, JobBusy, NodeJoined, NodeLeft,
-                 NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled]
+                 NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled, JobUpdated]
 
 
 def is_stimulus(event: Event) -> bool:

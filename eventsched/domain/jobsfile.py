@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from eventsched.domain.dedupe import content_key
 from eventsched.domain.events import JobSpec
 from eventsched.domain.llm import LlmConfig, llm_name
 from eventsched.domain.text import has_control
@@ -167,10 +168,14 @@ def line_command(line: JobLine, folder: str) -> list[str]:
     return ["python", "-u", script, *args, "--cuda", CUDA_PLACEHOLDER]
 
 
-def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpec) -> JobSpec:
+def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpec, dedupe: bool = False) -> JobSpec:
     """The job of ``line`` in the file at ``resolved_path``; everything the
-    line does not say (identity, environment, working directory) from ``base``."""
+    line does not say (identity, environment, working directory, session) from
+    ``base``. ``dedupe``: refused while an identical job is queued, running or
+    succeeded (``submit --dedupe``'s key), whichever line or file it came from."""
+    command = line_command(line, os.path.dirname(resolved_path))
     return msgspec.structs.replace(
-        base, command=line_command(line, os.path.dirname(resolved_path)), name=os.path.basename(line.script),
+        base, command=command, name=os.path.basename(line.script),
         gpus=llm.gpus(llm_name(line.args)), gpu_ids=line.allowed_gpus, priority=our_priority(line.priority),
-        conda=line.conda, source=line_source(resolved_path, line))
+        conda=line.conda, source=line_source(resolved_path, line),
+        content_hash=content_key(command, base.cwd, line.conda, base.env_setup, base.env) if dedupe else "")

@@ -17,9 +17,9 @@ from eventsched.domain.events import GpuProcess, JobSpec
 from eventsched.domain.tenants import Tenant
 
 __all__ = ["Message", "NodeUp", "NodeDown", "ClusterLink", "StrayKilled", "Started", "GpuInfo", "Submit", "Cancel",
-           "Hold", "Release", "PauseGpu", "ResumeGpu", "SetPolicy", "SetTenant", "SetTenants", "RecordForecast",
-           "Tick", "ProcessStarted", "ProcessExited", "ProcessLost", "NeverLaunched", "GpuObserved", "GpuFailed",
-           "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Refused", "RefusalKind", "SchedulerConfig"]
+           "Hold", "Release", "Update", "PauseGpu", "ResumeGpu", "SetPolicy", "SetTenant", "SetTenants",
+           "RecordForecast", "Tick", "ProcessStarted", "ProcessExited", "ProcessLost", "NeverLaunched", "GpuObserved",
+           "GpuFailed", "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Refused", "RefusalKind", "SchedulerConfig"]
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -156,6 +156,20 @@ class Release(Message, frozen=True):
     jobs: list[int]
     uid: int
     by: str = ""
+
+
+class Update(Message, frozen=True):
+    """``eventsched update JOB``: change a waiting job's request; None keeps a
+    field as it is. Only its owner or an ``operator`` (root, the daemon's user)."""
+
+    job: int
+    uid: int
+    by: str = ""
+    operator: bool = False
+    priority: int | None = None
+    time_limit_s: float | None = None
+    gpus: float | None = None
+    name: str | None = None
 
 
 class PauseGpu(Message, frozen=True):

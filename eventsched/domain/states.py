@@ -82,6 +82,7 @@ Target = JobState | Callable[[str, Any], JobState]
 TRANSITIONS: dict[tuple[str, type[ev.Event]], Target] = {
     (Q, ev.JobPlaced): R, (Q, ev.JobHeld): H, (Q, ev.JobCancelled): C,
     (H, ev.JobReleased): Q, (H, ev.JobCancelled): C,
+    (Q, ev.JobUpdated): Q, (H, ev.JobUpdated): H,  # a waiting job's request changed: it keeps waiting
     (R, ev.JobStarted): R, (R, ev.JobCancelRequested): R, (R, ev.JobExited): _on_exit, (R, ev.JobLost): L,
     # findings about a running job (GPU memory against its request, idle or busy): it stays running
     (R, ev.JobGpuMemoryExceeded): R, (R, ev.JobGpuMemoryWithin): R, (R, ev.JobIdle): R, (R, ev.JobBusy): R,

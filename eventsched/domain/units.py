@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Final
 
-__all__ = ["FULL", "UnitError", "parse_duration", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus",
+__all__ = ["FULL", "UnitError", "parse_duration", "parse_begin", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus",
            "DEFAULT_FAKE_MEM_MIB", "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration"]
 
 # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding.
@@ -51,6 +51,31 @@ def parse_duration(text: str) -> float:
     if number or total <= 0:
         raise UnitError(f"time limit {text!r}: use seconds or units like 90s, 15m, 2h, 1h30m")
     return total
+
+
+def parse_begin(text: str, now: float) -> float:
+    """``--begin``'s UNIX time: ``now+10m``, ``+10m``, ``now``, seconds from now
+    (``600``), a clock time (``16:00``: today, or tomorrow once past) or a
+    local ISO time (``2026-11-28T15:00``)."""
+    t = text.strip()
+    rest = t[3:] if t.lower().startswith("now") else t
+    wrong = UnitError(f"--begin {text!r}: use now+10m, +10m, seconds from now, 16:00 or 2026-11-28T15:00")
+    if not rest:
+        return now
+    if rest.startswith("+") or ":" not in rest and "-" not in rest:
+        try:
+            return now + parse_duration(rest.removeprefix("+"))
+        except UnitError:
+            raise wrong from None
+    from datetime import datetime, time, timedelta
+
+    try:
+        if "-" not in t:  # a clock time: its next coming
+            at = datetime.combine(datetime.fromtimestamp(now).date(), time.fromisoformat(t))
+            return (at if at.timestamp() > now else at + timedelta(days=1)).timestamp()
+        return datetime.fromisoformat(t).timestamp()
+    except ValueError:
+        raise wrong from None
 
 
 def format_duration(seconds: float | None, style: str = "clock") -> str:

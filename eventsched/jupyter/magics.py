@@ -288,9 +288,7 @@ class EventschedMagics(Magics):
         Returns a table (``.to_dataframe()`` for pandas). ``$var``/``{expr}`` are expanded."""
         args = subcommand_parser("queue", "%gpuqueue").parse_args(_split(line, "%gpuqueue"))
         with self.client(args) as c:
-            jobs = c.jobs(all=args.all)
-        order = {"running": 0, "queued": 1, "held": 2}
-        jobs.sort(key=lambda j: (order.get(j["state"], 3), -j["priority"] if j["state"] == "queued" else 0, j["id"]))
+            jobs = cli.list_jobs(c, args)  # the same as `eventsched queue`, filters included
         return JobTable(jobs, "no jobs" if args.all else "no queued or running jobs (%gpuqueue --all shows finished ones)")
 
     @line_magic
@@ -301,9 +299,10 @@ class EventschedMagics(Magics):
         id cancels all its tasks; ``12_3`` only task 3 of array 12. Jobs that
         cannot be cancelled (finished, unknown) are named; the others still are."""
         args = subcommand_parser("cancel", "%gpucancel").parse_args(_split(line, "%gpucancel"))
-        ids, tasks = cli.parse_cancel_ids(args.jobs)
+        if not (args.jobs or args.state or args.user or args.name):
+            raise UsageError("%gpucancel: name the jobs, or select them with --state, --user or --name")
         with self.client(args) as c:
-            result = c.cancel_each(ids, arrays=True, array_tasks=tasks)
+            result = cli.cancel_jobs(c, args)  # the same as `eventsched cancel`, filters included
         refused = [f"job {r['job']}: {r['reason']}" for r in result["refused"]]
         if refused and not result["jobs"]:
             raise UsageError("%gpucancel: " + "; ".join(refused))

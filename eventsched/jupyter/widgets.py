@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from eventsched.core.forecast import describe
 from eventsched.domain import events as ev
 from eventsched.domain.states import ACTIVE, FINAL, TRANSITIONS, WAITING, IllegalTransition, JobState, move
 from eventsched.domain.text import table
@@ -147,7 +148,7 @@ def _on_job_submitted(m: PanelModel, e: ev.JobSubmitted) -> None:
 _JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
     ev.JobPlaced: lambda j, e: j.update(
         node=e.node, gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts, ended_at=None, exit_code=None,
-        cancel_reason="", gpu_mem_over=False, idle_since=None),
+        cancel_reason="", gpu_mem_over=False, idle_since=None, estimated_start=None),
     ev.JobStarted: lambda j, e: j.update(pid=e.pid, started_at=e.ts, **({"log_path": e.log_path} if e.log_path else {})),
     ev.JobExited: lambda j, e: j.update(exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[]),
     ev.JobCancelRequested: lambda j, e: j.update(cancel_reason=e.reason),
@@ -159,6 +160,7 @@ _JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
     ev.JobGpuMemoryWithin: lambda j, e: j.update(gpu_mem_over=False, gpu_mem_used_mib=e.used_mib),
     ev.JobIdle: lambda j, e: j.update(idle_since=e.since),
     ev.JobBusy: lambda j, e: j.update(idle_since=None),
+    ev.JobUpdated: lambda j, e: j.update({k: v for k, v in e.changes().items() if k != "time_limit_s"}),
 }
 
 
@@ -191,6 +193,9 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True),
     ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False),
     ev.JobSubmitted: _on_job_submitted,
+    # a forecast shown (by ``explain``), keyed as ``queue --json`` gives one
+    ev.JobForecast: lambda m, e: m.jobs[e.job].update(estimated_start=e.estimated_start, estimated_start_p10=e.p10,
+                                                      estimated_start_p90=e.p90) if e.job in m.jobs else None,
     **{event_type: _on_job_event for _, event_type in TRANSITIONS},
 }
 
@@ -224,7 +229,11 @@ JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT", "NOTE"]
 
 
 def job_note(job: dict[str, Any], now: float) -> str:
-    """For a running job: over its GPU memory request, idle for how long."""
+    """For a running job: over its GPU memory request, idle for how long; for a
+    queued one: when it is forecast to start, with the 80 % range, as ``explain`` says."""
+    if job.get("state") == "queued" and job.get("estimated_start") is not None:
+        return "starts " + describe(job["estimated_start"], now, job.get("estimated_start_p10"),
+                                    job.get("estimated_start_p90"))
     if job.get("state") != "running":
         return ""
     notes = []

@@ -444,6 +444,8 @@ def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
     count, milli = request_of(e.spec)
     job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts,
               submitted_seq=e.seq, queued_at=e.ts)
+    if e.spec.begin > e.ts:  # --begin: it waits as a retry's backoff does
+        job.not_before = e.spec.begin
     state.jobs[e.job] = job
     state.next_job_id = max(state.next_job_id, e.job + 1)
     state.next_order += 1
@@ -588,6 +590,19 @@ def _job_released(state: ClusterState, e: ev.JobReleased) -> None:
     state._enter_queue(job)
 
 
+def _job_updated(state: ClusterState, e: ev.JobUpdated) -> None:
+    job = _job(state, e.job)
+    to = next_state(job, e)
+    queued = job.state == QUEUED
+    if queued:  # its priority and shape are the queue's keys: out under the old, in under the new
+        state._leave_queue(job)
+    job.spec = msgspec.structs.replace(job.spec, **e.changes())
+    job.count, job.milli = request_of(job.spec)
+    job.state = to
+    if queued:
+        state._enter_queue(job)
+
+
 def _job_lost(state: ClusterState, e: ev.JobLost) -> None:
     job = _job(state, e.job)
     to = next_state(job, e)
@@ -639,6 +654,7 @@ _HANDLERS: dict[type, Any] = {
     ev.JobRequeued: _counting_ended(_job_requeued),  # lost -> queued: no longer ended
     ev.JobHeld: _job_held,
     ev.JobReleased: _job_released,
+    ev.JobUpdated: _job_updated,
     ev.JobLost: _counting_ended(_job_lost),
     ev.TenantsConfigured: _tenants_configured,
     ev.JobGpuMemoryExceeded: _job_gpu_memory,

@@ -163,6 +163,7 @@ _JOB_DETAIL: dict[type, Callable[[Any], str]] = {
     ev.JobRequeued: lambda e: f"reason={e.reason} not_before={e.not_before:g}",
     ev.JobHeld: lambda e: f"by={e.by}",
     ev.JobReleased: lambda e: f"by={e.by}",
+    ev.JobUpdated: lambda e: " ".join([f"by={e.by}", *(f"{k}={v!r}" for k, v in e.changes().items())]),
     ev.JobLost: lambda e: f"reason={e.reason}",
     # GPU memory against --gpu-mem, allocated but idle
     ev.JobGpuMemoryExceeded: lambda e: (f"node={e.node} gpu={e.gpu} used_mib={e.used_mib} "
@@ -225,11 +226,24 @@ def _build_placed(events: list[ev.JobPlaced], rec: np.ndarray) -> Iterable[tuple
     }
 
 
+def _build_updated(events: list[ev.JobUpdated], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
+    yield "job_events", _job_event_cols(events, rec)
+    yield "job_updates", {name: rec[name] for name in ("seq", "ts", "job", "by", *ev.UPDATABLE)}
+
+
 def _build_sampled(events: list[ev.GpuSampled], rec: None) -> Iterable[tuple[str, Columns]]:
     r = _records(events)
     yield "gpu_samples", {name: r[name] for name in (
         "seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c",
         "power_w", "foreign_memory_mib")}
+    held = [(e, job, mib) for e in events for job, mib in e.job_memory_mib.items()]  # one row per job on the GPU
+    if held:
+        yield "job_gpu_memory", {
+            "seq": np.array([e.seq for e, _, _ in held], dtype=np.int64),
+            "ts": np.array([e.ts for e, _, _ in held], dtype=np.float64), "node": _obj([e.node for e, _, _ in held]),
+            "gpu": np.array([e.gpu for e, _, _ in held], dtype=np.int64),
+            "job": np.array([j for _, j, _ in held], dtype=np.int64),
+            "memory_mib": np.array([m for _, _, m in held], dtype=np.int64)}
 
 
 _GPU_EVENTS = (ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored)
@@ -315,8 +329,9 @@ def _build_forecasts(events: list[Any], rec: None) -> Iterable[tuple[str, Column
 _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     ev.JobSubmitted: _build_submitted,
     ev.JobPlaced: _build_placed,
+    ev.JobUpdated: _build_updated,
     ev.GpuSampled: _build_sampled,
-    **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced)},
+    **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced, ev.JobUpdated)},
     **{t: _build_gpu_event for t in _GPU_EVENTS},
     **{t: _build_daemon for t in (ev.DaemonStarted, ev.DaemonStopped, ev.PolicyChanged, ev.NodeJoined, ev.NodeLeft,
                                   ev.NodeActorRestarted, ev.ClusterDisconnected, ev.StrayAttemptKilled)},

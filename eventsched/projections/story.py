@@ -60,9 +60,17 @@ _FACTS: dict[type, Callable[[Any], str]] = {
     ev.GpuResumed: lambda e: f"GPU {e.gpu} was resumed by {e.by}",
     ev.GpuErrored: lambda e: f"GPU {e.gpu} failed ({e.error})",
     ev.PolicyChanged: lambda e: f"the policy was changed to {e.policy} by {e.by}",
+    ev.JobUpdated: lambda e: f"job {e.job} was updated by {e.by} ({_changes(e)})",
     ev.DaemonStarted: lambda e: f"the daemon started (policy {e.policy})",
     ev.DaemonStopped: lambda e: "the daemon stopped",
 }
+
+
+_CHANGE_WORDS = {"priority": "priority {}", "time_limit_s": "time limit {:g}s", "gpus": "{:g} GPUs", "name": "name {}"}
+
+
+def _changes(e: ev.JobUpdated) -> str:
+    return ", ".join(_CHANGE_WORDS[k].format(v) for k, v in e.changes().items())
 
 
 def describe_fact(e: ev.Event) -> str:
@@ -100,6 +108,7 @@ _WHAT: dict[type, Callable[[Any], str]] = {  # one of the job's own events, in w
     ev.JobRequeued: lambda e: f"queued again ({e.reason})" + (" after a backoff" if e.not_before else ""),
     ev.JobHeld: lambda e: f"held by {e.by}",
     ev.JobReleased: lambda e: f"released by {e.by}",
+    ev.JobUpdated: lambda e: f"updated by {e.by}: " + _changes(e),
     ev.JobLost: lambda e: f"lost ({e.reason})",
     ev.JobGpuMemoryExceeded: lambda e: (f"GPU memory over request: {e.used_mib} MiB on GPU {e.gpu} > --gpu-mem "
                                         f"{e.request_mib} MiB" + ("; " + _KILL if e.policy == "stop" else " (warned)")),

@@ -53,6 +53,12 @@ class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
 JOB_LIMIT_KEYS = ("allowed_script_paths", "max_host_mem_mib")
 
 
+class Accounting(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
+    """What GPU time costs, for `eventsched report --config` (no decision depends on it)."""
+
+    gpu_hour_price: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+
+
 class FileConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """What a config file may set; command-line options override it."""
 
@@ -65,6 +71,7 @@ class FileConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     job_limits: JobLimits = JobLimits()
     tenants: dict[str, TenantConfig] = {}
     jobs_file: str | None = None  # a jobs file the daemon follows itself
+    accounting: Accounting = Accounting()
 
 
 # what each key of `config-sample` means; the values printed are the settings' own defaults
@@ -116,6 +123,8 @@ COMMENTS = {
     "connections.max_requests_in_flight_per_user": "one user's requests being answered at once; the rest wait",
     "job_limits": "host limits, enforced by the kernel (also accepted under [scheduler])",
     "job_limits.allowed_script_paths": 'a job\'s script or program must lie here ([]: anywhere; e.g. ["/data3/"])',
+    "accounting": "what GPU time costs: `eventsched report --config FILE` adds a cost column",
+    "accounting.gpu_hour_price": "price of one GPU-hour (0: no cost column)",
     "job_limits.max_host_mem_mib": "host memory per job (0: no limit; cgroup v2, cgroup v1 as root, else RLIMIT_AS)",
 }
 TENANTS_EXAMPLE = """
@@ -161,6 +170,7 @@ class ServeConfig:
     socket: Path
     file: FileConfig  # the config file, with --gpus, --policy, --time-limit and --sample-interval applied
     log_level: str = "info"
+    log_file: Path | None = None  # the daemon's log, rotated by size (else stderr)
     ray: str | None = None  # a Ray cluster's address: its nodes run the jobs
     http: str | None = None  # HOST:PORT of the JSON API
     http_allow_remote: bool = False
@@ -194,6 +204,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         socket=Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None),
         file=file,
         log_level=args.log_level,
+        log_file=Path(args.log_file) if getattr(args, "log_file", None) else None,
         ray=getattr(args, "ray", None),
         http=getattr(args, "http", None),
         http_allow_remote=getattr(args, "http_allow_remote", False),

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,30 @@ class SetupError(Exception):
     """What stops the daemon before it starts (a bad --gpus, no Ray, a port in use): one line."""
 
 
+# --log-file: where it rotates and how many old files it keeps (as `serve --help` says)
+LOG_FILE_BYTES = 10 * 1024 * 1024
+LOG_FILE_BACKUPS = 5
+
+
+class PrivateRotatingFile(RotatingFileHandler):
+    """Rotated by size, each new file created 0640: the log names users, jobs and paths."""
+
+    def _open(self) -> Any:
+        return open(self.baseFilename, self.mode, encoding=self.encoding, errors=self.errors,
+                    opener=lambda path, flags: os.open(path, flags, 0o640))
+
+
+def log_handler(log_file: Path | None) -> logging.Handler:
+    """JSON lines to ``log_file`` (rotated), else to stderr (journald's)."""
+    try:
+        handler = logging.StreamHandler(sys.stderr) if log_file is None else PrivateRotatingFile(
+            log_file, maxBytes=LOG_FILE_BYTES, backupCount=LOG_FILE_BACKUPS, encoding="utf-8")
+    except OSError as exc:
+        raise SetupError(f"--log-file {log_file}: {exc.strerror}") from None
+    handler.setFormatter(JsonFormatter())
+    return handler
+
+
 def raise_open_file_limit() -> tuple[int, int]:
     """Raise the soft RLIMIT_NOFILE to the hard one (systemd's 1,024 is a
     handful of users' connections); (before, after)."""
@@ -55,10 +80,8 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 
 def serve(config: ServeConfig) -> int:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     try:
+        logging.basicConfig(level=config.log_level.upper(), handlers=[log_handler(config.log_file)])
         _refuse_live_socket(config.socket)
         backend = _gpus(config)
         http_plan = None

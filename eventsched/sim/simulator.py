@@ -43,8 +43,8 @@ from eventsched import core
 from eventsched.domain import events as ev
 from eventsched.domain.messages import (Cancel, Hold, Launch, Message, NeverLaunched, ProcessExited,
                                         ProcessLost, ProcessStarted, Refused, Release, SchedulerConfig,
-                                        Signal, Started, Submit, Tick, WakeAt)
-from eventsched.domain.states import FINAL, JobState
+                                        Signal, Started, Submit, Tick, Update, WakeAt)
+from eventsched.domain.states import FINAL, WAITING, JobState
 from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState, runtime_key
@@ -285,6 +285,11 @@ class _Sim:
                 ids = [self.id_of[o] for o in ordinals if o in self.id_of and jobs[self.id_of[o]].state in ok]
                 if ids:
                     self.handle(cls(jobs=ids, uid=0, by=cause))
+            elif kind == "update":  # a waiting job's request changed, if it still waits in this world
+                _, ordinal, e = item
+                updated = self.id_of.get(ordinal)
+                if updated is not None and self.state.jobs[updated].state in WAITING:
+                    self.handle(Update(job=updated, uid=0, by=e.by, operator=True, **e.changes()))
             elif kind == "policy":
                 if self.follow_recorded:
                     self.handle(item[1])

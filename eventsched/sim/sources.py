@@ -252,6 +252,8 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 start_tenants = dict(e.tenants)
         elif isinstance(e, ev.TimerFired):
             timer_times.append((t, seq))
+        elif isinstance(e, ev.JobUpdated):
+            stimuli.append((t, _REC, float(seq), ("update", e.job, e)))
         elif isinstance(e, ev.JobsCommanded):
             stimuli.append((t, _REC, float(seq), ("jobs", list(e.jobs), _COMMANDS[e.command], e.by)))
         elif isinstance(e, (ev.JobCancelled, ev.JobHeld, ev.JobReleased)):
@@ -315,6 +317,8 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
             item = ("submit", ordinal[item[1]], msg)
         elif isinstance(item, tuple) and item[0] == "jobs":
             item = ("jobs", [ordinal.get(j, -j) for j in item[1]], item[2], item[3])
+        elif isinstance(item, tuple) and item[0] == "update":
+            item = ("update", ordinal.get(item[1], -item[1]), item[2])
         fixed.append((t, c, s, item))
     every = sorted(x for xs in runtimes.values() for x in xs)
     median = every[len(every) // 2] if every else 3600.0

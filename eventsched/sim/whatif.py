@@ -33,7 +33,7 @@ _JOB_EVENTS: frozenset[type] = frozenset({
 # timer facts, daemon starts and stops are left out: a daemon logs them at
 # other times than a simulator, and no metric may depend on how a log was made.
 _SCHEDULE: frozenset[type] = _JOB_EVENTS | frozenset({
-    ev.JobHeld, ev.JobReleased, ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored,
+    ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored,
 })
 _MOVES = frozenset(event_type for _, event_type in TRANSITIONS)  # the job events after a submission
 QUEUED, RUNNING = JobState.QUEUED, JobState.RUNNING
@@ -153,6 +153,11 @@ class _Frag:
         return int(free[pos].sum()), int(free[pos & ~ok].sum())
 
 
+def _shape(g: float) -> tuple[int, int]:
+    """(GPUs, milli-share of each) of a request of ``g`` GPUs."""
+    return (0, 0) if g <= 0 else (1, max(1, round(g * FULL))) if g < 1 else (int(g), FULL)
+
+
 def metrics_from_log(log_dir: str | os.PathLike[str]) -> Metrics:
     """The what-if metrics of one log (a replay's or a real daemon's)."""
     return metrics_from_events(eventlog.read(log_dir))
@@ -218,10 +223,14 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
                 first_ts = ts
             user[job] = e.spec.user
             tenant[job] = e.spec.tenant or "default"
-            g = e.spec.gpus
-            shape[job] = (0, 0) if g <= 0 else (1, max(1, round(g * FULL))) if g < 1 else (int(g), FULL)
+            shape[job] = _shape(e.spec.gpus)
             state[job] = QUEUED
             frag.wait(shape[job], 1)
+        elif tp is ev.JobUpdated and e.gpus is not None and was:  # a waiting job asks for other GPUs now
+            if was == QUEUED:
+                frag.wait(shape[e.job], -1)
+                frag.wait(_shape(e.gpus), 1)
+            shape[e.job] = _shape(e.gpus)
         elif was:  # a job event the table allowed: waiting, placed and ended follow from the states
             if (was == QUEUED) != (to == QUEUED):
                 frag.wait(shape[job], 1 if to == QUEUED else -1)

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 __all__ = ["HttpClient", "from_environment"]
 
+OUTPUT_CHUNK = 64 * 1024  # a job's output is printed as it comes, at most this much at a time
+
 
 def from_environment() -> "HttpClient":
     url = os.environ.get("EVENTSCHED_URL", "")
@@ -61,9 +63,8 @@ class HttpClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; the reply's JSON, or ClientError with the API's reason."""
-        data = None if body is None else json.dumps(body).encode()
+    def _send(self, method: str, path: str, data: bytes | None = None, *, whole: bool = True) -> tuple[Any, bytes]:
+        """One request: the response and its body (``whole``: all of it; else only an error's)."""
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json",
                    **({} if data is None else {"Content-Type": "application/json"})}
         for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: once more, anew
@@ -72,8 +73,7 @@ class HttpClient:
             try:
                 conn.request(method, self._base + path, body=data, headers=headers)
                 response = conn.getresponse()
-                raw = response.read()
-                break
+                return response, response.read() if whole or response.status >= 400 else b""
             except OSError as exc:
                 self.close()
                 # only a GET is sent again: a POST the server may have seen is not repeated
@@ -84,6 +84,13 @@ class HttpClient:
                 raise ClientError(f"no eventsched API answers at {self.url} "
                                   f"({getattr(exc, 'strerror', None) or exc}); "
                                   "is the daemon serving with --http?") from None
+        raise AssertionError("not reached")
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """One request; the reply's JSON, or ClientError with the API's reason."""
+        return self._answer(*self._send(method, path, None if body is None else json.dumps(body).encode()))
+
+    def _answer(self, response: Any, raw: bytes) -> Any:
         try:
             answer = json.loads(raw) if raw else None
         except ValueError:
@@ -98,6 +105,29 @@ class HttpClient:
         if answer is None and response.status != 204:
             raise ClientError(f"{self.url} answered something that is not JSON (HTTP {response.status})")
         return answer
+
+    def output(self, job: int, *, follow: bool = False) -> Iterator[bytes]:
+        """A job's output as the daemon sends it (``follow``: until the job ends); ClientError
+        if it stops sending before the end, or refuses (someone else's job, no such job)."""
+        from http.client import HTTPException
+
+        received = 0
+        while True:
+            path = f"/v1/jobs/{int(job)}/logs?offset={received}" + ("&follow=1" if follow else "")
+            response, raw = self._send("GET", path, whole=False)
+            if response.status >= 400:
+                self._answer(response, raw)  # raises: the API's reason
+            try:
+                while chunk := response.read1(OUTPUT_CHUNK):
+                    received += len(chunk)
+                    yield chunk
+                return  # the whole of it: a cut-short reply raises instead
+            except TimeoutError:  # nothing new for a while: ask again from where it stopped
+                self.close()
+            except (OSError, HTTPException):
+                self.close()
+                raise ClientError(f"{self.url} stopped sending job {job}'s output before it ended "
+                                  "(the daemon stopped?)") from None
 
     # --- what the CLI's commands call (as client.Client) ----------------------
 
@@ -120,6 +150,9 @@ class HttpClient:
 
     def explain(self, job: int) -> dict:
         return dict(self.call("GET", f"/v1/jobs/{int(job)}/explain"))
+
+    def job(self, job: int) -> dict:
+        return dict(self.call("GET", f"/v1/jobs/{int(job)}"))
 
     def ping(self) -> dict:
         return dict(self.call("GET", "/health"))

@@ -56,6 +56,15 @@ class ReleaseJobs(Request, frozen=True):
     jobs: list[int]
 
 
+class UpdateJob(Request, frozen=True):
+    """``eventsched update JOB``: change a waiting job's request (None: keep it)."""
+    job: int
+    priority: int | None = None
+    time_limit_s: float | None = None
+    gpus: float | None = None
+    name: str | None = None
+
+
 class PauseGpu(Request, frozen=True):
     gpu: int
     node: str = ""
@@ -125,7 +134,7 @@ class RevokeToken(Request, frozen=True):
 AnyRequest = Union[
     SubmitJob, ListJobs, GetStatus, CancelJobs, HoldJobs, ReleaseJobs, PauseGpu,
     ResumeGpu, SetPolicy, ListTenants, SetTenant, JobLogPath, ExplainJob, RunSql,
-    Ping, Subscribe, CreateToken, ListTokens, RevokeToken,
+    Ping, Subscribe, CreateToken, ListTokens, RevokeToken, UpdateJob,
 ]
 
 

@@ -9,7 +9,8 @@ over HTTP exactly what they may do on the socket, decided by the same code.
 
 Endpoints (docs/http-api.md): ``GET /health`` (no token), ``GET /metrics``,
 ``POST /v1/jobs``, ``GET /v1/jobs[?all=1]``, ``GET|DELETE /v1/jobs/{id}``,
-``GET /v1/jobs/{id}/explain``, ``POST /v1/cancel``, ``GET /v1/status``.
+``GET /v1/jobs/{id}/explain``, ``GET /v1/jobs/{id}/logs[?follow=1]``,
+``POST /v1/cancel``, ``GET /v1/status``.
 Every error is JSON ``{"error": "one line", "kind": RefusalKind}``: 401 for a
 missing, unknown or revoked token, 413 for a body over ``MAX_BODY_BYTES``,
 else the status of the refusal's kind (``HTTP_STATUS``). Starlette and
@@ -35,6 +36,7 @@ import msgspec
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import RefusalKind, Refused
+from eventsched.domain.states import FINAL
 from eventsched.domain.text import printable
 from eventsched.runtime.api.connection import Peer
 from eventsched.wire import protocol
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("eventsched.http")
 
 LIST_PAGE = 250  # jobs per read of the daemon's state when listing
+OUTPUT_CHUNK = 256 * 1024  # bytes of a job's output read at a time
+OUTPUT_POLL_S = 0.1  # a followed job's output file is looked at this often
+STATE_POLL_S = 0.5  # and whether the job has ended, this often (as `logs -f` on the socket)
 MAX_BODY_BYTES = protocol.MAX_MESSAGE_BYTES  # the socket's bound on one request
 # An oversized body is read and thrown away up to this much before the 413 goes
 # out: clients such as urllib and requests send the whole body before reading,
@@ -73,6 +78,19 @@ async def discard_body(request: Request) -> None:
                 return
     except Exception:  # noqa: BLE001 - the 413 goes out whatever the stream did
         return
+
+
+def read_output(path: str, position: int) -> bytes:
+    """Up to OUTPUT_CHUNK bytes of a job's output file past ``position`` (b"" before it
+    exists). The daemon reads it for the asker: a link at its path is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return b""
+    try:
+        return os.pread(fd, OUTPUT_CHUNK, position)
+    finally:
+        os.close(fd)
 
 
 class HttpSetupError(Exception):
@@ -178,6 +196,7 @@ class Api:
         self.server = server
         self.read_metrics = read_metrics
         self._accounts: dict[int, tuple[float, Peer | None]] = {}
+        self.stopping = asyncio.Event()  # set when the API stops: followed outputs end at once
 
     # --- who is asking -------------------------------------------------------
 
@@ -319,6 +338,40 @@ class Api:
         peer = self.authenticate(request)
         return await self.ask(protocol.ExplainJob(job=request.path_params["job"]), peer)
 
+    async def logs(self, request: Request) -> Any:
+        """The job's output from byte ``offset`` on; ``follow``: until the job ends.
+        A reply that ends cleanly holds all of it; one cut short (the client gone,
+        the daemon stopping) ends without HTTP's last chunk, so no client takes it as whole."""
+        peer = self.authenticate(request)
+        follow = request.query_params.get("follow", "").lower() in ("1", "true", "yes")
+        offset = request.query_params.get("offset", "0")
+        if not offset.isdecimal():
+            raise Refused(RefusalKind.INVALID, f"offset must be a byte count, not {printable(offset)!r}")
+        ask = protocol.JobLogPath(job=request.path_params["job"])
+        info = await self.ask(ask, peer)  # who may read it: the socket's rule (the owner or an operator)
+
+        async def stream(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/octet-stream")]})
+            position, state, checked = int(offset), info["state"], time.monotonic()
+            while not (self.stopping.is_set() or await request.is_disconnected()):
+                chunk = await anyio.to_thread.run_sync(read_output, info["path"], position)
+                if chunk:
+                    position += len(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                elif not follow or state in FINAL:  # this read, after the end, caught the last output
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                else:
+                    await anyio.sleep(OUTPUT_POLL_S)
+                    if time.monotonic() - checked >= STATE_POLL_S:
+                        try:
+                            state, checked = (await self.ask(ask, peer))["state"], time.monotonic()
+                        except Refused:  # the daemon stopping or overloaded: cut short
+                            return
+
+        return stream
+
     async def status(self, request: Request) -> Any:
         peer = self.authenticate(request)
         return await self.ask(protocol.GetStatus(), peer)
@@ -341,6 +394,8 @@ def build_app(api: Api) -> Starlette:
             except Exception as exc:  # a bug must cost one reply, not the daemon
                 logger.exception("HTTP %s %s failed", request.method, request.url.path)
                 return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
+            if callable(result):  # an ASGI reply of its own: a job's output, streamed
+                return result
             if isinstance(result, str):
                 return PlainTextResponse(result, media_type="text/plain; version=0.0.4; charset=utf-8")
             return Response(msgspec.json.encode(result), status_code=created, media_type="application/json")
@@ -359,6 +414,7 @@ def build_app(api: Api) -> Starlette:
         Route("/v1/jobs/{job:int}", endpoint(api.job), methods=["GET"]),
         Route("/v1/jobs/{job:int}", endpoint(api.cancel_one), methods=["DELETE"]),
         Route("/v1/jobs/{job:int}/explain", endpoint(api.explain), methods=["GET"]),
+        Route("/v1/jobs/{job:int}/logs", endpoint(api.logs), methods=["GET"]),
         Route("/v1/cancel", endpoint(api.cancel), methods=["POST"]),
         Route("/v1/status", endpoint(api.status), methods=["GET"]),
     ]
@@ -372,7 +428,8 @@ async def serve_http(server: Server, plan: HttpPlan, *,
 
     from eventsched.runtime.api.metrics_http import read_metrics
 
-    app = build_app(Api(server, lambda: read_metrics(server.engine)))
+    api = Api(server, lambda: read_metrics(server.engine))
+    app = build_app(api)
     # a plain asyncio task asked to stop (``stop``) and given time to finish:
     # cancelling it mid-flight, as a cancel scope would, leaves its shutdown
     # half done; the trigger also keeps it from installing signal handlers
@@ -383,6 +440,7 @@ async def serve_http(server: Server, plan: HttpPlan, *,
     try:
         await asyncio.wait({task})  # returns if hypercorn stops by itself
     finally:
+        api.stopping.set()
         stop.set()
         with anyio.CancelScope(shield=True):
             await asyncio.wait({task}, timeout=plan.config.graceful_timeout + 1.0)

@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import resource
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
@@ -20,6 +21,8 @@ import anyio
 import anyio.abc
 import msgspec
 
+from eventsched import __version__
+from eventsched.core.admission import check_update
 from eventsched.core.forecast import ASSUMPTIONS, Calibration, range_basis, run_forecast, shown, working_copy
 from eventsched.core.limits import SubmitLimits
 from eventsched.core.policies import REPLAY_ONLY
@@ -85,6 +88,7 @@ class Server:
         self._tokens_store: TokenStore | None = None
         self._sql_runner: Any = None
         self.calibration = Calibration()  # past forecasts' errors: the ranges forecasts give
+        self.started = time.monotonic()  # status's uptime_s
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +174,9 @@ class Server:
         if isinstance(request, protocol.GetStatus):
             containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
-            return Query(lambda state: {**status(state), "containment": containment, "memory_limit": memory_limit}), None
+            return Query(lambda state: {**status(state), "containment": containment, "memory_limit": memory_limit,
+                                        "version": __version__,
+                                        "uptime_s": round(time.monotonic() - self.started, 1)}), None
         if isinstance(request, protocol.Ping):
             return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq,
                                         "state_dir": str(self.engine.state_dir)}), None
@@ -182,6 +188,12 @@ class Server:
             return kind[type(request)](jobs=ids, uid=peer.uid, by=peer.by), (
                 lambda state, _events: [job_json(state.jobs[j]) for j in ids]
             )
+        if isinstance(request, protocol.UpdateJob):
+            r, operator = request, self.admission.operator(peer.uid)
+            check_update(r.priority, r.time_limit_s, r.gpus, r.name, self.admission.limits, operator=operator)
+            return msg.Update(job=r.job, uid=peer.uid, by=peer.by, operator=operator, priority=r.priority,
+                              time_limit_s=r.time_limit_s, gpus=r.gpus, name=r.name), (
+                lambda state, _events: job_json(state.jobs[r.job]))
         if isinstance(request, (protocol.PauseGpu, protocol.ResumeGpu)):
             self._require_operator(peer, "pause or resume a GPU")
             node, gpu = request.node or config.node, request.gpu
@@ -477,10 +489,15 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
 def status(state: ClusterState) -> dict:
     from eventsched.projections.cluster import nodes_view
 
+    gpus = [gpu_json(gpu) for gpu in state.all_gpus()]
+    # "degraded" while a GPU is lost or reports an error: jobs wait or run on fewer GPUs
+    problems = [f"GPU {g['id']}{'' if g['node'] == state.node else ' on ' + g['node']}: {'lost' if g['lost'] else g['error']}"
+                for g in gpus if g["lost"] or g["error"]]
     return {
         "nodes": nodes_view(state),
-        "gpus": [gpu_json(gpu) for gpu in state.all_gpus()],
+        "gpus": gpus,
         "jobs": [job_json(job) for job in state.jobs.values() if job.state in ACTIVE],
         "policy": state.policy,
         "seq": state.last_seq,
+        "health": {"status": "degraded" if problems else "ok", "problems": problems},
     }
