@@ -724,12 +724,18 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
     # later job fits and might delay the head (often none does).
     head: tuple[View, Job, list[tuple[float, int, list[int], int, int]]] | None = None
     reservation: tuple[float, frozenset[int]] | None = None
+    # shapes that fit now only on the reserved GPUs: capacity only shrinks
+    # during a decision, so of their jobs only those that end before the
+    # reservation's start can still be placed, and the rest need no search
+    reserved_only: set[Any] = set()
     for jid in order(live, lambda: head is not None):
         shape = shape_of[jid]
         if shape not in live and head is not None:
             continue
         job = jobs[jid]
         if not _eligible(state, job, now) or limits.blocked(job):
+            continue
+        if shape in reserved_only and reservation is not None and now + pred(job) > reservation[0]:
             continue
         idxs = best_fit(view, job, frozenset()) if shape in live else None
         if idxs is None:  # the head (it cannot start now), or a shape that no longer fits
@@ -747,6 +753,7 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
             if set(idxs) & reserved and now + pred(job) > shadow:
                 idxs = best_fit(view, job, reserved)
                 if idxs is None:
+                    reserved_only.add(shape)
                     continue
         ends.append((now + pred(job), job.id, idxs, job.milli, job.spec.gpu_mem_mib))
         if _place(view, limits, out, job, idxs, slots, smallest):
