@@ -13,4 +13,7 @@ if { [ ! -x /usr/bin/chromium ] || ! command -v tmux >/dev/null || ! command -v 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium tmux screen prometheus faketime >/dev/null) \
     || echo "warning: could not install chromium, tmux, screen, prometheus or faketime; their tests will be skipped" >&2
 fi
-exec .venv/bin/python -m pytest "$@"
+# Two workers, a test file to each at a time (a file's tests share its daemon):
+# most tests wait on daemons and processes, so one worker leaves a core idle.
+# EVENTSCHED_TEST_WORKERS=0 runs them in this one process.
+exec .venv/bin/python -m pytest -n "${EVENTSCHED_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -22,7 +22,9 @@ INSTALL_TEST = "test_install_system.py::"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if os.geteuid() == 0 and any(INSTALL_TEST in item.nodeid for item in session.items):
+    # (under pytest-xdist every worker collects everything: the first starts it)
+    first_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
+    if os.geteuid() == 0 and first_worker and any(INSTALL_TEST in item.nodeid for item in session.items):
         from install_harness import start_install
 
         start_install()

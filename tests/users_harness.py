@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -36,8 +37,14 @@ class User:
 
 def _create_user(name: str) -> User:
     subprocess.run(["userdel", "-r", name], capture_output=True)  # a leftover of a killed run
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
-                   check=True, capture_output=True)
+    for attempt in range(20):  # another test process may hold the passwd lock a moment
+        added = subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", "--user-group", name],
+                               capture_output=True, text=True)
+        if added.returncode == 0:
+            break
+        time.sleep(0.2)
+    else:
+        raise RuntimeError(f"useradd {name}: {added.stderr.strip()}")
     entry = pwd.getpwnam(name)
     return User(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
 
