@@ -32,7 +32,11 @@ pytestmark = [pytest.mark.slow, needs_root]
 ALICE_SECRET = "alice-token-" + secrets.token_hex(8)
 ALICE_SETUP_SECRET = "alice-setup-" + secrets.token_hex(8)
 BOB_SECRET = "bob-token-" + secrets.token_hex(8)
-LATENCY_S = 1.0  # another user's request under a flood
+LATENCY_S = 1.0  # another user's submission under a flood
+# another user's sql under a flood: each query starts a sandboxed process whose
+# start-up alone is about half a second on an idle 2-core machine, a second
+# with the other test worker busy; a starved daemon would take many seconds
+SQL_LATENCY_S = 3.0
 RSS_GROWTH_MB = 300
 MEASURED: dict[str, float] = {}  # printed at the end of the module (pytest -s)
 
@@ -124,9 +128,9 @@ def rss_mb(d: Daemon) -> float:
 
 
 def probe(user, script: str, d: Daemon, what: str) -> dict:
-    """Another user's submit and sql, each answered within a second."""
+    """Another user's submit and sql, each answered promptly."""
     out = warm_up(user, script, d)
-    if out["submit_s"] >= LATENCY_S or out["sql_s"] >= LATENCY_S:
+    if out["submit_s"] >= LATENCY_S or out["sql_s"] >= SQL_LATENCY_S:
         # one more try: two shared cores, and SELECT 1 alone costs ~0.5 s
         # here (a sandboxed process per query); the flood is still on
         again = warm_up(user, script, d)
@@ -134,7 +138,7 @@ def probe(user, script: str, d: Daemon, what: str) -> dict:
         out = {**again, "submit_s": min(out["submit_s"], again["submit_s"]), "sql_s": min(out["sql_s"], again["sql_s"])}
     MEASURED[f"{what}_submit_s"] = out["submit_s"]
     MEASURED[f"{what}_sql_s"] = out["sql_s"]
-    assert out["submit_s"] < LATENCY_S and out["sql_s"] < LATENCY_S, out
+    assert out["submit_s"] < LATENCY_S and out["sql_s"] < SQL_LATENCY_S, out
     return out
 
 
