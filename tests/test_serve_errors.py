@@ -13,6 +13,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.settings import SETTINGS_VERSION
 from eventsched.runtime.daemon import why_it_stopped
 from eventsched.storage.log import LogCorruptError, LogWriter, segments
+from daemon_harness import Daemon
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +65,14 @@ def test_errors_inside_task_groups_are_found_and_bugs_are_not_hidden(tmp_path: P
     nested = BaseExceptionGroup("outer", [ExceptionGroup("inner", [LogCorruptError("/s/log/x.seg", 7, "bad checksum")])])
     assert "log segment /s/log/x.seg is damaged at byte 7" in (why_it_stopped(nested, tmp_path) or "")
     assert why_it_stopped(ExceptionGroup("g", [ZeroDivisionError("bug")]), tmp_path) is None
+
+
+def test_a_state_directory_deeper_than_a_socket_address_still_serves(tmp_path: Path) -> None:
+    # A socket address holds 107 bytes; home directories and CI work trees run deeper.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    assert len(str(deep / "eventsched.sock")) > 107
+    with Daemon(deep) as d:
+        job = d.submit("--", "true")
+        assert d.wait_states([job], {"succeeded"})[job]["state"] == "succeeded"
+        assert (deep / "eventsched.sock").is_socket()
+    assert not (deep / "eventsched.sock").exists()
