@@ -5,6 +5,7 @@ the package's inner layout::
 
     from eventsched import Client, JobSpec
     from eventsched import load_source, simulate, compare, compare_placements, open_history
+    eventsched.whatif(policies=["fifo", "best-fit"], since="7d")  # a table, and its chart in a notebook
     con = eventsched.history()  # the read model as a read-only DuckDB connection
 
 Names are resolved on first use, so ``import eventsched`` stays cheap (every
@@ -46,6 +47,7 @@ _API = {
     "compare": "eventsched.sim.whatif",
     "format_comparison": "eventsched.sim.whatif",
     "metrics_from_log": "eventsched.sim.whatif",
+    "whatif": "eventsched.jupyter.whatif",
     "open_history": "eventsched.projections.history",
     "History": "eventsched.projections.history",
     "history": "eventsched.projections.history_snapshot",

@@ -28,6 +28,34 @@ pick_python() {
   command -v python3
 }
 
+# The JupyterLab sidebar: TypeScript built with JupyterLab's own builder into a
+# prebuilt labextension copied into the venv, and the server extension enabled
+# there. The build is skipped while its output is newer than every source.
+build_labextension() {
+  local out=labextension/build/eventsched-jupyterlab dest=.venv/share/jupyter/labextensions/eventsched-jupyterlab
+  mkdir -p .venv/etc/jupyter/jupyter_server_config.d
+  cp labextension/jupyter-config/jupyter_server_config.d/eventsched.json .venv/etc/jupyter/jupyter_server_config.d/
+  if ! command -v node >/dev/null; then
+    echo "setup: warning: node is not installed, so the JupyterLab sidebar is not built (apt-get install nodejs)" >&2
+    return 0
+  fi
+  if [ ! -f "$out/package.json" ] || [ -n "$(find labextension/src labextension/style labextension/package.json \
+       labextension/tsconfig.json labextension/yarn.lock -newer "$out/package.json" -print -quit)" ]; then
+    local core log
+    core=$(.venv/bin/python -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')
+    log=$(mktemp)
+    if ! (cd labextension && ../.venv/bin/jlpm install && ../.venv/bin/jlpm tsc \
+          && node node_modules/@jupyterlab/builder/lib/build-labextension.js --core-path "$core" .) >"$log" 2>&1; then
+      cat "$log" >&2
+      rm -f "$log"
+      echo "setup: building the JupyterLab sidebar failed (output above)" >&2
+      return 1
+    fi
+    rm -f "$log"
+  fi
+  rm -rf "$dest" && mkdir -p "$(dirname "$dest")" && cp -r "$out" "$dest"
+}
+
 if [ -x .venv/bin/python ] && ! world_runnable .venv/bin/python; then
   echo "setup: .venv's interpreter cannot be run by other users; rebuilding it" >&2
   rm -rf .venv
@@ -48,6 +76,7 @@ want=$(cat pyproject.toml setup.py eventsched/_compiled.py eventsched/runtime/la
 # the file unchanged, is rebuilt too: until then every process runs the sources)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && .venv/bin/python -c 'import sys; from eventsched import _compiled; sys.exit(bool(_compiled.stale()))' 2>/dev/null; then
+  build_labextension
   exit 0
 fi
 # a module no longer compiled: its old extension would shadow the source
@@ -71,3 +100,4 @@ if [ -z "${EVENTSCHED_PURE:-}" ] && ! .venv/bin/python -c \
 fi
 rm -f "$log"
 echo "$want" > "$stamp"
+build_labextension

@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from daemon_harness import Daemon
 from test_core import Sched
 
 from eventsched import load_source, simulate
+from eventsched.core import forecast
 from eventsched.core.forecast import MIN_SCORES, Calibration, describe, forecast_starts
 from eventsched.domain import events as ev
 
@@ -65,7 +67,8 @@ def test_calibration_scales_the_range_by_how_past_forecasts_erred() -> None:
     assert (late.bounds(now=5000.0) or (0, 0))[0] > 3
 
 
-def test_the_range_covers_about_eight_starts_in_ten_on_a_generated_workload(tmp_path: Path) -> None:
+def generated_log(tmp_path: Path) -> Path:
+    """The log of a best-fit replay of 300 jobs of three users on 2 GPUs."""
     rng = random.Random(3)
     rows, t = ["submit_time,duration,gpus,user"], 0.0
     for _ in range(300):
@@ -74,10 +77,25 @@ def test_the_range_covers_about_eight_starts_in_ten_on_a_generated_workload(tmp_
         rows.append(f"{t:.1f},{rng.lognormvariate(5.5 if user == 'bob' else 4.5, 0.6):.1f},1,{user}")
     (tmp_path / "w.csv").write_text("\n".join(rows) + "\n")
     result = simulate(load_source(tmp_path / "w.csv", gpus="fake:2"), "best-fit", tmp_path / "r")
-    errors = forecast_errors(Path(result.state_dir) / "log")
-    assert errors == forecast_errors(Path(result.state_dir) / "log")  # deterministic
+    return Path(result.state_dir) / "log"
+
+
+def test_the_range_covers_about_eight_starts_in_ten_on_a_generated_workload(tmp_path: Path) -> None:
+    log = generated_log(tmp_path)
+    errors = forecast_errors(log)
+    assert errors == forecast_errors(log)  # deterministic
     r = report(errors)
     assert r["forecasts"] > 100 and 0.65 <= r["coverage"] <= 0.95, r
+
+
+def test_the_median_over_sampled_futures_errs_less_than_one_future(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    log = generated_log(tmp_path)
+    many = report(forecast_errors(log))
+    monkeypatch.setattr(forecast, "SAMPLES", 1)
+    one = report(forecast_errors(log))
+    assert many["median_abs_error_s"] < 0.9 * one["median_abs_error_s"], (many, one)
+    assert many["median_width_s"] < one["median_width_s"] and 0.7 <= many["coverage"] <= 0.9, (many, one)
 
 
 def test_explain_and_queue_show_the_range(tmp_path: Path) -> None:

@@ -357,7 +357,8 @@ def test_status_panel_shows_gpus_and_jobs(live, capsys) -> None:
     assert states.get(handle.id) == "succeeded"
     time.sleep(0.5)  # the throttled redraw lands
     assert len(panel.gpu_box.children) == 4
-    assert f"data-job='{handle.id}' data-state='succeeded'" in panel.jobs_html.value
+    assert any(f"data-job='{handle.id}' data-state='succeeded'" in row.cells.value for row in panel.rows)
+    assert "NOTE" in panel.jobs_html.value  # the rows' heading
     bundle = panel._repr_mimebundle_()
     assert "GPU 3" in bundle["text/plain"] and "eventsched-status" in bundle["text/html"]
     panel.job_select.value = handle.id

@@ -32,6 +32,7 @@ def _gpu_record() -> GpuRecord:
         sampled_at=1.0, utilization=55.0, memory_used_mib=2048, temperature_c=61.0, power_w=300.0,
         foreign_memory_mib=12, used_milli=750, reserved_mib=4096, jobs=[7, 8], low_since=0.5,
         job_memory_mib={7: 1000}, foreign_processes=[ev.GpuProcess(pid=1, used_mib=12, uid=1000, user="bob")],
+        paused_reason="Xid 79", health=ev.GpuHealth(node="n2", gpu=3, xids=[79]),
     )
 
 

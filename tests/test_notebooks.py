@@ -1,10 +1,14 @@
 """The notebooks in notebooks/ run top to bottom in a real kernel against a real
-daemon on fake GPUs, and the saved widget state shows the panel with the jobs."""
+daemon on fake GPUs, and the saved widget state shows the panel with the jobs.
+Each run is rendered to docs/notebooks/ (scripts/render_notebooks.py): the
+repository shows the notebooks with their outputs; the .ipynb files are kept
+without outputs, so that their diffs are the code."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +16,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+sys.path.insert(0, str(ROOT / "scripts"))
+from render_notebooks import render  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +42,8 @@ def execute(name: str, workdir: Path) -> nbformat.NotebookNode:
     client = NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(workdir)}})
     client.execute()
     nbformat.write(nb, workdir / f"executed-{name}")  # kept for a look when a test fails
+    if not [o for o in outputs(nb) if o["output_type"] == "error"]:
+        render(nb, name)  # a visitor reads the last good run
     return nb
 
 
@@ -83,6 +92,10 @@ def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(daemon, tmp_path: Pa
     assert f"data-job='{long_one}' data-state='cancelled'" in values
     # the handle's live view followed the job too
     assert f"class='es-handle' data-job='{demo}' data-state='succeeded'" in values
+    # rendered for a visitor: the last panel's rows and the day's GPU time in readable units
+    page = (ROOT / "docs" / "notebooks" / "quickstart.md").read_text()
+    assert f"data-job='{long_one}' data-state='cancelled'" in page and "GPU time today" in page
+    assert " GPU-s</text>" in page or " GPU-min</text>" in page
 
 
 def test_analytics_runs_and_plots(daemon, tmp_path: Path) -> None:
@@ -109,10 +122,18 @@ def test_whatif_replays_the_daemons_history_and_charts_the_policies(daemon, tmp_
     # the comparison tables have a row for the recording and for each policy
     for row in ("as recorded", "recorded (", "fifo", "best-fit", "sjf-backfill"):
         assert f"<th>{row}" in text
-    assert text.count("<th>sjf-backfill</th>") == 2  # part 1 and part 2
+    assert text.count("<th>sjf-backfill</th>") == 3  # part 1, %gpuwhatif and part 2
     assert "mean wait (s)" in text and "p95 wait (h)" in text and "makespan (h)" in text
     assert "whatif-0" in text  # the per-job waits queried from a replay's own log
     charts = [o for o in outputs(nb) if "image/png" in o.get("data", {})]
-    assert len(charts) == 2  # one per part
-    jobs = daemon.jobs().values()
-    assert len(jobs) == 16 and all(j["state"] == "succeeded" for j in jobs)
+    assert len(charts) == 3  # one per part, and %gpuwhatif's
+    # the same in one line: %gpuwhatif's table and chart
+    assert "class='es-whatif'" in text
+    # a queued job's start under each request, side by side
+    assert "(as asked)" in text and text.count("80 %") >= 4
+    jobs = {j["name"]: j for j in daemon.jobs().values()}
+    assert len(jobs) == 18 and {jobs["blocker"]["state"], jobs["big"]["state"]} == {"cancelled"}
+    assert all(j["state"] == "succeeded" for name, j in jobs.items() if name.startswith("whatif-"))
+    page = (ROOT / "docs" / "notebooks" / "whatif.md").read_text()
+    assert "<th>sjf-backfill</th>" in page and "(as asked)" in page
+    assert len(list((ROOT / "docs" / "notebooks" / "whatif_files").glob("*.png"))) == len(charts)

@@ -67,6 +67,11 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         node = on
     gpu_ids = parse_gpu_ids(ids_text) if ids_text else None
     warn = parse_signal(args.signal) if args.signal else None  # --signal SIG@SECONDS
+    notify = getattr(args, "notify", None)
+    if notify:  # --notify end,fail
+        from eventsched.cli.notify import kinds
+
+        notify = kinds(notify)
     return dict(
         node=node, command=command, shell=shell, cwd=os.getcwd(), env=env,
         name=args.name or default_name(command, shell),
@@ -84,6 +89,7 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         session=args.session or "", host_mem_mib=args.host_mem or 0, preemptible=args.preemptible,
         begin=parse_begin(args.begin, __import__("time").time()) if args.begin else 0.0,
         **({"warn_signal": warn[0], "warn_s": warn[1]} if warn else {}),
+        **({"notify": notify} if notify else {}),
     )
 
 
@@ -257,7 +263,7 @@ def render_status(status: dict) -> str:
         util = "" if g["utilization"] is None else f"{g['utilization']:.0f}%"
         temp = "" if g["temperature_c"] is None else f"{g['temperature_c']:.0f}C"
         bar = "#" * round(g["allocated"] * 10)
-        state = "paused" if g["paused"] else ("lost" if g.get("lost") else "")
+        state = ("drained" if g.get("paused_reason") else "paused") if g["paused"] else ("lost" if g.get("lost") else "")
         rows.append([g["id"], f"[{bar:<10}] {g['allocated']:.2f}", util, mem, temp, state, ",".join(map(str, g.get("jobs", [])))])
     headers = ["GPU", "ALLOCATED", "UTIL", "MEMORY", "TEMP", "STATE", "JOBS"]
     if len({g.get("node") for g in status["gpus"]}) > 1:  # GPUs of several nodes
@@ -270,7 +276,9 @@ def render_status(status: dict) -> str:
     flagged = [f"job {j['id']}: {flags}" for j in jobs if j["state"] == JobState.RUNNING and (flags := gpu_flags(j))]
     foreign = [f"GPU {g['id']}: {p['user']} pid {p['pid']} holds {p['used_mib']} MiB"
                for g in status["gpus"] for p in g.get("foreign_processes", ())]
-    notes = "".join("\n" + line for line in flagged + foreign)
+    drained = [f"GPU {g['id']} drained: {g['paused_reason']} (resume-gpu {g['id']} returns it)"
+               for g in status["gpus"] if g["paused"] and g.get("paused_reason")]
+    notes = "".join("\n" + line for line in drained + flagged + foreign)
     return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}{notes}"
 
 
@@ -456,8 +464,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    from eventsched.cli.report import card_after_logs
+
     with client(args) as c:
-        return follow_output(c, args.job, follow=args.follow)
+        status = follow_output(c, args.job, follow=args.follow)
+        card_after_logs(args, c)
+        return status
 
 
 def state_dir_of(args: argparse.Namespace) -> Path:
@@ -567,7 +579,8 @@ ELSEWHERE = {"replay": "eventsched.cli.replay.run_replay", "tenants": "eventsche
              "tenant": "eventsched.cli.tenants.cmd_tenant", "token": "eventsched.cli.token.run",
              "nodes": "eventsched.cli.nodes.cmd_nodes", "attach": "eventsched.cli.attach.run",
              "submit-file": "eventsched.cli.submit_file.cmd_submit_file", "update": "eventsched.cli.update.cmd_update",
-             "mcp": "eventsched.cli.mcp_server.run", "report": "eventsched.cli.report.cmd_report"}
+             "mcp": "eventsched.cli.mcp_server.run", "report": "eventsched.cli.report.cmd_report",
+             "reserve": "eventsched.cli.reserve.run", "notify": "eventsched.cli.notify.run"}
 
 
 def parse(argv: list[str]) -> Callable[[], int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from eventsched.domain.text import print_json
 
-__all__ = ["run_replay", "parse_seeds"]
+__all__ = ["run_replay", "replay_table", "parse_seeds"]
 
 
 def _fail(message: str) -> int:
@@ -89,57 +89,68 @@ def what_if(path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return settings, (plain_tenants(config) if config.tenants else None)
 
 
+def replay_table(source: str, policies: list[str], *, config: str | None = None, gpus: str | None = None,
+                 nodes: int = 1, out: str | None = None) -> dict[str, Any]:
+    """Replay ``source`` under each policy and compare (``compare``'s table);
+    the one path of ``eventsched replay`` and the notebook's what-if. A source,
+    policy or config that cannot be replayed raises ``ValueError``, one line."""
+    from eventsched.core.policies import POLICIES
+    from eventsched.sim.simulator import RECORDED, simulate
+    from eventsched.sim.sources import ReplayError, load_source
+    from eventsched.sim.whatif import compare
+
+    policies = list(dict.fromkeys(policies))
+    for p in policies:
+        if p != RECORDED and p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
+    try:
+        workload = load_source(source, gpus=gpus, nodes=nodes)
+    except ReplayError as e:
+        raise ValueError(str(e)) from None
+    if RECORDED in policies and workload.kind != "log":
+        raise ValueError(f"policy {RECORDED!r} needs a recorded log as the source")
+    settings: dict[str, Any] = {}
+    tenants: dict[str, Any] | None = None
+    if config:
+        settings, tenants = what_if(config)
+        if RECORDED in policies and (settings or tenants is not None):
+            raise ValueError(f"--config changes what {RECORDED!r} would replay as it was; leave one of them out")
+    if out:
+        for p in policies:
+            target = Path(out) / p / "log"
+            if target.exists() and any(target.iterdir()):
+                raise ValueError(f"{target} already holds a log; choose another --out")
+    where = Path(out) if out else Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
+    try:
+        results = [simulate(workload, p, where / p, settings=settings, tenants=tenants) for p in policies]
+        table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
+    except ReplayError as e:
+        raise ValueError(str(e)) from None
+    except OSError as e:
+        raise ValueError(f"cannot write the replay logs under {where}: {e.strerror or e}") from None
+    finally:
+        if not out:  # scratch: kept only where --out asks
+            shutil.rmtree(where, ignore_errors=True)
+    table["out"] = out
+    return table
+
+
 def run_replay(args: argparse.Namespace) -> int:
     """Replay ``args.source`` under each ``args.policy``; print the comparison."""
     if args.static:
         return _run_static(args)
-    from eventsched.core.policies import POLICIES
-    from eventsched.sim.simulator import RECORDED, simulate
-    from eventsched.sim.sources import ReplayError, load_source
-    from eventsched.sim.whatif import compare, format_comparison
+    from eventsched.sim.whatif import format_comparison
 
-    policies = list(dict.fromkeys(args.policy or []))
-    for p in policies:
-        if p != RECORDED and p not in POLICIES:
-            return _fail(f"unknown policy {p!r}; choose from {', '.join(POLICIES)} (or {RECORDED})")
     try:
-        workload = load_source(args.source, gpus=args.gpus, nodes=args.nodes or 1)
-    except ReplayError as e:
+        table = replay_table(args.source, args.policy or [], config=args.config, gpus=args.gpus,
+                             nodes=args.nodes or 1, out=args.out)
+    except ValueError as e:
         return _fail(str(e))
-    if RECORDED in policies and workload.kind != "log":
-        return _fail(f"policy {RECORDED!r} needs a recorded log as the source")
-    settings: dict[str, Any] = {}
-    tenants: dict[str, Any] | None = None
-    if args.config:
-        try:
-            settings, tenants = what_if(args.config)
-        except ValueError as e:
-            return _fail(str(e))
-        if RECORDED in policies and (settings or tenants is not None):
-            return _fail(f"--config changes what {RECORDED!r} would replay as it was; leave one of them out")
-    if args.out:
-        out = Path(args.out)
-        for p in policies:
-            target = out / p / "log"
-            if target.exists() and any(target.iterdir()):
-                return _fail(f"{target} already holds a log; choose another --out")
-    else:
-        out = Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
-    try:
-        results = [simulate(workload, p, out / p, settings=settings, tenants=tenants) for p in policies]
-        table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
-    except ReplayError as e:
-        return _fail(str(e))
-    except OSError as e:
-        return _fail(f"cannot write the replay logs under {out}: {e.strerror or e}")
-    finally:
-        if not args.out:  # scratch: kept only where --out asks
-            shutil.rmtree(out, ignore_errors=True)
-    table["out"] = args.out
     if args.json:
         print_json(table)
     else:
+        out = args.out
         print(format_comparison(table))
-        print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)" if args.out
+        print(f"replay logs: {out}/<policy> (eventsched sql --state-dir {out}/<policy> ...)" if out
               else "replay logs: not kept (--out DIR keeps them)")
     return 0

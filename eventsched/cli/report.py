@@ -1,5 +1,5 @@
 """What the history says about GPU use: an ended job's report card (shown by
-``explain``) and ``eventsched report``, usage by user, tenant or day. Both
+``explain`` and ``logs``) and ``eventsched report``, usage by user, tenant or day. Both
 are read-only SQL over the read model, asked as ``eventsched sql`` asks."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from eventsched.domain import report_card
 from eventsched.domain.states import FINAL
 from eventsched.domain.units import UnitError, format_duration, parse_duration
 
-__all__ = ["card_of", "render_card", "cmd_report", "usage_sql"]
+__all__ = ["card_of", "render_card", "card_after_logs", "cmd_report", "usage_sql"]
 
 
 def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
@@ -76,6 +76,16 @@ def render_card(card: dict[str, Any]) -> str:
         f"  queue wait: {format_duration(card['wait_s'])}",
         f"  advice: {card['advice']}",
     ])
+
+
+def card_after_logs(args: argparse.Namespace, c: Any) -> None:
+    """After ``logs`` of an ended job, its report card on stderr: on a terminal,
+    or asked with ``--card`` (piped output stays the job's own)."""
+    if not (args.card or sys.stderr.isatty()):
+        return
+    card = card_of(args, c.explain(args.job)["job"])
+    if card:
+        print("\n" + render_card(card), file=sys.stderr)
 
 
 _KEYS = {"user": '"user"', "tenant": "tenant",

@@ -18,12 +18,21 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     print(table(
-        ["TENANT", "WEIGHT", "GPUS", "QUOTA", "JOBS", "QUEUED", "SHARE", "RECENT", "FACTOR", "RECENT GPU-H"],
+        ["TENANT", "WEIGHT", "GPUS", "QUOTA", "JOBS", "QUEUED", "SHARE", "RECENT", "FACTOR", "RECENT GPU-H",
+         "MONTH GPU-H"],
         [[r["tenant"], f"{r['weight']:g}", f"{r['usage']['gpus']:g}", _quota(r["quota"]),
           str(r["usage"]["jobs"]), str(r["usage"]["queued"]), f"{r['fair_share']:.0%}", f"{r['recent_share']:.0%}",
-          f"{r['fair_share_factor']:.2f}", f"{r['recent_gpu_hours']:.2f}"] for r in rows],
+          f"{r['fair_share_factor']:.2f}", f"{r['recent_gpu_hours']:.2f}", _budget(r["budget"])] for r in rows],
     ))
     return 0
+
+
+def _budget(b: dict[str, Any]) -> str:
+    """This month's GPU-hours, against the budget if there is one: "0.31 of 10", "12.1 of 10 (spent)"."""
+    used = f"{b['used_gpu_hours']:.3g}"
+    if b["gpu_hours_per_month"] is None:
+        return used
+    return f"{used} of {b['gpu_hours_per_month']:g}" + (" (spent)" if b["spent"] else "")
 
 
 def _quota(q: dict[str, Any]) -> str:
@@ -52,10 +61,15 @@ def cmd_tenant(args: argparse.Namespace) -> int:
     if args.name in current:
         r = current[args.name]
         base = {"users": r["users"], **{k: v for k, v in r["quota"].items() if v is not None},
-                "weight": r["weight"], "preemptible": r["preemptible"]}
+                "weight": r["weight"], "preemptible": r["preemptible"], "default_for": r["default_for"]}
+        if r["budget"]["gpu_hours_per_month"] is not None:
+            base["gpu_hours_per_month"] = r["budget"]["gpu_hours_per_month"]
+        if r["budget"]["action"]:
+            base["budget_action"] = r["budget"]["action"]
     if args.users is not None:
         base["users"] = _names(args.users)
-    for key, text in (("gpus", args.gpus), ("gpu_mem_mib", args.gpu_mem), ("jobs", args.jobs)):
+    for key, text in (("gpus", args.gpus), ("gpu_mem_mib", args.gpu_mem), ("jobs", args.jobs),
+                      ("gpu_hours_per_month", args.gpu_hours_per_month)):
         if text == "none":
             base.pop(key, None)
         elif text is not None:
@@ -66,6 +80,8 @@ def cmd_tenant(args: argparse.Namespace) -> int:
         base["preemptible"] = args.preemptible == "yes"
     if args.default_for is not None:
         base["default_for"] = _names(args.default_for)
+    if args.budget_action is not None:
+        base["budget_action"] = "" if args.budget_action == "default" else args.budget_action
     try:
         tenant = msgspec.convert(base, Tenant)
     except msgspec.ValidationError as exc:
@@ -90,4 +106,4 @@ def _number(key: str, text: str) -> float:
         raise UnitError(f"{flag} {text!r}: a number, or 'none'") from None
     if not value >= 0:
         raise UnitError(f"{flag} must be >= 0, not {text}")
-    return int(value) if key != "gpus" else value
+    return value if key in ("gpus", "gpu_hours_per_month") else int(value)

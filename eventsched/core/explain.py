@@ -13,13 +13,15 @@ from typing import Any
 
 import msgspec
 
+from eventsched.core.budgets import budget_text
+from eventsched.core import reservations
 from eventsched.core.policies import Limits, View, _fitting_shapes, _Reservation, best_fit, fair_shares
 from eventsched.domain.states import WAITING, JobState
 from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
 __all__ = ["Reason", "waiting_reason", "waiting_reasons", "unusable_reason", "REASON_KINDS"]
 
-REASON_KINDS = ("held", "dependency", "begin", "backoff", "queue limit", "quota", "array limit", "resources",
+REASON_KINDS = ("held", "dependency", "begin", "backoff", "queue limit", "quota", "budget", "array limit", "resources",
                 "reserved", "priority", "scheduling")
 
 
@@ -39,7 +41,7 @@ def unusable_reason(gpu: Gpu, state: ClusterState) -> str | None:
     if gpu.lost:
         return f"is lost ({gpu.error})" if gpu.error else "is lost"
     if gpu.paused:
-        return "is paused"
+        return f"is drained ({gpu.paused_reason})" if gpu.paused_reason else "is paused"
     if usable(gpu, cfg):
         return None
     if gpu.temperature_c is not None and gpu.temperature_c > cfg.max_gpu_temperature_c:
@@ -170,7 +172,7 @@ class _Context:
 
     def __init__(self, state: ClusterState, now: float, view: View) -> None:
         self.state, self.now = state, now
-        self.limits = Limits(state)
+        self.limits = Limits(state, now)
         self.shares = fair_shares(state, now)
         self.reservation: _Reservation | None = None
         if state.config.reserve_for_gang and state.policy in ("priority", "best-fit", "fair-share", "fgd"):
@@ -235,6 +237,8 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
         return Reason(kind="queue limit", text=f"queue limit: {len(state.running)} job{'s' if len(state.running) != 1 else ''} running, "
                       f"max_running = {limit}")
     held_back = ctx.limits.blocked(job)
+    if held_back == "budget":
+        return Reason(kind="budget", text=budget_text(state, job.tenant, now), score=ctx.score(job))
     if held_back is not None:
         return Reason(kind="quota" if held_back == "quota" else "array limit", text=ctx.quota_text(job),
                       score=ctx.score(job))
@@ -248,6 +252,11 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
             return Reason(kind="reserved", score=ctx.score(job), first_ahead=res.head.id, text=(
                 f"reserved: GPUs {gpus} are held for job {res.head.id} ({res.head.count} GPUs, first in line), "
                 f"free {when}; this job fits only there and is not predicted to end before that"))
+    if fits and state.reservations and (booked := reservations.held_by(state, job, now)) is not None:
+        hold = reservations.holds(state, view.index, now)
+        if hold is not None and best_fit(view, job, hold(job)) is None:
+            return Reason(kind="reserved", score=ctx.score(job), text=f"{reservations.describe(booked, now)}"
+                          + ("" if booked.start <= now else "; this job is not predicted to end before it begins"))
     if not fits:
         single = len(state.node_gpus) <= 1
         parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]

@@ -2,8 +2,10 @@
 
 The scheduler's own core runs forward from a copy of the state on a virtual
 clock: each running job ends as its kind's past runs say (``_running_remaining``), each
-end is fed to ``core.handle`` as an exit, and the placements the policy then
-makes are the median forecast starts.
+end is fed to ``core.handle`` as an exit, and the policy's placements are the
+starts. It runs ``SAMPLES`` times, each future drawing the running jobs' ends
+anew, and a job's median start over them is its forecast: one draw puts a
+job's start wherever that draw's ends fall, the median where most fall.
 
 The 80 % range is conformal: past forecasts (``JobForecast``) are scored
 against their real starts as the log ratio of actual to forecast wait, and the
@@ -20,6 +22,7 @@ import bisect
 import heapq
 import itertools
 import math
+import statistics
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -51,6 +54,8 @@ JOBS_KEPT = 100_000  # jobs whose kind is remembered, the most recent
 KINDS_KEPT = 10_000  # kinds whose runs are kept, those that ran last
 MIN_RUNS = 3  # a kind with fewer runs is predicted as the core predicts it
 GUESS = (math.log(0.5), math.log(3.0))  # the range before there is anything to score
+SAMPLES = 9  # futures sampled: the median start over them is steadier than any one's
+SAMPLE_JOBS = 2_000  # beyond this many jobs to copy, the copies cost more than one future: one is run
 
 
 class Forecast(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,7 +143,7 @@ def _predicted(state: ClusterState, job: Job) -> float:
 
 
 def _running_remaining(state: ClusterState, job: Job, ran: float, all_runs: list[int],
-                       calibration: Calibration | None) -> float:
+                       calibration: Calibration | None, salt: int = 0) -> float:
     """How much longer a running job runs, having run ``ran`` s: as one of its
     kind's recent runs (``Calibration.runs``) that lasted longer did (as long
     again if none did), picked evenly by job id (``_pick``). One job near its
@@ -148,15 +153,16 @@ def _running_remaining(state: ClusterState, job: Job, ran: float, all_runs: list
     runs = calibration.runs_of(runtime_key(job.spec)) if calibration is not None else []
     if len(runs) < MIN_RUNS:
         return _remaining(state, job, ran, all_runs)
-    rest = _pick(runs, ran, job)
+    rest = _pick(runs, ran, job, salt)
     return _within_limit(state, job, ran, rest - ran if rest is not None else ran)
 
 
-def _pick(runs: list[float] | list[int], ran: float, job: Job) -> float | None:
+def _pick(runs: list[float] | list[int], ran: float, job: Job, salt: int = 0) -> float | None:
     """One of the sorted ``runs`` longer than ``ran``, picked evenly by job id
-    (None: none is): a sampled future that is the same every time."""
+    and future (``salt``) (None: none is): sampled futures that are the same every time."""
     i = bisect.bisect_right(runs, ran)
-    return runs[i + int((job.id * 0.6180339887) % 1 * (len(runs) - i))] if i < len(runs) else None
+    u = (job.id * 0.6180339887 + salt * 0.7548776662) % 1  # a different spread for each future
+    return runs[i + int(u * (len(runs) - i))] if i < len(runs) else None
 
 
 def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> float:
@@ -194,6 +200,7 @@ def working_copy(state: ClusterState) -> ClusterState:
     sim.stats.by_key = dict(state.stats.by_key)
     sim.stats.sorted = state.stats.sorted
     sim.tenants = dict(state.tenants)
+    sim.reservations, sim.last_reservation = dict(state.reservations), state.last_reservation
     sim.usage = {t: TenantUsage(u.recent, u.as_of) for t, u in state.usage.items()}
     sim._derive()
     return sim
@@ -207,6 +214,33 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     blind = not sim.stats.sorted
     if not wanted:
         return Forecast(starts={}, made_at=now, horizon=now, complete=True)
+    # a pristine copy for the other futures, only while copies are cheap; all
+    # the futures together take at most ``max_steps`` steps, as one did
+    spare = working_copy(sim) if calibration is not None and SAMPLES > 1 and len(sim.jobs) <= SAMPLE_JOBS else None
+    runs = [_forward(sim, now, wanted, max_steps, calibration, 0)]
+    steps = runs[0][2]
+    while spare is not None and len(runs) < SAMPLES and steps + runs[-1][2] <= max_steps:
+        last = len(runs) == SAMPLES - 1
+        runs.append(_forward(spare if last else working_copy(spare), now, wanted, max_steps, calibration, len(runs)))
+        steps += runs[-1][2]
+    starts: dict[int, float] = {}
+    for j in wanted:  # the median start over the futures (one that never started it: after them all)
+        mid = statistics.median_low(r[0].get(j, math.inf) for r in runs)
+        if math.isfinite(mid):
+            starts[j] = mid
+    complete = len(starts) == len(wanted)
+    t = max(r[1] for r in runs)
+    known = calibration.bounds(now) if calibration is not None else None
+    lo, hi = known or GUESS
+    return Forecast(starts=starts, made_at=now, horizon=t if not complete else max(starts.values(), default=now),
+                    complete=complete, blind=blind, calibrated=known is not None,
+                    low={j: now + min(_scaled(s - now, lo), s - now) for j, s in starts.items()},
+                    high={j: now + max(_scaled(s - now, hi), s - now) for j, s in starts.items()})
+
+
+def _forward(sim: ClusterState, now: float, wanted: set[int], max_steps: int,
+             calibration: Calibration | None, salt: int) -> tuple[dict[int, float], float, int]:
+    """One sampled future (``salt``): the placements' starts, how far it ran, in how many steps."""
     # (time, order, kind, job): ends of running jobs and the core's wake-ups
     ends: list[tuple[float, int, str, int]] = []
     order = itertools.count()  # ties go in the order pushed
@@ -214,7 +248,7 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     for jid in sim.running:
         job = sim.jobs[jid]
         ran = now - (job.started_at if job.started_at is not None else now)
-        rest = _running_remaining(sim, job, ran, all_runs, calibration)
+        rest = _running_remaining(sim, job, ran, all_runs, calibration, salt)
         # what waits for an end does not start "at the next decision"
         ends.append((now + max(1.0, rest), next(order), "end", jid))
     heapq.heapify(ends)
@@ -246,13 +280,7 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
         if ending is None or ending.state != JobState.RUNNING:
             continue  # ended already (a stop and its predicted end both queued)
         feed(m.ProcessExited(job=jid, exit_code=0), t)
-    complete = len(starts) == len(wanted)
-    known = calibration.bounds(now) if calibration is not None else None
-    lo, hi = known or GUESS
-    return Forecast(starts=starts, made_at=now, horizon=t if not complete else max(starts.values(), default=now),
-                    complete=complete, blind=blind, calibrated=known is not None,
-                    low={j: now + min(_scaled(s - now, lo), s - now) for j, s in starts.items()},
-                    high={j: now + max(_scaled(s - now, hi), s - now) for j, s in starts.items()})
+    return starts, t, steps
 
 
 def shown(f: Forecast, job: int, now: float) -> dict[str, Any]:

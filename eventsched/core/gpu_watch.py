@@ -93,7 +93,7 @@ def reclaim(state: ClusterState, now: float) -> tuple[int, int] | None:
     if state.config.idle_policy == "off" or not state.idle_jobs or not state.queue or state.reclaiming:
         return None
     heads = [e[2] for e in sorted(entries[0] for entries in state.queue.shape_queue.values() if entries)]
-    limits = Limits(state)
+    limits = Limits(state, now)
     waiting = [state.jobs[j] for j in heads if _eligible(state, state.jobs[j], now) and limits.blocked(state.jobs[j]) is None]
     if not waiting:
         return None

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from eventsched.core import budgets, reservations
 from eventsched.core.fgd import NodeFragments
 from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
@@ -302,11 +303,13 @@ class Limits:
     tenant may still start, less what this decision has placed.
 
     Quotas are ceilings on what runs at once; a tenant with no quota set
-    for a resource has none on it.
+    for a resource has none on it. A tenant whose month's budget is spent
+    (``budgets``) is held, or placed only in the core's second, lowered pass.
     """
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
+        self.spent = budgets.spent(state, now) if state.tenants else {}  # tenant -> its budget action
         self.left: dict[str, list[int] | None] = {}  # tenant -> [milli, mem, jobs] left; None: no quota
         self.arrays: dict[int, int] = {}  # array id -> tasks it may still start
 
@@ -334,6 +337,10 @@ class Limits:
                 return "array-cap"
         if not self.state.tenants:
             return None  # no quotas at all (tenant_left would answer None for each)
+        if self.spent or self.state.placing_lowered:
+            action = self.spent.get(tenant_of(job))
+            if action == budgets.HOLD or (action == budgets.LOWER) != self.state.placing_lowered:
+                return "budget"
         q = self._tenant_left(tenant_of(job))
         if q is not None and (q[0] < job.count * job.milli or q[1] < job.count * spec.gpu_mem_mib or q[2] < 1):
             return "quota"
@@ -431,14 +438,20 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
     return View(cap, state.node), slots, smallest
 
 
-def _start(state: ClusterState) -> tuple[View, int, int, set[tuple[Any, ...]], Limits] | None:
+def _start(state: ClusterState, now: float) -> tuple[View, int, int, set[tuple[Any, ...]], Limits] | None:
     """``_room``, the shapes that fit in it, and the quotas; None when nothing can start."""
     room = _room(state)
     if room is None:
         return None
     view, slots, smallest = room
     live = _fitting_shapes(state, view)
-    return (view, slots, smallest, live, Limits(state)) if live else None
+    return (view, slots, smallest, live, Limits(state, now)) if live else None
+
+
+def _held_off(view: View, job: Job, held: frozenset[int], choose: Chooser) -> bool:
+    """Does ``job`` fail to fit only because booked GPUs (``reservations``) are
+    held from it? Then only it waits: another job of its shape may own them."""
+    return bool(held) and choose(view, job, frozenset()) is not None
 
 
 def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
@@ -452,10 +465,11 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
     with the shapes and the jobs placed, not with the jobs waiting behind
     shapes that do not fit. A blocked gang at the head may get GPUs reserved
     (``_Reservation``)."""
-    start = _start(state)
+    start = _start(state, now)
     if start is None:  # nothing can start: no placement for a reservation to guard
         return []
     view, slots, smallest, live, limits = start
+    hold = reservations.holds(state, view.index, now) if state.reservations else None
     offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
     # (head's (aged -priority - fair share, order, id), its position, shape):
@@ -473,16 +487,18 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
             heapq.heappop(heap)
             continue
         if _eligible(state, job, now):
-            idxs = choose(view, job, frozenset())
-            if idxs is None:  # nothing more of this shape fits in this decision
-                heapq.heappop(heap)
-                continue
-            if reserve is not None and job.id != reserve.head.id and reserve.collides(idxs, job):
-                idxs = choose(view, job, reserve.gpus)
-                if idxs is None:  # this shape fits only on the held GPUs: not searched deeper
-                    heapq.heappop(heap)  # (a later job of it with a shorter prediction waits too)
+            held = hold(job) if hold is not None else frozenset()
+            idxs = choose(view, job, held)
+            if idxs is None:
+                if not _held_off(view, job, held, choose):  # nothing more of this shape fits in this decision
+                    heapq.heappop(heap)
                     continue
-            if _place(view, limits, out, job, idxs, slots, smallest):
+            elif reserve is not None and job.id != reserve.head.id and reserve.collides(idxs, job):
+                idxs = choose(view, job, reserve.gpus | held)
+                if idxs is None and not _held_off(view, job, held, choose):
+                    heapq.heappop(heap)  # this shape fits only on the held GPUs: not searched deeper
+                    continue  # (a later job of it with a shorter prediction waits too)
+            if idxs is not None and _place(view, limits, out, job, idxs, slots, smallest):
                 break
         _advance(heap, lanes[shape], pos, shape, offsets)
     return out
@@ -579,12 +595,17 @@ def _indices(index: dict[tuple[str, int], int], job: Job) -> list[int]:
     return [index[(node, g)] for g in job.gpu_ids if (node, g) in index]
 
 
-def _running_ends(state: ClusterState, view: View, now: float,
-                  pred: Callable[[Job], float] | None = None) -> list[tuple[float, int, list[int], int, int]]:
-    """(predicted end, job, GPU indices, share, memory) of each running job."""
-    out = []
+End = tuple[float, int, list[int], int, int]  # (end, job, GPU indices, share, memory)
+
+
+def _running_ends(state: ClusterState, view: View, now: float, pred: Callable[[Job], float] | None,
+                  extra: list[End]) -> Iterator[End]:
+    """(predicted end, job, GPU indices, share, memory) of each running job
+    and of ``extra`` (this decision's own placements), in (end, job) order,
+    lazily: a reservation reads only as far as its head fits."""
+    keys: list[tuple[float, int]] = []
     jobs = state.jobs
-    index, default, predict = view.index, state.config.default_time_limit_s, state.stats.predict
+    default, predict = state.config.default_time_limit_s, state.stats.predict
     known: dict[tuple[str, str], float] = {}  # running jobs share few runtime keys
     for jid in state.running:
         r = jobs[jid]
@@ -598,8 +619,14 @@ def _running_ends(state: ClusterState, view: View, now: float,
         if limit is not None:
             p = min(p, limit)
         start = r.started_at if r.started_at is not None else now
-        out.append((max(now, start + p), jid, _indices(index, r), r.milli, r.mem_mib))
-    return out
+        keys.append((max(now, start + p), jid))
+    mine = {e[1]: e for e in extra}
+    keys.extend((e[0], e[1]) for e in extra)
+    keys.sort()
+    index = view.index
+    for end, jid in keys:
+        e = mine.get(jid)
+        yield e if e is not None else _end_entry(jobs[jid], end, index)
 
 
 def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], lane: Iterator[tuple[float, int, int]],
@@ -619,17 +646,21 @@ def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose
     Its cost is bounded by the jobs placed and the ineligible ones before the
     blocker, so it needs no per-shape merge.
     """
-    start = _start(state)
+    start = _start(state, now)
     if start is None:
         return []
     view, slots, smallest, live, limits = start
+    hold = reservations.holds(state, view.index, now) if state.reservations else None
     jobs, shape_of = state.jobs, state.queue.shape_of
     out: list[Placement] = []
     for jid in order:
         job = jobs[jid]
         if not _eligible(state, job, now) or limits.blocked(job):  # a quota holds back its tenant only
             continue
-        idxs = choose(view, job, frozenset()) if shape_of[jid] in live else None
+        held = hold(job) if hold is not None else frozenset()
+        idxs = choose(view, job, held) if shape_of[jid] in live else None
+        if idxs is None and shape_of[jid] in live and _held_off(view, job, held, choose):
+            continue  # kept off booked GPUs: it does not block the others
         if idxs is None or _place(view, limits, out, job, idxs, slots, smallest):
             break
     return out
@@ -686,7 +717,16 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         limit = time_limit_of(job, state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
 
-    return _sjf(state, now, pred, lambda live, has_head: _sjf_order(state, live, has_head), None)
+    def shortest(shape: Any) -> float | None:
+        # no job of the shape is predicted shorter than its runtime keys' least
+        # prediction, unless one has a time limit of its own
+        if state.queue.own_limits:
+            return None
+        default = state.config.default_time_limit_s
+        least = min(state.stats.predict(r, DEFAULT_RUNTIME_S) for r in state.queue.shape_rkey[shape])
+        return min(least, default) if default is not None and default > 0 else least
+
+    return _sjf(state, now, pred, lambda live, has_head: _sjf_order(state, live, has_head), None, shortest)
 
 
 def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
@@ -708,12 +748,16 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
 
 def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
          order: Callable[[set[Any], Callable[[], bool]], Iterator[int]],
-         running_pred: Callable[[Job], float] | None) -> list[Placement]:
-    """Shortest (predicted) job first with EASY backfill, for ``pred``."""
-    start = _start(state)
+         running_pred: Callable[[Job], float] | None,
+         shortest: Callable[[Any], float | None] | None = None) -> list[Placement]:
+    """Shortest (predicted) job first with EASY backfill, for ``pred``
+    (``shortest``: a lower bound of ``pred`` over a shape's queued jobs, None
+    when it has none)."""
+    start = _start(state, now)
     if start is None:
         return []
     view, slots, smallest, live, limits = start
+    hold = reservations.holds(state, view.index, now) if state.reservations else None
     jobs, shape_of = state.jobs, state.queue.shape_of
     # what will free capacity, and when: this decision's own placements here,
     # running jobs added only if a reservation is needed
@@ -737,7 +781,10 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
             continue
         if shape in reserved_only and reservation is not None and now + pred(job) > reservation[0]:
             continue
-        idxs = best_fit(view, job, frozenset()) if shape in live else None
+        held = hold(job) if hold is not None else frozenset()
+        idxs = best_fit(view, job, held) if shape in live else None
+        if idxs is None and shape in live and _held_off(view, job, held, best_fit):
+            continue  # kept off booked GPUs: only it waits
         if idxs is None:  # the head (it cannot start now), or a shape that no longer fits
             live.discard(shape)
             if head is None:
@@ -748,12 +795,18 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
         if head is not None:
             if reservation is None:
                 at_view, head_job, head_ends = head
-                reservation = _reservation(at_view, head_job, _running_ends(state, view, now, running_pred) + head_ends)
+                reservation = _reservation(at_view, head_job, _running_ends(state, view, now, running_pred, head_ends),
+                                           ordered=True)
             shadow, reserved = reservation
             if set(idxs) & reserved and now + pred(job) > shadow:
-                idxs = best_fit(view, job, reserved)
+                idxs = best_fit(view, job, reserved | held)
                 if idxs is None:
+                    if held:
+                        continue  # another job of its shape may own the booked GPUs
                     reserved_only.add(shape)
+                    least = shortest(shape) if shortest is not None else None
+                    if least is not None and now + least > shadow:
+                        live.discard(shape)  # none of its jobs ends before the head starts: none is walked
                     continue
         ends.append((now + pred(job), job.id, idxs, job.milli, job.spec.gpu_mem_mib))
         if _place(view, limits, out, job, idxs, slots, smallest):

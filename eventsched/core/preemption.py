@@ -66,7 +66,7 @@ def _head(state: ClusterState, now: float, offsets: dict[str, float]) -> Job | N
     else:
         best = min(_lane_key(entries[0], shape, offsets) for shape, entries in q.shape_queue.items())[2]
     job = state.jobs[best]
-    return job if _eligible(state, job, now) and Limits(state).blocked(job) is None else None
+    return job if _eligible(state, job, now) and Limits(state, now).blocked(job) is None else None
 
 
 def plan(state: ClusterState, now: float, placed: frozenset[int] = frozenset()) -> Preemption | None:

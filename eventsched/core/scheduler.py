@@ -16,11 +16,13 @@ from typing import Any
 
 import msgspec
 
-from eventsched.core import gpu_watch, preemption
+from eventsched.core import budgets, gpu_watch, preemption, reservations
 from eventsched.core.policies import POLICIES, REPLAY_ONLY, decide
+from eventsched.core.records import Placement
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
-from eventsched.domain.messages import Effect, Launch, RefusalKind, Refused, Signal, WakeAt
+from eventsched.domain.gpu_health import drain_reason, same_reading
+from eventsched.domain.messages import Effect, Launch, Notify, RefusalKind, Refused, Signal, WakeAt
 from eventsched.domain.settings import settings_dict
 from eventsched.domain.states import (
     BLOCKS_DUPLICATES,
@@ -120,19 +122,36 @@ def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Eve
 def _schedule(out: _Out) -> None:
     """Run the current policy and launch what it placed."""
     state = out.state
+    if state.reservations:
+        _clear_reserved(out)
     if not state.queue:
         return
     placements = decide(state, out.now)
+    _launch(out, placements)
+    if state.tenants and state.queue and budgets.LOWER in budgets.spent(state, out.now).values():
+        # what everyone else's jobs left goes to the tenants whose budget is spent
+        state.placing_lowered = True
+        try:
+            lowered = decide(state, out.now)
+        finally:
+            state.placing_lowered = False
+        _launch(out, lowered)
+        placements = placements + lowered
+    if state.config.preemption and state.queue and _may_preempt(state):
+        _preempt(out, frozenset(p.job for p in placements))
+    if state.idle_jobs and state.queue and state.config.idle_policy != "off":
+        _reclaim_idle(out)
+
+
+def _launch(out: _Out, placements: list[Placement]) -> None:
+    """Record the placements (decisions) and launch them."""
+    state = out.state
     for p in placements:
         out.decide(ev.JobPlaced(job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem,
                                 policy=state.policy))
         job = state.jobs[p.job]
         out.effects.append(Launch(job=p.job, spec=_with_memory_knobs(state, job), node=p.node, gpu_ids=list(p.gpu_ids),
                                   attempt=job.attempts))
-    if state.config.preemption and state.queue and _may_preempt(state):
-        _preempt(out, frozenset(p.job for p in placements))
-    if state.idle_jobs and state.queue and state.config.idle_policy != "off":
-        _reclaim_idle(out)
 
 
 GPU_MEM_FRACTION_VARS = ("EVENTSCHED_GPU_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
@@ -152,6 +171,25 @@ def _with_memory_knobs(state: ClusterState, job: Job) -> ev.JobSpec:
         return spec
     fraction = f"{min(1.0, spec.gpu_mem_mib / total):.4f}"
     return msgspec.structs.replace(spec, env={**{k: fraction for k in GPU_MEM_FRACTION_VARS}, **spec.env})
+
+
+def _clear_reserved(out: _Out) -> None:
+    """Jobs of others on the GPUs of an open reservation window: stopped with
+    their warning signal and requeued, or left running, flagged in ``reserve list``."""
+    if out.state.config.reservation_policy == "requeue":
+        for jid, r in reservations.intruders(out.state, out.now):
+            _stop(out, jid, f"reservation {r.reservation}", "preempted", rule="reservation")
+
+
+def _reserve(out: _Out, msg: m.Reserve) -> None:
+    rid = msg.reservation or out.state.last_reservation + 1
+    out.fact(reservations.create(out.state, msg, out.now, rid))
+    _schedule(out)
+
+
+def _cancel_reservation(out: _Out, msg: m.CancelReservation) -> None:
+    out.fact(reservations.cancel(out.state, msg, out.now))
+    _schedule(out)
 
 
 def _reclaim_idle(out: _Out) -> None:
@@ -226,6 +264,11 @@ def next_deadline(state: ClusterState, now: float) -> float | None:
             best = min(best, nb)
     for due, _ in _nodes_gone_with_jobs(state):
         best = min(best, due)
+    edge = reservations.next_edge(state, now) if state.reservations else None
+    if edge is not None and edge < best:
+        best = edge
+    if state.tenants and (month := budgets.next_month(state, now)) is not None:
+        best = min(best, month)  # a spent budget starts again
     return None if best == math.inf else best
 
 
@@ -575,10 +618,42 @@ def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
     newly_lost = gpu is not None and msg.lost and not gpu.lost
     out.fact(ev.GpuErrored(ts=out.now, cause="nvml", node=msg.node, gpu=msg.gpu, error=msg.error, lost=msg.lost))
     if newly_lost and gpu is not None:
-        for jid in sorted(gpu.jobs):
-            job = out.state.jobs[jid]
-            if job.state == RUNNING and not job.cancel_reason:
-                _stop(out, jid, "gpu-lost", "preempted")
+        _requeue_jobs_on(out, gpu, "gpu-lost")
+        if out.state.config.gpu_health_lost:
+            _drain(out, gpu, "GPU is lost")
+
+
+def _requeue_jobs_on(out: _Out, gpu: Gpu, by: str) -> None:
+    """Stop the running jobs of a failed GPU as if preempted: requeued
+    without spending a retry, since the fault is the GPU's, not theirs."""
+    for jid in sorted(gpu.jobs):
+        job = out.state.jobs[jid]
+        if job.state == RUNNING and not job.cancel_reason:
+            _stop(out, jid, by, "preempted")
+
+
+def _gpu_health(out: _Out, msg: m.GpuHealthRead) -> None:
+    """A health reading is recorded when it says something new (a GPU that
+    stays sick adds nothing); one over a threshold drains its GPU."""
+    r = msg.reading
+    gpu = out.state.gpus.get((r.node, r.gpu))
+    if gpu is None or same_reading(gpu.health, r):
+        return
+    out.fact(msgspec.structs.replace(r, ts=out.now, cause="nvml"))
+    _drain(out, gpu, drain_reason(r, out.state.config))
+
+
+def _drain(out: _Out, gpu: Gpu, reason: str) -> None:
+    """Take a sick GPU out of service until an operator resumes it, and tell
+    the operators; its running jobs finish, or are requeued when
+    ``gpu_health_running`` says so. A drained GPU keeps its first reason."""
+    if not reason or gpu.paused_reason:
+        return
+    out.decide(ev.GpuPaused(node=gpu.node, gpu=gpu.id, by="health", reason=reason))
+    out.effects.append(Notify(text=f"GPU {gpu.id} on node {gpu.node} drained: {reason}; "
+                                   f"`eventsched resume-gpu {gpu.id}` returns it to service"))
+    if out.state.config.gpu_health_running == "requeue":
+        _requeue_jobs_on(out, gpu, "gpu-health")
 
 
 # --- the clock and the processes --------------------------------------------------
@@ -755,6 +830,8 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.PauseGpu: _pause,
     m.ResumeGpu: _pause,
     m.SetPolicy: _set_policy,
+    m.Reserve: _reserve,
+    m.CancelReservation: _cancel_reservation,
     m.SetTenant: _set_tenant,
     m.SetTenants: _set_tenant,
     m.RecordForecast: _record_forecast,
@@ -765,4 +842,5 @@ _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.ProcessLost: _process_lost,
     m.GpuObserved: _gpu_observed,
     m.GpuFailed: _gpu_failed,
+    m.GpuHealthRead: _gpu_health,
 }

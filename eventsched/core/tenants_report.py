@@ -1,10 +1,11 @@
 """What ``eventsched tenants`` shows: each tenant's quota, weight, what it
-holds now, its fair share and its recent use, from the state alone."""
+holds now, its fair share, its recent use and its month's budget, from the state alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from eventsched.core.budgets import spent, used_gpu_hours
 from eventsched.core.policies import fair_shares
 from eventsched.domain.states import JobState
 from eventsched.domain.units import FULL
@@ -20,6 +21,7 @@ def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
         if job.state == JobState.QUEUED:
             waiting[job.tenant] = waiting.get(job.tenant, 0) + 1
     half_life = state.config.usage_half_life_s
+    spent_now = spent(state, now)
     out = []
     for name in sorted(set(shares) | set(state.tenants)):
         tenant = state.tenants.get(name)
@@ -30,6 +32,7 @@ def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
             "tenant": name,
             "configured": tenant is not None,
             "users": list(tenant.users) if tenant else [],
+            "default_for": list(tenant.default_for) if tenant else [],
             "quota": {k: getattr(tenant, k) if tenant else None for k in ("gpus", "gpu_mem_mib", "jobs")},
             "weight": tenant.weight if tenant else 1.0,
             "preemptible": tenant.preemptible if tenant else False,
@@ -38,5 +41,8 @@ def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
             "recent_share": round(used, 6),
             "fair_share_factor": round(factor, 6),
             "recent_gpu_hours": round((usage.at(now, half_life) if usage else 0.0) / 3600.0, 6),
+            "budget": {"gpu_hours_per_month": tenant.gpu_hours_per_month if tenant else None,
+                       "action": tenant.budget_action if tenant else "",
+                       "used_gpu_hours": round(used_gpu_hours(state, name, now), 6), "spent": name in spent_now},
         })
     return out

@@ -34,11 +34,11 @@ import msgspec
 from eventsched.domain.tenants import Tenant
 
 __all__ = ["Event", "JobSpec", "DaemonStarted", "DaemonStopped", "GpuDiscovered", "GpuSampled", "GpuErrored",
-           "GpuPaused", "GpuResumed", "PolicyChanged", "JobSubmitted", "JobPlaced", "JobStarted", "JobExited",
+           "GpuPaused", "GpuResumed", "GpuHealth", "PolicyChanged", "JobSubmitted", "JobPlaced", "JobStarted", "JobExited",
            "JobCancelRequested", "JobCancelled", "JobRequeued", "JobHeld", "JobReleased", "JobLost",
            "JobUpdated", "UPDATABLE", "TenantsConfigured", "JobForecast", "GpuProcess", "JobGpuMemoryExceeded", "JobGpuMemoryWithin",
            "JobIdle", "JobBusy", "NodeJoined", "NodeLeft", "NodeActorRestarted", "ClusterDisconnected",
-           "StrayAttemptKilled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
+           "StrayAttemptKilled", "ReservationCreated", "ReservationCancelled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
            "decode", "decode_many", "stamp"]
 
 
@@ -99,6 +99,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # a jobs-file line, "PATH:LINE:SHA256-of-the-line": submitted once, ever
     source: str = ""
     begin: float = 0.0  # `--begin`: not placed before this UNIX time (0: no such wait)
+    notify: list[str] = []  # `--notify end,fail`: what its owner's hook is told of ([]: what the hook says)
 
 
 class DaemonStarted(Event, frozen=True, kw_only=True):
@@ -159,6 +160,24 @@ class GpuPaused(Event, frozen=True, kw_only=True):
     node: str
     gpu: int
     by: str = ""
+    reason: str = ""  # why, when the scheduler drained it (by "health"): e.g. "Xid 79 (fallen off the bus)"
+
+
+class GpuHealth(Event, frozen=True, kw_only=True):
+    """What the driver says of a GPU's health (NVML's ECC counters, retired
+    pages, row remapping, Xid events), recorded when it changed; -1: the GPU
+    cannot say (no ECC, an older or newer architecture)."""
+
+    node: str
+    gpu: int
+    ecc_uncorrected: int = -1  # volatile: since the driver loaded or the GPU was reset
+    ecc_corrected: int = -1
+    ecc_uncorrected_total: int = -1  # aggregate: over the GPU's life
+    ecc_corrected_total: int = -1
+    retired_pages: int = -1
+    pending: bool = False  # a page retirement or row remap waits for a GPU reset
+    remap_failed: bool = False  # a row could not be remapped: the memory is out of spares
+    xids: list[int] = []  # Xid events since the last reading
 
 
 class GpuResumed(Event, frozen=True, kw_only=True):
@@ -384,11 +403,34 @@ class StrayAttemptKilled(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class ReservationCreated(Event, frozen=True, kw_only=True):
+    """GPUs booked ahead (``eventsched reserve create``): from ``start`` to
+    ``end`` they go only to the jobs of ``user`` (uid ``uid``), or of the
+    members of ``tenant`` when it is set."""
+
+    reservation: int
+    node: str
+    gpu_ids: list[int]
+    start: float
+    end: float
+    user: str = ""
+    uid: int = -1
+    tenant: str = ""
+    name: str = ""
+    by: str = ""
+
+
+class ReservationCancelled(Event, frozen=True, kw_only=True):
+    reservation: int
+    by: str = ""
+
+
 AnyEvent = Union[DaemonStarted, DaemonStopped, GpuDiscovered, GpuSampled, GpuErrored, GpuPaused, GpuResumed,
                  PolicyChanged, TimerFired, JobsCommanded, JobSubmitted, JobPlaced, JobStarted, JobExited,
                  JobCancelRequested, JobCancelled, JobRequeued, JobHeld, JobReleased, JobLost, TenantsConfigured,
                  JobForecast, JobGpuMemoryExceeded, JobGpuMemoryWithin, JobIdle, JobBusy, NodeJoined, NodeLeft,
-                 NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled, JobUpdated]
+                 NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled, JobUpdated, GpuHealth,
+                 ReservationCreated, ReservationCancelled]
 
 
 def is_stimulus(event: Event) -> bool:

@@ -13,13 +13,13 @@ from typing import Literal
 
 import msgspec
 
-from eventsched.domain.events import GpuProcess, JobSpec
+from eventsched.domain.events import GpuHealth, GpuProcess, JobSpec
 from eventsched.domain.tenants import Tenant
 
 __all__ = ["Message", "NodeUp", "NodeDown", "ClusterLink", "StrayKilled", "Started", "GpuInfo", "Submit", "Cancel",
            "Hold", "Release", "Update", "PauseGpu", "ResumeGpu", "SetPolicy", "SetTenant", "SetTenants",
            "RecordForecast", "Tick", "ProcessStarted", "ProcessExited", "ProcessLost", "NeverLaunched", "GpuObserved",
-           "GpuFailed", "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Refused", "RefusalKind", "SchedulerConfig"]
+           "GpuFailed", "GpuHealthRead", "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Notify", "Refused", "RefusalKind", "SchedulerConfig"]
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -72,6 +72,24 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # on each node, GPUs where a process outside the scheduler holds memory
     # come last, so an equal fit goes to a GPU no stranger uses
     avoid_foreign_gpus: bool = True
+    # --- GPU health (docs/gpu-health.md; the config file's [gpu_health]) ---------
+    # a GPU whose driver reports any of these is drained (nothing new until `resume-gpu`)
+    gpu_health_ecc_uncorrected: int = 1  # uncorrected ECC errors since the last reset (0: never)
+    gpu_health_ecc_corrected: int = 0  # corrected ones (0: never)
+    gpu_health_retired_pages: int = 0  # retired memory pages (0: never)
+    gpu_health_pending: bool = True  # a page retirement or row remap waiting for a reset, or a failed remap
+    gpu_health_xids: str = "48,63,64,74,79,92,94,95"  # Xid events that drain
+    gpu_health_lost: bool = False  # a lost GPU stays drained when it reads again
+    gpu_health_running: Literal["finish", "requeue"] = "finish"  # the drained GPU's running jobs
+    # --- budgets (docs/fair-share.md) ---------------------------------------------
+    # a tenant that has used its month's gpu_hours_per_month: its waiting jobs are
+    # "hold" (not placed until the next month) or "lower-priority" (placed only on
+    # what every other tenant's jobs leave)
+    budget_action: Literal["hold", "lower-priority"] = "hold"
+    # --- reservations (docs/reservations.md) ----------------------------------------
+    # another's job found on reserved GPUs when the window opens: "requeue"
+    # (stopped with its --signal, then queued again) or "flag" (shown, left running)
+    reservation_policy: Literal["requeue", "flag"] = "requeue"
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,6 +190,32 @@ class Update(Message, frozen=True):
     name: str | None = None
 
 
+class Reserve(Message, frozen=True):
+    """Book GPUs for a user (or a tenant's members) from ``start`` to ``end``:
+    ``gpu_ids`` exactly, or any ``gpus`` of one node. ``limits``: (hours
+    ahead, GPU-hours booked) a user may not exceed; None for an operator or a replay."""
+
+    start: float
+    end: float
+    user: str = ""
+    uid: int = -1
+    tenant: str = ""
+    gpus: int = 0
+    gpu_ids: list[int] | None = None
+    node: str = ""
+    name: str = ""
+    by: str = ""
+    limits: tuple[float, float] | None = None
+    reservation: int = 0  # its id as recorded (a replay); 0: the next one
+
+
+class CancelReservation(Message, frozen=True):
+    reservation: int
+    uid: int = 0
+    operator: bool = True
+    by: str = ""
+
+
 class PauseGpu(Message, frozen=True):
     node: str
     gpu: int
@@ -243,6 +287,12 @@ class GpuFailed(Message, frozen=True):
     lost: bool = False
 
 
+class GpuHealthRead(Message, frozen=True):
+    """A GPU's health as its backend read it (recorded when it changed)."""
+
+    reading: GpuHealth
+
+
 class NodeUp(Message, frozen=True):
     """A cluster node's executor is up with these GPUs
     (``restarted``: its actor was restarted, the node itself stayed)."""
@@ -300,6 +350,12 @@ class Signal(Effect, frozen=True):
     signum: int = 0  # the first signal (0: SIGTERM)
     node: str = "local"  # where the job runs
     attempt: int = 1  # which of its placements is to stop
+
+
+class Notify(Effect, frozen=True):
+    """Tell the operators (the daemon's log, at warning level): e.g. a GPU drained."""
+
+    text: str
 
 
 class WakeAt(Effect, frozen=True):

@@ -16,7 +16,7 @@ import msgspec
 
 from eventsched.domain.messages import SchedulerConfig
 
-__all__ = ["SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
+__all__ = ["ReservationLimits", "SETTINGS_VERSION", "SettingsError", "settings_dict", "settings_from_dict", "UPCASTERS"]
 
 SETTINGS_VERSION = 6
 VERSION_KEY = "settings_version"
@@ -24,6 +24,14 @@ VERSION_KEY = "settings_version"
 
 class SettingsError(Exception):
     """The recorded settings cannot be read by this version (one line)."""
+
+
+class ReservationLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a user may book for themself (the config's [reservations]); operators
+    book for anyone, unlimited. Checked when booked, so not part of the recorded settings."""
+
+    max_hours_ahead: float = 168.0  # a window may start at most a week ahead
+    max_gpu_hours: float = 48.0  # GPU-hours one user holds booked in windows not yet over
 
 
 def upcast_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ keeps what the quotas were when each decision was made.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -31,6 +31,10 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     preemptible: bool = False  # its jobs over its fair share may be preempted
     default_for: list[str] = []  # users whose tenant this is when they name none (if in several)
+    # GPU-hours its jobs may use per calendar month (UTC); once used, its waiting
+    # jobs are held or placed last (budget_action; "": [scheduler] budget_action)
+    gpu_hours_per_month: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    budget_action: Literal["", "hold", "lower-priority"] = ""
 
 
 class TenantConfig(Tenant, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from typing import Final
 
 __all__ = ["FULL", "UnitError", "parse_duration", "parse_begin", "parse_gpu_ids", "parse_job_ids", "parse_fake_gpus",
-           "DEFAULT_FAKE_MEM_MIB", "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration"]
+           "DEFAULT_FAKE_MEM_MIB", "MAX_ARRAY_TASKS", "parse_array", "parse_signal", "format_duration", "format_gpu_time", "utc_month"]
 
 # milli-GPU in one whole GPU: shares are integers, never over-committed by rounding.
 # Final: the compiled modules inline it (else a dict lookup per use in hot scans)
@@ -97,6 +97,28 @@ def format_duration(seconds: float | None, style: str = "clock") -> str:
     s = max(0, int(seconds))
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
+
+def utc_month(ts: float) -> tuple[float, float]:
+    """The calendar month (UTC) holding ``ts``: its first second and the next month's."""
+    from datetime import datetime, timezone
+
+    d = datetime.fromtimestamp(ts, timezone.utc)
+    start = datetime(d.year, d.month, 1, tzinfo=timezone.utc)
+    end = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return start.timestamp(), end.timestamp()
+
+
+
+def format_gpu_time(gpu_seconds: float) -> str:
+    """GPU time for a person, its unit chosen by size: ``2 GPU-s``,
+    ``3.4 GPU-min``, ``1.25 GPU-h``, ``310 GPU-h`` (three digits at most)."""
+    s = max(0.0, float(gpu_seconds))
+    if s < 60:
+        return f"{s:.1g} GPU-s" if 0 < s < 1 else f"{s:.0f} GPU-s"
+    if s < 3600:
+        return f"{s / 60:.1f} GPU-min" if s < 600 else f"{s / 60:.0f} GPU-min"
+    h = s / 3600
+    return f"{h:.2f} GPU-h" if h < 10 else f"{h:.1f} GPU-h" if h < 100 else f"{h:.0f} GPU-h"
 
 def parse_gpu_ids(text: str) -> list[int]:
     """``"1,3"``, ``"0-3"``, ``"0-1,4"`` -> sorted unique ids."""

@@ -11,11 +11,14 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from eventsched.domain.states import FINAL
-from eventsched.jupyter.widgets import STATE_COLOURS, render_jobs_html, render_jobs_text
+from eventsched.jupyter.widgets import STATE_COLOURS, render_explanation_html, render_jobs_html, render_jobs_text
 from eventsched.wire.client import Client, read_new_output
+
+if TYPE_CHECKING:
+    from eventsched.jupyter.whatif import Alternatives
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]
 
@@ -94,16 +97,7 @@ class Explanation:
         return render_explanation(self.info)
 
     def _repr_html_(self) -> str:
-        job = self.info["job"]
-        head = (f"job {job['id']} ({html.escape(job['name'])}, {html.escape(job['user'])}) "
-                f"is <b>{html.escape(job['state'])}</b>")
-        reason = f"<p>reason: {html.escape(self.reason['text'])}</p>" if self.reason else ""
-        items = "".join(
-            f"<li><code>{time.strftime('%H:%M:%S', time.localtime(line['ts']))}</code> {html.escape(line['what'])}"
-            + (f" <i>because {html.escape(line['because'])}</i>" if line["because"] else "") + "</li>"
-            for line in self.story
-        )
-        return f"<div class='es-explain'><p>{head}</p>{reason}<ol>{items}</ol></div>"
+        return render_explanation_html(self.info)
 
 
 class JobHandle:
@@ -185,6 +179,14 @@ class JobHandle:
         story from the log (``.story``), as ``eventsched explain`` tells it."""
         with self._client() as c:
             return Explanation(c.explain(self.id))
+
+    def whatif(self, gpus: float | Sequence[float] = (), gpu_mem: int | Sequence[int] = ()) -> Alternatives:
+        """When would this queued job start had it asked for ``gpus`` GPUs
+        and/or ``gpu_mem`` MiB of GPU memory (one value or several), beside
+        its own request: the forecast and its 80 % range, as ``explain`` gives."""
+        from eventsched.jupyter.whatif import alternatives_of, job_whatif
+
+        return job_whatif(self.socket_path, self.id, alternatives_of(gpus, gpu_mem))
 
     def cancel(self) -> "JobHandle":
         with self._client() as c:

@@ -1,5 +1,5 @@
 """IPython magics: ``%gpusubmit``, ``%%gpusubmit``, ``%gpuqueue``, ``%gpucancel``,
-``%gpustatus``, ``%gpusql`` and ``%gpuscheduler``.
+``%gpustatus``, ``%gpuwhatif``, ``%gpusql`` and ``%gpuscheduler``.
 
 Options are parsed by the very parsers of the ``eventsched`` command
 (``cli.build_parser``), so a magic accepts exactly what the CLI accepts.
@@ -62,6 +62,12 @@ def subcommand_parser(name: str, prog: str) -> argparse.ArgumentParser:
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     sub = action.choices[name]
     sub.prog = prog
+    return _raising(sub)
+
+
+def _raising(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser``, raising a one-line ``UsageError`` instead of exiting."""
+    prog = parser.prog
 
     def error(message: str) -> NoReturn:
         raise UsageError(f"{prog}: {message} (see {prog} -h)")
@@ -71,9 +77,27 @@ def subcommand_parser(name: str, prog: str) -> argparse.ArgumentParser:
             print(message, file=sys.stderr)
         raise _HelpShown
 
-    sub.error = error  # type: ignore[method-assign]
-    sub.exit = exit_  # type: ignore[method-assign]
-    return sub
+    parser.error = error  # type: ignore[method-assign]
+    parser.exit = exit_  # type: ignore[method-assign]
+    return parser
+
+
+def whatif_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="%gpuwhatif", description=(
+        "Replay a history under other policies, or (--job) forecast when a queued job would start "
+        "had it asked for other resources."))
+    parser.add_argument("--policy", action="append", default=[], help="a policy to replay under (repeat for more)")
+    parser.add_argument("--config", help="a config file whose [scheduler] and [tenants] to replay under")
+    parser.add_argument("--since", help="measure only the jobs submitted in this window (7d, 12h) before the last one")
+    parser.add_argument("--source", help="a state dir, log dir or CSV (default: this kernel's daemon's history)")
+    parser.add_argument("--job", type=int, help="a queued job: forecast it under each --gpus / --gpu-mem instead")
+    parser.add_argument("--gpus", action="append", default=[],
+                        help="with --job: GPUs it could ask for (repeatable); else a CSV's machine, e.g. fake:8")
+    parser.add_argument("--gpu-mem", dest="gpu_mem", type=int, action="append", default=[], metavar="MIB",
+                        help="with --job: GPU memory per GPU it could ask for (repeatable)")
+    parser.add_argument("--state-dir")
+    parser.add_argument("--socket")
+    return _raising(parser)
 
 
 def _split(line: str, prog: str) -> list[str]:
@@ -324,6 +348,36 @@ class EventschedMagics(Magics):
         with Client(socket_path) as c:
             status = c.status()  # no daemon: say so now, not in a corner of the panel
         return StatusPanel(socket_path, status)
+
+    @line_magic
+    @user_errors
+    def gpuwhatif(self, line: str) -> Any:
+        """``%gpuwhatif --policy best-fit --policy fair-share [--config FILE] [--since 7d] [--source PATH]``:
+        replay this daemon's history (or ``--source``) under each policy, as
+        ``eventsched replay`` does; returns the table and draws the chart.
+        ``%gpuwhatif --job 12 --gpus 1 [--gpu-mem 20000]``: when would queued
+        job 12 start had it asked for that instead, beside its own request."""
+        from eventsched.jupyter.whatif import DEFAULT_POLICIES, alternatives_of, job_whatif, whatif
+
+        args = whatif_parser().parse_args(_split(line, "%gpuwhatif"))
+        if args.job is None:
+            if args.gpu_mem:
+                raise UsageError("%gpuwhatif: --gpu-mem goes with --job N")
+            source = args.source or str(self.resolve_state_dir(args))
+            try:
+                return whatif(args.policy or DEFAULT_POLICIES, args.config, source, args.since,
+                              gpus=args.gpus[-1] if args.gpus else None)
+            except ValueError as exc:
+                raise UsageError(f"%gpuwhatif: {_first_line(exc)}") from None
+        if args.policy or args.config or args.since or args.source:
+            raise UsageError("%gpuwhatif --job: give only --gpus and --gpu-mem (policies are for a replay)")
+        try:
+            gpus = [float(g) for g in args.gpus]
+        except ValueError:
+            raise UsageError(f"%gpuwhatif: --gpus {args.gpus!r}: give a number of GPUs, e.g. --gpus 1") from None
+        if not (gpus or args.gpu_mem):
+            raise UsageError("%gpuwhatif --job: say what it could ask for instead: --gpus N and/or --gpu-mem MIB")
+        return job_whatif(self.resolve_socket(args), args.job, alternatives_of(gpus, args.gpu_mem))
 
     @line_cell_magic
     @user_errors

@@ -6,7 +6,10 @@ misses or double-counts a fact. ``Watcher`` owns the one background thread per
 socket that consumes ``Client.subscribe``; it only mutates the model and calls
 listeners, and listeners only set widget values. The kernel's event loop is
 never touched (no nest_asyncio), which is why the panel keeps moving while a
-cell runs blocking code.
+cell runs blocking code. For the same reason every widget is made on the
+kernel's thread: the job rows (with their cancel, hold, release and explain
+buttons, which act as the kernel's user) are a fixed set of slots the watcher
+fills or hides.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from eventsched.core.forecast import describe
 from eventsched.domain import events as ev
 from eventsched.domain.states import ACTIVE, FINAL, TRANSITIONS, WAITING, IllegalTransition, JobState, move
 from eventsched.domain.text import table
-from eventsched.domain.units import format_duration as human_duration
+from eventsched.domain.units import format_duration as human_duration, format_gpu_time
 
 __all__ = ["PanelModel", "Watcher", "StatusPanel", "watcher_for", "render_jobs_html", "render_jobs_text",
            "render_history_html"]
 
 RECENT_FINISHED = 10  # finished jobs the panel keeps showing
+ROW_SLOTS = 40  # job rows with buttons, made up front: the watcher's thread only fills them
+ACTIONS = ("cancel", "hold", "release", "explain")
 TAIL_LINES = 20
 THROTTLE_S = 0.2  # widget redraws at most this often; the last change always lands
 
@@ -212,15 +217,20 @@ def _elapsed(job: dict[str, Any], now: float) -> str:
     return "" if start is None else human_duration(end - start)
 
 
+def mib_text(mib: float) -> str:
+    """``512 MiB``, ``7.8 GiB``: GPU memory for a person."""
+    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
+
+
 def gpu_line(gpu: dict[str, Any]) -> str:
     flags = " PAUSED" if gpu.get("paused") else ""
     flags += " LOST" if gpu.get("lost") else ""
     # memory held by processes of no job, and whose
-    flags += "".join(f" · {p['user']} (pid {p['pid']}) holds {p['used_mib']} MiB"
+    flags += "".join(f" · {p['user']} (pid {p['pid']}) holds {mib_text(p['used_mib'])}"
                      for p in gpu.get("foreign_processes") or ())
     return (
         f"alloc {gpu.get('allocated', 0):.2f} · util {_fmt(gpu.get('utilization'), '%')} · "
-        f"mem {gpu.get('memory_used_mib', 0)}/{gpu.get('memory_total_mib', 0)} MiB · "
+        f"mem {mib_text(gpu.get('memory_used_mib') or 0)} of {mib_text(gpu.get('memory_total_mib') or 0)} · "
         f"{_fmt(gpu.get('temperature_c'), '°C')}{flags}"
     )
 
@@ -257,14 +267,50 @@ def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jo
     if not jobs:
         return f"<p class='es-empty'><i>{html.escape(empty)}</i></p>"
     head = "".join(f"<th style='text-align:left;padding:0 8px'>{c}</th>" for c in JOB_COLUMNS)
-    rows = []
-    for job in jobs:
-        colour = STATE_COLOURS.get(job["state"], "#000")
-        tds = "".join(f"<td style='padding:0 8px;{'color:' + colour + ';font-weight:bold' if i == 2 else ''}'>"
-                      f"{html.escape(c)}</td>" for i, c in enumerate(_job_cells(job, now)))
-        rows.append(f"<tr class='es-job es-state-{job['state']}' data-job='{job['id']}' "
-                    f"data-state='{job['state']}'>{tds}</tr>")
-    return f"<table class='es-jobs'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    rows = "".join(job_row_html(job, now) for job in jobs)
+    return f"<table class='es-jobs'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+# fixed column widths (px) where a job's row stands alone, as beside its buttons
+SLOT_WIDTHS = (48, 150, 80, 44, 48, 64, 40, 260)
+
+
+def job_row_html(job: dict[str, Any], now: float, widths: tuple[int, ...] = ()) -> str:
+    colour = STATE_COLOURS.get(job["state"], "#000")
+    tds = "".join(f"<td style='padding:0 8px;{f'width:{widths[i]}px;' if widths else ''}"
+                  f"{'color:' + colour + ';font-weight:bold' if i == 2 else ''}'>"
+                  f"{html.escape(c)}</td>" for i, c in enumerate(_job_cells(job, now)))
+    return f"<tr class='es-job es-state-{job['state']}' data-job='{job['id']}' data-state='{job['state']}'>{tds}</tr>"
+
+
+def slot_html(job: dict[str, Any], now: float) -> str:
+    """One job as a one-row table of fixed widths (a panel row beside its buttons)."""
+    return f"<table class='es-jobs' style='table-layout:fixed'>{job_row_html(job, now, SLOT_WIDTHS)}</table>"
+
+
+def slot_header_html() -> str:
+    tds = "".join(f"<th style='text-align:left;padding:0 8px;width:{w}px'>{c}</th>" for c, w in zip(JOB_COLUMNS, SLOT_WIDTHS))
+    return f"<table class='es-jobs' style='table-layout:fixed'><tr>{tds}</tr></table>"
+
+
+def actions_for(state: str) -> set[str]:
+    """The buttons that can do something to a job in ``state``."""
+    return {"explain"} | ({"cancel"} if state in ACTIVE else set()) | (
+        {"hold"} if state == JobState.QUEUED else {"release"} if state == JobState.HELD else set())
+
+
+def render_explanation_html(info: dict[str, Any]) -> str:
+    """A job's ``explain`` (the daemon's answer) as HTML: its state, why it waits, its story."""
+    job, reason = info["job"], info["reason"]
+    head = (f"job {job['id']} ({html.escape(job['name'])}, {html.escape(job['user'])}) "
+            f"is <b>{html.escape(job['state'])}</b>")
+    why = f"<p>reason: {html.escape(reason['text'])}</p>" if reason else ""
+    items = "".join(
+        f"<li><code>{time.strftime('%H:%M:%S', time.localtime(line['ts']))}</code> {html.escape(line['what'])}"
+        + (f" <i>because {html.escape(line['because'])}</i>" if line["because"] else "") + "</li>"
+        for line in info["story"]
+    )
+    return f"<div class='es-explain'><p>{head}</p>{why}<ol>{items}</ol></div>"
 
 
 def render_jobs_text(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
@@ -356,7 +402,7 @@ def render_history_html(h: dict[str, Any]) -> str:
         rows.append("<tr><td><i>no GPU samples yet</i></td></tr>")
     users = h["users"]
     top = max((u["gpu_hours"] for u in users), default=0.0)
-    bar_w, row_h, label_w = 200, 16, 110
+    bar_w, row_h, label_w = 200, 16, 110  # and room for "12.5 GPU-min" after the bar
     bars = []
     for i, u in enumerate(users):
         who = u["user"] or "(none)"
@@ -365,15 +411,15 @@ def render_history_html(h: dict[str, Any]) -> str:
             f"<g class='es-user' data-user='{esc(who)}'><text x='0' y='{y + 12}' font-size='11'>{esc(who[:16])}</text>"
             f"<rect class='es-user-bar' x='{label_w}' y='{y + 3}' width='{width:.1f}' height='{row_h - 5}' "
             f"fill='#2e7d32'/><text x='{label_w + width + 4:.1f}' y='{y + 12}' font-size='11'>"
-            f"{u['gpu_hours']:.3g}</text></g>")
+            f"{format_gpu_time(u['gpu_hours'] * 3600)}</text></g>")
     height = max(1, len(users)) * row_h
-    chart = (f"<svg class='es-user-hours' width='{label_w + bar_w + 60}' height='{height}' role='img' "
-             f"aria-label='GPU-hours per user today'>{''.join(bars)}</svg>" if users
-             else "<p class='es-empty'><i>no GPU-hours yet today</i></p>")
+    chart = (f"<svg class='es-user-hours' width='{label_w + bar_w + 90}' height='{height}' role='img' "
+             f"aria-label='GPU time per user today'>{''.join(bars)}</svg>" if users
+             else "<p class='es-empty'><i>no GPU time yet today</i></p>")
     return (f"<div class='es-history'><p style='margin:4px 0'><b>last {span_text(h['window_s'])}</b> · "
             f"<span style='color:{UTIL_COLOUR}'>utilisation</span> and "
             f"<span style='color:{MEM_COLOUR}'>memory</span> per GPU</p><table>{''.join(rows)}</table>"
-            f"<p style='margin:4px 0'><b>GPU-hours today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
+            f"<p style='margin:4px 0'><b>GPU time today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
 
 
 Listener = Callable[[PanelModel], None]
@@ -394,9 +440,10 @@ class Watcher:
         self._last_draw = 0.0
         self._drawn_seq = -1  # the model's seq when listeners last ran
 
-    def settle(self, job_id: int, timeout: float = 2.0) -> None:
+    def settle(self, job_id: int, timeout: float = 10.0) -> None:
         """Wait (briefly) until the displays show ``job_id`` finished, so that a
-        cell that waited for a job ends with the panel already showing it."""
+        cell that waited for a job ends with the panel already showing it (a busy
+        machine may take seconds to send a redraw's widget updates)."""
         if self._thread is None or not self._thread.is_alive():
             return
         deadline = time.monotonic() + timeout
@@ -507,12 +554,32 @@ def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+def _card_html(socket_path: Path, job: dict[str, Any]) -> str:
+    """An ended job's report card, as ``explain`` prints it (nothing while it
+    has not ended, or where the history cannot say)."""
+    import argparse
+
+    from eventsched.cli.report import card_of
+
+    try:  # the history beside the socket, else the daemon answers
+        card = card_of(argparse.Namespace(state_dir=str(socket_path.parent), socket=str(socket_path)), job)
+    except Exception:  # the explanation stands without it
+        return ""
+    if not card:
+        return ""
+    util = "not sampled" if card["utilization_mean"] is None else f"{card['utilization_mean']:.0f} % busy"
+    line = (f"report card: {util}, idle {format_gpu_time(3600 * (card['idle_gpu_hours'] or 0))} of "
+            f"{format_gpu_time(3600 * (card['gpu_hours'] or 0))} allocated; {card['advice']}")
+    return f"<p class='es-card'>{html.escape(line)}</p>"
+
+
 @functools.cache
 def _panel_class() -> type:
     import ipywidgets as w
 
     class StatusPanel(w.VBox):
-        """GPUs (one bar each), running and queued jobs, and a selected job's output tail."""
+        """GPUs (one bar each), running, queued and recently ended jobs (each with
+        cancel, hold, release and explain buttons), and a selected job's output tail."""
 
         def __init__(self, socket_path: str | Path, status: dict[str, Any]) -> None:
             self.socket_path = Path(socket_path)
@@ -541,14 +608,67 @@ def _panel_class() -> type:
             self._history_busy, self._history_at = False, -HISTORY_REFRESH_S
             self._history_ended: frozenset[int] = frozenset()
             self.jobs_html = w.HTML(value="")
+            # one row per job, with its buttons: made here, filled (or hidden) by the watcher's thread
+            self.rows = [self._slot(w) for _ in range(ROW_SLOTS)]
+            self.action_line = w.HTML(value="")  # what the last button did, or why it could not
+            self.explain_html = w.HTML(value="")
             self.job_select = w.Dropdown(options=[("(select a job)", 0)], value=0, description="output of")
             self.tail = w.HTML(value="")
-            super().__init__([self.header, self.gpu_box, self.history_html, self.jobs_html, self.job_select,
-                              self.tail])
+            super().__init__([self.header, self.gpu_box, self.history_html, self.jobs_html, *self.rows,
+                              self.action_line, self.explain_html, self.job_select, self.tail])
             self.add_class("eventsched-panel")
             self.job_select.observe(lambda _change: self._redraw_tail(), names="value")
             self.watcher = watcher_for(self.socket_path)
             self.watcher.add_listener(self.update)
+
+        def _slot(self, w: Any) -> Any:
+            cells = w.HTML(value="")
+            buttons = {a: w.Button(description=a, layout=w.Layout(width="72px"), tooltip=f"{a} this job")
+                       for a in ACTIONS}
+            row = w.HBox([cells, *buttons.values()], layout=w.Layout(display="none"))
+            row.add_class("es-job-row")
+            row.job, row.cells, row.buttons = 0, cells, buttons
+            for action, button in buttons.items():
+                button.on_click(functools.partial(self._act, row, action))
+            return row
+
+        def _act(self, row: Any, action: str, _button: Any = None) -> None:
+            """A button: act on the row's job as the kernel's user; the outcome
+            (or the daemon's refusal) in one line under the rows."""
+            from eventsched.wire.client import Client
+
+            job = row.job
+            try:
+                with Client(self.socket_path, timeout=10.0) as c:
+                    if action == "explain":
+                        info = c.explain(job)
+                        self.explain_html.value = render_explanation_html(info) + _card_html(self.socket_path, info["job"])
+                        text = f"job {job}: explained below"
+                    else:
+                        getattr(c, action)([job])
+                        text = f"job {job}: {action} asked"
+                colour = "#2e7d32"
+            except Exception as exc:  # the refusal, in one line, never raised into a cell
+                line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                text, colour = f"{action} job {job} refused: {line}", "#c62828"
+            self.action_line.value = f"<span class='es-action' style='color:{colour}'>{html.escape(text)}</span>"
+
+        def _update_rows(self, jobs: list[dict[str, Any]], now: float) -> None:
+            more = len(jobs) - len(self.rows)
+            self.jobs_html.value = (slot_header_html() if jobs else "<p class='es-empty'><i>no jobs yet</i></p>") + (
+                f"<p class='es-more'><i>{more} more not shown (%gpuqueue lists them all)</i></p>" if more > 0 else "")
+            for row, job in zip(self.rows, [*jobs, *[None] * (len(self.rows) - len(jobs))]):
+                if job is None:
+                    row.layout.display, row.job = "none", 0
+                    continue
+                row.job = job["id"]
+                value = slot_html(job, now)
+                if row.cells.value != value:
+                    row.cells.value = value
+                can = actions_for(job["state"])
+                for action, button in row.buttons.items():
+                    button.disabled = action not in can
+                row.layout.display = ""
 
         # called on the watcher's thread: only sets widget values
         def update(self, model: PanelModel) -> None:
@@ -559,9 +679,7 @@ def _panel_class() -> type:
             self.header.value = (f"<b>eventsched</b> · policy {html.escape(model.policy)} · "
                                  f"{len(model.running())} running · {len(model.queued())} queued · seq {model.seq}")
             self._update_gpus(model)
-            self._maybe_refresh_history(model)
-            self.jobs_html.value = render_jobs_html(
-                model.running() + model.queued() + model.finished(), now, "no jobs yet")
+            self._update_rows(model.running() + model.queued() + model.finished(), now)
             options = [("(select a job)", 0)] + [
                 (f"{j['id']} {j.get('name', '')} ({j['state']})", j["id"])
                 for j in sorted(model.jobs.values(), key=lambda j: -j["id"])
@@ -574,6 +692,7 @@ def _panel_class() -> type:
                 if job.get("log_path"):
                     self._log_paths[job["id"]] = job["log_path"]
             self._redraw_tail()
+            self._maybe_refresh_history(model)  # last: a history query may take seconds on a busy machine
 
         def _update_gpus(self, model: PanelModel) -> None:
             for key, gpu in model.gpus.items():

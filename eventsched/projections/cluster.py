@@ -65,9 +65,14 @@ class ClusterState:
         # job -> its true duration: set only by a replay, for the sjf-oracle
         # reference policy (not a fact: never in a snapshot or the log)
         self.oracle: dict[int, float] = {}
+        # set by the core only while it places, after everyone else's, the jobs of
+        # tenants whose budget is spent and whose action is lower-priority (not a fact)
+        self.placing_lowered: bool = False
         # the cluster's nodes as their events said (a single
         # machine has none here: its one node is ``self.node``)
         self.nodes: dict[str, NodeInfo] = {}
+        self.reservations: dict[int, ev.ReservationCreated] = {}  # booked GPUs, not cancelled
+        self.last_reservation: int = 0  # the highest reservation id given
         self._derive()
 
     def _derive(self) -> None:
@@ -431,7 +436,22 @@ def _gpu_paused_or_resumed(state: ClusterState, e: ev.GpuPaused | ev.GpuResumed)
     gpu = state.gpus.get((e.node, e.gpu))
     if gpu is not None:
         gpu.paused = isinstance(e, ev.GpuPaused)
+        gpu.paused_reason = e.reason if isinstance(e, ev.GpuPaused) else ""
         state._gpu_changed(gpu)
+
+
+def _gpu_health(state: ClusterState, e: ev.GpuHealth) -> None:
+    gpu = state.gpus.get((e.node, e.gpu))
+    if gpu is not None:
+        gpu.health = e
+
+
+def _reservation(state: ClusterState, e: ev.ReservationCreated | ev.ReservationCancelled) -> None:
+    if isinstance(e, ev.ReservationCreated):
+        state.reservations[e.reservation] = e
+        state.last_reservation = max(state.last_reservation, e.reservation)
+    else:
+        state.reservations.pop(e.reservation, None)
 
 
 def _policy_changed(state: ClusterState, e: ev.PolicyChanged) -> None:
@@ -644,6 +664,9 @@ _HANDLERS: dict[type, Any] = {
     ev.GpuErrored: _gpu_errored,
     ev.GpuPaused: _gpu_paused_or_resumed,
     ev.GpuResumed: _gpu_paused_or_resumed,
+    ev.GpuHealth: _gpu_health,
+    ev.ReservationCreated: _reservation,
+    ev.ReservationCancelled: _reservation,
     ev.PolicyChanged: _policy_changed,
     ev.JobSubmitted: _job_submitted,
     ev.JobPlaced: _job_placed,
@@ -681,6 +704,7 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
     for name in sorted(names):
         info = state.nodes.get(name)
         gpus = state.node_gpus.get(name, [])
+        drained = [f"GPU {g.id} drained: {g.paused_reason}" for g in gpus if g.paused and g.paused_reason]
         out.append({
             "name": name,
             "state": info.state if info is not None else "up",
@@ -689,7 +713,7 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
             "gpus_busy": sum(1 for g in gpus if g.used_milli > 0 and not g.lost),
             "jobs": sorted(running.get(name, [])),
             "since": info.since if info is not None else None,
-            "reason": info.reason if info is not None else "",
+            "reason": "; ".join(([info.reason] if info is not None and info.reason else []) + drained),
             "ray_node": info.ray_node if info is not None else "",
             "restarts": info.restarts if info is not None else 0,
         })
@@ -718,6 +742,8 @@ def snapshot_bytes(state: ClusterState) -> bytes:
         tenants=state.tenants,
         recent_usage=[(t, u.recent, u.as_of) for t, u in sorted(state.usage.items())],
         nodes=[state.nodes[n] for n in sorted(state.nodes)],
+        reservations=list(state.reservations.values()),
+        month_usage={t: u.month_used for t, u in sorted(state.usage.items()) if u.month_used},
     )
     return _snap_encoder.encode(snap)
 
@@ -734,8 +760,11 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     state.stats.by_key = {(u, n): (c, t) for u, n, c, t in snap.runtime_by_key}
     state.stats.sorted = list(snap.runtimes_ms)
     state.tenants = dict(snap.tenants)
-    state.usage = {t: TenantUsage(recent, as_of) for t, recent, as_of in snap.recent_usage}
+    month = snap.month_usage
+    state.usage = {t: TenantUsage(recent, as_of, month.get(t, 0.0)) for t, recent, as_of in snap.recent_usage}
     state.nodes = {n.name: n for n in snap.nodes}
+    state.reservations = {r.reservation: r for r in snap.reservations}
+    state.last_reservation = max(state.reservations, default=0)
     state._derive()
     return state
 

@@ -77,6 +77,10 @@ class Gpu(_Live):
     low_since: float | None = None
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[ev.GpuProcess] = []
+    # why it was drained (a paused GPU's GpuPaused reason; "" for an operator's
+    # pause), and the driver's last health reading (None: none recorded)
+    paused_reason: str = ""
+    health: ev.GpuHealth | None = None
 
     def __init__(self, **fields: Any) -> None:
         self.jobs, self.job_memory_mib, self.foreign_processes = [], {}, []
@@ -106,7 +110,7 @@ class Gpu(_Live):
         g.lost, g.error, g.sampled_at, g.utilization, g.memory_used_mib = r.lost, r.error, r.sampled_at, r.utilization, r.memory_used_mib
         g.temperature_c, g.power_w, g.foreign_memory_mib, g.used_milli = r.temperature_c, r.power_w, r.foreign_memory_mib, r.used_milli
         g.reserved_mib, g.jobs, g.low_since, g.job_memory_mib = r.reserved_mib, r.jobs, r.low_since, r.job_memory_mib
-        g.foreign_processes = r.foreign_processes
+        g.foreign_processes, g.paused_reason, g.health = r.foreign_processes, r.paused_reason, r.health
         return g
 
 

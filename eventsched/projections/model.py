@@ -12,7 +12,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.states import IllegalTransition
 from eventsched.domain.tenants import DEFAULT_TENANT
-from eventsched.domain.units import FULL
+from eventsched.domain.units import FULL, utc_month
 from eventsched.projections.live import Gpu, Job
 from eventsched.projections.sortedkeys import SortedKeys
 
@@ -191,6 +191,7 @@ class QueueIndex:
         self.by_shape: dict[tuple[Any, ...], dict[int, None]] = {}
         self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
         self.rkey_of: dict[int, tuple[str, str]] = {}  # runtime-prediction key of each queued job
+        self.own_limits = 0  # queued jobs with a time limit of their own (their predictions may be shorter)
         # built on demand (see the class docstring)
         self._orders = False
         self._by_priority: SortedKeys[tuple[float, int, int]] = SortedKeys()
@@ -278,6 +279,7 @@ class QueueIndex:
         lane.add(key)
         rkey = runtime_key(job.spec)
         self.rkey_of[job.id] = rkey
+        self.own_limits += job.spec.time_limit_s is not None
         if self._orders:
             self._by_priority.add(key)
             self._by_order.add((job.order, job.id))
@@ -307,6 +309,7 @@ class QueueIndex:
         if not members:
             del self.by_shape[shape]
         rkey = self.rkey_of.pop(job.id)
+        self.own_limits -= job.spec.time_limit_s is not None
         if self._orders:
             self._by_priority.remove(key)
             self._by_order.remove((job.order, job.id))
@@ -349,14 +352,17 @@ class TenantUsage:
     decision reads it in O(1) and only a placement or an end updates it.
     """
 
-    __slots__ = ("milli", "mem", "jobs", "recent", "as_of")
+    __slots__ = ("milli", "mem", "jobs", "recent", "as_of", "month_used", "month_start", "month_end")
 
-    def __init__(self, recent: float = 0.0, as_of: float = 0.0) -> None:
+    def __init__(self, recent: float = 0.0, as_of: float = 0.0, month_used: float = 0.0) -> None:
         self.milli = 0  # milli-GPUs held (count x share)
         self.mem = 0  # MiB reserved (count x per-GPU)
         self.jobs = 0
         self.recent = recent
         self.as_of = as_of
+        # GPU-seconds used in the calendar month (UTC) of ``as_of``, up to it: what a budget counts
+        self.month_used = month_used
+        self.month_start, self.month_end = utc_month(as_of)
 
     def at(self, t: float, half_life_s: float) -> float:
         """Recent usage (GPU-seconds, decayed) at time ``t``."""
@@ -366,9 +372,20 @@ class TenantUsage:
         f = 2.0 ** (-dt / half_life_s)
         return self.recent * f + self.milli / FULL * half_life_s / math.log(2) * (1.0 - f)
 
+    def month_at(self, t: float) -> float:
+        """GPU-seconds used in the calendar month (UTC) of ``t``, up to ``t`` (not before ``as_of``)."""
+        if self.month_start <= t < self.month_end:
+            start, base = self.month_start, self.month_used
+        else:  # a new month: what was used before it does not count
+            start, base = utc_month(t)[0], 0.0
+        return base + self.milli / FULL * max(0.0, t - max(self.as_of, start))
+
     def advance(self, t: float, half_life_s: float) -> None:
         if t > self.as_of:
             self.recent = self.at(t, half_life_s)
+            self.month_used = self.month_at(t)
+            if not self.month_start <= t < self.month_end:
+                self.month_start, self.month_end = utc_month(t)
             self.as_of = t
 
     def held(self) -> tuple[int, int, int]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from eventsched.domain.events import ReservationCreated
 from eventsched.domain.messages import SchedulerConfig
 from eventsched.domain.tenants import Tenant
 
@@ -56,3 +57,5 @@ class StateSnapshot(msgspec.Struct, kw_only=True):
     tenants: dict[str, Tenant] = {}
     recent_usage: list[tuple[str, float, float]] = []  # (tenant, GPU-seconds decayed, as of)
     nodes: list[NodeInfo] = []  # a cluster's nodes
+    reservations: list[ReservationCreated] = []  # booked GPUs, not cancelled
+    month_usage: dict[str, float] = {}  # tenant -> GPU-seconds used in the month of its recent use's "as of"

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from eventsched.domain import events as ev
+from eventsched.domain.gpu_health import describe
 from eventsched.domain.text import printable
 
 __all__ = ["StoryLine", "job_story", "describe_fact", "render_explanation"]
@@ -56,9 +57,10 @@ _FACTS: dict[type, Callable[[Any], str]] = {
     ev.TimerFired: lambda e: "a deadline came (a time limit, the end of a retry backoff, or an idle spell's length)",
     ev.GpuSampled: lambda e: (f"GPU {e.gpu} reported {e.utilization:.0f}% busy, {e.memory_used_mib} MiB used, "
                               f"{e.temperature_c:.0f} C"),
-    ev.GpuPaused: lambda e: f"GPU {e.gpu} was paused by {e.by}",
+    ev.GpuPaused: lambda e: f"GPU {e.gpu} was drained: {e.reason}" if e.reason else f"GPU {e.gpu} was paused by {e.by}",
     ev.GpuResumed: lambda e: f"GPU {e.gpu} was resumed by {e.by}",
     ev.GpuErrored: lambda e: f"GPU {e.gpu} failed ({e.error})",
+    ev.GpuHealth: lambda e: f"GPU {e.gpu}'s driver reported {describe(e)}",
     ev.PolicyChanged: lambda e: f"the policy was changed to {e.policy} by {e.by}",
     ev.JobUpdated: lambda e: f"job {e.job} was updated by {e.by} ({_changes(e)})",
     ev.DaemonStarted: lambda e: f"the daemon started (policy {e.policy})",
@@ -85,6 +87,8 @@ def _cancel_requested(e: ev.JobCancelRequested) -> str:
         return f"idle while job {e.for_job} waits: {_KILL}; {how}"
     if e.reason == "gpu-memory":
         return "asked to stop: GPU memory over request"
+    if e.rule == "reservation":
+        return f"its GPUs are booked from now ({e.by}): {_KILL}; requeued"
     if e.reason == "preempted" and e.for_job:
         why = {"priority": "a higher priority", "fair-share": "its tenant is under its fair share"}.get(e.rule, e.rule)
         return f"preempted for job {e.for_job} (rule {e.rule}: {why}); {_KILL}"

@@ -49,4 +49,5 @@ def gpu_json(gpu: Gpu) -> dict[str, Any]:
         "foreign_processes": [{"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib}
                               for p in gpu.foreign_processes],
         "model": gpu.model, "error": gpu.error,
+        "paused_reason": gpu.paused_reason,  # why the scheduler drained it ("" for an operator's pause)
     }

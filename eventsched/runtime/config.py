@@ -12,7 +12,10 @@ from typing import Annotated, Any
 import msgspec
 
 from eventsched.core.limits import SubmitLimits
+from eventsched.domain.gpu_health import PREFIX as HEALTH_PREFIX
+from eventsched.domain.gpu_health import GpuHealthConfig
 from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.settings import ReservationLimits
 from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.tenants import Tenant, TenantConfig, TenantError, check_tenants
 from eventsched.domain.units import UnitError, parse_duration
@@ -72,6 +75,8 @@ class FileConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, froze
     tenants: dict[str, TenantConfig] = {}
     jobs_file: str | None = None  # a jobs file the daemon follows itself
     accounting: Accounting = Accounting()
+    reservations: ReservationLimits = ReservationLimits()
+    gpu_health: GpuHealthConfig = GpuHealthConfig()  # recorded as [scheduler]'s gpu_health_* settings
 
 
 # what each key of `config-sample` means; the values printed are the settings' own defaults
@@ -106,6 +111,7 @@ COMMENTS = {
     "scheduler.idle_policy": '"off", "requeue" or "stop" an idle job when a waiting job could use it',
     "scheduler.node_lost_after_s": "several machines: a node gone this long loses its jobs",
     "scheduler.avoid_foreign_gpus": "on an equal fit, prefer GPUs no process outside the scheduler uses",
+    "scheduler.budget_action": 'a tenant past its gpu_hours_per_month: "hold" its jobs or "lower-priority"',
     "limits": "what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)",
     "limits.max_user_priority": "--priority within [-this, this]",
     "limits.max_retries": "--retries at most this",
@@ -123,8 +129,20 @@ COMMENTS = {
     "connections.max_requests_in_flight_per_user": "one user's requests being answered at once; the rest wait",
     "job_limits": "host limits, enforced by the kernel (also accepted under [scheduler])",
     "job_limits.allowed_script_paths": 'a job\'s script or program must lie here ([]: anywhere; e.g. ["/data3/"])',
+    "gpu_health": "what drains a GPU: nothing new goes there until `eventsched resume-gpu` (docs/gpu-health.md)",
+    "gpu_health.ecc_uncorrected": "uncorrected ECC errors since the last GPU reset (0: never)",
+    "gpu_health.ecc_corrected": "corrected ECC errors since the last GPU reset (0: never)",
+    "gpu_health.retired_pages": "retired memory pages (0: never)",
+    "gpu_health.pending": "a page retirement or row remap waiting for a GPU reset, or a failed remap",
+    "gpu_health.xids": "Xid events that drain (others are recorded only)",
+    "gpu_health.lost": "a lost GPU stays drained when it reads again (false: back by itself)",
+    "gpu_health.running": '"finish": its running jobs finish; "requeue": stopped and requeued',
     "accounting": "what GPU time costs: `eventsched report --config FILE` adds a cost column",
     "accounting.gpu_hour_price": "price of one GPU-hour (0: no cost column)",
+    "reservations": "what a user may book with `eventsched reserve create` (operators: anything, for anyone)",
+    "reservations.max_hours_ahead": "a window may start at most this many hours ahead",
+    "reservations.max_gpu_hours": "GPU-hours one user may hold booked in windows not yet over",
+    "scheduler.reservation_policy": 'another\'s job on booked GPUs when the window opens: "requeue" or "flag"',
     "job_limits.max_host_mem_mib": "host memory per job (0: no limit; cgroup v2, cgroup v1 as root, else RLIMIT_AS)",
 }
 TENANTS_EXAMPLE = """
@@ -135,6 +153,8 @@ TENANTS_EXAMPLE = """
 # jobs = 20
 # weight = 2.0                 # fair share among tenants
 # preemptible = true           # its jobs over its fair share may be preempted
+# gpu_hours_per_month = 500    # budget per calendar month (UTC); then [scheduler] budget_action
+# budget_action = "hold"       # or "lower-priority": this tenant's own action
 """
 
 
@@ -144,6 +164,8 @@ def sample_config(form: str = "toml") -> str:
     import json
 
     defaults = msgspec.to_builtins(FileConfig())
+    # the [gpu_health] section is where these are set
+    defaults["scheduler"] = {k: v for k, v in defaults["scheduler"].items() if not k.startswith(HEALTH_PREFIX)}
     if form == "json":
         return json.dumps(defaults, indent=2) + "\n"
 
@@ -196,6 +218,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     if scheduler.policy not in POLICIES:
         live = ", ".join(p for p in POLICIES if p not in REPLAY_ONLY)
         raise ConfigError(f"unknown policy {scheduler.policy!r}; choose one of {live}")
+    scheduler = msgspec.structs.replace(scheduler, **file.gpu_health.settings())
     file = msgspec.structs.replace(file, scheduler=scheduler, gpus=args.gpus or file.gpus,
                                    sample_interval_s=args.sample_interval or file.sample_interval_s)
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()

@@ -204,7 +204,8 @@ async def _serve(config: ServeConfig, gpus: GpuBackend | None, http_plan: Any) -
     backend, executor = _executor(config, gpus)
     engine = Engine(config.state_dir, file.scheduler, backend, executor=executor, sample_interval_s=file.sample_interval_s,
                     tenants=plain_tenants(file) if file.tenants else None)
-    server = Server(engine, config.socket, limits=file.limits, connections=file.connections, job_limits=file.job_limits)
+    server = Server(engine, config.socket, limits=file.limits, connections=file.connections, job_limits=file.job_limits,
+                    reservations=file.reservations)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)

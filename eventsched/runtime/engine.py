@@ -31,8 +31,8 @@ import anyio.lowlevel
 from eventsched import __version__, core
 from eventsched.domain import events as ev
 from eventsched.domain.messages import (
-    Effect, GpuObserved, Launch, Message, ProcessExited, RefusalKind, Refused, SchedulerConfig, Signal, Started,
-    Stopping, Tick, WakeAt,
+    Effect, GpuObserved, Launch, Message, Notify, ProcessExited, RefusalKind, Refused, SchedulerConfig, Signal,
+    Started, Stopping, Tick, WakeAt,
 )
 from eventsched.domain.paths import log_dir, snapshot_dir
 from eventsched.domain.states import JobState
@@ -566,6 +566,8 @@ class Engine:
                 if effect.at < self._wake_at:
                     self._wake_at = effect.at
                     self._wake_changed.set()
+            case Notify():  # once the fact behind it is durable
+                logger.warning("%s", effect.text)
             case _:
                 raise TypeError(f"the engine cannot perform {type(effect).__name__}")
 

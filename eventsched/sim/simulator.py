@@ -40,6 +40,7 @@ from typing import Any
 import msgspec
 
 from eventsched import core
+from eventsched.core import budgets
 from eventsched.domain import events as ev
 from eventsched.domain.messages import (Cancel, Hold, Launch, Message, NeverLaunched, ProcessExited,
                                         ProcessLost, ProcessStarted, Refused, Release, SchedulerConfig,
@@ -373,7 +374,8 @@ class _Sim:
         if any(item[0] != "tick" for *_, item in heap):
             return True
         st = self.state
-        return bool(st.running) or any(st.jobs[j].not_before > self.now for j in st.backoff)
+        return (bool(st.running) or any(st.jobs[j].not_before > self.now for j in st.backoff)
+                or budgets.next_month(st, self.now) is not None)
 
 
 def _earlier(pending: tuple[float, int, float, int, Any], stimulus: tuple[float, int, float, Any]) -> bool:

@@ -24,9 +24,10 @@ import msgspec
 from eventsched import __version__
 from eventsched.domain import events as ev
 from eventsched.domain import units
-from eventsched.domain.messages import (Cancel, ClusterLink, GpuFailed, GpuInfo, GpuObserved, Hold, NodeDown,
+from eventsched.domain.messages import (Cancel, ClusterLink, GpuFailed, GpuHealthRead, GpuInfo, GpuObserved, Hold, NodeDown,
                                         NodeUp, PauseGpu, Release, ResumeGpu, SchedulerConfig, SetPolicy,
                                         SetTenants, Started, Stopping, Submit)
+from eventsched.domain.messages import CancelReservation, Reserve
 from eventsched.domain.settings import settings_from_dict
 from eventsched.projections import collector
 from eventsched.projections.cluster import runtime_key
@@ -235,8 +236,11 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         elif isinstance(e, ev.GpuErrored):
             if stimulus and e.cause != "daemon":  # not the core's own finding at start-up
                 stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
+        elif isinstance(e, ev.GpuHealth):
+            stimuli.append((t, _REC, float(seq), GpuHealthRead(reading=e)))
         elif isinstance(e, ev.GpuPaused):
-            stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
+            if stimulus:  # not a drain: the core decides that again from the GpuHealth before it
+                stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
         elif isinstance(e, ev.GpuResumed):
             stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
         elif isinstance(e, ev.PolicyChanged):
@@ -252,6 +256,12 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 start_tenants = dict(e.tenants)
         elif isinstance(e, ev.TimerFired):
             timer_times.append((t, seq))
+        elif isinstance(e, ev.ReservationCreated):  # accepted then: booked again as it was, by id
+            stimuli.append((t, _REC, float(seq), Reserve(
+                start=e.start, end=e.end, user=e.user, uid=e.uid, tenant=e.tenant, gpu_ids=list(e.gpu_ids),
+                node=e.node, name=e.name, by=e.by, reservation=e.reservation)))
+        elif isinstance(e, ev.ReservationCancelled):
+            stimuli.append((t, _REC, float(seq), CancelReservation(reservation=e.reservation, by=e.by)))
         elif isinstance(e, ev.JobUpdated):
             stimuli.append((t, _REC, float(seq), ("update", e.job, e)))
         elif isinstance(e, ev.JobsCommanded):

@@ -90,6 +90,27 @@ class SetTenant(Request, frozen=True):
     tenant: Tenant | None = None
 
 
+class CreateReservation(Request, frozen=True):
+    """``eventsched reserve create``: for ``user`` (default: the caller) or the
+    members of ``tenant``; ``gpu_ids`` exactly, or any ``gpus`` of one node."""
+    start: float
+    end: float
+    user: str = ""
+    tenant: str = ""
+    gpus: int = 0
+    gpu_ids: list[int] | None = None
+    node: str = ""
+    name: str = ""
+
+
+class ListReservations(Request, frozen=True):
+    pass
+
+
+class CancelReservation(Request, frozen=True):
+    reservation: int
+
+
 class JobLogPath(Request, frozen=True):
     job: int
 
@@ -97,6 +118,19 @@ class JobLogPath(Request, frozen=True):
 class ExplainJob(Request, frozen=True):
     """Why a job waits now, and its story from the log (``eventsched explain``)."""
     job: int
+
+
+class Alternative(msgspec.Struct, frozen=True, kw_only=True):
+    """Another request for a waiting job: None keeps the job's own."""
+    gpus: float | None = None
+    gpu_mem_mib: int | None = None
+
+
+class ForecastAlternatives(Request, frozen=True):
+    """When would a waiting job start had it asked for each of these instead
+    (its own request first); metadata only, as ``explain``."""
+    job: int
+    alternatives: list[Alternative] = []
 
 
 class RunSql(Request, frozen=True):
@@ -131,10 +165,26 @@ class RevokeToken(Request, frozen=True):
     token: str  # its id or its name
 
 
+# --- notification hooks (`eventsched notify`): the peer's own, so only over the socket ---
+
+
+class SetNotify(Request, frozen=True):
+    """The peer's hook, replacing the one it had; all empty: remove it."""
+    webhook: str = ""
+    secret: str = ""
+    on: list[str] = []  # [] : every kind
+    mail: list[str] = []  # a command (argv, no shell) given the message on stdin
+
+
+class ListNotify(Request, frozen=True):
+    pass
+
+
 AnyRequest = Union[
     SubmitJob, ListJobs, GetStatus, CancelJobs, HoldJobs, ReleaseJobs, PauseGpu,
-    ResumeGpu, SetPolicy, ListTenants, SetTenant, JobLogPath, ExplainJob, RunSql,
+    ResumeGpu, SetPolicy, ListTenants, SetTenant, JobLogPath, ExplainJob, ForecastAlternatives, RunSql,
     Ping, Subscribe, CreateToken, ListTokens, RevokeToken, UpdateJob,
+    CreateReservation, ListReservations, CancelReservation, SetNotify, ListNotify,
 ]
 
 

@@ -8,12 +8,13 @@ changes nothing; a client that goes away mid-request harms nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import resource
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,7 @@ from eventsched.domain import messages as msg
 from eventsched.domain.events import Event, JobSubmitted
 from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.paths import log_dir
+from eventsched.domain.settings import ReservationLimits
 from eventsched.wire.framing import sun_path
 from eventsched.domain.states import ACTIVE, DONE_FOR_GOOD, FINAL, JobState
 from eventsched.projections.cluster import ClusterState, Job
@@ -39,8 +41,10 @@ from eventsched.runtime.api.admission import Admission, account
 from eventsched.runtime.api.connection import READ_CHUNK, Connection, Context, Flusher, Peer, Reply
 from eventsched.runtime.api.fair_use import OPERATOR_RESERVE, FairUse
 from eventsched.runtime.api.feed import Feed
+from eventsched.runtime.api.reservations import translate as reservation_request
 from eventsched.runtime.api.tokens import TokenStore
 from eventsched.runtime.config import ConnectionLimits, JobLimits
+from eventsched.runtime.notify import Notifier
 from eventsched.runtime.engine import Answer, Engine, Query
 from eventsched.storage import log as eventlog
 from eventsched.wire import protocol
@@ -68,6 +72,17 @@ def _internal(what: str, exc: Exception) -> Refused:
     return Refused(RefusalKind.UNAVAILABLE, f"internal error: {exc}")
 
 
+@contextlib.contextmanager
+def _answering(reply: Reply, what: str) -> Iterator[None]:
+    """A refusal raised inside goes back as the reply; any other error is ``_internal``."""
+    try:
+        yield
+    except Refused as refusal:
+        reply(None, refusal)
+    except Exception as exc:  # a bug or a disk error
+        reply(None, _internal(what, exc))
+
+
 class Server:
     def __init__(
         self,
@@ -77,8 +92,10 @@ class Server:
         limits: SubmitLimits = SubmitLimits(),
         connections: ConnectionLimits = ConnectionLimits(),
         job_limits: JobLimits = JobLimits(),
+        reservations: ReservationLimits = ReservationLimits(),
     ) -> None:
         self.engine = engine
+        self.reservation_limits = reservations
         self.socket_path = socket_path
         self.daemon_uid = os.geteuid()
         self.operators = frozenset({0, self.daemon_uid})
@@ -87,6 +104,7 @@ class Server:
         self.fair_use = FairUse(connections, self.operators, connections.max_total)  # max_total: lowered in serve()
         self.flusher = Flusher()
         self._tokens_store: TokenStore | None = None
+        self.notifier = Notifier(engine.state_dir, lambda job: self.engine.state.jobs.get(job) if self.engine.state else None)
         self._sql_runner: Any = None
         self.calibration = Calibration()  # past forecasts' errors: the ranges forecasts give
         self.started = time.monotonic()  # status's uptime_s
@@ -104,6 +122,8 @@ class Server:
         )
         feed = Feed(self.engine.state_dir, self.operators, lambda: self.engine.committed_seq)
         self.engine.subscribe(feed.fan_out)
+        self.engine.subscribe(self.notifier.fan_out)
+        self.notifier.start()
         self.engine.on_answered = self.flusher.flush_all
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -120,6 +140,8 @@ class Server:
             finally:
                 server.close()
                 self.engine.unsubscribe(feed.fan_out)
+                self.engine.unsubscribe(self.notifier.fan_out)
+                self.notifier.stop()
                 self.engine.on_answered = None
                 self.socket_path.unlink(missing_ok=True)
 
@@ -142,11 +164,17 @@ class Server:
         if isinstance(request, protocol.ExplainJob):
             self._tg.start_soon(self._explain, request.job, reply)
             return
+        if isinstance(request, protocol.ForecastAlternatives):
+            self._tg.start_soon(self._alternatives, request, reply)
+            return
         if isinstance(request, protocol.CancelJobs):
             self._tg.start_soon(self._cancel, request, peer, reply)
             return
         if isinstance(request, (protocol.CreateToken, protocol.ListTokens, protocol.RevokeToken)):
             self._tg.start_soon(self._tokens, request, peer, reply)  # saved in a thread
+            return
+        if isinstance(request, (protocol.SetNotify, protocol.ListNotify)):
+            self._tg.start_soon(self._notify, request, peer, reply)  # saved in a thread
             return
         try:
             item, answer = self._translate(request, peer)
@@ -217,6 +245,9 @@ class Server:
         if isinstance(request, protocol.JobLogPath):
             job = request.job
             return Query(lambda state: self._log_path(state, job, peer)), None
+        if isinstance(request, (protocol.CreateReservation, protocol.ListReservations, protocol.CancelReservation)):
+            return reservation_request(request, peer, self.admission.operator(peer.uid), self.reservation_limits,
+                                       self.engine.clock)
         raise Refused(RefusalKind.INVALID, f"unsupported request {type(request).__name__}")
 
     def _require_operator(self, peer: Peer, what: str) -> None:
@@ -267,7 +298,7 @@ class Server:
                 events = itertools.takewhile(lambda e: e.ts <= until_ts, events)
             return [msgspec.to_builtins(line) for line in job_story(events, job_id)]
 
-        try:
+        with _answering(reply, "explain"):
             view = await self.engine.call(Query(now_view))
             view["story"] = await anyio.to_thread.run_sync(story, view.pop("from_seq"), view.pop("until_ts"))
             copy = view.pop("copy")
@@ -279,20 +310,38 @@ class Server:
                                                                  p10=view["forecast"]["estimated_start_p10"],
                                                                  p90=view["forecast"]["estimated_start_p90"]),
                                               None, lambda *_: None)
-        except Refused as refusal:
-            reply(None, refusal)
-            return
-        except Exception as exc:
-            reply(None, _internal("explain", exc))
-            return
-        reply(view, None)
+            reply(view, None)
+
+    async def _alternatives(self, request: protocol.ForecastAlternatives, reply: Reply) -> None:
+        """A queued job's forecast under its own request and each alternative,
+        on a copy, in a thread (as ``explain``'s forecast)."""
+        from eventsched.core.alternatives import forecast_alternatives
+
+        def copy_of(state: ClusterState) -> ClusterState:
+            job = state.jobs.get(request.job)
+            if job is None:
+                raise Refused(RefusalKind.NOT_FOUND, f"no job {request.job}")
+            if job.state != JobState.QUEUED:
+                raise Refused(RefusalKind.CONFLICT, f"job {request.job} is {job.state}; only a queued job has a forecast")
+            return working_copy(state)
+
+        def forecasts(copy: ClusterState) -> dict[str, Any]:
+            now = self.engine.clock()
+            self.calibration.catch_up(lambda seq: eventlog.read_batches(log_dir(self.engine.state_dir), seq), copy.last_seq)
+            rows = forecast_alternatives(copy, now, request.job, [(a.gpus, a.gpu_mem_mib) for a in request.alternatives],
+                                         calibration=self.calibration)
+            return {"job": request.job, "made_at": now, "alternatives": rows, "assumptions": ASSUMPTIONS}
+
+        with _answering(reply, "forecast"):
+            copy = await self.engine.call(Query(copy_of))
+            reply(await anyio.to_thread.run_sync(forecasts, copy), None)
 
     async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Reply) -> None:
         """Cancel every job named that can be, and say why not for the rest:
         a plan, then one ``Cancel``. A job that ends between the two makes the
         core refuse the ``Cancel`` whole, so the plan is made again."""
         uid = peer.uid
-        try:
+        with _answering(reply, "cancel"):
             for attempt in range(CANCEL_TRIES):
                 ids, refused = await self.engine.call(
                     Query(lambda state: cancel_plan(state, request.jobs, request.array_tasks, uid, arrays=request.arrays))
@@ -311,10 +360,6 @@ class Server:
                     raise
                 reply({"jobs": jobs, "refused": refused}, None)
                 return
-        except Refused as refusal:
-            reply(None, refusal)
-        except Exception as exc:
-            reply(None, _internal("cancel", exc))
 
     def token_store(self) -> TokenStore:
         """The API tokens, loaded on first use."""
@@ -325,7 +370,7 @@ class Server:
     async def _tokens(self, request: protocol.Request, peer: Peer, reply: Reply) -> None:
         """``eventsched token create|list|revoke``, as the peer (an operator: anyone's tokens)."""
         operator = peer.uid in self.operators
-        try:
+        with _answering(reply, "token request"):
             store = self.token_store()  # on the loop, as the HTTP API's lookups: one store
             if isinstance(request, protocol.CreateToken):
                 uid = peer.uid
@@ -340,10 +385,15 @@ class Server:
             elif isinstance(request, protocol.RevokeToken):
                 record = await anyio.to_thread.run_sync(store.revoke, request.token, peer.uid, operator)
                 reply(record.public(account(record.uid)[0]), None)
-        except Refused as refusal:
-            reply(None, refusal)
-        except Exception as exc:  # a bug or a disk error
-            reply(None, _internal("token request", exc))
+
+    async def _notify(self, request: protocol.SetNotify | protocol.ListNotify, peer: Peer, reply: Reply) -> None:
+        """``eventsched notify set|list``: the peer's own hook (an operator lists everyone's)."""
+        with _answering(reply, "notify request"):
+            if isinstance(request, protocol.ListNotify):
+                reply(self.notifier.listing(peer.uid, peer.uid in self.operators), None)
+            else:
+                user = account(peer.uid)[0]
+                reply(await anyio.to_thread.run_sync(self.notifier.set, request, peer.uid, peer.gid, user), None)
 
     async def _run_sql(self, sql: str, reply: Reply, peer: Peer, gone: Callable[[], bool] | None) -> None:
         """Answer in a process that runs the query as ``peer`` (``sql_sandbox``),

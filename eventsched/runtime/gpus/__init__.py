@@ -4,7 +4,9 @@ Both backends say which GPUs there are (``discover``) and how they are now
 (``sample``: ``GpuObserved`` / ``GpuFailed`` messages; an NVML error is a
 message, never an exception). Both block: the engine calls them in a thread.
 ``significant`` keeps the log lean: a sample is logged on a meaningful change,
-or when the last one logged is a minute old.
+or when the last one logged is a minute old. Each sample also brings a GPU's
+health (``GpuHealthRead``: ECC errors, retired pages, row remaps, Xid events;
+``health.py``) when it changed; fake GPUs report the faults ``inject`` gives them.
 
 Per-process GPU memory: ``attribute`` maps NVML's per-process list to our jobs
 through the executor's ``{pid: job}`` and names the rest (pid, uid, user).
@@ -25,9 +27,10 @@ import pwd
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from eventsched.domain.events import GpuProcess
-from eventsched.domain.messages import GpuFailed, GpuInfo, GpuObserved
+from eventsched.domain.events import GpuHealth, GpuProcess
+from eventsched.domain.messages import GpuFailed, GpuHealthRead, GpuInfo, GpuObserved
 from eventsched.domain.units import DEFAULT_FAKE_MEM_MIB, UnitError, parse_fake_gpus
+from eventsched.runtime.gpus.health import HEALTH_FAULTS, HealthChanges, NvmlHealth, apply_fault
 
 if TYPE_CHECKING:
     from eventsched.projections.cluster import ClusterState
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GpuBackend", "GpuSpecError", "NvmlUnavailable", "NvmlBackend", "FakeBackend", "parse_gpus_option", "significant",
     "SampleFilter", "attribute", "FAKE_MEM_VAR", "FAKE_UTIL_VAR", "TEST_NVML_VAR", "absurd_reading", "DEFAULT_FAKE_MEM_MIB",
+    "HEALTH_FAULTS",
 ]
 
 FAKE_MEM_VAR = "EVENTSCHED_FAKE_GPU_MEM_MIB"
@@ -53,7 +57,7 @@ class NvmlUnavailable(RuntimeError):
     """No NVIDIA driver (or no GPU) here; ``str(e)`` says how to use fake GPUs."""
 
 
-GpuSample = GpuObserved | GpuFailed
+GpuSample = GpuObserved | GpuFailed | GpuHealthRead
 
 
 @runtime_checkable
@@ -104,6 +108,8 @@ class NvmlBackend:
             pynvml.nvmlShutdown()
             raise NvmlUnavailable("NVML found no GPUs; use --gpus fake:N for simulated GPUs")
         self._count = count
+        self._health = NvmlHealth(pynvml, node, count)
+        self._health_changes = HealthChanges(node)
 
     def discover(self) -> list[GpuInfo]:
         nv = self._nvml
@@ -122,7 +128,14 @@ class NvmlBackend:
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
         pids = job_pids if isinstance(job_pids, (set, frozenset, Mapping)) else set(job_pids)
         owners: dict[int, tuple[int, str]] = {}  # one /proc look-up per foreign pid per sample
-        return [self._sample_one(i, pids, owners) for i in range(self._count)]
+        samples: list[GpuSample] = [self._sample_one(i, pids, owners) for i in range(self._count)]
+        failed = {s.gpu for s in samples if isinstance(s, GpuFailed)}
+        xids = self._health.xids()
+        for i in range(self._count):  # a failed GPU's counters wait; its Xids do not
+            health = self._health_changes.keep(i, None if i in failed else self._health.read(i), xids.get(i, []))
+            if health is not None:
+                samples.append(health)
+        return samples
 
     def _sample_one(self, i: int, job_pids: Collection[int], owners: dict[int, tuple[int, str]]) -> GpuSample:
         nv = self._nvml
@@ -170,6 +183,7 @@ class NvmlBackend:
         pass  # the driver reports what the jobs really use
 
     def close(self) -> None:
+        self._health.close()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 
@@ -321,6 +335,9 @@ class FakeBackend:
         self._reserved = [0] * n
         self._foreign = [0] * n
         self._failed: dict[int, tuple[str, bool]] = {}
+        self._health: dict[int, GpuHealth] = {}  # the faults injected, as the driver would read them
+        self._xids: dict[int, list[int]] = {}
+        self._health_changes = HealthChanges(node)
         self._tick = 0
 
     def discover(self) -> list[GpuInfo]:
@@ -345,8 +362,19 @@ class FakeBackend:
         self._check(gpu)
         self._failed[gpu] = (error, lost)
 
+    def inject(self, gpu: int, fault: str) -> None:
+        """A health fault on ``gpu`` (one of ``HEALTH_FAULTS``: "ecc", "xid:79"...), read at the next sample."""
+        self._check(gpu)
+        reading, xid = apply_fault(self._health.get(gpu) or GpuHealth(node=self.node, gpu=gpu), fault)
+        self._health[gpu] = reading
+        if xid:
+            self._xids.setdefault(gpu, []).append(xid)
+
     def heal(self, gpu: int) -> None:
+        """The GPU reads well again (and, reset, its health counters are clear)."""
         self._failed.pop(gpu, None)
+        if gpu in self._health:
+            self._health[gpu] = GpuHealth(node=self.node, gpu=gpu)
 
     def _check(self, gpu: int) -> None:
         if not 0 <= gpu < self.n:
@@ -387,6 +415,11 @@ class FakeBackend:
                                    memory_total_mib=self.mem_mib, temperature_c=round(30.0 + 0.5 * util, 1),
                                    power_w=round(60.0 + 3.4 * util, 1), foreign_memory_mib=foreign,
                                    job_memory_mib=jobs, foreign_processes=others))
+        for i in range(self.n):  # a GPU no fault was injected into says nothing of its health
+            health = self._health_changes.keep(i, None if i in self._failed else self._health.get(i),
+                                               self._xids.pop(i, []))
+            if health is not None:
+                out.append(health)
         return out
 
     def close(self) -> None:

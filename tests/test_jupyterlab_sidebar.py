@@ -1,0 +1,183 @@
+"""The JupyterLab sidebar in a real browser: JupyterLab on localhost with the
+server extension and the prebuilt labextension that scripts/setup.sh
+installs, Debian's chromium driven by Playwright, a real daemon on fake GPUs.
+
+The sidebar belongs to no kernel: it shows jobs submitted from a terminal with
+no notebook open, keeps updating across a kernel restart, acts on job rows and
+raises a JupyterLab notification when one of the user's jobs ends. Screenshots
+go to test-output/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_browser import CHROMIUM, CHROMIUM_FLAGS, ROOT, TOKEN, daemon, free_port, lab  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+LABEXTENSION = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "eventsched-jupyterlab"
+
+
+def row(job: int) -> str:
+    return f".eventsched-sidebar .es-side-job[data-job='{job}']"
+
+
+def state_of(page, job: int) -> str | None:
+    return page.evaluate(f"() => document.querySelector(\"{row(job)}\")?.dataset.state ?? null")
+
+
+def wait_state(page, job: int, state: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while state_of(page, job) != state:
+        assert time.monotonic() < deadline, f"job {job} never shown {state} (last {state_of(page, job)})"
+        time.sleep(0.2)
+
+
+def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path: Path) -> None:  # noqa: F811
+    if not (LABEXTENSION / "package.json").exists():
+        pytest.skip("the labextension is not built (scripts/setup.sh builds it; it needs node)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{lab}/lab?token={TOKEN}")
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
+            page.wait_for_selector("#eventsched-sidebar", state="attached", timeout=60_000)
+            page.evaluate("() => window.jupyterapp.shell.activateById('eventsched-sidebar')")
+            # a wider sidebar for the screenshots (the split's sizes are not public API)
+            page.evaluate("() => window.jupyterapp.shell._hsplitPanel?.setRelativeSizes([0.3, 0.7, 0])")
+
+            # with no notebook open: one line per GPU, from the server extension
+            page.wait_for_function(
+                "() => document.querySelectorAll('.eventsched-sidebar .es-side-gpu').length === 4", timeout=30_000)
+            assert page.locator(".jp-Notebook").count() == 0
+            assert "local:0" in page.inner_text(".eventsched-sidebar")
+
+            # jobs submitted from a terminal: a running one, and one that waits with its reason and forecast
+            running = daemon.submit("--gpus", "2", "--name", "from-terminal", "--", "sleep", "120")
+            waiting = daemon.submit("--gpus", "4", "--name", "waits", "--", "sleep", "120")
+            wait_state(page, running, "running")
+            wait_state(page, waiting, "queued")
+            detail = page.inner_text(f"{row(waiting)} .es-side-detail")
+            assert "resources" in detail and "starts in" in detail, detail
+            page.screenshot(path=str(tmp_path / "jupyterlab-sidebar.png"))
+
+            # a refusal shows in the row, in one line: a running job cannot be held
+            page.click(f"{row(running)} button.es-side-hold")
+            page.wait_for_selector(f"{row(running)} .es-side-note", timeout=10_000)
+            note = page.inner_text(f"{row(running)} .es-side-note")
+            assert "only waiting jobs can be held" in note and "\n" not in note.strip(), note
+
+            # explain shows the daemon's story in the row
+            page.click(f"{row(waiting)} button.es-side-explain")
+            page.wait_for_selector(f"{row(waiting)} pre.es-side-explain", timeout=10_000)
+            assert f"job {waiting} (waits" in page.inner_text(f"{row(waiting)} pre.es-side-explain")
+
+            # a notebook's kernel restarts; the sidebar keeps following the daemon
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:open', {path: 'quickstart.ipynb'})")
+            page.wait_for_selector(".jp-Notebook", timeout=60_000)
+            page.wait_for_function("() => document.body.innerText.includes('Idle')", timeout=60_000)
+            page.evaluate("""async () => {
+                const panel = window.jupyterapp.shell.currentWidget;
+                await panel.sessionContext.session.kernel.restart(); }""")
+            after_restart = daemon.submit("--gpus", "1", "--name", "after-restart", "--", "sleep", "120")
+            wait_state(page, after_restart, "running")
+
+            # cancel from a row cancels that job at the daemon
+            page.click(f"{row(waiting)} button.es-side-cancel")
+            wait_state(page, waiting, "cancelled")
+            listed = json.loads(daemon.cli("queue", "--all", "--json").stdout)
+            assert {j["id"]: j["state"] for j in listed}[waiting] == "cancelled"
+
+            # one of the user's jobs fails: a notification with its exit reason
+            failing = daemon.submit("--gpus", "0.5", "--name", "fails", "--", "sh", "-c", "exit 3")
+            toast = page.locator(".Toastify__toast", has_text=f"job {failing} (fails) failed")
+            toast.wait_for(timeout=30_000)
+            assert "3" in toast.inner_text()
+            page.wait_for_timeout(1000)  # the toast's slide-in, for the screenshot
+            page.screenshot(path=str(tmp_path / "jupyterlab-sidebar-notification.png"))
+        finally:
+            browser.close()
+    out = ROOT / "test-output"
+    out.mkdir(exist_ok=True)
+    for png in tmp_path.glob("jupyterlab-sidebar*.png"):
+        shutil.copy(png, out / png.name)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run Jupyter as another user")
+def test_another_users_job_is_refused_through_the_server_extension(tmp_path: Path) -> None:
+    """Jupyter run by ``nobody`` against a root daemon: the sidebar's cancel of
+    root's job comes back as a one-line refusal, and the job keeps running."""
+    from daemon_harness import Daemon
+
+    public = Path(tempfile.mkdtemp(prefix="es-lab-"))
+    public.chmod(0o755)
+    home = public / "home"
+    home.mkdir()
+    nobody = pwd.getpwnam("nobody")
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    socket = public / "eventsched.sock"
+    daemon = Daemon(public / "state", gpus="fake:2", socket_path=socket).start()
+    port = free_port()
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "EVENTSCHED_SOCKET": str(socket),
+           "JUPYTER_CONFIG_DIR": str(home / "config"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+           "JUPYTER_DATA_DIR": str(home / "data"),
+           **{k: v for k, v in os.environ.items() if k == "EVENTSCHED_PURE"}}
+    server = subprocess.Popen(
+        ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
+         sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}"],
+        env=env, cwd=str(home), stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"),
+        start_new_session=True)
+    try:
+        job = daemon.submit("--gpus", "1", "--name", "roots", "--", "sleep", "120")
+        base = f"http://127.0.0.1:{port}/eventsched"
+
+        def ask(path: str, method: str = "GET") -> dict:
+            request = urllib.request.Request(f"{base}/{path}", method=method, data=b"" if method == "POST" else None,
+                                             headers={"Authorization": f"token {TOKEN}"})
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return json.loads(reply.read())
+
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                state = ask("state")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-2000:]
+                time.sleep(0.3)
+        assert state["user"] == "nobody" and [j["user"] for j in state["jobs"]] == ["root"], state
+        refused = ask(f"jobs/{job}/cancel", "POST")
+        assert refused["ok"] is False and refused["message"].startswith(f"job {job}: "), refused
+        assert "\n" not in refused["message"]
+        assert daemon.wait_states([job], {"running"})[job]["state"] == "running"
+        # without Jupyter's token: refused by Jupyter's own authentication
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/jobs/{job}/cancel", method="POST", data=b""))
+        assert denied.value.code == 403
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        daemon.stop()
+        shutil.rmtree(public, ignore_errors=True)
