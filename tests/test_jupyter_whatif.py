@@ -188,3 +188,30 @@ def test_the_panel_buttons_act_as_the_user(live, daemon, capsys) -> None:
     finally:
         daemon.cli("cancel", str(job))
         panel.close()
+
+
+@pytest.mark.slow
+def test_the_panel_draws_the_bookings_and_a_paused_gpu(live, daemon, capsys) -> None:
+    result, _, err = run(live, "panel = %gpustatus", capsys)
+    assert result.error_in_exec is None, err
+    panel = live.user_ns["panel"]
+    try:
+        assert panel.bookings_html.value == ""  # nothing booked: nothing drawn
+        made = daemon.cli("reserve", "create", "--gpu-ids", "3", "--start", "+1h", "--duration", "2h", "--json")
+        assert made.returncode == 0, made.stderr
+        booking = json.loads(made.stdout)["id"]
+        _wait(lambda: f"reservation {booking}:" in panel.bookings_html.value)
+        assert "GPU local:3 ..A" in panel.bookings_html.value  # booked from an hour on
+        assert daemon.cli("pause-gpu", "2").returncode == 0
+
+        def gpu_text(gpu: int) -> str:  # the line beside GPU N's bar
+            return next(row.children[1].value for row in panel.gpu_box.children
+                        if getattr(row.children[0], "description", "") == f"GPU {gpu}")
+
+        _wait(lambda: "PAUSED" in gpu_text(2))
+        assert "PAUSED" not in gpu_text(1)
+        daemon.cli("reserve", "cancel", str(booking))
+        _wait(lambda: panel.bookings_html.value == "")
+    finally:
+        daemon.cli("resume-gpu", "2")
+        panel.close()

@@ -395,6 +395,11 @@ def test_jobs_spread_over_nodes_gangs_stay_on_one_and_targets_are_honoured(
         assert len(jobs[gang]["gpu_ids"]) == 2 and jobs[gang]["node"] in NODES
         assert jobs[on_b]["node"] == "gpu-b"
         assert (jobs[on_a1]["node"], jobs[on_a1]["gpu_ids"]) == ("gpu-a", [1])
+        # finished jobs keep the node they ran on in the table
+        table = d.cli("queue", "--all").stdout.splitlines()
+        node_at = table[0].split().index("NODE")
+        ran_on = {int(line.split()[0]): line.split()[node_at] for line in table[1:]}
+        assert (ran_on[on_b], ran_on[on_a1]) == ("gpu-b", "gpu-a")
         # the output comes back from the node (logs)
         assert d.cli("logs", str(on_a1)).stdout.strip() == "gpu 1"
         assert d.cli("logs", str(gang)).stdout.strip() in ("on 0,1",)

@@ -156,7 +156,7 @@ def list_jobs(c: Client, args: argparse.Namespace) -> list[dict]:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
-    from eventsched.domain.states import JobState
+    from eventsched.domain.states import WAITING, JobState
 
     with client(args) as c:
         jobs = list_jobs(c, args)
@@ -188,7 +188,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
     nodes = {j.get("node") for j in jobs if j.get("node")}
     if len(nodes) > 1 and len(rows) == len(jobs):  # jobs on several nodes (arrays unfolded)
-        node_col = [(j.get("node") or "-") if j["state"] == JobState.RUNNING else "-" for j in jobs]
+        # where it runs, or where it last ran: a finished job keeps its node
+        node_col = ["-" if j["state"] in WAITING else (j.get("node") or "-") for j in jobs]
         rows = [row[:6] + [node] + row[6:] for row, node in zip(rows, node_col)]
         headers.insert(6, "NODE")
     if len(set(tenant_of)) > 1:

@@ -64,6 +64,7 @@ class PanelModel:
         self.gpus: dict[GpuKey, dict[str, Any]] = {}
         self.jobs: dict[int, dict[str, Any]] = {}
         self.policy, self.seq, self.connected, self.error = "", 0, False, ""
+        self.bookings_seq = 0  # the last reservation made or cancelled
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> PanelModel:
@@ -195,8 +196,11 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
         temperature_c=e.temperature_c, foreign_processes=[
             {"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib} for p in e.foreign_processes]),
     ev.GpuErrored: _on_gpu_errored,
-    ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True),
-    ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False),
+    ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True, paused_reason=e.reason),
+    ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False, paused_reason=""),
+    # the bookings are drawn from the daemon's list: an event only says it changed
+    ev.ReservationCreated: lambda m, e: setattr(m, "bookings_seq", e.seq),
+    ev.ReservationCancelled: lambda m, e: setattr(m, "bookings_seq", e.seq),
     ev.JobSubmitted: _on_job_submitted,
     # a forecast shown (by ``explain``), keyed as ``queue --json`` gives one
     ev.JobForecast: lambda m, e: m.jobs[e.job].update(estimated_start=e.estimated_start, estimated_start_p10=e.p10,
@@ -223,7 +227,8 @@ def mib_text(mib: float) -> str:
 
 
 def gpu_line(gpu: dict[str, Any]) -> str:
-    flags = " PAUSED" if gpu.get("paused") else ""
+    reason = gpu.get("paused_reason")
+    flags = (f" DRAINED: {reason}" if reason else " PAUSED") if gpu.get("paused") else ""
     flags += " LOST" if gpu.get("lost") else ""
     # memory held by processes of no job, and whose
     flags += "".join(f" · {p['user']} (pid {p['pid']}) holds {mib_text(p['used_mib'])}"
@@ -554,6 +559,19 @@ def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+def render_bookings_html(socket_path: Path) -> str:
+    """The reservations as ``reserve list --timeline`` draws them; nothing when there are none."""
+    from eventsched.cli.reserve import timeline
+    from eventsched.wire.client import Client
+    from eventsched.wire.protocol import ListReservations
+
+    with Client(socket_path) as c:
+        listed = c.request(ListReservations())
+    if not listed["reservations"]:
+        return ""
+    return f"<b>reservations</b><pre class='es-bookings'>{html.escape(timeline(listed))}</pre>"
+
+
 def _card_html(socket_path: Path, job: dict[str, Any]) -> str:
     """An ended job's report card, as ``explain`` prints it (nothing while it
     has not ended, or where the history cannot say)."""
@@ -607,6 +625,8 @@ def _panel_class() -> type:
             self._history_lock = threading.Lock()
             self._history_busy, self._history_at = False, -HISTORY_REFRESH_S
             self._history_ended: frozenset[int] = frozenset()
+            self._bookings_seq = -1
+            self.bookings_html = w.HTML(value="")  # who holds which GPU over the coming days
             self.jobs_html = w.HTML(value="")
             # one row per job, with its buttons: made here, filled (or hidden) by the watcher's thread
             self.rows = [self._slot(w) for _ in range(ROW_SLOTS)]
@@ -614,7 +634,7 @@ def _panel_class() -> type:
             self.explain_html = w.HTML(value="")
             self.job_select = w.Dropdown(options=[("(select a job)", 0)], value=0, description="output of")
             self.tail = w.HTML(value="")
-            super().__init__([self.header, self.gpu_box, self.history_html, self.jobs_html, *self.rows,
+            super().__init__([self.header, self.gpu_box, self.history_html, self.bookings_html, self.jobs_html, *self.rows,
                               self.action_line, self.explain_html, self.job_select, self.tail])
             self.add_class("eventsched-panel")
             self.job_select.observe(lambda _change: self._redraw_tail(), names="value")
@@ -709,6 +729,9 @@ def _panel_class() -> type:
             ended = frozenset(j["id"] for j in model.jobs.values() if j["state"] in FINAL)
             age = time.monotonic() - self._history_at
             with self._history_lock:
+                if model.bookings_seq != self._bookings_seq:  # booked or cancelled: redrawn at once
+                    self._bookings_seq = model.bookings_seq
+                    threading.Thread(target=self._refresh_bookings, name="eventsched-panel-bookings", daemon=True).start()
                 if self._history_busy or not (age >= HISTORY_REFRESH_S
                                               or (ended != self._history_ended and age >= HISTORY_SOON_S)):
                     return
@@ -718,6 +741,7 @@ def _panel_class() -> type:
         def _refresh_history(self) -> None:
             from eventsched.cli.status_history import fetch_history, via_socket
 
+            self._refresh_bookings()  # the timeline moves on with the clock
             try:
                 data = fetch_history(via_socket(self.socket_path), HISTORY_WINDOW_S)
                 self.history_html.value = render_history_html(data)
@@ -726,6 +750,12 @@ def _panel_class() -> type:
             finally:
                 with self._history_lock:
                     self._history_at, self._history_busy = time.monotonic(), False
+
+        def _refresh_bookings(self) -> None:
+            try:
+                self.bookings_html.value = render_bookings_html(self.socket_path)
+            except Exception as exc:  # shown in the panel, never raised into a cell
+                self.bookings_html.value = f"<p class='es-empty'><i>reservations: {html.escape(str(exc))}</i></p>"
 
         def _redraw_tail(self) -> None:
             job = self.job_select.value
