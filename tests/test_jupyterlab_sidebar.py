@@ -66,16 +66,29 @@ def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path:
             page.wait_for_function(
                 "() => document.querySelectorAll('.eventsched-sidebar .es-side-gpu').length === 4", timeout=30_000)
             assert page.locator(".jp-Notebook").count() == 0
-            assert "local:0" in page.inner_text(".eventsched-sidebar")
+            assert "GPU 0 · alloc" in page.inner_text(".eventsched-sidebar")
 
             # jobs submitted from a terminal: a running one, and one that waits with its reason and forecast
-            running = daemon.submit("--gpus", "2", "--name", "from-terminal", "--", "sleep", "120")
+            running = daemon.submit("--gpus", "2", "--name", "from-terminal", "--", "sh", "-c",
+                                    "echo hello from the job; sleep 120")
             waiting = daemon.submit("--gpus", "4", "--name", "waits", "--", "sleep", "120")
             wait_state(page, running, "running")
             wait_state(page, waiting, "queued")
             detail = page.inner_text(f"{row(waiting)} .es-side-detail")
             assert "resources" in detail and "starts in" in detail, detail
+            # a paused GPU is marked on its line
+            assert daemon.cli("pause-gpu", "3").returncode == 0
+            page.wait_for_selector(".es-side-gpu[data-gpu='local:3'] .es-side-mark", timeout=10_000)
+            assert page.inner_text(".es-side-gpu[data-gpu='local:3'] .es-side-mark") == "paused"
+            assert page.locator(".es-side-gpu[data-gpu='local:2'] .es-side-mark").count() == 0
+            daemon.cli("resume-gpu", "3")
+            # the output of a job that runs, opened from its row
+            page.click(f"{row(running)} button.es-side-output")
+            page.wait_for_selector(f"{row(running)} pre.es-side-explain", timeout=10_000)
+            assert "hello from the job" in page.inner_text(f"{row(running)} pre.es-side-explain")
             page.screenshot(path=str(tmp_path / "jupyterlab-sidebar.png"))
+            page.click(f"{row(running)} button.es-side-output")  # a second click hides it
+            page.wait_for_selector(f"{row(running)} pre.es-side-explain", state="detached", timeout=10_000)
 
             # a refusal shows in the row, in one line: a running job cannot be held
             page.click(f"{row(running)} button.es-side-hold")
@@ -167,6 +180,8 @@ def test_another_users_job_is_refused_through_the_server_extension(tmp_path: Pat
         refused = ask(f"jobs/{job}/cancel", "POST")
         assert refused["ok"] is False and refused["message"].startswith(f"job {job}: "), refused
         assert "\n" not in refused["message"]
+        unread = ask(f"jobs/{job}/output")  # root's output is not nobody's to read
+        assert unread["ok"] is False and "\n" not in unread["message"], unread
         assert daemon.wait_states([job], {"running"})[job]["state"] == "running"
         # without Jupyter's token: refused by Jupyter's own authentication
         with pytest.raises(urllib.error.HTTPError) as denied:

@@ -26,6 +26,7 @@ from jupyter_server.utils import url_path_join
 from eventsched.domain.units import format_duration
 from eventsched.wire import protocol
 from eventsched.wire.client import Client, ClientError
+from eventsched.jupyter.widgets import job_note, read_tail
 
 RECENT_ENDS = 20
 
@@ -70,14 +71,39 @@ def forecast(job: dict, now: float) -> str:
     return f"{format_duration(low - now)} to {format_duration(high - now)}"
 
 
+def gpu_marks(gpu: dict[str, Any], running: list[dict[str, Any]]) -> list[str]:
+    """What an operator looks for on a GPU: drained or paused, a job over its
+    memory request, every job on it idle."""
+    marks = [f"drained: {gpu['paused_reason']}" if gpu.get("paused_reason") else "paused"] if gpu.get("paused") else []
+    on = [j for j in running if gpu["id"] in j.get("gpu_ids", ()) and (j.get("node") or "local") == (gpu.get("node") or "local")]
+    if any(j.get("gpu_mem_over") for j in on):
+        marks.append("over memory request")
+    if on and all(j.get("idle_since") is not None for j in on):
+        marks.append("idle")
+    return marks
+
+
 def snapshot(c: Client) -> dict[str, Any]:
     status = c.status()
     jobs = c.jobs()
     now = time.time()
+    running = [j for j in jobs if j["state"] == "running"]
     for job in jobs:
         job["forecast"] = forecast(job, now) if job["state"] == "queued" else ""
+        job["note"] = job_note(job, now) if job["state"] == "running" else ""
+    for gpu in status["gpus"]:
+        gpu["marks"] = gpu_marks(gpu, running)
     return {"user": pwd.getpwuid(os.geteuid()).pw_name, "gpus": status["gpus"], "jobs": jobs,
             "ended": ENDS.update(c, jobs), "now": now}
+
+
+def output(c: Client, job: int) -> dict[str, Any]:
+    """The last lines of a job's output, read as the user who runs Jupyter
+    (the file's own permissions decide, as for ``eventsched logs``)."""
+    path = c.log_path(job)
+    if not os.access(path, os.R_OK):
+        return {"ok": False, "message": f"job {job}: its output {path} cannot be read by you"}
+    return {"ok": True, "text": read_tail(path) or "(no output yet)"}
 
 
 def act(c: Client, job: int, action: str) -> dict[str, Any]:
@@ -126,6 +152,12 @@ class ExplainHandler(DaemonHandler):
         await self.answer(lambda c: explain(c, int(job)))
 
 
+class OutputHandler(DaemonHandler):
+    @tornado.web.authenticated
+    async def get(self, job: str) -> None:
+        await self.answer(lambda c: output(c, int(job)))
+
+
 class ActionHandler(DaemonHandler):
     @tornado.web.authenticated
     async def post(self, job: str, action: str) -> None:
@@ -142,5 +174,6 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     web_app.add_handlers(".*$", [
         (url_path_join(base, "state"), StateHandler),
         (url_path_join(base, r"jobs/(\d{1,18})/explain"), ExplainHandler),
+        (url_path_join(base, r"jobs/(\d{1,18})/output"), OutputHandler),
         (url_path_join(base, r"jobs/(\d{1,18})/(cancel|hold|release)"), ActionHandler),
     ])

@@ -549,7 +549,7 @@ def watcher_for(socket_path: str | Path) -> Watcher:
         return _watchers[key]
 
 
-def _read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
+def read_tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 64 * 1024) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, 2) - max_bytes))
@@ -772,7 +772,7 @@ def _panel_class() -> type:
                     self.tail.value = f"<i>{html.escape(str(exc))}</i>"
                     return
             self.tail.value = (f"<pre class='es-tail' style='max-height:20em;overflow:auto;"
-                               f"background:#f7f7f7'>{html.escape(_read_tail(path)) or '(no output yet)'}</pre>")
+                               f"background:#f7f7f7'>{html.escape(read_tail(path)) or '(no output yet)'}</pre>")
 
         def close(self) -> None:
             self.watcher.remove_listener(self.update)

@@ -17,6 +17,7 @@ interface Gpu {
   utilization: number | null;
   memory_used_mib: number;
   memory_total_mib: number;
+  marks: string[]; // drained or paused, over memory request, idle
 }
 
 interface Job {
@@ -27,6 +28,7 @@ interface Job {
   gpus: number;
   reason: string | null;
   forecast?: string;
+  note?: string; // a running job: over its memory request, idle
   exit_reason: string;
   exit_code: number | null;
 }
@@ -65,7 +67,7 @@ function endReason(job: Job): string {
 
 class Sidebar extends Widget {
   private notes = new Map<number, string>(); // a row's last action result, one line
-  private explained = new Map<number, string>();
+  private explained = new Map<number, string>(); // explain's text or the output's tail, shown under the row
   private seenEnds: Set<number> | null = null; // ends already known when the page loaded
   private timer = 0;
 
@@ -121,17 +123,27 @@ class Sidebar extends Widget {
     }
     this.notify(state);
     root.appendChild(el('h3', '', 'GPUs'));
-    for (const g of state.gpus) {
-      const row = el('div', 'es-side-gpu');
-      const mem = `${(g.memory_used_mib / 1024).toFixed(1)}/${(g.memory_total_mib / 1024).toFixed(0)} GiB`;
-      const use = g.utilization === null ? '-' : `${Math.round(g.utilization)}%`;
-      row.textContent = `${g.node}:${g.id} · alloc ${g.allocated.toFixed(2)} · use ${use} · ${mem}`;
-      root.appendChild(row);
+    const nodes = [...new Set(state.gpus.map(g => g.node))];
+    for (const node of nodes) {
+      if (nodes.length > 1) {
+        root.appendChild(el('div', 'es-side-node', `node ${node}`));
+      }
+      for (const g of state.gpus.filter(x => x.node === node)) {
+        const row = el('div', 'es-side-gpu');
+        row.dataset.gpu = `${g.node}:${g.id}`;
+        const mem = `${(g.memory_used_mib / 1024).toFixed(1)}/${(g.memory_total_mib / 1024).toFixed(0)} GiB`;
+        const use = g.utilization === null ? '-' : `${Math.round(g.utilization)}%`;
+        row.textContent = `GPU ${g.id} · alloc ${g.allocated.toFixed(2)} · use ${use} · ${mem}`;
+        for (const mark of g.marks || []) {
+          row.appendChild(el('span', 'es-side-mark', mark));
+        }
+        root.appendChild(row);
+      }
     }
     const queued = state.jobs.filter(j => j.state !== 'running');
     const running = state.jobs.filter(j => j.state === 'running');
     this.table(root, 'Queue', queued, j => `${j.reason || ''}${j.forecast ? ` · starts in ${j.forecast}` : ''}`);
-    this.table(root, 'Running', running, () => '');
+    this.table(root, 'Running', running, j => j.note || '');
     this.table(root, 'Recent ends', state.ended, endReason);
     this.node.replaceChildren(root);
   }
@@ -149,8 +161,12 @@ class Sidebar extends Widget {
         row.appendChild(el('div', 'es-side-detail', more));
       }
       const buttons = el('div', 'es-side-actions');
-      const actions = job.state === 'queued' || job.state === 'running' || job.state === 'held'
+      const waiting = job.state === 'queued' || job.state === 'held';
+      const actions = waiting || job.state === 'running'
         ? ['cancel', job.state === 'held' ? 'release' : 'hold', 'explain'] : ['explain'];
+      if (!waiting) {
+        actions.push('output'); // it has run: it has an output
+      }
       for (const action of actions) {
         const button = el('button', `jp-Button es-side-${action}`, action) as HTMLButtonElement;
         button.onclick = () => void this.act(job.id, action);
@@ -171,14 +187,15 @@ class Sidebar extends Widget {
   }
 
   private async act(job: number, action: string): Promise<void> {
-    if (action === 'explain' && this.explained.has(job)) {
+    const shows = action === 'explain' || action === 'output';
+    if (shows && this.explained.has(job)) {
       this.explained.delete(job); // a second click hides it
       return;
     }
-    const reply = action === 'explain'
-      ? await call(`jobs/${job}/explain`)
+    const reply = shows
+      ? await call(`jobs/${job}/${action}`)
       : await call(`jobs/${job}/${action}`, 'POST');
-    if (action === 'explain' && reply.ok) {
+    if (shows && reply.ok) {
       this.explained.set(job, reply.text);
     } else {
       this.notes.set(job, reply.message);
