@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from test_core import Sched, placed
-from users_harness import User, as_user, needs_root, public_dir, root_daemon, users  # noqa: F401
+from users_harness import User, as_user, needs_root, public_dir, root_daemon, third_user, users  # noqa: F401
 
 from eventsched.core.explain import waiting_reason
 from eventsched.core.forecast import forecast_starts
@@ -147,7 +147,7 @@ def _ok(user: User, state: Path, *args: str) -> str:
 @pytest.mark.slow
 @needs_root
 def test_a_booked_window_holds_two_gpus_for_its_owner_against_another_user(
-        users: tuple[User, User], public_dir: Path, tmp_path: Path) -> None:
+        users: tuple[User, User], third_user: User, public_dir: Path, tmp_path: Path) -> None:
     alice, bob = users
     d = root_daemon(public_dir, gpus="fake:3").start()
     state = d.state_dir
@@ -170,6 +170,9 @@ def test_a_booked_window_holds_two_gpus_for_its_owner_against_another_user(
             refused = as_user(bob, state, *args)
             assert refused.returncode != 0 and "Traceback" not in refused.stderr
             assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        refused = as_user(third_user, state, "reserve", "cancel", str(rid))  # nor may anyone else
+        assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert [r["id"] for r in json.loads(d.cli("reserve", "list", "--json").stdout)] == [rid]  # still there
         # bob's long job would run into the window: GPUs 1 and 2 are free, yet it waits
         long_job = int(_ok(bob, state, "submit", "--gpus", "2", "--time-limit", "1h", "--", "sleep", "120"))
         jobs = d.jobs()

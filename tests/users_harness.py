@@ -68,6 +68,16 @@ def users() -> Iterator[tuple[User, User]]:
 
 
 @pytest.fixture(scope="module")
+def third_user() -> Iterator[User]:
+    """carol: a user who is neither alice nor bob."""
+    carol = _create_user(f"esc{str(os.getpid())[-5:]}")
+    try:
+        yield carol
+    finally:
+        _remove_user(carol)
+
+
+@pytest.fixture(scope="module")
 def public_dir() -> Iterator[Path]:
     """A root-owned, world-traversable folder that holds a root daemon's state."""
     public = Path(tempfile.mkdtemp(prefix="es-sec-"))
