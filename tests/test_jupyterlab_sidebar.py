@@ -124,6 +124,16 @@ def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path:
             assert "3" in toast.inner_text()
             page.wait_for_timeout(1000)  # the toast's slide-in, for the screenshot
             page.screenshot(path=str(tmp_path / "jupyterlab-sidebar-notification.png"))
+
+            # one of the user's running jobs is stopped and requeued (its GPU booked for someone else from now)
+            booked_out = daemon.submit("--gpus", "1", "--name", "booked-out", "--", "sleep", "120")
+            wait_state(page, booked_out, "running")
+            gpu = {j["id"]: j for j in json.loads(daemon.cli("queue", "--json").stdout)}[booked_out]["gpu_ids"][0]
+            booked = daemon.cli("reserve", "create", "--user", "nobody", "--gpu-ids", str(gpu), "--start", "+2s",
+                                "--duration", "60s")
+            assert booked.returncode == 0, booked.stderr
+            toast = page.locator(".Toastify__toast", has_text=f"job {booked_out} (booked-out) stopped and requeued")
+            toast.wait_for(timeout=30_000)
         finally:
             browser.close()
     out = ROOT / "test-output"

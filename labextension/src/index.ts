@@ -69,6 +69,7 @@ class Sidebar extends Widget {
   private notes = new Map<number, string>(); // a row's last action result, one line
   private explained = new Map<number, string>(); // explain's text or the output's tail, shown under the row
   private seenEnds: Set<number> | null = null; // ends already known when the page loaded
+  private wasRunning = new Set<number>(); // the user's jobs running at the last poll
   private timer = 0;
 
   constructor() {
@@ -97,6 +98,16 @@ class Sidebar extends Widget {
   }
 
   private notify(state: State): void {
+    // a job of the user's stopped and put back in the queue: preempted, over its memory, its GPUs booked
+    const mine = state.jobs.filter(j => j.user === state.user);
+    for (const job of mine) {
+      if (this.wasRunning.has(job.id) && (job.state === 'queued' || job.state === 'held')) {
+        const why = job.exit_reason ? `: ${job.exit_reason}` : '';
+        Notification.emit(`eventsched: job ${job.id} (${job.name}) stopped and requeued${why}`, 'warning',
+          { autoClose: 15000 });
+      }
+    }
+    this.wasRunning = new Set(mine.filter(j => j.state === 'running').map(j => j.id));
     const ended = state.ended.filter(j => j.user === state.user);
     if (this.seenEnds === null) {
       this.seenEnds = new Set(ended.map(j => j.id));
