@@ -46,21 +46,38 @@ def wait_state(page, job: int, state: str, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path: Path) -> None:  # noqa: F811
+def open_sidebar(browser, lab: str):
+    """A JupyterLab page at ``lab`` with the sidebar shown."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(f"{lab}/lab?token={TOKEN}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
+    page.wait_for_selector("#eventsched-sidebar", state="attached", timeout=60_000)
+    page.evaluate("() => window.jupyterapp.shell.activateById('eventsched-sidebar')")
+    # a wider sidebar for the screenshots (the split's sizes are not public API)
+    page.evaluate("() => window.jupyterapp.shell._hsplitPanel?.setRelativeSizes([0.3, 0.7, 0])")
+    return page
+
+
+def keep_screenshots(tmp_path: Path) -> None:
+    out = ROOT / "test-output"
+    out.mkdir(exist_ok=True)
+    for png in tmp_path.glob("jupyterlab-sidebar*.png"):
+        shutil.copy(png, out / png.name)
+
+
+def needs_labextension() -> None:
     if not (LABEXTENSION / "package.json").exists():
         pytest.skip("the labextension is not built (scripts/setup.sh builds it; it needs node)")
+
+
+def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path: Path) -> None:  # noqa: F811
+    needs_labextension()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(f"{lab}/lab?token={TOKEN}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=60_000)
-            page.wait_for_selector("#eventsched-sidebar", state="attached", timeout=60_000)
-            page.evaluate("() => window.jupyterapp.shell.activateById('eventsched-sidebar')")
-            # a wider sidebar for the screenshots (the split's sizes are not public API)
-            page.evaluate("() => window.jupyterapp.shell._hsplitPanel?.setRelativeSizes([0.3, 0.7, 0])")
+            page = open_sidebar(browser, lab)
 
             # with no notebook open: one line per GPU, from the server extension
             page.wait_for_function(
@@ -136,17 +153,16 @@ def test_sidebar_follows_the_daemon_without_a_kernel(lab: str, daemon, tmp_path:
             toast.wait_for(timeout=30_000)
         finally:
             browser.close()
-    out = ROOT / "test-output"
-    out.mkdir(exist_ok=True)
-    for png in tmp_path.glob("jupyterlab-sidebar*.png"):
-        shutil.copy(png, out / png.name)
+    keep_screenshots(tmp_path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run Jupyter as another user")
 def test_another_users_job_is_refused_through_the_server_extension(tmp_path: Path) -> None:
     """Jupyter run by ``nobody`` against a root daemon: the sidebar's cancel of
-    root's job comes back as a one-line refusal, and the job keeps running."""
+    root's job comes back as a one-line refusal in its row, and the job keeps running."""
+    needs_labextension()
     from daemon_harness import Daemon
+    from playwright.sync_api import sync_playwright
 
     public = Path(tempfile.mkdtemp(prefix="es-lab-"))
     public.chmod(0o755)
@@ -163,8 +179,10 @@ def test_another_users_job_is_refused_through_the_server_extension(tmp_path: Pat
            **{k: v for k, v in os.environ.items() if k == "EVENTSCHED_PURE"}}
     server = subprocess.Popen(
         ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups",
-         sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-         f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}"],
+         sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--ServerApp.root_dir={home}", f"--IdentityProvider.token={TOKEN}",
+         "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         env=env, cwd=str(home), stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"),
         start_new_session=True)
     try:
@@ -197,6 +215,21 @@ def test_another_users_job_is_refused_through_the_server_extension(tmp_path: Pat
         with pytest.raises(urllib.error.HTTPError) as denied:
             urllib.request.urlopen(urllib.request.Request(f"{base}/jobs/{job}/cancel", method="POST", data=b""))
         assert denied.value.code == 403
+        # the same from the sidebar in a browser: the refusal in the row, in one line
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = open_sidebar(browser, f"http://127.0.0.1:{port}")
+                page.wait_for_selector(f"{row(job)} button.es-side-cancel", timeout=30_000)
+                page.click(f"{row(job)} button.es-side-cancel")
+                page.wait_for_selector(f"{row(job)} .es-side-note", timeout=10_000)
+                note = page.inner_text(f"{row(job)} .es-side-note").strip()
+                assert note.startswith(f"job {job}: ") and "\n" not in note, note
+                page.screenshot(path=str(tmp_path / "jupyterlab-sidebar-refusal.png"))
+            finally:
+                browser.close()
+        keep_screenshots(tmp_path)
+        assert daemon.wait_states([job], {"running"})[job]["state"] == "running"
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
