@@ -1,5 +1,6 @@
 """The Jupyter server side of the JupyterLab sidebar: a few JSON handlers
-under ``/eventsched/`` that ask the daemon over its socket.
+under ``/eventsched/`` that ask the daemon over its socket, and one thread
+that follows its event stream for the jobs that end.
 
 It runs in the Jupyter server's process, so the daemon sees the user who runs
 Jupyter and applies that user's rights; the sidebar belongs to no kernel and
@@ -23,6 +24,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from eventsched.domain import events as ev
+from eventsched.domain.states import FINAL
 from eventsched.domain.units import format_duration
 from eventsched.wire import protocol
 from eventsched.wire.client import Client, ClientError
@@ -32,34 +35,45 @@ RECENT_ENDS = 20
 
 
 class Ends:
-    """The jobs that ended lately, found by comparing each poll's active jobs
-    with the last one's: a job that left the active list is looked up once."""
+    """The jobs that ended lately, from the daemon's event stream, which one
+    thread follows for the whole Jupyter server (as its user): a job that
+    starts and ends between two polls of the sidebar is still seen."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.active: set[int] = set()
-        self.high = -1  # the highest job id seen; -1 before the first poll
         self.recent: deque[dict] = deque(maxlen=RECENT_ENDS)
+        self.thread: threading.Thread | None = None
 
-    def update(self, c: Client, jobs: list[dict]) -> list[dict]:
+    def follow(self) -> None:
+        """Start following, once."""
         with self.lock:
-            ids = {j["id"] for j in jobs}
-            top = max(ids, default=0)
-            # jobs newer than the last poll, which may have ended before it saw them
-            # (the first poll: a few just below the active ones)
-            after = max(0, top - RECENT_ENDS) if self.high < 0 else self.high
-            newer = c.request(protocol.ListJobs(all=True, after=after, limit=RECENT_ENDS * 5))["jobs"]
-            for job in sorted(self.active - ids):  # left the active list since the last poll
-                page = c.request(protocol.ListJobs(all=True, after=job - 1, limit=1))["jobs"]
-                newer.extend(page[:1])
-            for job in sorted(newer, key=lambda j: j.get("ended_at") or 0):
-                if job["ended_at"] is not None and job["id"] not in ids:
-                    self.recent.appendleft(job)
-            self.active = ids
-            self.high = max([self.high, top, *(j["id"] for j in newer)])
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="eventsched-ends", daemon=True)
+                self.thread.start()
+
+    def _run(self) -> None:
+        seq = 0  # 0: from now on; after a break, from where it stopped
+        while True:
+            try:
+                with Client(timeout=10.0) as c:
+                    for batch in c.subscribe(seq + 1 if seq else 0):
+                        ended = {e.job for e in batch if isinstance(e, STOPS)}
+                        seq = max([seq, *(e.seq for e in batch)])
+                        for job in sorted(ended):
+                            page = c.request(protocol.ListJobs(all=True, after=job - 1, limit=1))["jobs"]
+                            if page and page[0]["id"] == job and page[0]["state"] in FINAL:  # not requeued
+                                with self.lock:
+                                    self.recent.appendleft(page[0])
+            except (ClientError, OSError):
+                pass  # no daemon yet, or it restarted: follow again
+            time.sleep(1.0)
+
+    def latest(self) -> list[dict]:
+        with self.lock:
             return list(self.recent)
 
 
+STOPS = (ev.JobExited, ev.JobCancelled, ev.JobLost)  # a run stopped: the job may have ended
 ENDS = Ends()
 
 
@@ -84,6 +98,7 @@ def gpu_marks(gpu: dict[str, Any], running: list[dict[str, Any]]) -> list[str]:
 
 
 def snapshot(c: Client) -> dict[str, Any]:
+    ENDS.follow()
     status = c.status()
     jobs = c.jobs()
     now = time.time()
@@ -94,7 +109,7 @@ def snapshot(c: Client) -> dict[str, Any]:
     for gpu in status["gpus"]:
         gpu["marks"] = gpu_marks(gpu, running)
     return {"user": pwd.getpwuid(os.geteuid()).pw_name, "gpus": status["gpus"], "jobs": jobs,
-            "ended": ENDS.update(c, jobs), "now": now}
+            "ended": ENDS.latest(), "now": now}
 
 
 def output(c: Client, job: int) -> dict[str, Any]:
