@@ -8,7 +8,7 @@ import os
 import sys
 
 from eventsched.cli.commands import ALIASES, COMMANDS
-from eventsched.cli.connect import client, socket_client
+from eventsched.cli.connect import client
 from eventsched.cli.errors import UserError, fail, refusal_exit
 from eventsched.domain.dedupe import SESSION_ENV, content_key  # noqa: F401  # SESSION_ENV: re-exported
 from eventsched.domain.paths import socket_location
