@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -13,6 +14,12 @@ from eventsched import _compiled
 # start, without repeating it. tests/test_compiled.py fails on it in CI.
 if os.environ.get("EVENTSCHED_PURE", "") in ("", "0") and _compiled.stale():
     os.environ["EVENTSCHED_PURE"] = "1"
+
+# A shell starts a background command (`scripts/test.sh &`) with Ctrl-C ignored,
+# and every process a test starts would inherit that: the tests that press
+# Ctrl-C on a CLI process need it to have the default a terminal gives.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The machine-wide install spends minutes in pip, unpacking and byte-compiling
