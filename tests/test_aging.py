@@ -137,15 +137,18 @@ class AgingMachine(TeamsMachine):
             for v in vs:
                 assert (v, waiting) not in self.served, f"job {v} preempted twice for job {waiting}"
                 self.served.add((v, waiting))
-            if len(vs) == 1:
-                self.then_starts(waiting, vs[0])
+            self.then_starts(waiting, vs)
         return events
 
-    def then_starts(self, waiting: int, victim: int) -> None:
-        """On a copy: once the victim has gone, the job it was stopped for starts."""
+    def then_starts(self, waiting: int, victims: list[int]) -> None:
+        """On a copy: once the victims have gone, one after another, the job
+        they were stopped for starts (the room one leaves is not taken meanwhile)."""
         copy = state_from_snapshot(snapshot_bytes(self.state))
-        events, _ = core.handle(copy, m.ProcessExited(job=victim, exit_code=None, signal=15), self.now)
-        assert waiting in decision_sets(events)[0], f"job {waiting} did not start once job {victim} stopped"
+        placed: set[int] = set()
+        for victim in victims:
+            events, _ = core.handle(copy, m.ProcessExited(job=victim, exit_code=None, signal=15), self.now)
+            placed |= decision_sets(events)[0]
+        assert waiting in placed, f"job {waiting} did not start once jobs {victims} stopped"
 
     @invariant()
     def no_job_is_launched_more_than_twice_a_minute_by_preemption(self) -> None:

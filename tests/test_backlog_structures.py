@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import bisect
+import math
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eventsched.core import policies
@@ -145,26 +146,47 @@ def test_ended_array_tasks_are_counted_as_they_end_and_after_a_reload() -> None:
     assert state_from_snapshot(snapshot_bytes(state)).array_ended[array_id] == 2
 
 
-# --- shortest-job-first: resuming a runtime group after the last job seen ------------
+# --- shortest-job-first: the lanes kept in step across decisions ----------------
 
-entries_st = st.lists(st.tuples(st.sampled_from([-2, -1, 0, -1.5]), st.integers(0, 50)), max_size=60, unique=True)
+# neighbours with no float between them: a key that moves in between refiles every job
+PREDICTIONS = [60.0, 600.0, math.nextafter(600.0, math.inf), 600.5, 601.0, 3600.0]
+lane_ops = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 12), st.sampled_from([0.25, 1.0]),
+                              st.integers(-1, 1), st.sampled_from("abc"),
+                              st.sampled_from(PREDICTIONS), st.booleans()), max_size=120)
 
 
 @settings(max_examples=300, deadline=None)
-@given(entries_st, st.sampled_from([60.0, 600.0, 3600.0]), st.sampled_from([-2, -1, 0, -1.5]),
-       st.sampled_from([60.0, 600.0, 3600.0]), st.integers(-1, 51))
-def test_a_runtime_group_resumes_exactly_after_the_last_job_seen(
-    raw: list[tuple[float, int]], pred: float, last_np: float, last_pred: float, last_order: int
-) -> None:
-    """``_after`` on a blocked group gives the entries the sorted list's
-    ``bisect_right`` on the SJF key gave (the old code)."""
-    entries = sorted((np_, order, 1000 + order) for np_, order in raw)
-    last = (last_np, last_pred, last_order, 1000 + last_order)
-    old = entries[bisect.bisect_right(entries, last, key=lambda e: (e[0], pred, e[1], e[2])):]
-    group: SortedKeys[tuple[float, int, int]] = SortedKeys()
-    for e in entries[::-1]:  # inserted out of order, as a queue fills
-        group.add(e)
-    assert list(policies._after(group, pred, last)) == old
+@given(lane_ops)
+@example([(2, 0, 1.0, 0, "a", 600.0, False), (2, 0, 1.0, 0, "b", PREDICTIONS[2], False),
+          (0, 1, 1.0, 0, "a", 0.0, False), (0, 2, 1.0, 0, "b", 0.0, True),  # labelled by their predictions
+          (2, 0, 1.0, 0, "b", 601.0, True),  # b keeps its label, a float above a's
+          (2, 0, 1.0, 0, "c", 600.5, False), (0, 3, 1.0, 0, "c", 0.0, True)])  # c between them: no float left
+def test_sjf_lanes_kept_in_step_equal_a_sort_from_scratch(
+        steps: list[tuple[int, int, float, int, str, float, bool]]) -> None:
+    """Jobs entering and leaving, predictions moving past, onto and off each
+    other's (a decision's ``sync`` after some steps): every shape's lane holds
+    its jobs in (-priority, prediction, order) order, as sorting them anew does."""
+    q = model.QueueIndex()
+    lanes = q.listener = policies._SjfLanes(q)
+    jobs: dict[int, Job] = {}
+    preds: dict[str, float] = {}
+    for step, (op, jid, gpus, prio, name, pred, decide) in enumerate(steps):
+        if op == 0 and jid not in jobs:
+            spec = ev.JobSpec(command=["x"], gpus=gpus, priority=prio, name=name)
+            count, milli = request_of(spec)
+            jobs[jid] = Job(id=jid, spec=spec, count=count, milli=milli, order=step)
+            q.add(jobs[jid])
+        elif op == 1 and jid in jobs:
+            q.remove(jobs.pop(jid))
+        elif op == 2:
+            preds[name] = pred
+        if decide:
+            now = {r: preds.get(r[1], 3600.0) for r in q.by_rkey}
+            lanes.sync(now)
+            expected: dict[Any, list[int]] = {}
+            for key in sorted((-j.spec.priority, now[model.runtime_key(j.spec)], j.order, j.id) for j in jobs.values()):
+                expected.setdefault(q.shape_of[key[3]], []).append(key[3])
+            assert {s: [k[3] for k in lane] for s, lane in lanes.lanes.items()} == expected
 
 
 def test_iter_from_crosses_blocks() -> None:

@@ -295,6 +295,27 @@ def test_no_preemption_that_would_not_make_room_nor_of_protected_or_unwilling_jo
         isinstance(e, m.Signal) for e in effects), "stopping one of two would not fit a 2-GPU job"
 
 
+def test_the_room_a_preemption_makes_is_kept_for_the_job_it_is_made_for() -> None:
+    """No other job takes the victims' GPUs while they stop, nor the GPU of
+    a victim that stopped first: the urgent job starts once the last has gone."""
+    s = teams(gpus=2, preempt_protect_s=0.0)
+    victims = [s.submit(uid=2000, gpus=0.5, preemptible=True), s.submit(uid=2000, gpus=1, preemptible=True),
+               s.submit(uid=2000, gpus=0.5, preemptible=True)]
+    assert s.on(victims[0]) == s.on(victims[2])  # two halves share a GPU
+    urgent = s.submit(gpus=2, priority=5)
+    stopping = [j for j in victims if s.job(j).cancel_reason == "preempted"]
+    assert stopping == victims
+    small = s.submit(gpus=0.5)  # it would fit where the first victim was
+    s.exit(victims[0], code=None, signal=15)
+    assert s.st(small) == "queued" and s.st(urgent) == "queued"
+    assert waiting_reason(s.state, small, s.now).text.startswith(
+        f"reserved: GPUs 0,1 are being freed for job {urgent} (a preemption)")
+    s.exit(victims[1], code=None, signal=15)
+    assert s.st(small) == "queued"
+    s.exit(victims[2], code=None, signal=15)
+    assert s.st(urgent) == "running" and s.st(small) == "queued"
+
+
 def test_a_preempted_job_is_protected_for_its_minimum_run_time() -> None:
     s = teams(gpus=1, preempt_protect_s=600.0)
     v = s.submit(uid=2000, preemptible=True)
@@ -365,6 +386,13 @@ class TeamsMachine(CoreMachine):
         spec = ev.JobSpec(command=["t"], uid=uid, user=f"u{uid}", gpus=gpus, priority=priority,
                           preemptible=preemptible, array_cap=cap, gpu_mem_mib=4000 if uid == 2000 else 0)
         self.do(m.Submit(spec=spec, array=list(range(n)) if cap else [], by=f"uid:{uid}"))
+        self.note_preemptions()
+
+    @rule(gpus=st.sampled_from([0.25, 1.0, 2.0]), uid=st.sampled_from([1000, 2000]))
+    def submit_urgent_job(self, gpus, uid) -> None:
+        """A job above every other's priority: what preemption is for."""
+        self.do(m.Submit(spec=ev.JobSpec(command=["u"], uid=uid, user=f"u{uid}", gpus=gpus, priority=9),
+                         by=f"uid:{uid}"))
         self.note_preemptions()
 
     def note_preemptions(self) -> None:

@@ -257,6 +257,14 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
         if hold is not None and best_fit(view, job, hold(job)) is None:
             return Reason(kind="reserved", score=ctx.score(job), text=f"{reservations.describe(booked, now)}"
                           + ("" if booked.start <= now else "; this job is not predicted to end before it begins"))
+    if fits and state.making_room and job.id not in state.making_room:
+        hold = reservations.holds(state, view.index, now)
+        if hold is not None and best_fit(view, job, hold(job)) is None:
+            waiting = state.jobs[next(iter(state.making_room))]
+            gpus = ",".join(str(g) for _, g in waiting.room)
+            return Reason(kind="reserved", score=ctx.score(job), first_ahead=waiting.id, text=(
+                f"reserved: GPUs {gpus} are being freed for job {waiting.id} (a preemption); "
+                "this job fits only there"))
     if not fits:
         single = len(state.node_gpus) <= 1
         parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]

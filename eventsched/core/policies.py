@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -26,7 +27,7 @@ from eventsched.core.fgd import NodeFragments
 from eventsched.core.records import Placement
 from eventsched.domain.states import JobState
 from eventsched.domain.tenants import DEFAULT_TENANT
-from eventsched.projections.cluster import FULL, ClusterState, Job, runtime_key, usable
+from eventsched.projections.cluster import FULL, ClusterState, Job, QueueIndex, runtime_key, usable
 from eventsched.projections.model import Capacity, tenant_of, time_limit_of
 from eventsched.projections.sortedkeys import SortedKeys
 
@@ -469,7 +470,7 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
     if start is None:  # nothing can start: no placement for a reservation to guard
         return []
     view, slots, smallest, live, limits = start
-    hold = reservations.holds(state, view.index, now) if state.reservations else None
+    hold = reservations.holds(state, view.index, now) if state.reservations or state.making_room else None
     offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
     # (head's (aged -priority - fair share, order, id), its position, shape):
@@ -650,7 +651,7 @@ def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose
     if start is None:
         return []
     view, slots, smallest, live, limits = start
-    hold = reservations.holds(state, view.index, now) if state.reservations else None
+    hold = reservations.holds(state, view.index, now) if state.reservations or state.making_room else None
     jobs, shape_of = state.jobs, state.queue.shape_of
     out: list[Placement] = []
     for jid in order:
@@ -757,7 +758,7 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
     if start is None:
         return []
     view, slots, smallest, live, limits = start
-    hold = reservations.holds(state, view.index, now) if state.reservations else None
+    hold = reservations.holds(state, view.index, now) if state.reservations or state.making_room else None
     jobs, shape_of = state.jobs, state.queue.shape_of
     # what will free capacity, and when: this decision's own placements here,
     # running jobs added only if a reservation is needed
@@ -814,82 +815,142 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
     return out
 
 
-# (-priority, prediction, order, id): the order shortest-job-first scans in
+# (-priority, label, order, id): the order shortest-job-first scans in (``_SjfLanes``)
 SjfKey = tuple[float, float, int, int]
-# a sorted group of queued jobs with one prediction: (shape, prediction, its
-# entries (-priority, order, id) in order, from where the merge starts)
-Group = tuple[Any, float, Iterator[tuple[float, int, int]]]
+RuntimeKey = tuple[str, str]
 
 
 def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callable[[], bool]) -> Iterator[int]:
-    """Queued job ids by (-priority, predicted runtime, order), merged lazily.
-
-    Until the scan has its head it wants every job: merge the per-runtime-key
-    groups (one prediction each). From then on it wants only the shapes in
-    ``live``: keep walking the whole order while the jobs it skips cost less
-    than merging the live shapes' own (shape, runtime key) groups would, then
-    merge those from after the last job seen, so a long run of jobs whose
-    shape cannot fit is never walked.
-    """
-    q, predict = state.queue, state.stats.predict
-    whole = _merge([(None, predict(r, DEFAULT_RUNTIME_S), iter(e)) for r, e in q.by_rkey.items()], lambda shape: True)
-    last: SjfKey | None = None
-    for last in whole:
-        yield last[3]
-        if has_head():
-            break
-    else:
-        return
-    budget, shape_of = sum(len(q.shape_rkey[s]) for s in live), q.shape_of
-    for last in whole:
-        if shape_of[last[3]] in live:
-            yield last[3]
-        else:
-            budget -= 1
-            if budget < 0:
-                break
-    else:
-        return
-    part = [(shape, p, _after(e, p, last)) for shape in live
-            for r, e in q.shape_rkey[shape].items() for p in (predict(r, DEFAULT_RUNTIME_S),)]
-    for key in _merge(part, live.__contains__):
-        yield key[3]
-
-
-def _after(entries: SortedKeys[tuple[float, int, int]], pred: float, last: SjfKey) -> Iterator[tuple[float, int, int]]:
-    """The ``entries`` (all predicted ``pred``) whose SJF keys (-priority,
-    pred, order, id) come after ``last``, in order. Within one group the
-    prediction is fixed, so that is a search on (-priority, order, id)."""
-    np_, lp, o, j = last
-    if pred > lp:  # every entry of the same priority comes after
-        return entries.iter_from((np_,))
-    if pred < lp:  # only entries of a lower priority do
-        return entries.iter_from((np_, math.inf))
-    return entries.iter_from((np_, o, j), after=True)
-
-
-def _merge(groups: list[Group], wanted: Callable[[Any], bool]) -> Iterator[SjfKey]:
-    """The keys of ``groups`` in order; a group whose shape is not ``wanted``
-    when it comes up is dropped whole (shapes are never wanted again)."""
-    # (key..., group): ids are unique, so the group is never compared
-    heap: list[tuple[float, float, int, int, int]] = []
-    for g, (_, p, entries) in enumerate(groups):
-        e = next(entries, None)
-        if e is not None:
-            heap.append((e[0], p, e[1], e[2], g))
+    """Queued job ids by (-priority, predicted runtime, order): the heads of
+    the shapes' lanes merged. Until the scan has its head it wants every job;
+    from then on only the shapes in ``live``, so a lane whose shape cannot fit
+    is dropped when it comes up, never walked."""
+    lanes = _SjfLanes.of(state)
+    walks = {shape: iter(lane) for shape, lane in lanes.lanes.items()}
+    # (key, shape): keys are unique, so the shape is never compared
+    heap = [(next(walk), shape) for shape, walk in walks.items()]
     heapq.heapify(heap)
     while heap:
-        np_, pred, o, j, g = heap[0]
-        shape, _, entries = groups[g]
-        if not wanted(shape):
-            heapq.heappop(heap)
+        key, shape = heap[0]
+        if shape not in live and has_head():
+            heapq.heappop(heap)  # shapes are never live again within a decision
             continue
-        yield (np_, pred, o, j)
-        e = next(entries, None)
-        if e is not None:
-            heapq.heapreplace(heap, (e[0], pred, e[1], e[2], g))
-        else:
+        yield key[3]
+        nxt = next(walks[shape], None)
+        if nxt is None:
             heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (nxt, shape))
+
+
+class _SjfLanes:
+    """Each shape's queued jobs in shortest-first order, (-priority, label,
+    order, id), kept in step with the queue across decisions (it listens to
+    the queue's adds and removes) instead of merged anew at each decision.
+
+    A label stands for its runtime key's prediction. Predictions move as runs
+    end, so the labels are kept in the predictions' order, equal exactly where
+    they are equal: the lanes' order is then the predictions' order, and a
+    prediction that moves without passing another's moves no key (``sync``).
+    """
+
+    def __init__(self, q: QueueIndex) -> None:
+        self.q = q
+        self.label: dict[RuntimeKey, float] = {}  # runtime key of queued jobs -> its label
+        self.pred: dict[RuntimeKey, float] = {}  # the predictions the labels were last set by
+        self.ranked: list[tuple[float, float, RuntimeKey]] = []  # (prediction, label, key), ascending
+        self.lanes: dict[Any, SortedKeys[SjfKey]] = {}
+
+    @staticmethod
+    def of(state: ClusterState) -> _SjfLanes:
+        """The state's lanes, built on first use, with labels for the predictions now."""
+        q = state.queue
+        lanes = q.listener
+        if not isinstance(lanes, _SjfLanes):
+            lanes = q.listener = _SjfLanes(q)
+        predict = state.stats.predict
+        lanes.sync({r: predict(r, DEFAULT_RUNTIME_S) for r in q.by_rkey})
+        return lanes
+
+    def added(self, key: tuple[float, int, int], shape: Any, rkey: RuntimeKey) -> None:
+        label = self.label.get(rkey)
+        if label is not None:  # else its runtime key is new: ``sync`` files its jobs
+            lane = self.lanes.get(shape)
+            if lane is None:
+                lane = self.lanes[shape] = SortedKeys()
+            lane.add((key[0], label, key[1], key[2]))
+
+    def removed(self, key: tuple[float, int, int], shape: Any, rkey: RuntimeKey) -> None:
+        label = self.label.get(rkey)
+        if label is not None:
+            lane = self.lanes[shape]
+            lane.remove((key[0], label, key[1], key[2]))
+            if not lane:
+                del self.lanes[shape]
+
+    def sync(self, preds: dict[RuntimeKey, float]) -> None:
+        """Relabel for ``preds`` (the queued runtime keys' predictions now).
+        A key whose prediction is unchanged keeps its label. A changed or new
+        one takes its tie's label, else keeps its own, or takes its prediction
+        or a midpoint, whichever first lies strictly between its neighbours'
+        labels; only its jobs move, and only if its label changed."""
+        if preds == self.pred:
+            return
+        if not self.label:  # nothing filed yet: one sort
+            self._refile(preds)
+            return
+        ranked, old, label = self.ranked, self.pred, self.label
+        changed = sorted([r for r, _ in preds.items() - old.items()], key=lambda r: (preds[r], r))
+        gone = sorted(old.keys() - preds.keys())  # no job of theirs waits: none is filed
+        for r in itertools.chain(changed, gone):
+            if r in old:  # out of the ranks (a changed one until placed again)
+                del ranked[bisect.bisect_left(ranked, (old[r], label[r], r))]
+        for r in gone:
+            del label[r]
+        moves: list[tuple[RuntimeKey, float | None]] = []
+        for r in changed:
+            p = preds[r]
+            i = bisect.bisect_left(ranked, (p,))
+            if i < len(ranked) and ranked[i][0] == p:
+                at: float | None = ranked[i][1]
+            else:
+                lo, hi = ranked[i - 1][1] if i else -math.inf, ranked[i][1] if i < len(ranked) else math.inf
+                at = _between(lo, hi, [label[r], p] if r in label else [p])
+            if at is None:  # no float left between the neighbours: every key takes its prediction
+                self._refile(preds)
+                return
+            bisect.insort(ranked, (p, at, r))
+            if label.get(r) != at:
+                moves.append((r, label.get(r)))
+                label[r] = at
+        self.pred = preds
+        q, lanes = self.q, self.lanes
+        for r, was in moves:
+            at = label[r]
+            for np_, o, j in q.by_rkey[r]:
+                lane = lanes.get(q.shape_of[j])
+                if lane is None:
+                    lane = lanes[q.shape_of[j]] = SortedKeys()
+                if was is not None:
+                    lane.remove((np_, was, o, j))
+                lane.add((np_, at, o, j))
+
+    def _refile(self, preds: dict[RuntimeKey, float]) -> None:
+        """Every queued job filed anew, each runtime key labelled by its prediction."""
+        self.label, self.pred = dict(preds), preds
+        self.ranked = sorted((p, p, r) for r, p in preds.items())
+        self.lanes = {shape: SortedKeys([(np_, preds[r], o, j) for r, group in groups.items() for np_, o, j in group])
+                      for shape, groups in self.q.shape_rkey.items()}
+
+
+def _between(lo: float, hi: float, options: list[float]) -> float | None:
+    """The first of ``options`` strictly between ``lo`` and ``hi``, else a
+    value that is (None: no float is)."""
+    for x in options:
+        if lo < x < hi:
+            return x
+    mid = hi - 1.0 if lo == -math.inf else lo + 1.0 if hi == math.inf else lo + (hi - lo) / 2
+    return mid if lo < mid < hi else None
 
 
 def _reservation(

@@ -56,15 +56,19 @@ def _blocks(state: ClusterState, r: ev.ReservationCreated, job: Job, now: float)
 
 
 def holds(state: ClusterState, index: dict[tuple[str, int], int], now: float) -> Hold | None:
-    """The GPU indices (of a view, by ``index``) each job must stay off now;
-    None when no reservation is still to come or open (the common case)."""
+    """The GPU indices (of a view, by ``index``) each job must stay off now:
+    booked for another, or being freed by a preemption for another job (so
+    that the room it makes is not taken before that job can start). None
+    when nothing is held (the common case)."""
     live = [r for r in state.reservations.values() if r.end > now]
-    if not live:
+    rooms = {w: [index[k] for k in state.jobs[w].room if k in index] for w in state.making_room}
+    if not live and not rooms:
         return None
     idxs = {r.reservation: [index[(r.node, g)] for g in r.gpu_ids if (r.node, g) in index] for r in live}
 
     def hold(job: Job) -> frozenset[int]:
-        return frozenset(i for r in live if _blocks(state, r, job, now) for i in idxs[r.reservation])
+        booked = (i for r in live if _blocks(state, r, job, now) for i in idxs[r.reservation])
+        return frozenset([*booked, *(i for w, room in rooms.items() if w != job.id for i in room)])
 
     return hold
 

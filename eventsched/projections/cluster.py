@@ -96,6 +96,7 @@ class ClusterState:
         self.running_preemptible: dict[int, None] = {}
         self.running_of_tenant: dict[str, dict[int, None]] = {}
         self.being_preempted: dict[int, None] = {}
+        self.making_room: dict[int, None] = {}  # waiting jobs with a room (Job.room)
         for usage in self.usage.values():
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
@@ -127,6 +128,8 @@ class ClusterState:
             self._index_submitted(job)
             if job.state == QUEUED:
                 self._enter_queue(job)
+                if job.room:
+                    self.making_room[job.id] = None
             elif job.state == RUNNING:
                 self.running[job.id] = None
                 bisect.insort(self.ends, (job.predicted_end, job.id))
@@ -157,6 +160,9 @@ class ClusterState:
 
     def _leave_queue(self, job: Job) -> None:
         self.queue.remove(job)
+        if job.room:
+            job.room = []
+            del self.making_room[job.id]
         uid = job.spec.uid
         left = self.queued_by_uid[uid] - 1
         if left:
@@ -186,7 +192,7 @@ class ClusterState:
             if not mine:
                 del self.running_of_tenant[tenant]
             self.running_preemptible.pop(job.id, None)
-            self.being_preempted.pop(job.id, None)
+            self._stopped_preempting(job)
         if job.spec.array_cap:
             aid = job.spec.array_id
             n = self.array_running.get(aid, 0) + sign
@@ -194,6 +200,15 @@ class ClusterState:
                 self.array_running[aid] = n
             else:
                 self.array_running.pop(aid, None)
+
+    def _stopped_preempting(self, job: Job) -> None:
+        """``job`` is no longer being preempted. Once the last victim has
+        stopped, the room is whole and no longer held: the job it was made for
+        is first in line for it at this very decision."""
+        if self.being_preempted.pop(job.id, 0) is None and not self.being_preempted:
+            for waiting in self.making_room:
+                self.jobs[waiting].room = []
+            self.making_room.clear()
 
     def _age_usage(self, tenant: str, ts: float) -> None:
         """Bring ``tenant``'s recent use up to ``ts`` before what it holds changes."""
@@ -558,8 +573,12 @@ def _job_cancel_requested(state: ClusterState, e: ev.JobCancelRequested) -> None
     job.cancel_reason = e.reason
     if e.reason == "preempted":
         state.being_preempted[job.id] = None
+        waiting = state.jobs.get(e.for_job)
+        if waiting is not None and waiting.state == QUEUED and job.gpu_ids:  # its GPUs are held for the waiting job
+            waiting.room = waiting.room + [k for k in ((job.node, g) for g in job.gpu_ids) if k not in waiting.room]
+            state.making_room[waiting.id] = None
     else:  # a cancel while being preempted: no longer a preemption
-        state.being_preempted.pop(job.id, None)
+        state._stopped_preempting(job)
     if e.reason in IDLE_STOPS:
         state.reclaiming[job.id] = None
     else:
@@ -828,6 +847,8 @@ def validate_state(state: ClusterState) -> None:
     assert state.running_preemptible == fresh.running_preemptible, "preemptible running jobs out of step"
     assert state.running_of_tenant == fresh.running_of_tenant, "running jobs by tenant out of step"
     assert state.being_preempted == fresh.being_preempted, "jobs being preempted out of step"
+    assert state.making_room == fresh.making_room, "jobs a preemption makes room for out of step"
+    assert not state.making_room or state.being_preempted, "room held with no preemption stopping"
     assert state.idle_due == fresh.idle_due, f"idle due {state.idle_due} != {fresh.idle_due}"
     assert state.next_idle_due() == min(fresh.idle_due.values(), default=None), "idle heap out of step"
     assert state.idle_jobs == fresh.idle_jobs, "idle jobs out of step"

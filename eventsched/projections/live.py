@@ -152,9 +152,12 @@ class Job(_Live):
     gpu_mem_peak_mib: int = 0
     gpu_mem_over: bool = False
     idle_since: float | None = None
+    # a waiting job that a preemption is making room for: the (node, GPU)s its
+    # victims hold, kept from other jobs until the last victim has stopped
+    room: list[tuple[str, int]] = []
 
     def __init__(self, **fields: Any) -> None:
-        self.gpu_ids, self.state = [], JobState.QUEUED
+        self.gpu_ids, self.room, self.state = [], [], JobState.QUEUED
         _assign(self, fields)
 
     @property
@@ -186,7 +189,7 @@ class Job(_Live):
         j.pid, j.start_time, j.log_path, j.attempts, j.retries_used = r.pid, r.start_time, r.log_path, r.attempts, r.retries_used
         j.not_before, j.cancel_reason, j.submitted_seq, j.queued_at = r.not_before, r.cancel_reason, r.submitted_seq, r.queued_at
         j.predicted_end, j.preemptions, j.gpu_mem_peak_mib = r.predicted_end, r.preemptions, r.gpu_mem_peak_mib
-        j.gpu_mem_over, j.idle_since = r.gpu_mem_over, r.idle_since
+        j.gpu_mem_over, j.idle_since, j.room = r.gpu_mem_over, r.idle_since, list(r.room)
         return j
 
 

@@ -199,6 +199,9 @@ class QueueIndex:
         self._groups = False
         self._by_rkey: dict[tuple[str, str], SortedKeys[tuple[float, int, int]]] = {}
         self._shape_rkey: dict[tuple[Any, ...], dict[tuple[str, str], SortedKeys[tuple[float, int, int]]]] = {}
+        # told of each job that enters or leaves, (key, shape, runtime key): an
+        # order a policy keeps in step across decisions (sjf-backfill's lanes)
+        self.listener: Any = None
 
     def __len__(self) -> int:
         return len(self.shape_of)
@@ -286,6 +289,8 @@ class QueueIndex:
         if self._groups:
             _group(self._by_rkey, rkey).add(key)
             _group(self._shape_rkey.setdefault(shape, {}), rkey).add(key)
+        if self.listener is not None:
+            self.listener.added(key, shape, rkey)
 
     def remove(self, job: Job) -> None:
         shape = self.shape_of.get(job.id)
@@ -319,6 +324,8 @@ class QueueIndex:
             _drop(groups, rkey, key)
             if not groups:
                 del self._shape_rkey[shape]
+        if self.listener is not None:
+            self.listener.removed(key, shape, rkey)
 
     def min_milli(self) -> int:
         """Smallest share any queued job asks for (0 for CPU-only; FULL+1 if empty)."""
