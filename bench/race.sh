@@ -134,15 +134,19 @@ DAEMON_PID=$!
 for _ in $(seq 300); do "$ES" health >/dev/null 2>&1 && break; sleep 0.1; done
 "$ES" health >/dev/null || { cat "$WORK/daemon.log" >&2; exit 1; }
 
-# the last job's end among ids > $1, once no job is queued or running (one connection, polled)
+# the last job's end among the $2 jobs with ids > $1, once each has ended: told by the daemon's
+# event stream (a listing polled meanwhile would cost the daemon a forecast of the queue each time)
 drained_at() {
-  "$PY" - "$1" <<'PY'
-import sys, time
+  "$PY" - "$1" "$2" <<'PY'
+import sys
 from eventsched import Client
-after = int(sys.argv[1])
+after, n = int(sys.argv[1]), int(sys.argv[2])
+ended: set[int] = set()
 with Client() as c:
-    while c.jobs(all=False):
-        time.sleep(0.25)  # the end is read from ended_at: polling slowly costs no precision
+    for batch in c.subscribe(from_seq=1):
+        ended.update(e.job for e in batch if type(e).__name__ in ("JobExited", "JobCancelled", "JobLost") and e.job > after)
+        if len(ended) >= n:
+            break
     jobs = [j for j in c.jobs(all=True) if j["id"] > after]
 bad = [j for j in jobs if j["state"] != "succeeded"]
 if bad:
@@ -156,14 +160,14 @@ if [[ $DRAINS == *" loop "* ]]; then
   before=$(last_id)
   t0=$(now)
   for _ in $(seq "$N"); do "$ES" submit --gpus 1 -- true >/dev/null; done
-  DRAIN[loop]=$(sub "$(drained_at "$before")" "$t0")
+  DRAIN[loop]=$(sub "$(drained_at "$before" "$N")" "$t0")
 fi
 
 if [[ $DRAINS == *" array "* ]]; then
   before=$(last_id)
   t0=$(now)
   "$ES" submit --gpus 1 --array "0-$((N - 1))" -- true >/dev/null
-  DRAIN[array]=$(sub "$(drained_at "$before")" "$t0")
+  DRAIN[array]=$(sub "$(drained_at "$before" "$N")" "$t0")
 fi
 
 [[ $DRAINS == *" file "* ]] && {
@@ -175,7 +179,7 @@ ln -s "$(type -P true)" "$WORK/shadow/python"
 before=$(last_id)
 t0=$(now)
 PATH=$WORK/shadow:$PATH "$ES" submit-file "$WORK/jobs/jobs.txt" >/dev/null
-DRAIN[file]=$(sub "$(drained_at "$before")" "$t0")
+DRAIN[file]=$(sub "$(drained_at "$before" "$N")" "$t0")
 }
 
 for _ in $(seq "$IDLE_N"); do

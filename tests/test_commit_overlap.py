@@ -15,6 +15,7 @@ from eventsched.domain import events as ev
 from eventsched.domain.messages import PauseGpu, Refused, Submit
 from eventsched.domain.paths import log_dir
 from eventsched.projections.cluster import ClusterState
+from eventsched.runtime import engine as engine_module
 from eventsched.runtime.engine import Query
 from eventsched.storage import log as L
 from test_crash_states import _messages
@@ -124,3 +125,63 @@ def test_a_sync_makes_the_frame_written_durable_and_with_nothing_new_costs_nothi
         assert w.sync() == w.synced_seq and len(disk.in_thread) == synced + 1
     finally:
         w.close()
+
+
+def _started_logged(tmp_path: Path) -> bool:
+    return any(type(e) is ev.JobStarted for e in L.read(log_dir(tmp_path / "state")))
+
+
+def test_a_start_nobody_waits_on_joins_the_next_commit_someone_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's start has no reply and no effect: it costs no fdatasync of its
+    own, and is durable before any answer that could show it."""
+    monkeypatch.setattr(engine_module, "LAZY_COMMIT_S", 60.0)
+    disk = Disk()
+    engine = make(tmp_path, Unsampled(1), log_ops=disk)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(Submit(spec=job_spec(gpus=1), by="uid:0"))
+            syncs = len(disk.in_thread)
+            await until(lambda: engine.state is not None and engine.state.jobs[1].pid is not None)  # decided
+            await anyio.wait_all_tasks_blocked()
+            assert len(disk.in_thread) == syncs and not _started_logged(tmp_path)
+            await engine.call(Query(lambda state: None))  # an answer waits for it
+            assert len(disk.in_thread) == syncs + 1 and _started_logged(tmp_path)
+            await engine.stop()
+
+    anyio.run(main)
+
+
+def test_a_start_nobody_waits_on_is_durable_soon_all_the_same(tmp_path: Path) -> None:
+    engine = make(tmp_path, Unsampled(1))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(Submit(spec=job_spec(gpus=1), by="uid:0"))
+            await until(lambda: _started_logged(tmp_path) and engine.log is not None
+                        and engine.log.synced_seq == engine.log.next_seq - 1)
+            await engine.stop()
+
+    anyio.run(main)
+
+
+def test_a_start_nobody_waited_on_is_written_when_the_engine_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "LAZY_COMMIT_S", 60.0)
+    engine = make(tmp_path, Unsampled(1))
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(engine.run)
+            await engine.call(Submit(spec=job_spec(gpus=1), by="uid:0"))
+            await until(lambda: engine.state is not None and engine.state.jobs[1].pid is not None)
+            assert not _started_logged(tmp_path)
+            tg.cancel_scope.cancel()  # no Stopping recorded: nothing else made it durable
+
+    anyio.run(main)
+    assert _started_logged(tmp_path)

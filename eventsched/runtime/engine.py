@@ -3,7 +3,11 @@
 One task drains the inbox, runs each message through the sans-I/O core and
 writes what the batch produced as one frame (group commit). Only once an
 fdatasync has made that frame durable are its clients acknowledged and its
-effects (launches, signals) performed, batch after batch in order. While a
+effects (launches, signals) performed, batch after batch in order. A batch
+nobody waits on (observations with no reply and no effect: a job's start, a
+GPU sample) is not synced alone: it joins the next frame someone waits on, or
+is written within ``LAZY_COMMIT_S``; a restart reads what it held again from
+the attempt records and the GPUs. While a
 slow fdatasync runs in the commit thread the loop goes on deciding batches;
 what they produced is written as one frame when it returns. Everything else
 (socket, exit watcher, GPU sampler, timer) only sends messages to the inbox.
@@ -56,6 +60,9 @@ SLOW_SYNC_S = 0.0005
 # Group commit: while fewer requests wait than the last batch answered, the
 # loop runs up to this many more steps before taking the batch (see _gather)
 GATHER_STEPS = 6
+# a batch nobody waits on is made durable with the next one somebody does, or
+# after this long: on a busy daemon a job's start costs no fdatasync of its own
+LAZY_COMMIT_S = 0.01
 RETRY_AFTER_FULL_S = 1.0  # an observation refused by a full disk is handled again this much later
 
 
@@ -160,7 +167,9 @@ class Engine:
         self._sync_in_thread = False  # the last fdatasync was slow (see _commit)
         self._syncing = False  # an fdatasync runs in the commit thread
         self._sync_wanted = asyncio.Event()
-        self._unwritten: list[ev.Event] = []  # decided while an fdatasync ran
+        self._unwritten: list[ev.Event] = []  # decided while an fdatasync ran, or nobody waits on yet
+        self._needed = 0  # the last seq a reply or an effect waits on: the log is made durable up to it
+        self._lazy = asyncio.Event()  # set when events nobody waits on are left unwritten
         self._unreleased: collections.deque[Decided] = collections.deque()
         self._released = asyncio.Event()
         self._stale = False  # a full disk refused a write: the state is read again from the log
@@ -288,6 +297,7 @@ class Engine:
             self._tg = tg
             tg.start_soon(self._main_loop)
             tg.start_soon(self._syncer)
+            tg.start_soon(self._flush_lazily)
             tg.start_soon(self.executor.run, _Outbox(self))
             tg.start_soon(self._timer)
             tg.start_soon(self._sampler)
@@ -314,6 +324,15 @@ class Engine:
             snapshot_child.wait(self._snapshot_child)
             self._snapshot_child = None
         if self.log is not None:
+            # what nobody waited on is kept all the same (in order: nothing before it was refused)
+            if self._unwritten and not self._stale and self._unwritten[0].seq == self.log.next_seq:
+                try:
+                    self.log.sync()
+                    self.log.write(self._unwritten)
+                    self.log.sync()
+                except eventlog.LogError as exc:
+                    logger.warning("could not write the last events at shutdown: %s", exc)
+                self._unwritten = []
             if self.state is not None and self.state.last_seq > self._last_snapshot_seq:
                 try:
                     if self.log.sync() == self.state.last_seq:  # a snapshot is never ahead of the durable log
@@ -360,6 +379,8 @@ class Engine:
                 if pending.reply is not None:
                     self._read_answer(pending)
             self._unreleased.append(Decided(self.state.last_seq, batch, effects))
+            if effects or any(pending.reply is not None for pending in batch):
+                self._needed = self.state.last_seq
             self._commit()
             # a snapshot is never ahead of the durable log
             if self.state.last_seq - self._last_snapshot_seq >= self.snapshot_every and await self._durable():
@@ -403,6 +424,8 @@ class Engine:
         if self._syncing:
             return
         self._write()
+        if self._unwritten:
+            self._lazy.set()
         if self.log.synced_seq < self.log.next_seq - 1:
             if self._sync_in_thread:
                 self._syncing = True
@@ -430,12 +453,26 @@ class Engine:
                 self._release()
                 self._write()
             self._syncing = False
+            if self._unwritten:
+                self._lazy.set()
+
+    async def _flush_lazily(self) -> None:
+        """Write and sync, ``LAZY_COMMIT_S`` after they were decided, the
+        events no reply or effect has made durable since."""
+        while True:
+            await self._lazy.wait()
+            self._lazy.clear()
+            await asyncio.sleep(LAZY_COMMIT_S)
+            if self._unwritten and not self._stale:
+                self._needed = max(self._needed, self._unwritten[-1].seq)
+                self._commit()
 
     def _write(self) -> None:
         """Write every event decided since the last write as one frame: one
-        frame at most waits for an fdatasync (``LogWriter.write`` says why)."""
+        frame at most waits for an fdatasync (``LogWriter.write`` says why);
+        nothing while none of them is waited on (see ``LAZY_COMMIT_S``)."""
         assert self.log is not None
-        if not self._unwritten:
+        if not self._unwritten or self._needed < self._unwritten[0].seq:
             return
         events, self._unwritten = self._unwritten, []
         # the core stamped each event with the log's next seq (its causes
@@ -512,6 +549,9 @@ class Engine:
     async def _durable(self) -> bool:
         """Wait until every batch decided is durable and released; False if a
         full disk refused some (the state is read again first)."""
+        assert self.state is not None
+        self._needed = self.state.last_seq
+        self._commit()
         while self._unreleased and not self._stale:
             self._released.clear()
             await self._released.wait()
