@@ -279,7 +279,7 @@ class RayExecutor:
             max_restarts=-1,
             max_concurrency=64,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=agent.ray_node, soft=False),
-        ).remote(agent.name, str(self.state_dir), self.gpus_option)
+        ).remote(agent.name, str(self.state_dir), self.gpus_option, self.local.max_host_mem_mib)
 
     def _running_on(self, node: str) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
         state = self._state()
@@ -412,8 +412,12 @@ class RayExecutor:
             if not data:
                 return
             path = self.log_path(job)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
+                state = self._state() if offset == 0 and os.geteuid() == 0 else None
+                owner = state.jobs.get(job) if state is not None else None
+                if owner is not None and owner.spec.uid >= 0:  # its user reads it by path, as on one machine
+                    os.fchown(fd, owner.spec.uid, owner.spec.gid)
                 os.write(fd, data)
             finally:
                 os.close(fd)

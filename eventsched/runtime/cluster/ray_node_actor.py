@@ -35,13 +35,17 @@ class NodeAgent:
     """One node's executor and GPU sampler. Every method is called by the
     daemon through Ray; messages travel as pickled msgspec structs."""
 
-    def __init__(self, node: str, state_dir: str, gpus: str) -> None:
+    def __init__(self, node: str, state_dir: str, gpus: str, max_host_mem_mib: int = 0) -> None:
         self.node = node
         self.boot = uuid.uuid4().hex  # a new one per (re)start of the actor
         self.state_dir = agent_state_dir(state_dir, node)
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # as on one machine: a user's job reaches its own output by path (a --session writes it so)
+        os.chmod(self.state_dir, 0o711 if os.geteuid() == 0 else 0o700)
         self.backend: GpuBackend = parse_gpus_option(gpus, node=node)
-        self.executor = Executor(self.state_dir, node=node)
+        # the submitter is looked up by name here; the daemon's memory ceiling holds here too
+        self.executor = Executor(self.state_dir, node=node, resolve_user_by_name=True,
+                                 max_host_mem_mib=max_host_mem_mib)
         self._outbox: list[tuple[int, Message]] = []  # (attempt, message)
         self._attempts: dict[int, int] = {}  # job -> the attempt launched or adopted here
         self._wake: asyncio.Event | None = None

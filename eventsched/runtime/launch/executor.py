@@ -200,11 +200,14 @@ def _nss(fn: Callable[..., Any], *args: Any) -> Any:
     return value
 
 
-def _credentials(spec: JobSpec) -> _Creds | None:
+def _credentials(spec: JobSpec, by_name: str = "") -> _Creds | None:
     """Whom to run as. None = keep the daemon's identity (not root, or
-    a spec without an owner, which only in-process callers can build)."""
+    a spec without an owner, which only in-process callers can build).
+    ``by_name``: this node's name, where the user is looked up by name."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
+    if by_name:
+        return _named_credentials(spec.user, by_name)
     pw: pwd.struct_passwd | None = _nss(pwd.getpwuid, spec.uid)
     if pw is None and spec.gid < 0:
         raise LaunchError(f"unknown user id {spec.uid} and no group id given")
@@ -217,6 +220,16 @@ def _credentials(spec: JobSpec) -> _Creds | None:
         groups = [gid]
     home = spec.home or (pw.pw_dir if pw else "/")
     return _Creds(spec.uid, gid, groups, home, pw.pw_name if pw else str(spec.uid))
+
+
+def _named_credentials(user: str, node: str) -> _Creds:
+    """The user of that name as this machine knows them: uids, groups and
+    homes differ between machines, so nothing the head saw is taken."""
+    pw: pwd.struct_passwd | None = _nss(pwd.getpwnam, user) if user else None
+    if pw is None:
+        raise LaunchError(f"node {node} has no user {user or '(unnamed)'}")
+    groups = list(_nss(os.getgrouplist, pw.pw_name, pw.pw_gid))
+    return _Creds(pw.pw_uid, pw.pw_gid, groups, pw.pw_dir, pw.pw_name)
 
 
 class _Watch:
@@ -277,9 +290,11 @@ class Executor:
 
     def __init__(
         self, state_dir: Path, *, node: str = "local", python: str = sys.executable, zygote: bool = True,
-        cgroups: bool = True, max_host_mem_mib: int = 0,
+        cgroups: bool = True, max_host_mem_mib: int = 0, resolve_user_by_name: bool = False,
     ):
         self.node = node
+        # a remote node: the submitter is found by name in its own passwd and group
+        self._by_name = resolve_user_by_name
         self.jobs_dir = Path(state_dir) / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         # 0o711: other users may reach their own log by path, never list jobs
@@ -361,7 +376,7 @@ class Executor:
             limits = _rl.clamp(spec.rlimits)
         except _rl.RlimitError as e:
             raise LaunchError(str(e)) from None
-        creds = _credentials(spec)
+        creds = _credentials(spec, self.node if self._by_name else "")
         attempt_path = self._attempt_path(job, attempt)
         try:
             # the commit point: launched. The one inode a launch creates
