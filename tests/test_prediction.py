@@ -33,8 +33,8 @@ CASES = [
 
 
 def _close(o: Any, deterministic: bool) -> bool:
-    if deterministic:
-        return not o.misses()
+    if deterministic:  # under a loaded machine's jitter two exits can still swap: the second run must agree
+        return not o.misses() and o.same_placements == o.placements[0] == o.placements[1]
     rest = [m for m in o.misses() if not m.startswith(("p95 wait", "mean wait"))]
     return not rest and max(o.error("p95_wait_s"), o.error("mean_wait_s")) <= P95_SPREAD
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from daemon_harness import Daemon
+from ray_harness import add_node, alive, local_cluster
 
 from eventsched import core
 from eventsched.domain import events as ev
@@ -244,90 +245,10 @@ def test_serve_ray_at_an_address_where_nothing_answers_fails_at_once(tmp_path: P
 # --- a real Ray cluster -----------------------------------------------------------------
 
 
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(name))
-    out: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in out:
-                out.add(child)
-                stack.append(child)
-    return out
-
-
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'eventsched[ray]')")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    before = _descendants(os.getpid())
-    cluster: Any = None
-    for tries_left in (1, 0):  # Ray gives a node 30 s to register: a loaded machine can miss it
-        try:
-            cluster = Cluster(
-                initialize_head=True,
-                head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False},
-            )
-            break
-        except Exception:
-            _kill(_descendants(os.getpid()) - before)
-            if not tries_left:
-                raise
-    nodes: dict[str, Any] = {}
-    try:
-        for name in NODES:
-            for tries_left in (1, 0):  # a raylet can miss Ray's 30 s start-up deadline on a loaded machine
-                try:
-                    nodes[name] = cluster.add_node(num_cpus=1, num_gpus=2, resources={f"node:{name}": 1},
-                                                   node_ip_address="127.0.0.1")
-                    break
-                except Exception:
-                    if not tries_left:
-                        raise
-        cluster.wait_for_nodes()
-        cluster.nodes_by_name = nodes  # type: ignore[attr-defined]
+    with local_cluster(NODES) as cluster:
         yield cluster
-    finally:
-        ours = _descendants(os.getpid()) - before
-        cluster.shutdown()
-        # every Ray process (and job) this cluster started ends with it, by PID
-        deadline = time.monotonic() + 10
-        while (left := {p for p in ours if _alive(p)}) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _kill(left)
-        assert not {p for p in ours if _alive(p)}, "a Ray process outlived the cluster"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
-def _kill(pids: set[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
 
 
 def _ray_daemon(tmp: Path, cluster: Any, name: str, node_lost_after_s: float = 0.0) -> Daemon:
@@ -502,8 +423,7 @@ def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Pa
     d = _ray_daemon(tmp_path, ray_cluster, "back", node_lost_after_s=120.0)
     ran = tmp_path / "ran.txt"
     try:
-        ray_cluster.nodes_by_name["gpu-d"] = ray_cluster.add_node(
-            num_cpus=1, num_gpus=2, resources={"node:gpu-d": 1}, node_ip_address="127.0.0.1")
+        ray_cluster.nodes_by_name["gpu-d"] = add_node(ray_cluster, "gpu-d")
         _wait_nodes_up(d, ("gpu-d",))
         job = d.submit("--node", "gpu-d", "--", "sh", "-c",
                        f'echo "$EVENTSCHED_JOB_ID" >> {ran}; sleep 12; exit 3')
@@ -514,9 +434,8 @@ def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Pa
         while _nodes(d)["gpu-d"]["state"] != "down":
             assert time.monotonic() < deadline, "the node was never seen gone"
             time.sleep(0.3)
-        assert d.jobs()[job]["state"] == "running" and _alive(pid)  # within the grace: not lost
-        ray_cluster.nodes_by_name["gpu-d"] = ray_cluster.add_node(
-            num_cpus=1, num_gpus=2, resources={"node:gpu-d": 1}, node_ip_address="127.0.0.1")
+        assert d.jobs()[job]["state"] == "running" and alive(pid)  # within the grace: not lost
+        ray_cluster.nodes_by_name["gpu-d"] = add_node(ray_cluster, "gpu-d")
         jobs = d.wait_states([job], {"failed", "succeeded", "lost"}, timeout=90)
         assert jobs[job]["state"] == "failed" and jobs[job]["exit_code"] == 3, jobs[job]
         kinds = [e["type"] for e in _log_events(d) if e.get("job") == job]
@@ -547,8 +466,7 @@ def test_a_node_back_after_being_declared_gone_has_its_stray_attempt_killed(
     script = f'echo "$EVENTSCHED_JOB_ID" >> {ran}; if mkdir {first} 2>/dev/null; then sleep 60; else sleep 1; fi'
     stray_pid = 0
     try:
-        ray_cluster.nodes_by_name["gpu-c"] = ray_cluster.add_node(
-            num_cpus=1, num_gpus=2, resources={"node:gpu-c": 1}, node_ip_address="127.0.0.1")
+        ray_cluster.nodes_by_name["gpu-c"] = add_node(ray_cluster, "gpu-c")
         _wait_nodes_up(d, ("gpu-a", "gpu-c"))
         others = [f"{n}:{g}" for n, info in _nodes(d).items() if n != "gpu-c" and info["state"] == "up"
                   for g in range(info["gpus"])]
@@ -563,16 +481,15 @@ def test_a_node_back_after_being_declared_gone_has_its_stray_attempt_killed(
         ray_cluster.remove_node(ray_cluster.nodes_by_name.pop("gpu-c"))
         jobs = d.wait_states([job], {"succeeded"}, timeout=60)  # lost, requeued, run again elsewhere
         assert jobs[job]["node"] != "gpu-c"
-        assert _alive(stray_pid), "the removed node's job died with it: nothing stray to show here"
+        assert alive(stray_pid), "the removed node's job died with it: nothing stray to show here"
         # a node of the same name joins again, with the same state dir: the stray goes
-        ray_cluster.nodes_by_name["gpu-c"] = ray_cluster.add_node(
-            num_cpus=1, num_gpus=2, resources={"node:gpu-c": 1}, node_ip_address="127.0.0.1")
+        ray_cluster.nodes_by_name["gpu-c"] = add_node(ray_cluster, "gpu-c")
         deadline = time.monotonic() + 60
         while not (strays := [e for e in _log_events(d) if e["type"] == "StrayAttemptKilled"]):
             assert time.monotonic() < deadline, f"no StrayAttemptKilled: {d.stderr()[-2000:]}"
             time.sleep(0.5)
         assert [(e["node"], e["job"], e["attempt"], e["pid"]) for e in strays] == [("gpu-c", job, 1, stray_pid)]
-        assert not _alive(stray_pid)
+        assert not alive(stray_pid)
         _wait_nodes_up(d, ("gpu-a", "gpu-c"))
         events = _log_events(d)
         kinds = [e["type"] for e in events if e.get("job") == job]
@@ -583,7 +500,7 @@ def test_a_node_back_after_being_declared_gone_has_its_stray_attempt_killed(
         assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
     finally:
         _stop(d)
-        if stray_pid and _alive(stray_pid):  # the test's own stray, by its pid (its process group)
+        if stray_pid and alive(stray_pid):  # the test's own stray, by its pid (its process group)
             os.killpg(stray_pid, signal.SIGKILL)
     # a StrayAttemptKilled is a fact only: replay still reproduces every placement
     out = tmp_path / "replay"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from test_ray_cluster import _alive, _descendants, _kill
+from ray_harness import alive, local_cluster
 from users_harness import User, as_user, needs_root, public_dir, root_daemon, third_user, users  # noqa: F401
 
 from eventsched.domain.events import JobSpec
@@ -111,31 +111,8 @@ def test_a_session_job_on_a_node_writes_its_own_output(
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'eventsched[ray]')")
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    from ray.cluster_utils import Cluster
-
-    before = _descendants(os.getpid())
-    for tries_left in (1, 0):  # Ray gives a node 30 s to register: a loaded machine can miss it
-        try:
-            cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-            cluster.add_node(num_cpus=1, num_gpus=2, resources={f"node:{NODE}": 1}, node_ip_address="127.0.0.1")
-            cluster.wait_for_nodes()
-            break
-        except Exception:
-            _kill(_descendants(os.getpid()) - before)
-            if not tries_left:
-                raise
-    try:
+    with local_cluster((NODE,)) as cluster:
         yield cluster
-    finally:
-        ours = _descendants(os.getpid()) - before
-        cluster.shutdown()
-        deadline = time.monotonic() + 10
-        while (left := {p for p in ours if _alive(p)}) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        _kill(left)  # only what this cluster started, by PID
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +146,7 @@ def _marked(marker: str) -> list[int]:
                 argv = f.read()
         except OSError:
             continue
-        if name.isdigit() and marker.encode() in argv and _alive(int(name)):
+        if name.isdigit() and marker.encode() in argv and alive(int(name)):
             out.append(int(name))
     return out
 

@@ -1,0 +1,101 @@
+"""A local Ray cluster for the tests: a head without GPUs and GPU nodes that
+each declare a ``node:NAME`` resource, all bound to 127.0.0.1, and every
+process it started stopped by PID at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any, Iterator
+
+import pytest
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        ppid = int(data[data.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in out:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
+def kill(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def add_node(cluster: Any, name: str, gpus: int = 2) -> Any:
+    """A GPU node called ``name``, tried twice: a raylet can miss Ray's 30 s
+    start-up deadline on a loaded machine."""
+    for tries_left in (1, 0):
+        try:
+            return cluster.add_node(num_cpus=1, num_gpus=gpus, resources={f"node:{name}": 1},
+                                    node_ip_address="127.0.0.1")
+        except Exception:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: tuple[str, ...]) -> Iterator[Any]:
+    """The cluster, with ``nodes_by_name``; every Ray process (and job) it
+    started ends with it, by PID."""
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'eventsched[ray]')")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    from ray.cluster_utils import Cluster
+
+    before = descendants(os.getpid())
+    cluster: Any = None
+    for tries_left in (1, 0):  # Ray gives a node 30 s to register: a loaded machine can miss it
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+            break
+        except Exception:
+            kill(descendants(os.getpid()) - before)
+            if not tries_left:
+                raise
+    try:
+        cluster.nodes_by_name = {name: add_node(cluster, name) for name in nodes}
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ours = descendants(os.getpid()) - before
+        cluster.shutdown()
+        deadline = time.monotonic() + 10
+        while (left := {p for p in ours if alive(p)}) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kill(left)
+        assert not {p for p in ours if alive(p)}, "a Ray process outlived the cluster"
