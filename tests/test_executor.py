@@ -19,6 +19,7 @@ from typing import AsyncIterator
 
 import anyio
 import pytest
+from processes import alive
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
@@ -119,14 +120,6 @@ def wait_for(cond, timeout: float = 20) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
-        return False
 
 
 # --- environment, --cuda, no shell -------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from daemon_harness import Daemon
-from ray_harness import add_node, alive, local_cluster
+from processes import alive
+from ray_harness import add_node, local_cluster
 
 from eventsched import core
 from eventsched.domain import events as ev

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from ray_harness import alive, local_cluster
+from processes import alive
+from ray_harness import local_cluster
 from users_harness import User, as_user, needs_root, public_dir, root_daemon, third_user, users  # noqa: F401
 
 from eventsched.domain.events import JobSpec

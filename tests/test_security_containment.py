@@ -28,6 +28,7 @@ import anyio
 import daemon_harness
 import pytest
 from daemon_harness import Daemon
+from processes import alive
 from users_harness import VENV_BIN, as_user, needs_root, run_as, user_env
 from users_harness import public_dir, users  # noqa: F401 (fixtures)
 
@@ -221,15 +222,6 @@ ESCAPE = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    return data[data.rindex(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
 def _wait(cond, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -256,7 +248,7 @@ def leftovers() -> Iterator[list[int]]:
 
 
 def _all_die(pids: list[int]) -> None:
-    assert _wait(lambda: not any(_alive(p) for p in pids), timeout=10), [p for p in pids if _alive(p)]
+    assert _wait(lambda: not any(alive(p) for p in pids), timeout=10), [p for p in pids if alive(p)]
 
 
 @needs_cgroups
@@ -278,7 +270,7 @@ async def test_executor_cancel_reaches_processes_that_left_the_group(
         await ex.signal(1, grace_s=0.5)
         exited = await inbox.next()
         assert isinstance(exited, ProcessExited) and exited.signal == sig
-        assert not any(_alive(p) for p in pids)
+        assert not any(alive(p) for p in pids)
         assert not cg.exists()  # removed by the supervisor
 
 
@@ -296,7 +288,7 @@ async def test_executor_kills_what_a_finished_job_left_behind(
         assert isinstance(exited, ProcessExited) and exited.exit_code == 0
         leftovers.extend(pids := _escaped_pids(out))
         # dead by the time the exit is reported: the GPUs are free for real
-        assert not any(_alive(p) for p in pids)
+        assert not any(alive(p) for p in pids)
 
 
 ADOPT_DAEMON = """
@@ -339,7 +331,7 @@ async def test_an_adopted_job_is_found_by_its_cgroup_and_cancelled_whole(
         await ex.signal(1, grace_s=0.3)
         exited = await inbox.next()
         assert isinstance(exited, ProcessExited) and exited.signal == signal.SIGKILL
-    assert not any(_alive(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 @pytest.mark.anyio
@@ -486,7 +478,7 @@ def test_cancel_kills_every_process_of_the_job_even_those_that_left_its_group(
     alice, _ = users
     job, folder = _escaping_job(alice, daemon, scripts, "cancel", "wait")
     leftovers.extend(pids := _started(daemon, job, folder))
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     r = as_user(alice, daemon.state_dir, "cancel", str(job))
     assert r.returncode == 0, r.stderr
     daemon.wait_states([job], {"cancelled"})
@@ -502,7 +494,7 @@ def test_a_child_left_behind_by_a_finished_job_is_killed(users, daemon, scripts,
     job, folder = _escaping_job(alice, daemon, scripts, "leftover", "exit")
     daemon.wait_states([job], {"succeeded"})
     leftovers.extend(pids := _pids(folder)[:2])
-    assert not any(_alive(p) for p in pids)  # already dead when the exit was recorded
+    assert not any(alive(p) for p in pids)  # already dead when the exit was recorded
 
 
 @pytest.mark.slow
