@@ -76,7 +76,9 @@ def test_paused_leaves_frozen_objects_frozen(clean_collector: None) -> None:
     frozen = gc.get_freeze_count()
     with collector.paused():
         made = [Node() for _ in range(1000)]
-    assert gc.get_freeze_count() == frozen  # the engine's frozen state is not handed back
+    # the engine's frozen state is not handed back (unfrozen, the count would be 0); another
+    # thread of this process may free a few frozen objects meanwhile, which lowers it a little
+    assert frozen >= 1000 and gc.get_freeze_count() >= frozen - 100
     assert len(kept) == len(made)
 
 
