@@ -93,7 +93,8 @@ def test_survivors_of_a_full_pass_are_frozen_and_new_cycles_still_collected(clea
     assert collector._freeze_after_full not in gc.callbacks  # a daemon's engine ended: as before
     frozen = gc.get_freeze_count()
     gc.collect()
-    assert gc.get_freeze_count() == frozen
+    # no more freezing (another thread of this process may free a few frozen objects meanwhile)
+    assert frozen - 100 <= gc.get_freeze_count() <= frozen
 
 
 def test_the_engine_loads_a_state_with_the_collector_off_and_freezes_it(tmp_path: Path, clean_collector: None) -> None:
