@@ -27,9 +27,9 @@ def add_node(cluster: Any, name: str, gpus: int = 2) -> Any:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: tuple[str, ...]) -> Iterator[Any]:
+def local_cluster(nodes: tuple[str, ...], system_config: dict[str, Any] | None = None) -> Iterator[Any]:
     """The cluster, with ``nodes_by_name``; every Ray process (and job) it
-    started ends with it, by PID."""
+    started ends with it, by PID. ``system_config``: Ray's, for the head (and so the cluster)."""
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'eventsched[ray]')")
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     from ray.cluster_utils import Cluster
@@ -39,7 +39,8 @@ def local_cluster(nodes: tuple[str, ...]) -> Iterator[Any]:
     for tries_left in (1, 0):  # Ray gives a node 30 s to register: a loaded machine can miss it
         try:
             cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+                "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+                **({"_system_config": system_config} if system_config else {})})
             break
         except Exception:
             kill(descendants(os.getpid()) - before)

@@ -10,8 +10,10 @@ import msgspec
 import pytest
 from daemon_harness import Daemon
 
+from eventsched.domain.messages import lease_terms
 from eventsched.domain.units import UnitError as UserError
 from eventsched.domain.units import parse_duration, parse_gpu_ids
+from eventsched.runtime.config import ConfigError, load_config
 from eventsched.wire import protocol
 
 
@@ -75,6 +77,21 @@ def test_bad_config_file_is_named(tmp_path: Path) -> None:
     result = Daemon(tmp_path / "state").cli("serve", "--config", str(config), "--gpus", "fake:1")
     assert result.returncode == 2
     assert "bad.toml" in result.stderr and "max_queud" in result.stderr
+
+
+def test_a_node_lease_that_ends_too_late_is_refused_with_the_largest_allowed(tmp_path: Path) -> None:
+    config = tmp_path / "lease.toml"
+    config.write_text("[scheduler]\nnode_lost_after_s = 30\nnode_lease_s = 29\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(config)
+    assert str(refused.value) == (f"config file {config}: node_lease_s = 29 must be below node_lost_after_s = 30 less "
+                                  "a margin of 2.6 s (clock rates, the exchange in flight): under 27.4, or 0 for no lease")
+    config.write_text("[scheduler]\nnode_lost_after_s = 30\nnode_lease_s = 27\n")
+    assert lease_terms(load_config(config).scheduler) == (27.0, 27.4)
+    config.write_text("[scheduler]\nnode_lost_after_s = 30\n")  # unset: three quarters
+    assert lease_terms(load_config(config).scheduler) == (22.5, 27.4)
+    config.write_text("[scheduler]\nnode_lost_after_s = 0\nnode_lease_s = 5\n")  # jobs given up at once: no lease
+    assert lease_terms(load_config(config).scheduler) == (0.0, 0.0)
 
 
 def raw_exchange(path: Path, data: bytes) -> bytes:

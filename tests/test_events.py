@@ -232,6 +232,8 @@ def today_samples() -> list[ev.Event]:
         ev.ClusterDisconnected(**common, reason="GCS unreachable", lost=True),
         ev.StrayAttemptKilled(**common, node="gpu-a", job=7, attempt=1, pid=4242,
                               reason="job 7 was declared lost with the node"),
+        ev.NodeFenced(**common, node="gpu-b", jobs=[7, 9], attempts=[1, 2],
+                      reason="node gpu-b heard nothing from the daemon for 45.1 s (node_lease_s = 45)"),
     ]
 
 

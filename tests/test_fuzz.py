@@ -52,6 +52,8 @@ def _one_line_or_config(path: Path) -> None:
     b'gpus = "\xff\xfe"\n',               # not UTF-8
     "sample_interval_s = -1",             # a sampler that never sleeps
     "sample_interval_s = nan",
+    "[scheduler]\nnode_lease_s = 60\n",  # a lease that ends after the daemon gives the node's jobs up
+    "[scheduler]\nnode_lease_s = -1\n",
 ])
 def test_config_files_that_once_gave_a_traceback_or_were_taken_get_one_line(tmp_path: Path, text: str | bytes) -> None:
     path = tmp_path / "c.toml"

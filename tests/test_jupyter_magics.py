@@ -209,10 +209,18 @@ def test_panel_groups_gpus_by_node_and_keeps_same_ids_apart() -> None:
     assert model.gpus[("a", 0)]["allocated"] == 0.0 and model.gpus[("a", 0)]["paused"]
     assert not model.gpus[("b", 0)]["paused"]
     text = render_text(model, 3.0)
-    assert text.splitlines()[:3] == [line for line in text.splitlines()[:3] if line.split(":")[0] in ("a", "b")]
-    assert "a:0" in text and "b:0" in text and "b:1" in text and "GPU 0" not in text
+    # each node's state first (a's only GPU is paused: it takes nothing new), then the GPUs
+    assert text.splitlines()[:2] == ["node a: draining", "node b: up"]
+    assert [line.split(":")[0] for line in text.splitlines()[2:5]] == ["a", "b", "b"]
+    assert "GPU 0" not in text
     page = render_html(model, 3.0)
-    assert page.index("node a") < page.index("a:0") < page.index("node b") < page.index("b:0") < page.index("b:1")
+    assert page.index("node a · draining") < page.index("a:0") < page.index("node b · up") < page.index("b:0")
+    assert page.index("b:0") < page.index("b:1")
+    model.fold([ev.NodeLeft(seq=5, ts=4.0, node="b", reason="Ray: the node died"),
+                ev.GpuResumed(seq=6, node="a", gpu=0)])
+    assert render_text(model, 4.0).splitlines()[:2] == ["node a: up", "node b: down"]
+    model.fold([ev.NodeJoined(seq=7, ts=5.0, node="b", gpus=2)])
+    assert "node b · up" in render_html(model, 5.0)
 
 
 def test_panel_folds_events_after_its_snapshot() -> None:

@@ -297,12 +297,14 @@ def test_jobs_spread_over_nodes_gangs_stay_on_one_and_targets_are_honoured(
         nodes = _nodes(d)
         assert sorted(nodes["gpu-a"]["jobs"] + nodes["gpu-b"]["jobs"]) == sorted(ids)
         table = d.cli("nodes")
-        assert table.returncode == 0 and table.stdout.split()[:8] == ["NODE", "STATE", "GPUS", "BUSY", "JOBS",
-                                                                      "RUNNING", "SINCE", "REASON"]
+        assert table.returncode == 0 and table.stdout.split()[:9] == ["NODE", "STATE", "GPUS", "BUSY", "JOBS",
+                                                                      "RUNNING", "SINCE", "LEASE", "REASON"]
         rows = {line.split()[0]: line.split()[1:5] for line in table.stdout.splitlines()[1:]}
         assert rows["gpu-a"] == ["up", "2", "2", "2"] and rows["gpu-b"] == ["up", "2", "2", "2"]
         status = d.cli("status")
         assert status.returncode == 0 and "NODE" in status.stdout and "gpu-b" in status.stdout
+        states = next(line for line in status.stdout.splitlines() if line.startswith("nodes  ")).split()[1:]
+        assert {"gpu-a": "up", "gpu-b": "up"}.items() <= dict(zip(states[::2], states[1::2])).items()
         queue = d.cli("queue")
         assert "NODE" in queue.stdout
         d.wait_states(ids, {"succeeded"}, timeout=60)
@@ -400,7 +402,8 @@ def test_a_removed_node_loses_its_job_which_is_retried_elsewhere(tmp_path: Path,
         jobs = d.wait_states([job], {"succeeded"}, timeout=90)
         assert jobs[job]["node"] == "gpu-a"
         nodes = _nodes(d)
-        assert nodes["gpu-b"]["state"] == "down" and nodes["gpu-b"]["gpus"] == 0
+        # gone, with its jobs given up at once (node_lost_after_s = 0 here)
+        assert nodes["gpu-b"]["state"] == "lost" and nodes["gpu-b"]["gpus"] == 0
         dump = d.cli("log", "dump", "--json", str(d.state_dir / "log"))
         events = [json.loads(line) for line in dump.stdout.splitlines()]
         kinds = [e["type"] for e in events if e.get("job") == job]

@@ -279,6 +279,9 @@ def render_status(status: dict) -> str:
                for g in status["gpus"] for p in g.get("foreign_processes", ())]
     drained = [f"GPU {g['id']} drained: {g['paused_reason']} (resume-gpu {g['id']} returns it)"
                for g in status["gpus"] if g["paused"] and g.get("paused_reason")]
+    nodes = status.get("nodes", [])
+    if len(nodes) > 1:  # a cluster: each node's state (up, draining, down, fenced, lost)
+        text += "\n\nnodes  " + "  ".join(f"{n['name']} {n['state']}" for n in nodes)
     notes = "".join("\n" + line for line in drained + flagged + foreign)
     return f"{text}\n\npolicy {status['policy']}  running {running}  queued {queued}  log seq {status['seq']}{notes}"
 

@@ -815,11 +815,19 @@ def _stray_killed(out: _Out, msg: m.StrayKilled) -> None:
                                    attempt=msg.attempt, pid=msg.pid, reason=msg.reason))
 
 
+def _fenced(out: _Out, msg: m.Fenced) -> None:
+    """A fact only: the node stopped those attempts itself while cut off;
+    their jobs were (or will be) lost with the node, or end by their exits."""
+    out.fact(ev.NodeFenced(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, jobs=list(msg.jobs),
+                           attempts=list(msg.attempts), reason=msg.reason))
+
+
 _HANDLERS: dict[type, Callable[[_Out, Any], None]] = {
     m.NodeUp: _node_up,
     m.NodeDown: _node_down,
     m.ClusterLink: _cluster_link,
     m.StrayKilled: _stray_killed,
+    m.Fenced: _fenced,
     m.Started: _started,
     m.Stopping: _stopping,
     m.Submit: _submit,

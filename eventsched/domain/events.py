@@ -38,7 +38,7 @@ __all__ = ["Event", "JobSpec", "DaemonStarted", "DaemonStopped", "GpuDiscovered"
            "JobCancelRequested", "JobCancelled", "JobRequeued", "JobHeld", "JobReleased", "JobLost",
            "JobUpdated", "UPDATABLE", "TenantsConfigured", "JobForecast", "GpuProcess", "JobGpuMemoryExceeded", "JobGpuMemoryWithin",
            "JobIdle", "JobBusy", "NodeJoined", "NodeLeft", "NodeActorRestarted", "ClusterDisconnected",
-           "StrayAttemptKilled", "ReservationCreated", "ReservationCancelled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
+           "StrayAttemptKilled", "NodeFenced", "ReservationCreated", "ReservationCancelled", "AnyEvent", "TimerFired", "JobsCommanded", "is_stimulus", "cause_seq", "encode",
            "decode", "decode_many", "stamp"]
 
 
@@ -403,6 +403,18 @@ class StrayAttemptKilled(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
+class NodeFenced(Event, frozen=True, kw_only=True):
+    """A node heard nothing from the daemon for its lease (``node_lease_s``)
+    and stopped its running attempts itself, each with its ``--signal`` and
+    then SIGKILL, before the daemon could give its jobs to another node;
+    recorded when the node reports it (``jobs`` and ``attempts`` side by side)."""
+
+    node: str
+    jobs: list[int]
+    attempts: list[int]
+    reason: str = ""
+
+
 class ReservationCreated(Event, frozen=True, kw_only=True):
     """GPUs booked ahead (``eventsched reserve create``): from ``start`` to
     ``end`` they go only to the jobs of ``user`` (uid ``uid``), or of the
@@ -430,7 +442,7 @@ AnyEvent = Union[DaemonStarted, DaemonStopped, GpuDiscovered, GpuSampled, GpuErr
                  JobCancelRequested, JobCancelled, JobRequeued, JobHeld, JobReleased, JobLost, TenantsConfigured,
                  JobForecast, JobGpuMemoryExceeded, JobGpuMemoryWithin, JobIdle, JobBusy, NodeJoined, NodeLeft,
                  NodeActorRestarted, ClusterDisconnected, StrayAttemptKilled, JobUpdated, GpuHealth,
-                 ReservationCreated, ReservationCancelled]
+                 ReservationCreated, ReservationCancelled, NodeFenced]
 
 
 def is_stimulus(event: Event) -> bool:

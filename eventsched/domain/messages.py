@@ -16,7 +16,7 @@ import msgspec
 from eventsched.domain.events import GpuHealth, GpuProcess, JobSpec
 from eventsched.domain.tenants import Tenant
 
-__all__ = ["Message", "NodeUp", "NodeDown", "ClusterLink", "StrayKilled", "Started", "GpuInfo", "Submit", "Cancel",
+__all__ = ["Message", "NodeUp", "NodeDown", "ClusterLink", "StrayKilled", "Fenced", "lease_margin_s", "lease_terms", "Started", "GpuInfo", "Submit", "Cancel",
            "Hold", "Release", "Update", "PauseGpu", "ResumeGpu", "SetPolicy", "SetTenant", "SetTenants",
            "RecordForecast", "Tick", "ProcessStarted", "ProcessExited", "ProcessLost", "NeverLaunched", "GpuObserved",
            "GpuFailed", "GpuHealthRead", "Stopping", "Effect", "Launch", "Signal", "WakeAt", "Notify", "Refused", "RefusalKind", "SchedulerConfig"]
@@ -69,6 +69,11 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # a node gone this long takes its running jobs to lost (then requeued by
     # their retry policy); back sooner, they are re-adopted (0: lost at once)
     node_lost_after_s: float = 60.0
+    # each node's lease: a node that has heard nothing from the daemon this
+    # long stops its jobs itself (--signal, then SIGKILL), so that a node cut
+    # off never runs a job the daemon has given to another (0: no lease;
+    # unset: three quarters of node_lost_after_s, see lease_terms)
+    node_lease_s: float | None = None
     # on each node, GPUs where a process outside the scheduler holds memory
     # come last, so an equal fit goes to a GPU no stranger uses
     avoid_foreign_gpus: bool = True
@@ -90,6 +95,28 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # another's job found on reserved GPUs when the window opens: "requeue"
     # (stopped with its --signal, then queued again) or "flag" (shown, left running)
     reservation_policy: Literal["requeue", "flag"] = "requeue"
+
+
+def lease_margin_s(node_lost_after_s: float) -> float:
+    """How much sooner than ``node_lost_after_s`` a cut-off node has killed
+    its jobs, counted from its last exchange with the daemon: 2 % for clock
+    rates (two machines' monotonic clocks, and a busy node's late wake-ups),
+    and 2 s for the daemon's exchange in flight when it gave the node up."""
+    return 2.0 + 0.02 * node_lost_after_s
+
+
+def lease_terms(cfg: SchedulerConfig) -> tuple[float, float]:
+    """(lease_s, kill_by_s): a node quiet for ``lease_s`` signals its jobs,
+    and has killed them all ``kill_by_s`` after the daemon's last exchange,
+    before the daemon gives them up. Unset, the lease is three quarters of
+    ``node_lost_after_s``, and at least a second before ``kill_by_s`` for the
+    jobs' --signal; (0, 0) when jobs are given up at once or no lease fits."""
+    lost = cfg.node_lost_after_s
+    if lost <= 0:
+        return 0.0, 0.0
+    kill_by = lost - lease_margin_s(lost)
+    lease = cfg.node_lease_s if cfg.node_lease_s is not None else min(0.75 * lost, kill_by - 1.0)
+    return (lease, kill_by) if 0 < lease < kill_by else (0.0, 0.0)
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -326,6 +353,16 @@ class StrayKilled(Message, frozen=True):
     job: int
     attempt: int
     pid: int = 0
+    reason: str = ""
+
+
+class Fenced(Message, frozen=True):
+    """A node that heard nothing from the daemon for its lease stopped its
+    running attempts itself (``jobs`` and ``attempts`` side by side)."""
+
+    node: str
+    jobs: list[int]
+    attempts: list[int]
     reason: str = ""
 
 

@@ -63,6 +63,8 @@ class PanelModel:
     def __init__(self) -> None:
         self.gpus: dict[GpuKey, dict[str, Any]] = {}
         self.jobs: dict[int, dict[str, Any]] = {}
+        # a cluster's nodes: as the daemon said on connecting (up, down, fenced, lost), then joined or left
+        self.node_states: dict[str, str] = {}
         self.policy, self.seq, self.connected, self.error = "", 0, False, ""
         self.bookings_seq = 0  # the last reservation made or cancelled
 
@@ -73,6 +75,7 @@ class PanelModel:
             model.gpus[(str(gpu.get("node") or "local"), int(gpu["id"]))] = dict(gpu)
         for job in status.get("jobs", []):
             model.jobs[int(job["id"])] = dict(job)
+        model.node_states = {n["name"]: n["state"] for n in status.get("nodes", []) if n.get("state")}
         model.policy, model.seq, model.connected = status.get("policy", ""), int(status.get("seq", 0)), True
         return model
 
@@ -86,6 +89,12 @@ class PanelModel:
         for key, gpu in sorted(self.gpus.items()):
             groups.setdefault(key[0], []).append((key, gpu))
         return list(groups.items())
+
+    def node_state(self, node: str) -> str:
+        """As ``eventsched nodes`` says it; ``draining`` when every usable GPU is paused."""
+        state = self.node_states.get(node, "up")
+        usable = [g for (n, _), g in self.gpus.items() if n == node and not g.get("lost")]
+        return "draining" if state == "up" and usable and all(g.get("paused") for g in usable) else state
 
     def running(self) -> list[dict[str, Any]]:
         return sorted((j for j in self.jobs.values() if j["state"] == JobState.RUNNING), key=lambda j: j["id"])
@@ -206,6 +215,8 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.JobForecast: lambda m, e: m.jobs[e.job].update(estimated_start=e.estimated_start, estimated_start_p10=e.p10,
                                                       estimated_start_p90=e.p90) if e.job in m.jobs else None,
     **{event_type: _on_job_event for _, event_type in TRANSITIONS},
+    ev.NodeJoined: lambda m, e: m.node_states.__setitem__(e.node, "up"),
+    ev.NodeLeft: lambda m, e: m.node_states.__setitem__(e.node, "down"),
 }
 
 
@@ -326,7 +337,8 @@ def render_text(model: PanelModel, now: float) -> str:
     if not model.connected:
         return f"eventsched: {model.error or 'not connected'}"
     several = model.several_nodes()
-    lines = [f"{gpu_label(key, several)}: {gpu_line(g)}" for key, g in sorted(model.gpus.items())]
+    lines = [f"node {node}: {model.node_state(node)}" for node, _ in model.by_node()] if several else []
+    lines += [f"{gpu_label(key, several)}: {gpu_line(g)}" for key, g in sorted(model.gpus.items())]
     lines.append(f"policy {model.policy} · log seq {model.seq}")
     lines.append(render_jobs_text(model.running() + model.queued(), now, "no queued or running jobs"))
     return "\n".join(lines)
@@ -338,7 +350,8 @@ def render_html(model: PanelModel, now: float) -> str:
     rows, several = [], model.several_nodes()
     for node, gpus in model.by_node():
         if several:
-            rows.append(f"<tr class='es-node'><th colspan='3' style='text-align:left'>node {html.escape(node)}</th></tr>")
+            rows.append(f"<tr class='es-node'><th colspan='3' style='text-align:left'>node {html.escape(node)} · "
+                        f"{html.escape(model.node_state(node))}</th></tr>")
         for key, g in gpus:
             rows.append(_gpu_row_html(gpu_label(key, several), g))
     jobs = render_jobs_html(model.running() + model.queued() + model.finished(), now)

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from eventsched.domain import events as ev
-from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.messages import SchedulerConfig, lease_terms
 from eventsched.domain.settings import settings_from_dict
 from eventsched.domain.states import FINAL, IllegalTransition, JobState, next_state
 from eventsched.domain.tenants import Tenant
@@ -709,9 +709,12 @@ _HANDLERS: dict[type, Any] = {
 }
 
 
-def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
-    """Each node (a cluster's, else the one machine): its name,
-    ``up`` or ``down``, its GPUs (usable / all), the jobs running on it."""
+def nodes_view(state: ClusterState, now: float | None = None,
+               lease_ages: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each node (a cluster's, else the one machine): its name, state, its
+    GPUs (usable / all), the jobs running on it; ``lease_ages``: seconds since
+    the daemon's last exchange with each node (the daemon's, not the log's)."""
+    ages = lease_ages or {}
     names = set(state.nodes) | set(state.node_gpus)
     if not state.nodes:
         names.add(state.node)
@@ -726,7 +729,7 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
         drained = [f"GPU {g.id} drained: {g.paused_reason}" for g in gpus if g.paused and g.paused_reason]
         out.append({
             "name": name,
-            "state": info.state if info is not None else "up",
+            "state": _node_state(state, info, gpus, now, ages.get(name)),
             "gpus": sum(1 for g in gpus if not g.lost),
             "gpus_total": len(gpus),
             "gpus_busy": sum(1 for g in gpus if g.used_milli > 0 and not g.lost),
@@ -735,8 +738,29 @@ def nodes_view(state: ClusterState) -> list[dict[str, Any]]:
             "reason": "; ".join(([info.reason] if info is not None and info.reason else []) + drained),
             "ray_node": info.ray_node if info is not None else "",
             "restarts": info.restarts if info is not None else 0,
+            "lease_age_s": round(ages[name], 1) if name in ages else None,
         })
     return out
+
+
+def _node_state(state: ClusterState, info: NodeInfo | None, gpus: list[Any], now: float | None,
+                age: float | None) -> str:
+    """``up``; ``draining`` when every usable GPU is paused (it takes nothing
+    new); for a node gone (with ``now``): ``down`` while its lease may hold,
+    ``fenced`` once it has run out (the node, if it runs at all, stops its
+    jobs itself), ``lost`` past ``node_lost_after_s`` (its jobs given up)."""
+    if info is None or info.state == "up":
+        usable = [g for g in gpus if not g.lost]
+        return "draining" if usable and all(g.paused for g in usable) else "up"
+    if now is None:
+        return info.state
+    gone, cfg = now - info.since, state.config
+    if gone >= cfg.node_lost_after_s:
+        return "lost"
+    lease_s = lease_terms(cfg)[0]
+    if lease_s > 0 and max(gone, age or 0.0) >= lease_s:
+        return "fenced"
+    return "down"
 
 
 

@@ -282,6 +282,8 @@ def _daemon_detail(e: Any) -> str:
         return f"lost={str(e.lost).lower()} reason={e.reason}"
     if isinstance(e, ev.StrayAttemptKilled):
         return f"job={e.job} attempt={e.attempt} pid={e.pid} reason={e.reason}"
+    if isinstance(e, ev.NodeFenced):
+        return f"jobs={','.join(map(str, e.jobs))} attempts={','.join(map(str, e.attempts))} reason={e.reason}"
     return f"policy={e.policy} by={e.by}"
 
 
@@ -334,7 +336,8 @@ _BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
     **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced, ev.JobUpdated)},
     **{t: _build_gpu_event for t in _GPU_EVENTS},
     **{t: _build_daemon for t in (ev.DaemonStarted, ev.DaemonStopped, ev.PolicyChanged, ev.NodeJoined, ev.NodeLeft,
-                                  ev.NodeActorRestarted, ev.ClusterDisconnected, ev.StrayAttemptKilled)},
+                                  ev.NodeActorRestarted, ev.ClusterDisconnected, ev.StrayAttemptKilled,
+                                  ev.NodeFenced)},
     ev.TenantsConfigured: _build_tenants,
     ev.JobForecast: _build_forecasts,
 }

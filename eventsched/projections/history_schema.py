@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from eventsched.domain.report_card import IDLE_PCT, SUGGEST_SQL
 from eventsched.domain.states import DONE_FOR_GOOD, FINAL, STOP_OUTCOMES, TRANSITIONS, WAITING, JobState
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def _sql_set(items: Iterable[str]) -> str:
@@ -252,7 +252,8 @@ SELECT state, count(*) AS jobs FROM jobs GROUP BY state;
 
 CREATE OR REPLACE VIEW node_events AS
 SELECT seq, ts, node, type, cause, detail FROM daemon_events
-WHERE type IN ('NodeJoined', 'NodeLeft', 'NodeActorRestarted', 'ClusterDisconnected', 'StrayAttemptKilled');
+WHERE type IN ('NodeJoined', 'NodeLeft', 'NodeActorRestarted', 'ClusterDisconnected', 'StrayAttemptKilled',
+               'NodeFenced');
 
 CREATE OR REPLACE VIEW gpu_hours_by_node AS
 SELECT node, count(DISTINCT job) AS jobs, sum(gpu_hours) AS gpu_hours FROM placement_spans GROUP BY node;

@@ -14,7 +14,7 @@ import msgspec
 from eventsched.core.limits import SubmitLimits
 from eventsched.domain.gpu_health import PREFIX as HEALTH_PREFIX
 from eventsched.domain.gpu_health import GpuHealthConfig
-from eventsched.domain.messages import SchedulerConfig
+from eventsched.domain.messages import SchedulerConfig, lease_margin_s, lease_terms
 from eventsched.domain.settings import ReservationLimits
 from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.tenants import Tenant, TenantConfig, TenantError, check_tenants
@@ -110,6 +110,7 @@ COMMENTS = {
     "scheduler.idle_after_s": "... this long is idle (0: not looked for)",
     "scheduler.idle_policy": '"off", "requeue" or "stop" an idle job when a waiting job could use it',
     "scheduler.node_lost_after_s": "several machines: a node gone this long loses its jobs",
+    "scheduler.node_lease_s": "a node that hears nothing from the daemon this long stops its jobs itself (0: never; unset: 3/4 of node_lost_after_s)",
     "scheduler.avoid_foreign_gpus": "on an equal fit, prefer GPUs no process outside the scheduler uses",
     "scheduler.budget_action": 'a tenant past its gpu_hours_per_month: "hold" its jobs or "lower-priority"',
     "limits": "what a non-operator may ask for (root and the daemon's user are exempt from the priority ceiling)",
@@ -273,7 +274,24 @@ def config_from_dict(raw: dict[str, Any], where: str) -> FileConfig:
         check_tenants(plain_tenants(config))
     except (msgspec.ValidationError, TenantError) as exc:
         raise ConfigError(f"config file {where}: {_name_tenant(raw, str(exc))}") from None
+    if (why := _lease_problem(config.scheduler)) is not None:
+        raise ConfigError(f"config file {where}: {why}")
     return config
+
+
+def _lease_problem(s: SchedulerConfig) -> str | None:
+    """A node's lease must run out, and its jobs be killed, before the daemon
+    gives them to another node (node_lost_after_s = 0 gives them at once: no lease can)."""
+    if s.node_lease_s is None or s.node_lease_s == 0 or s.node_lost_after_s <= 0:
+        return None
+    if s.node_lease_s < 0:
+        return f"node_lease_s = {s.node_lease_s:g} must be 0 (no lease) or more"
+    margin = lease_margin_s(s.node_lost_after_s)
+    if lease_terms(s) == (0.0, 0.0):
+        return (f"node_lease_s = {s.node_lease_s:g} must be below node_lost_after_s = {s.node_lost_after_s:g} "
+                f"less a margin of {margin:g} s (clock rates, the exchange in flight): "
+                f"under {max(s.node_lost_after_s - margin, 0):g}, or 0 for no lease")
+    return None
 
 
 def plain_tenants(config: FileConfig) -> dict[str, Tenant]:

@@ -204,7 +204,10 @@ class Server:
         if isinstance(request, protocol.GetStatus):
             containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
-            return Query(lambda state: {**status(state), "containment": containment, "memory_limit": memory_limit,
+            # seconds since the last exchange with each node: the cluster executor's, not the log's
+            ages = getattr(self.engine.executor, "lease_ages", dict)()
+            now = self.engine.clock()
+            return Query(lambda state: {**status(state, now, ages), "containment": containment, "memory_limit": memory_limit,
                                         "version": __version__,
                                         "uptime_s": round(time.monotonic() - self.started, 1)}), None
         if isinstance(request, protocol.Ping):
@@ -538,7 +541,7 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
     return out
 
 
-def status(state: ClusterState) -> dict:
+def status(state: ClusterState, now: float | None = None, lease_ages: dict[str, float] | None = None) -> dict:
     from eventsched.projections.cluster import nodes_view
 
     gpus = [gpu_json(gpu) for gpu in state.all_gpus()]
@@ -546,7 +549,7 @@ def status(state: ClusterState) -> dict:
     problems = [f"GPU {g['id']}{'' if g['node'] == state.node else ' on ' + g['node']}: {'lost' if g['lost'] else g['error']}"
                 for g in gpus if g["lost"] or g["error"]]
     return {
-        "nodes": nodes_view(state),
+        "nodes": nodes_view(state, now, lease_ages),
         "gpus": gpus,
         "jobs": [job_json(job) for job in state.jobs.values() if job.state in ACTIVE],
         "policy": state.policy,

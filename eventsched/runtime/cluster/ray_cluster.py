@@ -16,6 +16,13 @@ node are dropped, so nothing is counted twice. When an agent joins, every
 other attempt alive on its disk (a node declared dead whose processes lived
 on) is killed (``StrayKilled``), so that no job runs twice.
 
+Every call to an agent renews its lease (``ray_node_actor.py``): each poll
+sends the terms (``lease_terms``: the lease, and by when a node cut off has
+killed its jobs), so the core,
+which gives a node's jobs up only after ``node_lost_after_s``, never starts a
+job while its old copy may still run. What a node stopped that way comes back
+with its polls once it is reachable again (``Fenced``).
+
 Output: each job's output is kept on its node and mirrored, as it grows, into
 the daemon's ``jobs/<job>.log``, where ``logs -f`` reads it.
 
@@ -30,6 +37,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -40,7 +48,8 @@ import anyio.to_thread
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
-    ClusterLink, GpuInfo, Message, NodeDown, NodeUp, ProcessExited, ProcessLost, ProcessStarted, StrayKilled,
+    ClusterLink, Fenced, GpuInfo, Message, NodeDown, NodeUp, ProcessExited, ProcessLost, ProcessStarted, SchedulerConfig,
+    StrayKilled, lease_terms,
 )
 from eventsched.domain.states import JobState
 from eventsched.projections.cluster import ClusterState
@@ -142,6 +151,8 @@ class RayExecutor:
         self._outbox: Outbox | None = None
         self._to_recover: tuple[dict[int, tuple[int, int]], dict[int, int]] = ({}, {})
         self._pulling: dict[int, anyio.Lock] = {}  # job -> held while its output is copied
+        self._exchanged: dict[str, float] = {}  # node -> when (monotonic) its agent last answered
+        self._fences_told: set[str] = set()  # the ids of the fences sent to the core
 
     # --- the engine's interface (ports.Executor) -----------------------------------
 
@@ -292,6 +303,7 @@ class RayExecutor:
         assert self._outbox is not None
         with anyio.fail_after(120.0):  # a worker's start on a busy node takes seconds
             hello: dict[str, Any] = await agent.actor.hello.remote()
+        self._exchanged[agent.name] = time.monotonic()
         if hello["boot"] != agent.boot:  # else a passing failure: the same actor, nothing to tell
             agent.boot = hello["boot"]
             gpus: list[GpuInfo] = hello["gpus"]
@@ -303,7 +315,7 @@ class RayExecutor:
             self._remote_jobs[job] = agent.name
         if running:
             with anyio.fail_after(_CALL_TIMEOUT_S):
-                msgs: list[Message] = await agent.actor.recover.remote(running, attempts)
+                msgs: list[Message] = await agent.actor.recover.remote(running, attempts, self._stops(running))
             for msg in msgs:
                 if isinstance(msg, ProcessStarted):
                     msg = ProcessStarted(job=msg.job, pid=msg.pid, start_time=msg.start_time,
@@ -356,7 +368,10 @@ class RayExecutor:
                     if not boot or restarted:
                         await self._join(agent, restarted=bool(boot))
                         restarted = False
-                    boot, items = await agent.actor.poll.remote(_POLL_S)
+                    boot, items, fences = await agent.actor.poll.remote(_POLL_S, self._lease_terms())
+                    self._exchanged[agent.name] = time.monotonic()
+                    if fences:
+                        await self._record_fences(agent, fences)
                 except (RayError, TimeoutError) as exc:
                     # the actor died (Ray restarts it on the same node) or is
                     # slow to start: ask again; a dead node is the watcher's to report
@@ -375,6 +390,36 @@ class RayExecutor:
                         await self._pull_output(agent, job)
                         self._remote_jobs.pop(job, None)
                     await self._outbox(msg)
+
+    # --- the lease ----------------------------------------------------------------
+
+    def _lease_terms(self) -> tuple[float, float, float]:
+        """(lease_s, kill_by_s, grace_s) for the agents (``NodeAgent._lease_init``)."""
+        state = self._state()
+        cfg = state.config if state is not None else SchedulerConfig()
+        return (*lease_terms(cfg), cfg.preempt_grace_s)
+
+    def _stops(self, jobs: Collection[int]) -> dict[int, tuple[int, float]]:
+        """Each job's ``--signal`` and grace (-1: the daemon's), for a fence."""
+        state = self._state()
+        known = {} if state is None else {j: state.jobs[j].spec for j in jobs if j in state.jobs}
+        return {j: (s.warn_signal, s.warn_s) for j, s in known.items()}
+
+    async def _record_fences(self, agent: _Agent, fences: list[tuple[str, Fenced]]) -> None:
+        """Tell the core what the node stopped itself (once each), then let the node forget it."""
+        assert self._outbox is not None
+        for fid, msg in fences:
+            if fid not in self._fences_told:
+                self._fences_told.add(fid)
+                _log.warning("node %s fenced jobs %s: %s", agent.name, msg.jobs, msg.reason)
+                await self._outbox(msg)
+        with anyio.fail_after(_CALL_TIMEOUT_S):
+            await agent.actor.forget_fences.remote([fid for fid, _ in fences])
+
+    def lease_ages(self) -> dict[str, float]:
+        """{node: seconds since its agent last answered} (``nodes``' LEASE)."""
+        now = time.monotonic()
+        return {name: now - at for name, at in self._exchanged.items()}
 
     def _current(self, node: str, job: int, attempt: int) -> bool:
         state = self._state()

@@ -6,24 +6,35 @@ no CPU and no GPU (Ray's GPU accounting must not fight the scheduler's) and
 runs jobs through the same ``Executor`` as a single machine. It samples the
 node's GPUs and hands the daemon, when asked, what happened since: exits,
 losses. Plain Python: the daemon wraps it with ``ray.remote``.
+
+It also holds the node's lease: every call from the daemon renews it, and a
+node that has heard nothing for ``node_lease_s`` (its own monotonic clock)
+stops its jobs itself, each with its ``--signal`` and then SIGKILL, all dead
+by the daemon's ``kill_by_s``: before the daemon, which gives a node up only
+after ``node_lost_after_s``, can run them elsewhere. It writes down what it
+stopped (``fenced.json``) and tells the daemon once it hears from it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from eventsched.domain.events import JobSpec
-from eventsched.domain.messages import Message
+from eventsched.domain.messages import Fenced, Message
 from eventsched.runtime.gpus import FakeBackend, GpuBackend, GpuSample, parse_gpus_option
 from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 
 __all__ = ["NodeAgent", "agent_state_dir"]
 
 _OUTPUT_CHUNK = 1 << 20  # most output bytes handed over per call
+_LEASE_CHECK_S = 0.1  # how often the lease is looked at
+_FENCES = "fenced.json"  # what this node stopped itself, until the daemon has recorded it
 
 
 def agent_state_dir(state_dir: str, node: str) -> Path:
@@ -50,14 +61,17 @@ class NodeAgent:
         self._attempts: dict[int, int] = {}  # job -> the attempt launched or adopted here
         self._wake: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._lease_init()
 
     # --- life -------------------------------------------------------------
 
     async def hello(self) -> dict[str, Any]:
         """Start the executor's watcher (once per actor) and say who we are."""
+        self._renew()
         if self._runner is None:
             self._wake = asyncio.Event()
             self._runner = asyncio.get_running_loop().create_task(self.executor.run(self._send))
+            self._lease_task = asyncio.get_running_loop().create_task(self._watch_lease())
         return {
             "node": self.node,
             "boot": self.boot,
@@ -72,11 +86,16 @@ class NodeAgent:
         if self._wake is not None:
             self._wake.set()
 
-    async def poll(self, timeout_s: float) -> tuple[str, list[tuple[int, Message]]]:
-        """(this actor's boot id, [(attempt, exit or loss)] since the last poll),
-        waiting up to ``timeout_s``. A new boot id means Ray restarted the actor."""
+    async def poll(
+        self, timeout_s: float, terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    ) -> tuple[str, list[tuple[int, Message]], list[tuple[str, Fenced]]]:
+        """(this actor's boot id, [(attempt, exit or loss)] since the last poll,
+        [(id, fence)] not yet acknowledged), waiting up to ``timeout_s``. A new
+        boot id means Ray restarted the actor. ``terms``: the lease's (``_lease_init``)."""
+        self._renew(terms)
+        fences = [(f["id"], self._fence_message(f)) for f in self._fences]
         if self._wake is None:  # not started (a restarted actor): say who we are at once
-            return self.boot, []
+            return self.boot, [], fences
         if not self._outbox:
             self._wake.clear()
             try:
@@ -84,12 +103,14 @@ class NodeAgent:
             except asyncio.TimeoutError:
                 pass
         out, self._outbox = self._outbox, []
-        return self.boot, out
+        return self.boot, out, fences
 
     # --- jobs -------------------------------------------------------------
 
     async def launch(self, job: int, spec: JobSpec, gpu_ids: list[int], attempt: int) -> tuple[str, Any]:
         """("started", ProcessStarted) | ("already", reason) | ("failed", reason)."""
+        self._renew()
+        self._stops[job] = (spec.warn_signal, spec.warn_s)
         self._attempts[job] = attempt
         try:
             started = await self.executor.launch(job, spec, gpu_ids, attempt=attempt)
@@ -100,11 +121,16 @@ class NodeAgent:
         return "started", started
 
     async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
+        self._renew()
         await self.executor.signal(job, grace_s, signum)
 
-    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int]) -> list[Message]:
+    def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int],
+                stops: dict[int, tuple[int, float]] | None = None) -> list[Message]:
         """After a restart (of the daemon or this actor): ``Executor.recover``
-        for the jobs this actor does not already watch."""
+        for the jobs this actor does not already watch (``stops``: each job's
+        ``--signal`` and grace, for the lease)."""
+        self._renew()
+        self._stops.update(stops or {})
         watched = self.executor.running_jobs()
         todo = {j: v for j, v in running.items() if j not in watched}
         self._attempts.update(attempts)
@@ -112,16 +138,19 @@ class NodeAgent:
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
         """(job, attempt, job pid) of every attempt whose supervisor is alive here."""
+        self._renew()
         return self.executor.live_attempts()
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
         """Kill a stray attempt (SIGKILL after ``grace_s``), unreported; its job pid, 0 if gone."""
+        self._renew()
         if self._runner is None:  # the executor's watcher reaps what it kills
             await self.hello()
         return await self.executor.kill_attempt(job, attempt, grace_s)
 
     def output(self, job: int, offset: int) -> bytes:
         """The job's output from ``offset`` on (at most a chunk), for the daemon to mirror."""
+        self._renew()
         try:
             with open(self.executor.log_path(job), "rb") as f:
                 f.seek(offset)
@@ -133,8 +162,84 @@ class NodeAgent:
 
     def sample(self, loads: dict[int, tuple[float, int]]) -> list[GpuSample]:
         """One observation per GPU; ``loads``: what the scheduler placed on each (``set_load``)."""
+        self._renew()
         if isinstance(self.backend, FakeBackend):
             for gpu, (share, reserved) in loads.items():
                 if 0 <= gpu < self.backend.n:
                     self.backend.set_load(gpu, share, reserved)
         return list(self.backend.sample(self.executor.job_processes()))
+
+    # --- the lease ------------------------------------------------------------
+
+    def _lease_init(self) -> None:
+        self._renewed = time.monotonic()  # the daemon's last call: the lease runs from it
+        # (lease_s, kill_by_s, grace_s) as the daemon last sent them: lease_s
+        # after its last call each job gets its --signal, and SIGKILL after its
+        # grace (grace_s when it gave none) or kill_by_s after that call,
+        # whichever comes first (lease_s 0: no lease; kill_by_s 0: no bound)
+        self._terms = (0.0, 0.0, 0.0)
+        self._stops: dict[int, tuple[int, float]] = {}  # job -> (its --signal, its grace; -1: grace_s)
+        self._expired = False  # this lease ran out and its jobs were stopped
+        self._lease_task: asyncio.Task[None] | None = None
+        self._fences: list[dict[str, Any]] = self._read_fences()
+
+    def _renew(self, terms: tuple[float, float, float] | None = None) -> None:
+        self._renewed, self._expired = time.monotonic(), False
+        if terms is not None:
+            self._terms = terms
+
+    async def _watch_lease(self) -> None:
+        while True:
+            await asyncio.sleep(_LEASE_CHECK_S)
+            lease_s, kill_by_s, grace_s = self._terms
+            quiet = time.monotonic() - self._renewed
+            if lease_s > 0 and quiet >= lease_s and not self._expired:
+                self._expired = True
+                await self._fence(quiet, lease_s, kill_by_s, grace_s)
+
+    async def _fence(self, quiet: float, lease_s: float, kill_by_s: float, grace_s: float) -> None:
+        """Stop every job running here through the executor's own signal
+        path, once written down: the daemon will give them to another node."""
+        jobs = sorted(self.executor.running_jobs())
+        if not jobs:
+            return
+        left = kill_by_s - quiet if kill_by_s > 0 else float("inf")  # until every job must be dead
+        graces: dict[int, tuple[int, float]] = {}
+        for job in jobs:
+            signum, grace = self._stops.get(job, (0, -1.0))
+            graces[job] = (signum, max(0.0, min(grace_s if grace < 0 else grace, left)))
+        longest = max(g for _, g in graces.values())
+        self._fences.append({
+            "id": uuid.uuid4().hex, "jobs": jobs, "attempts": [self._attempts.get(j, -1) for j in jobs],
+            "reason": f"node {self.node} heard nothing from the daemon for {quiet:.1f} s (node_lease_s = {lease_s:g}) "
+                      f"and stopped its jobs at {time.strftime('%H:%M:%S')} (its clock): "
+                      f"--signal, then SIGKILL within {longest:.1f} s"})
+        self._write_fences()
+        for job, (signum, grace) in graces.items():
+            await self.executor.signal(job, grace, signum)
+
+    def _fence_message(self, fence: dict[str, Any]) -> Fenced:
+        return Fenced(node=self.node, jobs=fence["jobs"], attempts=fence["attempts"], reason=fence["reason"])
+
+    def forget_fences(self, ids: list[str]) -> None:
+        """The daemon has recorded these fences (``poll`` hands them over until then)."""
+        self._renew()
+        self._fences = [f for f in self._fences if f["id"] not in ids]
+        self._write_fences()
+
+    def _read_fences(self) -> list[dict[str, Any]]:
+        try:
+            data = json.loads((self.state_dir / _FENCES).read_text())
+        except (OSError, ValueError):
+            return []
+        return [f for f in data if isinstance(f, dict) and "id" in f] if isinstance(data, list) else []
+
+    def _write_fences(self) -> None:
+        """Atomically, and on disk before any job is signalled."""
+        path = self.state_dir / _FENCES
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(self._fences, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
