@@ -221,6 +221,12 @@ def test_panel_groups_gpus_by_node_and_keeps_same_ids_apart() -> None:
     assert render_text(model, 4.0).splitlines()[:2] == ["node a: up", "node b: down"]
     model.fold([ev.NodeJoined(seq=7, ts=5.0, node="b", gpus=2)])
     assert "node b · up" in render_html(model, 5.0)
+    # job 7 ends: its bar empties, and its row still says where it ran
+    model.fold([ev.JobStarted(seq=8, ts=5.5, job=7, pid=4242),
+                ev.JobExited(seq=9, ts=6.0, job=7, exit_code=0, outcome="succeeded")])
+    assert model.gpus[("b", 0)]["allocated"] == 0.0 and model.gpus[("b", 0)]["jobs"] == []
+    row = next(r for r in render_html(model, 7.0).split("<tr") if "data-job='7'" in r)
+    assert "succeeded" in row and ">b:0<" in row
 
 
 def test_panel_folds_events_after_its_snapshot() -> None:

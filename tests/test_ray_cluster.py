@@ -324,6 +324,11 @@ def test_jobs_spread_over_nodes_gangs_stay_on_one_and_targets_are_honoured(
         node_at = table[0].split().index("NODE")
         ran_on = {int(line.split()[0]): line.split()[node_at] for line in table[1:]}
         assert (ran_on[on_b], ran_on[on_a1]) == ("gpu-b", "gpu-a")
+        # ... and in explain's story and the history's SQL
+        assert "placed on GPU 1 of gpu-a" in d.cli("explain", str(on_a1)).stdout
+        rows = json.loads(d.cli("sql", f"SELECT id, node FROM jobs WHERE id IN ({on_b}, {on_a1}) ORDER BY id",
+                                "--format", "json").stdout)
+        assert [(r["id"], r["node"]) for r in rows] == sorted([(on_b, "gpu-b"), (on_a1, "gpu-a")])
         # the output comes back from the node (logs)
         assert d.cli("logs", str(on_a1)).stdout.strip() == "gpu 1"
         assert d.cli("logs", str(gang)).stdout.strip() in ("on 0,1",)

@@ -165,11 +165,12 @@ _JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
         node=e.node, gpu_ids=list(e.gpu_ids), share=e.share, started_at=e.ts, ended_at=None, exit_code=None,
         cancel_reason="", gpu_mem_over=False, idle_since=None, estimated_start=None),
     ev.JobStarted: lambda j, e: j.update(pid=e.pid, started_at=e.ts, **({"log_path": e.log_path} if e.log_path else {})),
-    ev.JobExited: lambda j, e: j.update(exit_code=e.exit_code, ended_at=e.ts, gpu_ids=[]),
+    # an ended job keeps where it ran (only running jobs fill the GPU bars)
+    ev.JobExited: lambda j, e: j.update(exit_code=e.exit_code, ended_at=e.ts),
     ev.JobCancelRequested: lambda j, e: j.update(cancel_reason=e.reason),
-    ev.JobCancelled: lambda j, e: j.update(ended_at=e.ts, gpu_ids=[]),
+    ev.JobCancelled: lambda j, e: j.update(ended_at=e.ts),
     ev.JobRequeued: lambda j, e: j.update(gpu_ids=[], ended_at=None),
-    ev.JobLost: lambda j, e: j.update(ended_at=e.ts, gpu_ids=[]),
+    ev.JobLost: lambda j, e: j.update(ended_at=e.ts),
     # over its --gpu-mem or back within it; allocated but idle since when (None: busy)
     ev.JobGpuMemoryExceeded: lambda j, e: j.update(gpu_mem_over=True, gpu_mem_used_mib=e.used_mib),
     ev.JobGpuMemoryWithin: lambda j, e: j.update(gpu_mem_over=False, gpu_mem_used_mib=e.used_mib),
@@ -270,11 +271,18 @@ def job_note(job: dict[str, Any], now: float) -> str:
     return "; ".join(notes)
 
 
+def _where(job: dict[str, Any]) -> str:
+    """Its GPUs, ``gpu-b:0,1`` on a cluster's node: kept once the job has ended."""
+    ids = ",".join(map(str, job.get("gpu_ids") or []))
+    node = job.get("node") or ""
+    return (f"{node}:{ids}" if node not in ("", "local") else ids) if ids else "-"
+
+
 def _job_cells(job: dict[str, Any], now: float) -> list[str]:
     exit_code = job.get("exit_code")
     return [
         str(job["id"]), str(job.get("name", ""))[:32], job["state"], f"{float(job.get('gpus', 0)):g}",
-        ",".join(map(str, job.get("gpu_ids") or [])) or "-", _elapsed(job, now),
+        _where(job), _elapsed(job, now),
         "" if exit_code is None else str(exit_code), job_note(job, now),
     ]
 
