@@ -78,6 +78,8 @@ COMMANDS: dict[str, Command] = {
         arg("--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)"),
         arg("--ray", metavar="ADDRESS", help="run jobs on the GPU nodes of this Ray cluster (host:port, or auto); "
                                              "--gpus is then each node's"),
+        arg("--wait-nodes", type=int, metavar="N", help="with --ray: `health` fails (\"waiting for nodes: 1 of N "
+                                                        "joined\") until N nodes have joined"),
         arg("--http", metavar="HOST:PORT", help="also serve the JSON API for remote clients here, "
                                                 "e.g. 127.0.0.1:8080 (docs/http-api.md)"),
         arg("--http-allow-remote", action="store_true",
@@ -140,7 +142,8 @@ COMMANDS: dict[str, Command] = {
                     arg("-f", "--follow", action="store_true", help="keep printing until the job ends"),
                     arg("--card", action="store_true",
                         help="an ended job's report card after the output, on stderr (always shown on a terminal)")),
-    "health": command("is the daemon up (exit 0) or not", JSON),
+    "health": command("is the daemon up (exit 0) or not; on a cluster, how many nodes are up "
+                      "(exit 1 while serve --wait-nodes waits for them)", JSON),
     "sql": command(
         "read-only SQL over the whole history (DuckDB)",
         arg("query"), arg("--format", choices=["table", "csv", "json", "parquet"], default="table"),

@@ -143,12 +143,17 @@ def _request(args: Args, message: dict[str, Any]) -> Any:
 
 
 def show_health(info: dict[str, Any], as_json: bool) -> int:
-    """``health``'s answer, on either path."""
+    """``health``'s answer, on either path: exit 1 while a cluster's daemon
+    waits for its nodes (``serve --wait-nodes``), so a script can wait for 0."""
+    up = info.get("nodes_up")  # a cluster's daemon only
     if as_json:
         print_json(info)
+    elif not info.get("ok", True):
+        print(f"eventsched: {info.get('waiting', 'not ready')} (daemon pid {info['pid']})", file=sys.stderr)
     else:
-        print(f"ok: daemon pid {info['pid']}, log at seq {info['seq']}")
-    return 0
+        nodes = "" if up is None else f", {up} node{'s' if up != 1 else ''} up"
+        print(f"ok: daemon pid {info['pid']}, log at seq {info['seq']}{nodes}")
+    return 0 if info.get("ok", True) else 1
 
 
 def show_ids(ids: int | list[int], as_json: bool) -> None:

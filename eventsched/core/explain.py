@@ -141,6 +141,22 @@ def _free_text(state: ClusterState, job: Job, view: View) -> str:
     return text
 
 
+def _forming_text(state: ClusterState, job: Job) -> str:
+    """On a cluster, for a job larger than every node up now (the cluster still
+    forming, or a node down): which node it waits for; else ""."""
+    spec = job.spec
+    most, _, _ = state.fit(spec.node, spec.gpu_mem_mib)
+    if spec.gpu_ids is not None or most >= job.count:
+        return ""
+    wanted = (f"resources: waiting for {f'node {spec.node}' if spec.node else 'a node'} with {job.count} "
+              f"GPU{'s' if job.count != 1 else ''}" + (f" of {spec.gpu_mem_mib} MiB" if spec.gpu_mem_mib else ""))
+    if not state.nodes:
+        return f"{wanted}; no node has joined yet"
+    down = sorted(name for name, info in state.nodes.items() if info.state != "up")
+    return (f"{wanted}; the largest node up has {most}"
+            + (f" ({', '.join(down)} down)" if down else ""))
+
+
 def waiting_reason(state: ClusterState, job_id: int, now: float) -> Reason | None:
     """Why job ``job_id`` is not running now; None unless it is queued or held."""
     return waiting_reasons(state, now, [job_id]).get(job_id)
@@ -265,6 +281,9 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
             return Reason(kind="reserved", score=ctx.score(job), first_ahead=waiting.id, text=(
                 f"reserved: GPUs {gpus} are being freed for job {waiting.id} (a preemption); "
                 "this job fits only there"))
+    if not fits and state.cluster and (forming := _forming_text(state, job)):
+        return Reason(kind="resources", text=forming, ahead=n, first_ahead=first, blocked_gpus=blocked,
+                      score=ctx.score(job))
     if not fits:
         single = len(state.node_gpus) <= 1
         parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]

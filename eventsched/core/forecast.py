@@ -191,6 +191,7 @@ def working_copy(state: ClusterState) -> ClusterState:
     active ones wait for), so it costs what is active, not all history."""
     sim = ClusterState()
     sim.last_seq, sim.node, sim.policy, sim.config = state.last_seq, state.node, state.policy, state.config
+    sim.cluster, sim.nodes = state.cluster, dict(state.nodes)  # what check_spec asks of a cluster
     sim.gpus = {k: g.copy() for k, g in state.gpus.items()}
     keep = {j.id for j in state.jobs.values() if j.state in _ACTIVE}
     keep |= {d for jid in list(keep) for d in state.jobs[jid].spec.after if d in state.jobs}

@@ -11,6 +11,7 @@ this same function.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -339,12 +340,14 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         raise Refused(RefusalKind.INVALID, f"--time-limit must be a positive number of seconds, not {spec.time_limit_s}")
     if spec.retries < 0:
         raise Refused(RefusalKind.INVALID, f"--retries must be >= 0, not {spec.retries}")
+    if spec.gpu_ids is not None and not spec.gpu_ids:
+        raise Refused(RefusalKind.INVALID, "--gpu-ids is empty")
+    if state.cluster and not state.nodes:
+        return  # a cluster still forming: no node has joined yet, so any job waits for one
     if spec.node and spec.node != state.node and spec.node not in state.node_gpus:
         raise Refused(RefusalKind.NOT_FOUND, f"unknown node {spec.node!r}")
     gpus = state.node_gpus.get(spec.node, []) if spec.node else state.gpu_list
     if spec.gpu_ids is not None:
-        if not spec.gpu_ids:
-            raise Refused(RefusalKind.INVALID, "--gpu-ids is empty")
         known = {x.id for x in gpus}
         unknown = sorted(i for i in set(spec.gpu_ids) if i not in known)
         if unknown:
@@ -355,10 +358,15 @@ def check_spec(state: ClusterState, spec: ev.JobSpec) -> None:
         return
     # (most GPUs with the memory on one node, GPUs not lost, largest memory); cached: GPUs rarely change
     most, pool, largest = state.fit(spec.node, spec.gpu_mem_mib) if spec.gpu_ids is None else fit_summary(gpus, spec.gpu_mem_mib)
-    if not pool:
-        raise Refused(RefusalKind.UNAVAILABLE, "no GPU here can take this job (no GPUs, or all allowed ones are lost)")
     if most >= count:
         return
+    if state.cluster:  # measured against every GPU the cluster has had: a node down may come back
+        most = max(Counter(g.node for g in gpus if g.memory_total_mib >= spec.gpu_mem_mib).values(), default=0)
+        if most >= count:
+            return  # it waits for a node with room (explain says so)
+        pool, largest = len(gpus), max((g.memory_total_mib for g in gpus), default=0)
+    if not pool:
+        raise Refused(RefusalKind.UNAVAILABLE, "no GPU here can take this job (no GPUs, or all allowed ones are lost)")
     if spec.gpu_mem_mib and most < pool:
         raise Refused(RefusalKind.INVALID, f"asks for {spec.gpu_mem_mib} MiB of GPU memory on each of {count} GPU(s) "
                       f"but only {most} GPU(s) have that much (largest: {largest} MiB)")

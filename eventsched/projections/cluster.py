@@ -71,6 +71,9 @@ class ClusterState:
         # the cluster's nodes as their events said (a single
         # machine has none here: its one node is ``self.node``)
         self.nodes: dict[str, NodeInfo] = {}
+        # the daemon runs on a Ray cluster (its last start said so): nodes may
+        # join later, so a job larger than the nodes up now may wait for one
+        self.cluster: bool = False
         self.reservations: dict[int, ev.ReservationCreated] = {}  # booked GPUs, not cancelled
         self.last_reservation: int = 0  # the highest reservation id given
         self._derive()
@@ -371,6 +374,7 @@ def apply(state: ClusterState, event: ev.Event) -> None:
 def _daemon_started(state: ClusterState, e: ev.DaemonStarted) -> None:
     config = settings_from_dict(dict(e.config), node=e.node)
     state.node, state.policy = e.node, e.policy
+    state.cluster = e.gpu_backend.partition(":")[0] == "ray"
     aging_changed = (config.aging_per_hour, config.aging_tiers) != (state.config.aging_per_hour, state.config.aging_tiers)
     state.config = config
     state._capacity = None  # thresholds may have changed

@@ -195,6 +195,7 @@ class ServeConfig:
     log_level: str = "info"
     log_file: Path | None = None  # the daemon's log, rotated by size (else stderr)
     ray: str | None = None  # a Ray cluster's address: its nodes run the jobs
+    wait_nodes: int = 0  # `health` says "waiting" until this many nodes have joined
     http: str | None = None  # HOST:PORT of the JSON API
     http_allow_remote: bool = False
     metrics_host: str = "127.0.0.1"
@@ -222,6 +223,11 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     scheduler = msgspec.structs.replace(scheduler, **file.gpu_health.settings())
     file = msgspec.structs.replace(file, scheduler=scheduler, gpus=args.gpus or file.gpus,
                                    sample_interval_s=args.sample_interval or file.sample_interval_s)
+    wait_nodes = getattr(args, "wait_nodes", None)
+    if wait_nodes is not None and not getattr(args, "ray", None):
+        raise ConfigError("--wait-nodes needs --ray: nodes join a Ray cluster")
+    if wait_nodes is not None and wait_nodes < 1:
+        raise ConfigError(f"--wait-nodes must be at least 1, not {wait_nodes}")
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     return ServeConfig(
         state_dir=state_dir,
@@ -230,6 +236,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         log_level=args.log_level,
         log_file=Path(args.log_file) if getattr(args, "log_file", None) else None,
         ray=getattr(args, "ray", None),
+        wait_nodes=wait_nodes or 0,
         http=getattr(args, "http", None),
         http_allow_remote=getattr(args, "http_allow_remote", False),
         metrics_host=args.metrics_host,

@@ -205,7 +205,7 @@ async def _serve(config: ServeConfig, gpus: GpuBackend | None, http_plan: Any) -
     engine = Engine(config.state_dir, file.scheduler, backend, executor=executor, sample_interval_s=file.sample_interval_s,
                     tenants=plain_tenants(file) if file.tenants else None)
     server = Server(engine, config.socket, limits=file.limits, connections=file.connections, job_limits=file.job_limits,
-                    reservations=file.reservations)
+                    reservations=file.reservations, wait_nodes=config.wait_nodes)
     async with anyio.create_task_group() as tg:
         await tg.start(engine.run)
         await tg.start(server.serve)

@@ -93,8 +93,11 @@ class Server:
         connections: ConnectionLimits = ConnectionLimits(),
         job_limits: JobLimits = JobLimits(),
         reservations: ReservationLimits = ReservationLimits(),
+        wait_nodes: int = 0,
     ) -> None:
         self.engine = engine
+        self.wait_nodes = wait_nodes  # serve --wait-nodes: `health` is not ok until that many nodes have joined
+        self._nodes_joined = not wait_nodes  # once they have, a node lost later is `nodes`' to tell
         self.reservation_limits = reservations
         self.socket_path = socket_path
         self.daemon_uid = os.geteuid()
@@ -108,6 +111,21 @@ class Server:
         self._sql_runner: Any = None
         self.calibration = Calibration()  # past forecasts' errors: the ranges forecasts give
         self.started = time.monotonic()  # status's uptime_s
+
+    def _ping(self, state: ClusterState) -> dict[str, Any]:
+        """``health``'s answer; on a cluster also how many nodes are up, and,
+        until ``wait_nodes`` of them have joined, not ok and why."""
+        answer: dict[str, Any] = {"ok": True, "pid": os.getpid(), "seq": state.last_seq,
+                                  "state_dir": str(self.engine.state_dir)}
+        if not state.cluster:
+            return answer
+        up = answer["nodes_up"] = sum(1 for info in state.nodes.values() if info.state == "up")
+        if self.wait_nodes:
+            answer["nodes_wanted"] = self.wait_nodes
+        self._nodes_joined = self._nodes_joined or up >= self.wait_nodes
+        if not self._nodes_joined:
+            answer.update(ok=False, waiting=f"waiting for nodes: {up} of {self.wait_nodes} joined")
+        return answer
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,14 +223,13 @@ class Server:
             containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
             # seconds since the last exchange with each node: the cluster executor's, not the log's
-            ages = getattr(self.engine.executor, "lease_ages", dict)()
+            ages: dict[str, float] = getattr(self.engine.executor, "lease_ages", dict)()
             now = self.engine.clock()
             return Query(lambda state: {**status(state, now, ages), "containment": containment, "memory_limit": memory_limit,
                                         "version": __version__,
                                         "uptime_s": round(time.monotonic() - self.started, 1)}), None
         if isinstance(request, protocol.Ping):
-            return Query(lambda state: {"ok": True, "pid": os.getpid(), "seq": state.last_seq,
-                                        "state_dir": str(self.engine.state_dir)}), None
+            return Query(self._ping), None
         if isinstance(request, (protocol.HoldJobs, protocol.ReleaseJobs)):  # CancelJobs: _cancel
             kind = {protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
             ids = list(request.jobs)

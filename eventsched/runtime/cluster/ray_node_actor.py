@@ -61,6 +61,7 @@ class NodeAgent:
         self._attempts: dict[int, int] = {}  # job -> the attempt launched or adopted here
         self._wake: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
+        self._lease_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self._lease_init()
 
     # --- life -------------------------------------------------------------
@@ -180,7 +181,6 @@ class NodeAgent:
         self._terms = (0.0, 0.0, 0.0)
         self._stops: dict[int, tuple[int, float]] = {}  # job -> (its --signal, its grace; -1: grace_s)
         self._expired = False  # this lease ran out and its jobs were stopped
-        self._lease_task: asyncio.Task[None] | None = None
         self._fences: list[dict[str, Any]] = self._read_fences()
 
     def _renew(self, terms: tuple[float, float, float] | None = None) -> None:
