@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,13 @@ from pathlib import Path
 from typing import Any
 
 EVENTSCHED = [sys.executable, "-m", "eventsched.cli"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (tests bind only there)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cli_env(state_dir: Path, socket: Path | None = None) -> dict[str, str]:

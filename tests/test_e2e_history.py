@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon_harness import Daemon
+from daemon_harness import Daemon, free_port
 
 pytestmark = pytest.mark.slow
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sql_and_metrics_agree_with_the_queue(tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from daemon_harness import EVENTSCHED, Daemon
+from daemon_harness import EVENTSCHED, Daemon, free_port
 from users_harness import (  # noqa: F401
     User,
     as_user,
@@ -39,11 +38,6 @@ JOB_KEYS = {"id", "name", "tenant", "reason", "user", "state", "priority", "gpus
             "submitted_at", "started_at", "ended_at", "exit_code"}
 GPU_KEYS = {"id", "allocated", "paused", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c"}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def call(url: str, method: str = "GET", token: str | None = None, body: bytes | None = None) -> tuple[int, Any]:

@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from daemon_harness import free_port
 from users_harness import User, as_user, needs_root, public_dir, root_daemon, users  # noqa: F401 (fixtures)
 
 SECRET = "s3cret"
@@ -66,11 +66,6 @@ def receiver() -> Iterator[Receiver]:
     yield r
     r.close()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hook_of(daemon: Any) -> dict[str, Any]:

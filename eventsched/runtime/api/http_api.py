@@ -280,7 +280,12 @@ class Api:
 
     async def health(self, request: Request) -> Any:
         answer = await self.ask(protocol.Ping(), ANONYMOUS)
-        return {k: v for k, v in answer.items() if k != "state_dir"}  # no token: no paths either
+        body = {k: v for k, v in answer.items() if k != "state_dir"}  # no token: no paths either
+        if body.get("ok", True):
+            return body
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(body, status_code=503)  # still waiting for nodes: a load balancer sees it too
 
     async def metrics(self, request: Request) -> str:
         self.authenticate(request)
