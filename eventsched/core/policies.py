@@ -623,9 +623,11 @@ def _running_ends(state: ClusterState, view: View, now: float, pred: Callable[[J
         keys.append((max(now, start + p), jid))
     mine = {e[1]: e for e in extra}
     keys.extend((e[0], e[1]) for e in extra)
-    keys.sort()
+    # a heap, not a sort: a reservation reads a few of the many running jobs
+    heapq.heapify(keys)
     index = view.index
-    for end, jid in keys:
+    while keys:
+        end, jid = heapq.heappop(keys)
         e = mine.get(jid)
         yield e if e is not None else _end_entry(jobs[jid], end, index)
 
@@ -708,13 +710,18 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
     which it would fit as running jobs end (by prediction). Later jobs may
     start now only if they end before that time or stay off those GPUs.
     """
+    # each runtime key and shape predicted once a decision (the stats do not change within it)
     pred_cache: dict[tuple[str, str], float] = {}
+    least_cache: dict[Any, float] = {}
 
-    def pred(job: Job) -> float:
-        key = runtime_key(job.spec)
+    def predicted(key: tuple[str, str]) -> float:
         p = pred_cache.get(key)
         if p is None:
             p = pred_cache[key] = state.stats.predict(key, DEFAULT_RUNTIME_S)
+        return p
+
+    def pred(job: Job) -> float:
+        p = predicted(runtime_key(job.spec))
         limit = time_limit_of(job, state.config.default_time_limit_s)
         return min(p, limit) if limit is not None else p
 
@@ -723,8 +730,10 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         # prediction, unless one has a time limit of its own
         if state.queue.own_limits:
             return None
+        least = least_cache.get(shape)
+        if least is None:
+            least = least_cache[shape] = min(predicted(r) for r in state.queue.shape_rkey[shape])
         default = state.config.default_time_limit_s
-        least = min(state.stats.predict(r, DEFAULT_RUNTIME_S) for r in state.queue.shape_rkey[shape])
         return min(least, default) if default is not None and default > 0 else least
 
     return _sjf(state, now, pred, lambda live, has_head: _sjf_order(state, live, has_head), None, shortest)
@@ -894,14 +903,18 @@ class _SjfLanes:
         one takes its tie's label, else keeps its own, or takes its prediction
         or a midpoint, whichever first lies strictly between its neighbours'
         labels; only its jobs move, and only if its label changed."""
-        if preds == self.pred:
+        ranked, old, label = self.ranked, self.pred, self.label
+        # the keys new or moved since the last sync (a run ended: often one),
+        # found by lookups, not by hashing every (key, prediction) pair
+        moved = [r for r, p in preds.items() if old.get(r) != p]
+        if not moved and len(preds) == len(old):  # no key new, so none gone either
             return
         if not self.label:  # nothing filed yet: one sort
             self._refile(preds)
             return
-        ranked, old, label = self.ranked, self.pred, self.label
-        changed = sorted([r for r, _ in preds.items() - old.items()], key=lambda r: (preds[r], r))
-        gone = sorted(old.keys() - preds.keys())  # no job of theirs waits: none is filed
+        changed = sorted(moved, key=lambda r: (preds[r], r))
+        kept = len(preds) - sum(1 for r in moved if r not in old)  # keys of preds that were synced before
+        gone = sorted(old.keys() - preds.keys()) if len(old) > kept else []  # no job of theirs waits: none is filed
         for r in itertools.chain(changed, gone):
             if r in old:  # out of the ranks (a changed one until placed again)
                 del ranked[bisect.bisect_left(ranked, (old[r], label[r], r))]
