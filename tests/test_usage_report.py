@@ -16,7 +16,8 @@ from daemon_harness import Daemon
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     with Daemon(tmp_path_factory.mktemp("usage") / "state", gpus="fake:2") as d:
-        jobs = [d.submit("--gpus", gpus, "--", "sleep", "0.5") for gpus in ("1", "2", "0.5")]
+        # long enough for GPU samples inside each job's run (efficiency needs one) on a loaded machine
+        jobs = [d.submit("--gpus", gpus, "--", "sleep", "1.5") for gpus in ("1", "2", "0.5")]
         d.wait_states(jobs, {"succeeded"}, timeout=30)
         yield d
 
