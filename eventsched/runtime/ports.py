@@ -59,6 +59,8 @@ class Executor(Protocol):
     @property
     def memory_limit(self) -> str: ...  # "cgroup2", "cgroup1" or "rlimit-as"
 
+    def lease_ages(self) -> dict[str, float]: ...  # {node: seconds since it last answered}; {} on one machine
+
 
 class Clock(Protocol):
     """The engine's time: ``clock()`` reads it, ``sleep`` waits on it."""

@@ -223,7 +223,7 @@ class Server:
             containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
             # seconds since the last exchange with each node: the cluster executor's, not the log's
-            ages: dict[str, float] = getattr(self.engine.executor, "lease_ages", dict)()
+            ages = self.engine.executor.lease_ages()
             now = self.engine.clock()
             return Query(lambda state: {**status(state, now, ages), "containment": containment, "memory_limit": memory_limit,
                                         "version": __version__,

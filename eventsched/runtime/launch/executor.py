@@ -344,6 +344,10 @@ class Executor:
         """``cgroup2:<parent dir>`` or ``process-group``."""
         return self._cgroups.containment if self._cgroups else "process-group"
 
+    def lease_ages(self) -> dict[str, float]:
+        """No other node holds a lease from this one."""
+        return {}
+
     def log_path(self, job: int) -> Path:
         return self.jobs_dir / f"{job}.log"
 
