@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from eventsched.domain.events import JobSpec
-from eventsched.domain.messages import Fenced, Message
+from eventsched.domain.messages import Fenced, Message, ProcessExited, ProcessLost
 from eventsched.runtime.gpus import FakeBackend, GpuBackend, GpuSample, parse_gpus_option
 from eventsched.runtime.launch.executor import AlreadyLaunched, Executor, LaunchError
 
@@ -84,6 +84,8 @@ class NodeAgent:
     async def _send(self, message: Message) -> None:
         job = getattr(message, "job", -1)
         self._outbox.append((self._attempts.get(job, -1), message))
+        if isinstance(message, (ProcessExited, ProcessLost)):
+            self._stops.pop(job, None)  # ended: nothing left for a fence to stop
         if self._wake is not None:
             self._wake.set()
 
