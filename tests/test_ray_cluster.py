@@ -345,8 +345,10 @@ def test_jobs_spread_over_nodes_gangs_stay_on_one_and_targets_are_honoured(
 
 def test_head_killed_and_restarted_readopts_every_job_on_every_node(tmp_path: Path, ray_cluster: Any) -> None:
     d = _ray_daemon(tmp_path, ray_cluster, "restart")
-    ran = tmp_path / "ran.txt"
-    script = f'echo "$EVENTSCHED_JOB_ID" >> {ran}; sleep 10; exit $((EVENTSCHED_JOB_ID % 3))'
+    ran, release = tmp_path / "ran.txt", tmp_path / "release"
+    # the jobs run until the test has seen them re-adopted, however long the restart takes
+    script = (f'echo "$EVENTSCHED_JOB_ID" >> {ran}; while [ ! -e {release} ]; do sleep 0.1; done; '
+              'exit $((EVENTSCHED_JOB_ID % 3))')
     try:
         _wait_nodes_up(d)
         ids = [d.submit("--node", node, "--", "sh", "-c", script) for node in (*NODES, *NODES)]
@@ -358,6 +360,7 @@ def test_head_killed_and_restarted_readopts_every_job_on_every_node(tmp_path: Pa
         assert all(readopted[i]["pid"] == jobs[i]["pid"] for i in ids)  # the same processes, adopted
         nodes = _nodes(d)
         assert sorted(nodes["gpu-a"]["jobs"] + nodes["gpu-b"]["jobs"]) == sorted(ids)
+        release.touch()
         jobs = d.wait_states(ids, {"succeeded", "failed"}, timeout=90)
         for i in ids:
             assert jobs[i]["exit_code"] == i % 3, jobs[i]
