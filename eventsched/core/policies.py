@@ -604,32 +604,133 @@ def _running_ends(state: ClusterState, view: View, now: float, pred: Callable[[J
     """(predicted end, job, GPU indices, share, memory) of each running job
     and of ``extra`` (this decision's own placements), in (end, job) order,
     lazily: a reservation reads only as far as its head fits."""
+    if pred is None:
+        yield from _predicted_ends(state, view, now, extra)
+        return
     keys: list[tuple[float, int]] = []
     jobs = state.jobs
-    default, predict = state.config.default_time_limit_s, state.stats.predict
-    known: dict[tuple[str, str], float] = {}  # running jobs share few runtime keys
+    default = state.config.default_time_limit_s
     for jid in state.running:
         r = jobs[jid]
-        if pred is not None:
-            p = pred(r)
-        else:
-            key = runtime_key(r.spec)
-            hit = known.get(key)
-            p = known[key] = predict(key, DEFAULT_RUNTIME_S) if hit is None else hit
+        p = pred(r)
         limit = time_limit_of(r, default)
         if limit is not None:
             p = min(p, limit)
         start = r.started_at if r.started_at is not None else now
         keys.append((max(now, start + p), jid))
+    yield from _pop_ends(state, view, keys, extra)
+
+
+def _pop_ends(state: ClusterState, view: View, keys: list[tuple[float, int]], extra: list[End]) -> Iterator[End]:
+    """The running jobs' (end, job) ``keys`` and ``extra`` as ``End``s, in
+    (end, job) order: a heap, not a sort, as a reservation reads a few of them."""
     mine = {e[1]: e for e in extra}
     keys.extend((e[0], e[1]) for e in extra)
-    # a heap, not a sort: a reservation reads a few of the many running jobs
     heapq.heapify(keys)
-    index = view.index
+    jobs, index = state.jobs, view.index
     while keys:
         end, jid = heapq.heappop(keys)
         e = mine.get(jid)
         yield e if e is not None else _end_entry(jobs[jid], end, index)
+
+
+def _predicted_ends(state: ClusterState, view: View, now: float, extra: list[End]) -> Iterator[End]:
+    """``_running_ends`` by the runtime stats' predictions: the groups of
+    ``_RunningByKey`` merged, each group's first end standing for the rest,
+    so that a reservation predicts each runtime key once and orders only the
+    ends it reads."""
+    lanes = state.queue.listener
+    running = lanes.running if isinstance(lanes, _SjfLanes) else _RunningByKey()
+    running.sync(state)
+    jobs, predict = state.jobs, state.stats.predict
+    default = state.config.default_time_limit_s
+    # (end, -1, group, position): where a group's unread jobs begin, ahead of
+    # jobs that end at the same time so that its ties are all read first;
+    # (end, 0, job, 0): a job's end
+    heap: list[tuple[float, int, int, int]] = []
+    groups: list[tuple[float, list[tuple[float, int]]]] = []
+    for key, group in running.groups.items():
+        p = predict(key, DEFAULT_RUNTIME_S)
+        limit = time_limit_of(jobs[group[0][1]], default)  # the default's: none of them has its own
+        p = min(p, limit) if limit is not None else p
+        heap.append((max(now, group[0][0] + p), -1, len(groups), 0))
+        groups.append((p, group))
+    for jid in running.alone:
+        r = jobs[jid]
+        p = predict(running.filed[jid][2], DEFAULT_RUNTIME_S)
+        limit = time_limit_of(r, default)
+        if limit is not None:
+            p = min(p, limit)
+        start = r.started_at if r.started_at is not None else now
+        heap.append((max(now, start + p), 0, jid, 0))
+    heap.extend((e[0], 0, e[1], 0) for e in extra)
+    mine = {e[1]: e for e in extra}
+    heapq.heapify(heap)
+    index = view.index
+    while heap:
+        end, kind, n, i = heapq.heappop(heap)
+        if kind == 0:
+            e = mine.get(n)
+            yield e if e is not None else _end_entry(jobs[n], end, index)
+            continue
+        p, group = groups[n]
+        # a group is in (start, job) order, so its ends come in order but for
+        # ties, which the heap puts in job order: push them all
+        while i < len(group) and max(now, group[i][0] + p) == end:
+            heapq.heappush(heap, (end, 0, group[i][1], 0))
+            i += 1
+        if i < len(group):
+            heapq.heappush(heap, (max(now, group[i][0] + p), -1, n, i))
+
+
+class _RunningByKey:
+    """The running jobs grouped by runtime key, each group in (start, job)
+    order, kept across decisions (``sync``): within a group the predicted
+    ends are in start order, so a reservation merges the groups instead of
+    predicting and ordering every running job's end. Jobs with a time limit
+    of their own (or no start) are predicted one by one (``alone``)."""
+
+    def __init__(self) -> None:
+        # job -> (start, spec, runtime key) it was filed under: a new start or
+        # an updated spec files it anew
+        self.filed: dict[int, tuple[float | None, Any, RuntimeKey]] = {}
+        self.groups: dict[RuntimeKey, list[tuple[float, int]]] = {}
+        self.alone: dict[int, None] = {}
+
+    def sync(self, state: ClusterState) -> None:
+        """In step with ``state.running``."""
+        filed, jobs, running = self.filed, state.jobs, state.running
+        for jid in running:
+            r = jobs[jid]
+            f = filed.get(jid)
+            if f is None or f[1] is not r.spec or f[0] != r.started_at:
+                if f is not None:
+                    self._drop(jid)
+                self._file(r)
+        if len(filed) > len(running):
+            for jid in filed.keys() - running.keys():
+                self._drop(jid)
+
+    def _file(self, r: Job) -> None:
+        key = runtime_key(r.spec)
+        self.filed[r.id] = (r.started_at, r.spec, key)
+        if r.started_at is None or time_limit_of(r, None) is not None:
+            self.alone[r.id] = None
+            return
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = []
+        bisect.insort(group, (r.started_at, r.id))
+
+    def _drop(self, jid: int) -> None:
+        start, _, key = self.filed.pop(jid)
+        if start is None or jid in self.alone:
+            self.alone.pop(jid, None)
+            return
+        group = self.groups[key]
+        del group[bisect.bisect_left(group, (start, jid))]
+        if not group:
+            del self.groups[key]
 
 
 def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], lane: Iterator[tuple[float, int, int]],
@@ -869,16 +970,38 @@ class _SjfLanes:
         self.pred: dict[RuntimeKey, float] = {}  # the predictions the labels were last set by
         self.ranked: list[tuple[float, float, RuntimeKey]] = []  # (prediction, label, key), ascending
         self.lanes: dict[Any, SortedKeys[SjfKey]] = {}
+        self.running = _RunningByKey()  # kept here as it lives as long: until the state's indices are rebuilt
+        # what the last sync saw: the stats' mark, whether a queued runtime key
+        # came or went since, and the queued keys with no runs of their own
+        self.mark = -1
+        self.keys_moved = True
+        self.no_runs: list[RuntimeKey] = []
 
     @staticmethod
     def of(state: ClusterState) -> _SjfLanes:
         """The state's lanes, built on first use, with labels for the predictions now."""
-        q = state.queue
+        q, stats = state.queue, state.stats
         lanes = q.listener
         if not isinstance(lanes, _SjfLanes):
             lanes = q.listener = _SjfLanes(q)
-        predict = state.stats.predict
-        lanes.sync({r: predict(r, DEFAULT_RUNTIME_S) for r in q.by_rkey})
+        added = None if lanes.keys_moved else stats.added_since(lanes.mark)
+        lanes.mark, lanes.keys_moved = stats.mark, False
+        predict = stats.predict
+        if added is None:  # every queued key predicted anew
+            preds = {r: predict(r, DEFAULT_RUNTIME_S) for r in q.by_rkey}
+            lanes.sync(preds)
+            lanes.no_runs = [r for r in preds if r not in stats.by_key]
+        elif added:  # only the keys that ran, and those the median stands for, may have moved
+            preds, moved = dict(lanes.pred), []
+            for r in itertools.chain(added, lanes.no_runs):
+                was = preds.get(r)
+                if was is not None:  # queued
+                    p = predict(r, DEFAULT_RUNTIME_S)
+                    if p != was:
+                        preds[r] = p
+                        moved.append(r)
+            lanes.sync(preds, moved)
+            lanes.no_runs = [r for r in lanes.no_runs if r not in stats.by_key]
         return lanes
 
     def added(self, key: tuple[float, int, int], shape: Any, rkey: RuntimeKey) -> None:
@@ -888,6 +1011,8 @@ class _SjfLanes:
             if lane is None:
                 lane = self.lanes[shape] = SortedKeys()
             lane.add((key[0], label, key[1], key[2]))
+        else:
+            self.keys_moved = True
 
     def removed(self, key: tuple[float, int, int], shape: Any, rkey: RuntimeKey) -> None:
         label = self.label.get(rkey)
@@ -896,9 +1021,12 @@ class _SjfLanes:
             lane.remove((key[0], label, key[1], key[2]))
             if not lane:
                 del self.lanes[shape]
+        if rkey not in self.q.by_rkey:  # its last job left
+            self.keys_moved = True
 
-    def sync(self, preds: dict[RuntimeKey, float]) -> None:
-        """Relabel for ``preds`` (the queued runtime keys' predictions now).
+    def sync(self, preds: dict[RuntimeKey, float], moved: list[RuntimeKey] | None = None) -> None:
+        """Relabel for ``preds`` (the queued runtime keys' predictions now;
+        ``moved``: those that differ from the last sync's, if known).
         A key whose prediction is unchanged keeps its label. A changed or new
         one takes its tie's label, else keeps its own, or takes its prediction
         or a midpoint, whichever first lies strictly between its neighbours'
@@ -906,7 +1034,8 @@ class _SjfLanes:
         ranked, old, label = self.ranked, self.pred, self.label
         # the keys new or moved since the last sync (a run ended: often one),
         # found by lookups, not by hashing every (key, prediction) pair
-        moved = [r for r, p in preds.items() if old.get(r) != p]
+        if moved is None:
+            moved = [r for r, p in preds.items() if old.get(r) != p]
         if not moved and len(preds) == len(old):  # no key new, so none gone either
             return
         if not self.label:  # nothing filed yet: one sort

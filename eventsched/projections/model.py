@@ -6,6 +6,7 @@ holds them; only its fold changes them."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any
 
 from eventsched.domain import events as ev
@@ -21,6 +22,7 @@ __all__ = ["RECENT_SHAPES", "DEFAULT_RUNTIME_S", "Gpu", "Job", "usable", "Capaci
            "tenant_of", "shape_of"]
 
 RECENT_SHAPES = 1000  # requests remembered for fragmentation-aware placement
+RECENT_RUNS = 64  # runtime keys of the runs last added, for ``RuntimeStats.added_since``
 DEFAULT_RUNTIME_S = 3600.0  # prediction when there is no history at all
 
 
@@ -411,16 +413,34 @@ class RuntimeStats:
         # runs not yet in ``_runs``: sorted in only when the median or the
         # list is asked for, which a replay whose jobs all have a history never does
         self._pending: list[int] = []
-        # predictions asked since the last run ended (sjf-backfill asks for
-        # every running job at every reservation)
-        self._memo: dict[tuple[tuple[str, str], float], float] = {}
+        # the median (s; None: no runs) until a run is added: what a key with
+        # no runs of its own is predicted as, asked again at every decision
+        self._median: float | None = None
+        self._median_known = False
+        # runs added so far (a mark for ``added_since``), the first mark still
+        # answered for (the runs were set anew then), and the last runs' keys
+        self.mark = 0
+        self._base = 0
+        self._recent: deque[tuple[str, str]] = deque(maxlen=RECENT_RUNS)
 
     def add(self, key: tuple[str, str], runtime_s: float) -> None:
         ms = max(0, round(runtime_s * 1000))
         n, total = self.by_key.get(key, (0, 0))
         self.by_key[key] = (n + 1, total + ms)
         self._pending.append(ms)
-        self._memo.clear()
+        self._median_known = False
+        self.mark += 1
+        self._recent.append(key)
+
+    def added_since(self, mark: int) -> list[tuple[str, str]] | None:
+        """The runtime keys of the runs added since ``mark`` (an earlier
+        ``self.mark``), None when unknown (too many, or the runs set anew
+        since): a prediction changes only for these keys, and, when any run
+        was added, for keys with no runs of their own (the median moves)."""
+        n = self.mark - mark
+        if mark < self._base or n > len(self._recent) or n < 0:
+            return None
+        return list(self._recent)[len(self._recent) - n:] if n else []
 
     def _all_runs(self) -> SortedKeys[int]:
         """Every run's ms in order, the pending ones sorted in first."""
@@ -440,25 +460,23 @@ class RuntimeStats:
     def sorted(self, runs: list[int]) -> None:
         self._runs = SortedKeys(runs)
         self._pending = []
-        self._memo.clear()
+        self._median_known = False
+        self.mark += 1  # set with ``by_key`` (never apart): every prediction may have changed
+        self._base = self.mark
+        self._recent.clear()
 
     def median(self) -> float | None:
-        s = self._all_runs()
-        if not s:
-            return None
-        m = len(s) // 2
-        return (s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2) / 1000
+        if not self._median_known:
+            s = self._all_runs()
+            m = len(s) // 2
+            self._median = None if not s else (s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2) / 1000
+            self._median_known = True
+        return self._median
 
     def predict(self, key: tuple[str, str], default: float = 3600.0) -> float:
         """Mean of the same user's runs of the same job, else the median of all."""
-        memo = self._memo.get((key, default))
-        if memo is None:
-            memo = self._memo[(key, default)] = self._predict(key, default)
-        return memo
-
-    def _predict(self, key: tuple[str, str], default: float) -> float:
         hit = self.by_key.get(key)
-        if hit is not None:
+        if hit is not None:  # a division: cheaper than any memo of it
             return hit[1] / hit[0] / 1000
         med = self.median()
         return default if med is None else med
