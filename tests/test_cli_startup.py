@@ -28,7 +28,7 @@ from eventsched.wire import lean, protocol
 
 # what a submit must not pay for: each costs a CLI call milliseconds (or far more)
 HEAVY = {
-    "argparse", "json", "re", "typing", "typing_extensions", "socket", "pathlib", "uuid", "decimal", "datetime",
+    "argparse", "contextlib", "collections", "json", "re", "typing", "typing_extensions", "socket", "pathlib", "uuid", "decimal", "datetime",
     "msgspec", "duckdb", "anyio", "numpy", "pandas", "eventsched.core", "eventsched.runtime",
     "eventsched.projections", "eventsched.domain.events", "eventsched.domain.states", "eventsched.wire.client",
     "eventsched.wire.protocol",

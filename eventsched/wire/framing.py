@@ -5,36 +5,41 @@ too, so it imports only ``_socket`` (``socket.py`` builds enums at import)."""
 from __future__ import annotations
 
 import _socket
-import contextlib
 import os
-from collections.abc import Iterator
 
 from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
 
-__all__ = ["MAX_FRAME_BYTES", "connect", "exchange", "read_frame", "send", "sun_path"]
+__all__ = ["MAX_FRAME_BYTES", "connect", "exchange", "read_frame", "send", "SunPath"]
 
 MAX_FRAME_BYTES = 1 << 30  # a reply larger than this is not the daemon's
 SUN_PATH_MAX = 107  # a socket address holds 108 bytes, the last a NUL
 
 
-@contextlib.contextmanager
-def sun_path(path: str) -> Iterator[str]:
-    """``path`` as a socket address that fits: a deep state directory's socket
-    is reached through its open directory (``/proc/self/fd/N/name``), which the
-    kernel resolves like the long path, so bind and connect work at any depth."""
-    if len(os.fsencode(path)) <= SUN_PATH_MAX:
-        yield path
-        return
-    directory, name = os.path.split(path)
-    try:
-        fd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY)
-    except FileNotFoundError:
-        yield path  # nothing there to reach: the caller's own error says so
-        return
-    try:
-        yield f"/proc/self/fd/{fd}/{name}"
-    finally:
-        os.close(fd)
+class SunPath:
+    """``path`` as a socket address that fits, for a ``with`` block: a deep
+    state directory's socket is reached through its open directory
+    (``/proc/self/fd/N/name``), which the kernel resolves like the long path,
+    so bind and connect work at any depth. (A class, not contextlib: the CLI's
+    fast path would pay for importing it.)"""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.fd = path, -1
+
+    def __enter__(self) -> str:
+        path = self.path
+        if len(os.fsencode(path)) <= SUN_PATH_MAX:
+            return path
+        directory, name = os.path.split(path)
+        try:
+            self.fd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return path  # nothing there to reach: the caller's own error says so
+        return f"/proc/self/fd/{self.fd}/{name}"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
@@ -44,7 +49,7 @@ def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
     try:
         for delay in (0.001, 0.005, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0):
             try:
-                with sun_path(path) as address:
+                with SunPath(path) as address:
                     sock.connect(address)
                 break
             except BlockingIOError:  # the daemon's listen backlog is full for a moment

@@ -33,7 +33,7 @@ from eventsched.domain.events import Event, JobSubmitted
 from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.paths import log_dir
 from eventsched.domain.settings import ReservationLimits
-from eventsched.wire.framing import sun_path
+from eventsched.wire.framing import SunPath
 from eventsched.domain.states import ACTIVE, DONE_FOR_GOOD, FINAL, JobState
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.views import gpu_json, job_json
@@ -149,7 +149,7 @@ class Server:
                 fair_use=self.fair_use, feed=feed, flusher=self.flusher, dispatch=self.dispatch,
                 start_soon=tg.start_soon, read_buffer=memoryview(bytearray(READ_CHUNK)),
             )
-            with sun_path(str(self.socket_path)) as address:
+            with SunPath(str(self.socket_path)) as address:
                 server = await loop.create_unix_server(lambda: Connection(ctx), address, backlog=ACCEPT_BACKLOG)
             os.chmod(self.socket_path, 0o666)  # anyone may connect; what they may do is decided per request
             task_status.started()
