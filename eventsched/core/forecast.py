@@ -187,14 +187,10 @@ def forecast_starts(state: ClusterState, now: float, wanted: set[int] | None = N
     return run_forecast(working_copy(state), now, wanted, max_steps, calibration)
 
 
+@collector.paused()  # a copy of a long queue would set off full collections of the whole heap
 def working_copy(state: ClusterState) -> ClusterState:
     """A copy of what a forecast needs, without the finished jobs (but those the
     active ones wait for), so it costs what is active, not all history."""
-    with collector.paused():  # a copy of a long queue would set off full collections of the whole heap
-        return _copy(state)
-
-
-def _copy(state: ClusterState) -> ClusterState:
     sim = ClusterState()
     sim.last_seq, sim.node, sim.policy, sim.config = state.last_seq, state.node, state.policy, state.config
     sim.cluster, sim.nodes = state.cluster, dict(state.nodes)  # what check_spec asks of a cluster
@@ -213,15 +209,10 @@ def _copy(state: ClusterState) -> ClusterState:
     return sim
 
 
+@collector.paused()  # its steps make garbage without cycles, and the copy's objects look long-lived
 def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_steps: int = MAX_STEPS,
                  calibration: Calibration | None = None) -> Forecast:
     """Run the core forward on ``sim`` (a copy: it is changed)."""
-    with collector.paused():  # its steps make garbage without cycles, and the copy's objects look long-lived
-        return _run(sim, now, wanted, max_steps, calibration)
-
-
-def _run(sim: ClusterState, now: float, wanted: set[int] | None, max_steps: int,
-         calibration: Calibration | None) -> Forecast:
     queued = {j.id for j in sim.jobs.values() if j.state == JobState.QUEUED}
     wanted = queued if wanted is None else wanted & queued
     blind = not sim.stats.sorted

@@ -5,7 +5,8 @@ almost no reference cycles, yet CPython walks every one of them in each full
 collection, with the loop stopped, to free next to nothing. Hence:
 
 - ``paused()``: bulk work that makes no cycles worth chasing (loading a
-  snapshot and the log's tail, a replay, the history fold) runs without the
+  snapshot and the log's tail, a replay, the history fold, a forecast's copy
+  and run) runs without the
   collector; what it made goes straight to the oldest generation (else the
   first young pass after walks all of it, only to move it on);
 - ``freeze_survivors()``: what is alive after a load moves to the permanent
