@@ -6,9 +6,9 @@ collection, with the loop stopped, to free next to nothing. Hence:
 
 - ``paused()``: bulk work that makes no cycles worth chasing (loading a
   snapshot and the log's tail, a replay, the history fold, a forecast's copy
-  and run) runs without the
-  collector; what it made goes straight to the oldest generation (else the
-  first young pass after walks all of it, only to move it on);
+  and run) runs without the collector; what it made goes straight to the
+  oldest generation (else the first young pass after walks all of it, only to
+  move it on);
 - ``freeze_survivors()``: what is alive after a load moves to the permanent
   generation (``gc.freeze``), which no collection walks again; reference
   counting still frees it. ``freezing_after_full_collections()`` does the same
