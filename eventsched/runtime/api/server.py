@@ -56,6 +56,9 @@ logger = logging.getLogger("eventsched.server")
 # second file (a log segment) while it is sent history
 FD_RESERVE = 256
 ACCEPT_BACKLOG = 128
+# a whole listing is answered again from the last one this long (seconds), while
+# the state is unchanged: shorter than anyone reads a listing
+LISTING_REUSE_S = 0.2
 
 
 def connection_limit(configured: int) -> int:
@@ -111,6 +114,22 @@ class Server:
         self._sql_runner: Any = None
         self.calibration = Calibration()  # past forecasts' errors: the ranges forecasts give
         self.started = time.monotonic()  # status's uptime_s
+        # the last whole listing: (state, seq, include_finished, when) and its jobs
+        self._last_listing: tuple[tuple[int, int, bool], float, list[dict]] | None = None
+
+    def _listing(self, state: ClusterState, include_finished: bool) -> list[dict]:
+        """Every job, as ``queue`` lists them. A listing asked for again of the
+        same state within LISTING_REUSE_S is the same listing: clients that
+        poll in a loop (or a user flooding the socket) then cost one walk of
+        the queue and one forecast per batch, not one each."""
+        now = self.engine.clock()
+        key = (id(state), state.last_seq, include_finished)
+        last = self._last_listing
+        if last is not None and last[0] == key and 0 <= now - last[1] < LISTING_REUSE_S:
+            return last[2]
+        jobs = list_jobs(state, include_finished, now, calibration=self.calibration)
+        self._last_listing = (key, now, jobs)
+        return jobs
 
     def _ping(self, state: ClusterState) -> dict[str, Any]:
         """``health``'s answer; on a cluster also how many nodes are up, and,
@@ -217,8 +236,7 @@ class Server:
                 after, limit = request.after, min(request.limit, MAX_JOBS_PAGE)
                 return Query(lambda state: list_jobs_page(state, include_finished, self.engine.clock(), after, limit,
                                                              self.calibration)), None
-            return Query(lambda state: list_jobs(state, include_finished, self.engine.clock(),
-                                                  calibration=self.calibration)), None
+            return Query(lambda state: self._listing(state, include_finished)), None
         if isinstance(request, protocol.GetStatus):
             containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
             memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
