@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,13 @@ JOB_STATES_JS = """() => {
 }"""
 
 
+def _scroll_to(page: Any, selector: str) -> None:
+    """Scroll an element into view for a screenshot, in one step of the page's
+    own script: the live panel redraws its parts, and a locator's scroll can
+    find the element it resolved already replaced."""
+    page.evaluate("sel => document.querySelector(sel)?.scrollIntoView({block: 'nearest'})", selector)
+
+
 def test_quickstart_in_jupyterlab(lab: str, daemon, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -143,7 +151,7 @@ def test_quickstart_in_jupyterlab(lab: str, daemon, tmp_path: Path) -> None:
                 if state and seen[-1:] != [state]:
                     seen.append(state)
                     if state == "running":
-                        page.locator(".eventsched-panel").scroll_into_view_if_needed()
+                        _scroll_to(page, ".eventsched-panel")
                         page.screenshot(path=str(tmp_path / "quickstart-browser-running.png"), full_page=True)
                 time.sleep(0.1)
             assert seen[-1:] == ["succeeded"], seen
@@ -165,9 +173,9 @@ def test_quickstart_in_jupyterlab(lab: str, daemon, tmp_path: Path) -> None:
                 '.eventsched-panel svg.es-user-hours g.es-user')].map(
                 g => [g.dataset.user, Number(g.querySelector('rect.es-user-bar').getAttribute('width'))])""")
             assert bars and bars[0][0] == pwd.getpwuid(os.geteuid()).pw_name and bars[0][1] > 0, bars
-            page.locator(".eventsched-panel .es-history").scroll_into_view_if_needed()
+            _scroll_to(page, ".eventsched-panel .es-history")
             page.screenshot(path=str(tmp_path / "quickstart-browser-history.png"), full_page=True)
-            page.locator(".eventsched-panel").scroll_into_view_if_needed()
+            _scroll_to(page, ".eventsched-panel")
             page.screenshot(path=str(shot), full_page=True)
         finally:
             browser.close()
