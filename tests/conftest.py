@@ -28,6 +28,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 INSTALL_TEST = "test_install_system.py::"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # the install's test last: the background install has the whole run to finish
+    items.sort(key=lambda item: INSTALL_TEST in item.nodeid)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # (under pytest-xdist every worker collects everything: the first starts it)
     first_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0"
