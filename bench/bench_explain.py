@@ -4,7 +4,8 @@ Times what the daemon does for ``explain``: the waiting reason, the forecast's
 working copy and the forecast itself, for the first, the middle and the last
 job submitted, on 64 GPUs all busy, with a runtime history of 2,000 finished
 runs (the predictions a forecast runs on, and the kinds' runs its futures draw
-from, folded as the daemon folds its log). Prints wall and CPU seconds (CPU: a
+from, folded as the daemon folds its log), the state frozen out of the
+collector as the daemon's is once loaded. Prints wall and CPU seconds (CPU: a
 shared machine); asserts nothing.
 Run: python bench/bench_explain.py [--policy NAME] [--profile] (EVENTSCHED_PURE=1: the .py sources)
 """
@@ -22,6 +23,7 @@ from eventsched.core.explain import waiting_reason
 from eventsched.core.forecast import Calibration, run_forecast, working_copy
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
+from eventsched.projections import collector
 from eventsched.projections.cluster import ClusterState
 
 QUEUED = 10_000
@@ -74,6 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     for policy in args.policy or ["best-fit", "fair-share", "fgd", "sjf-backfill"]:
         state, now, calibration = build(policy)
+        collector.freeze_survivors()  # as the daemon does once it has loaded its state
         queued = sorted(j.id for j in state.jobs.values() if j.state == "queued")
         print(f"{policy}: {len(queued)} queued, {GPUS} GPUs all busy, {HISTORY} finished runs")
         for label, job in (("first", queued[0]), ("middle", queued[len(queued) // 2]), ("last", queued[-1])):
@@ -86,6 +89,7 @@ def main() -> None:
             prof = cProfile.Profile()
             prof.runcall(explain, state, queued[len(queued) // 2], now, calibration)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+        collector.thaw()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from eventsched.storage import log as eventlog
 def clean_collector() -> Iterator[None]:
     """Leave the interpreter's collector as the test found it."""
     yield
-    gc.unfreeze()
+    collector.thaw()
     gc.enable()
 
 
@@ -58,7 +58,7 @@ def test_paused_turns_the_collector_off_inside_and_restores_it(clean_collector: 
 
 
 def test_what_paused_made_goes_to_the_oldest_generation_and_its_cycles_are_still_collected(clean_collector: None) -> None:
-    gc.unfreeze()
+    collector.thaw()
     gc.collect()
     with collector.paused():
         state = [Node() for _ in range(10_000)]
@@ -70,9 +70,9 @@ def test_what_paused_made_goes_to_the_oldest_generation_and_its_cycles_are_still
 
 
 def test_paused_leaves_frozen_objects_frozen(clean_collector: None) -> None:
-    gc.unfreeze()
+    collector.thaw()
     kept = [Node() for _ in range(1000)]
-    gc.freeze()
+    collector.freeze_survivors()
     frozen = gc.get_freeze_count()
     with collector.paused():
         made = [Node() for _ in range(1000)]
@@ -83,7 +83,7 @@ def test_paused_leaves_frozen_objects_frozen(clean_collector: None) -> None:
 
 
 def test_survivors_of_a_full_pass_are_frozen_and_new_cycles_still_collected(clean_collector: None) -> None:
-    gc.unfreeze()
+    collector.thaw()
     with collector.freezing_after_full_collections():
         state = [Node() for _ in range(10_000)]
         gc.collect()
@@ -116,7 +116,7 @@ def test_the_engine_loads_a_state_with_the_collector_off_and_freezes_it(tmp_path
     writer.append(events)
     writer.close()
 
-    gc.unfreeze()
+    collector.thaw()
     seen: list[bool] = []
     original = collector.freeze_survivors
 

@@ -29,9 +29,13 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["paused", "freeze_survivors", "freezing_after_full_collections", "fewer_young_passes"]
+__all__ = ["paused", "freeze_survivors", "thaw", "freezing_after_full_collections", "fewer_young_passes"]
 
 YOUNG_PASS_EVERY = 10_000  # allocations between young passes while serving (CPython: 700)
+
+# whether this process froze anything through this module: kept here because
+# gc.get_freeze_count() walks the whole permanent generation, as long as the state
+_frozen = False
 
 
 @contextmanager
@@ -39,14 +43,15 @@ def paused() -> Iterator[None]:
     """No cyclic collection inside; whatever garbage there is goes at the next
     full pass after. What was made inside moves to the oldest generation in
     O(1) (freeze, then unfreeze), not walked by the next young pass; not when
-    something is frozen already: unfreezing would hand that back to full passes."""
+    this module froze something already: unfreezing would hand that back to
+    full passes."""
     collecting = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if collecting:
-            if not gc.get_freeze_count():
+            if not _frozen:
                 gc.freeze()
                 gc.unfreeze()  # the permanent generation into the oldest, not walked
             gc.enable()
@@ -54,12 +59,21 @@ def paused() -> Iterator[None]:
 
 def freeze_survivors() -> None:
     """Take every object alive now out of all future collections (O(1))."""
+    global _frozen
     gc.freeze()
+    _frozen = True
+
+
+def thaw() -> None:
+    """Hand every frozen object back to the collector."""
+    global _frozen
+    gc.unfreeze()
+    _frozen = False
 
 
 def _freeze_after_full(phase: str, info: dict[str, int]) -> None:
     if phase == "stop" and info["generation"] == 2:
-        gc.freeze()  # the younger generations are empty after a full pass
+        freeze_survivors()  # the younger generations are empty after a full pass
 
 
 @contextmanager
