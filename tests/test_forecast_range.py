@@ -80,18 +80,24 @@ def generated_log(tmp_path: Path) -> Path:
     return Path(result.state_dir) / "log"
 
 
-def test_the_range_covers_about_eight_starts_in_ten_on_a_generated_workload(tmp_path: Path) -> None:
-    log = generated_log(tmp_path)
-    errors = forecast_errors(log)
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """The generated log and its forecasts' errors, worked out once for the tests below."""
+    log = generated_log(tmp_path_factory.mktemp("generated"))
+    return log, forecast_errors(log)
+
+
+def test_the_range_covers_about_eight_starts_in_ten_on_a_generated_workload(generated: tuple[Path, list]) -> None:
+    log, errors = generated
     assert errors == forecast_errors(log)  # deterministic
     r = report(errors)
     assert r["forecasts"] > 100 and 0.65 <= r["coverage"] <= 0.95, r
 
 
-def test_the_median_over_sampled_futures_errs_less_than_one_future(tmp_path: Path,
+def test_the_median_over_sampled_futures_errs_less_than_one_future(generated: tuple[Path, list],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    log = generated_log(tmp_path)
-    many = report(forecast_errors(log))
+    log, errors = generated
+    many = report(errors)
     monkeypatch.setattr(forecast, "SAMPLES", 1)
     one = report(forecast_errors(log))
     assert many["median_abs_error_s"] < 0.9 * one["median_abs_error_s"], (many, one)
