@@ -34,7 +34,7 @@ __all__ = ["paused", "freeze_survivors", "thaw", "freezing_after_full_collection
 YOUNG_PASS_EVERY = 10_000  # allocations between young passes while serving (CPython: 700)
 
 # whether this process froze anything through this module: kept here because
-# gc.get_freeze_count() walks the whole permanent generation, as long as the state
+# gc.get_freeze_count() walks the whole permanent generation, a big state included
 _frozen = False
 
 

@@ -114,7 +114,7 @@ class Server:
         self._sql_runner: Any = None
         self.calibration = Calibration()  # past forecasts' errors: the ranges forecasts give
         self.started = time.monotonic()  # status's uptime_s
-        # the last whole listing: (state, seq, include_finished, when) and its jobs
+        # the last whole listing: ((the state's id, its seq, include_finished), when, the jobs)
         self._last_listing: tuple[tuple[int, int, bool], float, list[dict]] | None = None
 
     def _listing(self, state: ClusterState, include_finished: bool) -> list[dict]:
