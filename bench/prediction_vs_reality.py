@@ -277,13 +277,22 @@ def _placement_set(log_dir: Path) -> set[tuple[int, str, tuple[int, ...]]]:
     return set(placements(log_dir))
 
 
-def run_workload(work: Workload, root: Path, policies: tuple[str, str] = ("fifo", "best-fit")) -> Outcome:
-    """Live under A, replay A under B, live under B; compare."""
+def run_workload(work: Workload, root: Path, policies: tuple[str, str] = ("fifo", "best-fit"),
+                 together: bool = False) -> Outcome:
+    """Live under A, replay A under B, live under B; compare. ``together``: both
+    live runs at once, for a workload whose jobs mostly sleep (the two daemons
+    then see the same machine load)."""
     a, b = policies
     t0 = time.monotonic()
-    rec = run_live(work, a, root / f"live-{a}")
+    if together:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            rec, live = pool.map(lambda p: run_live(work, p, root / f"live-{p}"), policies)
+    else:
+        rec = run_live(work, a, root / f"live-{a}")
+        live = run_live(work, b, root / f"live-{b}")
     pred = predict(rec, b, root / f"predicted-{b}")
-    live = run_live(work, b, root / f"live-{b}")
     p_set, l_set = _placement_set(pred / "log"), _placement_set(live / "log")
     return Outcome(
         work=work, policies=policies,

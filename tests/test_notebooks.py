@@ -6,11 +6,14 @@ without outputs, so that their diffs are the code."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import nbformat
 import pytest
@@ -24,27 +27,61 @@ from render_notebooks import render  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@dataclass
+class Run:
+    """One notebook run against a daemon of its own."""
+
+    daemon: Any
+    workdir: Path
+    nb: nbformat.NotebookNode
+    failure: BaseException | None = None
+
+    def result(self) -> nbformat.NotebookNode:
+        if self.failure is not None:
+            raise self.failure
+        return self.nb
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """The three notebooks run at once, each in its own kernel against its own
+    daemon: they spend most of their time waiting on their jobs."""
     from daemon_harness import Daemon
 
-    d = Daemon(tmp_path / "state").start()
-    # the kernel inherits this: the notebooks' magics find this daemon
-    monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(d.state_dir))
-    monkeypatch.delenv("EVENTSCHED_SOCKET", raising=False)
-    yield d
-    d.stop()
+    root = tmp_path_factory.mktemp("notebooks")
+    done: dict[str, Run] = {}
+    try:
+        for name in ("quickstart.ipynb", "analytics.ipynb", "whatif.ipynb"):
+            base = root / name.split(".")[0]
+            workdir = base / "notebooks"  # laid out like the repo: whatif reads ../replays/synthetic/workload.csv
+            workdir.mkdir(parents=True)
+            (base / "replays").symlink_to(NOTEBOOKS.parent / "replays")
+            shutil.copy(NOTEBOOKS / name, workdir / name)
+            done[name] = Run(Daemon(base / "state").start(), workdir, nbformat.read(workdir / name, as_version=4))
+        asyncio.run(_execute_all(done))
+        for name, run in done.items():
+            nbformat.write(run.nb, run.workdir / f"executed-{name}")  # kept for a look when a test fails
+            if run.failure is None and not [o for o in outputs(run.nb) if o["output_type"] == "error"]:
+                render(run.nb, name)  # a visitor reads the last good run
+        yield done
+    finally:
+        for run in done.values():
+            run.daemon.stop()
 
 
-def execute(name: str, workdir: Path) -> nbformat.NotebookNode:
-    shutil.copy(NOTEBOOKS / name, workdir / name)
-    nb = nbformat.read(workdir / name, as_version=4)
-    client = NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(workdir)}})
-    client.execute()
-    nbformat.write(nb, workdir / f"executed-{name}")  # kept for a look when a test fails
-    if not [o for o in outputs(nb) if o["output_type"] == "error"]:
-        render(nb, name)  # a visitor reads the last good run
-    return nb
+async def _execute_all(todo: dict[str, Run]) -> None:
+    async def one(name: str, run: Run) -> None:
+        # the kernel's environment names its daemon: the notebooks' magics find it
+        env = {k: v for k, v in os.environ.items() if k != "EVENTSCHED_SOCKET"}
+        env["EVENTSCHED_STATE_DIR"] = str(run.daemon.state_dir)
+        client = NotebookClient(run.nb, timeout=180, kernel_name="python3",
+                                resources={"metadata": {"path": str(run.workdir)}})
+        try:
+            await client.async_execute(env=env)
+        except Exception as exc:  # the test of this notebook reports it
+            run.failure = exc
+
+    await asyncio.gather(*(one(name, run) for name, run in todo.items()))
 
 
 def outputs(nb: nbformat.NotebookNode) -> list[dict[str, Any]]:
@@ -67,8 +104,9 @@ def widget_values(nb: nbformat.NotebookNode) -> list[str]:
     return [str(model["state"].get("value", "")) + str(model["state"].get("description", "")) for model in state.values()]
 
 
-def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(daemon, tmp_path: Path) -> None:
-    nb = execute("quickstart.ipynb", tmp_path)
+def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(runs: dict[str, Run]) -> None:
+    run = runs["quickstart.ipynb"]
+    nb, daemon = run.result(), run.daemon
     assert not [o for o in outputs(nb) if o["output_type"] == "error"]
     text = text_of(nb)
     assert "already running" in text  # the test's daemon was found, not a second one started
@@ -80,7 +118,7 @@ def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(daemon, tmp_path: Pa
     assert by_name["demo"]["state"] == "succeeded" and by_name["demo"]["gpus"] == 0.5
     assert by_name["long-one"]["state"] == "cancelled"
     assert by_name["cell-demo"]["state"] == "succeeded"
-    assert (tmp_path / ".eventsched-cells").is_dir()
+    assert (run.workdir / ".eventsched-cells").is_dir()
 
     values = "\n".join(widget_values(nb))
     for gpu in range(4):
@@ -98,8 +136,9 @@ def test_quickstart_runs_and_the_saved_panel_shows_the_jobs(daemon, tmp_path: Pa
     assert " GPU-s</text>" in page or " GPU-min</text>" in page
 
 
-def test_analytics_runs_and_plots(daemon, tmp_path: Path) -> None:
-    nb = execute("analytics.ipynb", tmp_path)
+def test_analytics_runs_and_plots(runs: dict[str, Run]) -> None:
+    run = runs["analytics.ipynb"]
+    nb, daemon = run.result(), run.daemon
     assert not [o for o in outputs(nb) if o["output_type"] == "error"]
     text = text_of(nb)
     assert "work-5" in text and "broken" in text
@@ -109,12 +148,9 @@ def test_analytics_runs_and_plots(daemon, tmp_path: Path) -> None:
     assert states.count("succeeded") == 6 and states.count("failed") == 1
 
 
-def test_whatif_replays_the_daemons_history_and_charts_the_policies(daemon, tmp_path: Path) -> None:
-    # laid out like the repo: part 2 reads ../replays/synthetic/workload.csv
-    workdir = tmp_path / "notebooks"
-    workdir.mkdir()
-    (tmp_path / "replays").symlink_to(NOTEBOOKS.parent / "replays")
-    nb = execute("whatif.ipynb", workdir)
+def test_whatif_replays_the_daemons_history_and_charts_the_policies(runs: dict[str, Run]) -> None:
+    run = runs["whatif.ipynb"]
+    nb, daemon = run.result(), run.daemon
     assert not [o for o in outputs(nb) if o["output_type"] == "error"]
     text = text_of(nb)
     assert "already running" in text  # it replayed the test's daemon, not a second one
