@@ -505,7 +505,7 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from eventsched.cli.sql import ask_daemon, run_sql
-    from eventsched.projections.sql import needs_daemon
+    from eventsched.projections.sql_values import needs_daemon
 
     state_dir = state_dir_of(args)
     via_daemon = None

@@ -23,13 +23,15 @@ def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
 
     from eventsched.cli.sql import ask_daemon
     from eventsched.domain.paths import default_state_dir, socket_location
-    from eventsched.projections.sql import needs_daemon, query
+    from eventsched.projections.sql_values import needs_daemon
 
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     if needs_daemon(state_dir):
         answer = ask_daemon(args.socket or socket_location(args.state_dir), sql, 180.0)
         columns, rows = answer["columns"], answer["rows"]
     else:
+        from eventsched.projections.sql import query
+
         columns, rows = query(state_dir, sql)
     return [dict(zip(columns, row)) for row in rows]
 
@@ -37,7 +39,7 @@ def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
 def card_of(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any] | None:
     """An ended job's report card (its ``job_efficiency`` row and the advice); None while it has not ended
     or never ran."""
-    from eventsched.projections.sql import SqlError
+    from eventsched.projections.sql_values import SqlError
 
     if job.get("state") not in FINAL:
         return None
@@ -112,7 +114,7 @@ def _markdown(columns: list[str], rows: list[list[str]]) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     from eventsched.cli.errors import fail
     from eventsched.cli.sql import _cell, format_csv, format_table
-    from eventsched.projections.sql import SqlError, _plain
+    from eventsched.projections.sql_values import SqlError, plain
     from eventsched.runtime.config import ConfigError, load_config
 
     try:
@@ -129,7 +131,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.format == "csv":
         format_csv(columns, values, sys.stdout)
     elif args.format == "json":
-        print(json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows]))
+        print(json.dumps([{k: plain(v) for k, v in r.items()} for r in rows]))
     elif args.format == "markdown":
         print(_markdown(columns, [[_cell(v) for v in row] for row in values]))
     else:

@@ -20,7 +20,7 @@ from typing import IO, Any, Callable, TextIO
 
 from eventsched.domain.rlimits import current_umask
 from eventsched.domain.text import table
-from eventsched.projections.sql import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, _plain, query_typed
+from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, plain
 
 __all__ = ["FORMATS", "ask_daemon", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
 
@@ -39,8 +39,8 @@ def _cell(value: Any) -> str:
             return f"{value:.1f}"
         return f"{value:.3f}" if abs(value) >= 0.001 else f"{value:.3g}"
     if isinstance(value, (list, tuple, dict)):
-        return json.dumps(_plain(value))
-    return str(_plain(value))
+        return json.dumps(plain(value))
+    return str(plain(value))
 
 
 def _numeric(value: Any) -> bool:
@@ -58,13 +58,13 @@ def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
 def format_csv(columns: list[str], rows: list[tuple[Any, ...]], out: TextIO) -> None:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
-    writer.writerows(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else _plain(v)
+    writer.writerows(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else plain(v)
                       for v in row] for row in rows)
 
 
 def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     """A JSON array of objects, one per row."""
-    return json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows], indent=None)
+    return json.dumps([{c: plain(v) for c, v in zip(columns, row)} for row in rows], indent=None)
 
 
 def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out: TextIO) -> None:
@@ -117,7 +117,7 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
     import pyarrow as pa
 
     names = [f"c{i}" for i in range(len(columns))]  # result columns may repeat a name
-    arrays = [_arrow_column([_plain(row[i]) for row in rows]) for i in range(len(columns))]
+    arrays = [_arrow_column([plain(row[i]) for row in rows]) for i in range(len(columns))]
     raw = pa.Table.from_arrays(arrays, names=names)
     con = duckdb.connect()  # this process's own SQL, over the rows it holds
     try:
@@ -136,6 +136,8 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
         select = f"SELECT {', '.join(exprs)} FROM result" if exprs else "SELECT * FROM result"
         quoted_path = "'" + path.replace("'", "''") + "'"
         con.execute(f"COPY ({select}) TO {quoted_path} (FORMAT parquet, COMPRESSION zstd)").fetchall()
+    except duckdb.Error as e:  # a full disk, a value Parquet cannot store: said as a failed write
+        raise OSError(" ".join(str(e).split())) from None
     finally:
         con.close()
 
@@ -229,18 +231,15 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
             result = via_daemon(sql)
             columns, rows, types = result["columns"], [tuple(row) for row in result["rows"]], result["types"]
         else:
+            from eventsched.projections.sql import query_typed
+
             columns, rows, types = query_typed(state_dir, sql)
     except SqlError as e:
         print(f"eventsched sql: {e}", file=err)
         return e.code
-    import duckdb
-
     try:
         _emit(columns, rows, types, fmt, output, out)
     except OSError as e:
         print(f"eventsched sql: cannot write {output or 'the result'}: {e.strerror or e}", file=err)
-        return EXIT_ERROR
-    except duckdb.Error as e:  # writing the Parquet file (a full disk, a value it cannot store)
-        print(f"eventsched sql: cannot write {output or 'the result'}: {' '.join(str(e).split())}", file=err)
         return EXIT_ERROR
     return EXIT_OK

@@ -211,9 +211,11 @@ def render_history(h: dict[str, Any]) -> str:
 def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
     """Run SQL here when this user can read the log, else ask the daemon (as ``eventsched sql`` does)."""
     from eventsched.domain.paths import socket_location
-    from eventsched.projections.sql import needs_daemon, query
+    from eventsched.projections.sql_values import needs_daemon
 
     if not needs_daemon(state_dir):
+        from eventsched.projections.sql import query
+
         return lambda sql: query(state_dir, sql)
     return via_socket(socket or socket_location(state_dir))
 
@@ -241,7 +243,7 @@ class StatusHistory:
 
     def data(self) -> dict[str, Any]:
         from eventsched.domain.units import UnitError  # printed by the CLI as one line
-        from eventsched.projections.sql import SqlError
+        from eventsched.projections.sql_values import SqlError
 
         if self._data is None or time.monotonic() - self._read_at >= REFRESH_S:
             try:

@@ -9,22 +9,17 @@ statement the parser let through could not change the read model.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import decimal
-import math
 import os
-import uuid
 from typing import Any
 
 import duckdb
 
 from eventsched.projections.history import History, HistoryError
+from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, needs_daemon, plain
 
-__all__ = ["query", "query_typed", "SqlError", "needs_daemon", "check_read_only", "QueryRefused", "harden"]
+__all__ = ["query", "query_typed", "SqlError", "needs_daemon", "check_read_only", "QueryRefused", "harden",
+           "plain", "EXIT_OK", "EXIT_ERROR", "EXIT_BAD_QUERY"]
 
-EXIT_OK = 0
-EXIT_ERROR = 1  # the history could not be read (missing state dir, bad log)
-EXIT_BAD_QUERY = 2  # the user's SQL: invalid or refused
 
 # Everything else (SET, RESET, ATTACH, COPY, INSTALL, LOAD, CALL, ...) is refused.
 _READ_TYPES = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
@@ -144,37 +139,6 @@ def harden(con: duckdb.DuckDBPyConnection, *, memory_limit: str | None = None, t
     con.execute("SET lock_configuration = true")
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-ready version of a DuckDB value."""
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if type(value).__name__ == "MonthDayNano":  # an INTERVAL read through Arrow (the daemon's sandbox)
-        return (value.months * 30 + value.days) * 86400.0 + value.nanoseconds / 1e9
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-class SqlError(Exception):
-    """A query that could not be answered: one line, and the exit status."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def query(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run read-only ``sql`` on a current view of the history; the last result."""
     columns, rows, _ = query_typed(state_dir, sql)
@@ -215,10 +179,3 @@ def query_typed(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str],
     finally:
         history.close()
     return columns, rows, types
-
-
-def needs_daemon(state_dir: str | os.PathLike[str]) -> bool:
-    """Whether the daemon must answer: this user cannot read the log here (a
-    root daemon's state, or none in this user's default state dir)."""
-    log = os.path.join(os.fspath(state_dir), "log")
-    return not os.access(log, os.R_OK | os.X_OK)

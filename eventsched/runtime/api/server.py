@@ -436,7 +436,7 @@ class Server:
     async def _run_sql(self, sql: str, reply: Reply, peer: Peer, gone: Callable[[], bool] | None) -> None:
         """Answer in a process that runs the query as ``peer`` (``sql_sandbox``),
         killed when its client goes away (``gone()``)."""
-        from eventsched.projections.sql import EXIT_BAD_QUERY, SqlError
+        from eventsched.projections.sql_values import EXIT_BAD_QUERY, SqlError
         from eventsched.runtime.api.sql_sandbox import SqlRunner
 
         if self._sql_runner is None:

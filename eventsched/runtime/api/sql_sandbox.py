@@ -36,7 +36,7 @@ import msgspec
 
 from eventsched.projections.history import History, HistoryError
 from eventsched.projections.sql import (
-    EXIT_BAD_QUERY, EXIT_ERROR, QueryRefused, SqlError, _one_line, _plain, check_read_only, harden,
+    EXIT_BAD_QUERY, EXIT_ERROR, QueryRefused, SqlError, _one_line, check_read_only, harden, plain,
 )
 
 __all__ = ["SqlLimits", "SqlRunner", "drop_privileges", "main"]
@@ -148,16 +148,16 @@ def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[A
                 # HUGEINT (sum of BIGINT) travels through Arrow as decimal(38, 0): an integer, as fetchall gives it
                 values[i] = [None if v is None else int(v) for v in values[i]]
         for row in zip(*values):
-            plain = [_plain(v) for v in row]
+            cells = [plain(v) for v in row]
             try:
-                size += len(encode(plain))
+                size += len(encode(cells))
             except (OverflowError, TypeError, msgspec.EncodeError) as e:
                 raise SqlError(f"a value of the result cannot be sent ({e}); cast it to VARCHAR or DOUBLE",
                                EXIT_BAD_QUERY) from None
             if size > max_bytes:
                 raise SqlError(f"result too large: more than {max_bytes / MIB:g} MiB after {len(rows)} rows; "
                                "add a LIMIT or aggregate", EXIT_BAD_QUERY)
-            rows.append(plain)
+            rows.append(cells)
     return columns, rows, types
 
 
