@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 
 from eventsched.storage.fileops import FileOps
 
-__all__ = ["Op", "Recorder", "CrashState", "crash_states", "materialize"]
+__all__ = ["Op", "Recorder", "CrashState", "crash_states", "materialize", "SCRATCH"]
+
+# tmpfs where there is one: tests that fsync thousands of times check what
+# the files hold, not the disk's speed
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 @dataclass(frozen=True)
@@ -268,8 +272,10 @@ def crash_states(rec: Recorder, cut: int, *, byte_step: int = 1, max_subset: int
             yield build(every_name, choose, f"writes subset {mask:b}")
 
 
-def materialize(state: CrashState, root: str | os.PathLike[str]) -> None:
-    """Write ``state``'s files under ``root`` (its directories must exist)."""
+def materialize(state: CrashState, root: str | os.PathLike[str], folder: str = "") -> None:
+    """Write ``state``'s files (those under ``folder`` only, if given) under
+    ``root`` (its directories must exist)."""
     for rel, data in state.files.items():
-        with open(os.path.join(root, rel), "wb") as f:
-            f.write(data)
+        if rel.startswith(folder):
+            with open(os.path.join(root, rel), "wb") as f:
+                f.write(data)

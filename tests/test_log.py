@@ -6,11 +6,13 @@ from __future__ import annotations
 import errno
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,7 @@ from eventsched.storage.log import (
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
+from crash_fs import SCRATCH  # noqa: E402
 from log_writer_proc import make_event  # noqa: E402
 
 WRITER = str(Path(__file__).parent / "log_writer_proc.py")
@@ -130,9 +133,15 @@ def test_rotation_names_segments_by_first_seq(tmp_path: Path) -> None:
 # --- torn tails: cut, kept aside, appends go on ------------------------------
 
 
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as tmp:
+        yield Path(tmp)
+
+
 @pytest.mark.slow
-def test_truncate_at_every_offset_of_last_frames(tmp_path: Path) -> None:
-    src = tmp_path / "src"
+def test_truncate_at_every_offset_of_last_frames(scratch: Path) -> None:
+    src = scratch / "src"
     # a sealed segment first, then a last segment with frames of varied sizes
     write_log(src, [30, 30], segment_bytes=1)
     ends = write_log(src, [1, 4, 2, 7, 1])
@@ -145,7 +154,7 @@ def test_truncate_at_every_offset_of_last_frames(tmp_path: Path) -> None:
         seqs_by_end[end] = total
     start = ends[1]  # every offset inside the last three frames, and their ends
     for cut in range(start, len(data) + 1):
-        d = tmp_path / f"t{cut}"
+        d = scratch / f"t{cut}"
         d.mkdir()
         (d / first_seg.name).write_bytes(first_seg.read_bytes())
         (d / last_seg.name).write_bytes(data[:cut])
@@ -165,6 +174,7 @@ def test_truncate_at_every_offset_of_last_frames(tmp_path: Path) -> None:
         assert_log(d, n + 2)
         with LogWriter.open(d) as w:
             assert w.recovered is None and w.next_seq == n + 3
+        shutil.rmtree(d)  # the next cut's log is a fresh copy; tmpfs is memory
 
 
 def _frame(salt: int, first: int, evs: list[ev.Event]) -> bytes:
