@@ -3,8 +3,9 @@
 A real Ray cluster (``ray.cluster_utils.Cluster``: a head without GPUs and two
 nodes, ``gpu-a`` and ``gpu-b``, each declaring two GPUs and a ``node:NAME``
 resource, all bound to 127.0.0.1) and real daemons (``serve --ray``), stopped
-by PID. The node-removal test runs last: it takes ``gpu-b`` away for good.
-The core-level tests at the top need no Ray.
+by PID. The node-removal test takes ``gpu-b`` away for good; the two after
+it take a third node, ``gpu-d``, away and bring it back. The core-level tests
+at the top need no Ray.
 """
 
 from __future__ import annotations
@@ -377,14 +378,23 @@ def test_a_restarted_node_actor_readopts_its_job(tmp_path: Path, ray_cluster: An
     from eventsched.runtime.cluster.ray_cluster import namespace_for
 
     d = _ray_daemon(tmp_path, ray_cluster, "actor")
+    release = tmp_path / "release"
     try:
         _wait_nodes_up(d)
-        job = d.submit("--node", "gpu-a", "--", "sh", "-c", "echo start; sleep 12; echo end; exit 4")
+        # the job runs until the restarted actor has been seen, however long that takes
+        job = d.submit("--node", "gpu-a", "--", "sh", "-c",
+                       f"echo start; while [ ! -e {release} ]; do sleep 0.1; done; echo end; exit 4")
         d.wait_for(lambda js: js[job]["state"] == "running" and js[job]["pid"], 60, "running")
         # from a driver of its own: Ray's state in this process is the cluster's
         kill = (f"import ray; ray.init(address={ray_cluster.address!r}, namespace={namespace_for(d.state_dir)!r}, "
                 "log_to_driver=False); ray.kill(ray.get_actor('eventsched-node-gpu-a'), no_restart=False)")
         subprocess.run([sys.executable, "-c", kill], check=True, timeout=60, capture_output=True)  # Ray restarts it
+        deadline = time.monotonic() + 60
+        while _nodes(d)["gpu-a"]["restarts"] != 1:
+            assert time.monotonic() < deadline, "the actor was never seen restarted"
+            time.sleep(0.3)
+        assert d.jobs()[job]["state"] == "running"
+        release.touch()
         jobs = d.wait_states([job], {"failed", "succeeded", "lost"}, timeout=60)
         assert (jobs[job]["state"], jobs[job]["exit_code"]) == ("failed", 4)  # its own exit, re-adopted
         assert d.cli("logs", str(job)).stdout.split() == ["start", "end"]
@@ -392,16 +402,20 @@ def test_a_restarted_node_actor_readopts_its_job(tmp_path: Path, ray_cluster: An
         dump = d.cli("log", "dump", "--json", str(d.state_dir / "log")).stdout
         assert [json.loads(line)["node"] for line in dump.splitlines() if "NodeActorRestarted" in line] == ["gpu-a"]
     finally:
+        release.touch()  # a job still waiting ends
         _stop(d)
 
 
 def test_a_removed_node_loses_its_job_which_is_retried_elsewhere(tmp_path: Path, ray_cluster: Any) -> None:
     d = _ray_daemon(tmp_path, ray_cluster, "remove")
+    first, release = tmp_path / "first", tmp_path / "release"
+    # the first attempt runs until the test ends (its process outlives the node), a later one briefly
+    script = f"echo attempt; if mkdir {first} 2>/dev/null; then while [ ! -e {release} ]; do sleep 0.1; done; fi"
     try:
         _wait_nodes_up(d)
         for gpu in ("gpu-a:0", "gpu-a:1"):  # so that the job lands on gpu-b
             assert d.cli("pause-gpu", gpu).returncode == 0
-        job = d.submit("--retries", "1", "--", "sh", "-c", "echo attempt; sleep 4")
+        job = d.submit("--retries", "1", "--", "sh", "-c", script)
         jobs = d.wait_for(lambda js: js[job]["state"] == "running" and js[job]["pid"], 60, "running")
         assert jobs[job]["node"] == "gpu-b"
         for gpu in ("gpu-a:0", "gpu-a:1"):
@@ -421,6 +435,7 @@ def test_a_removed_node_loses_its_job_which_is_retried_elsewhere(tmp_path: Path,
         assert "node gpu-b left" in lost["reason"]
         assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
     finally:
+        release.touch()  # the first attempt, left behind by its node, ends
         _stop(d)
     # replay under the recorded policy reproduces every placement
     out = tmp_path / "replay"
@@ -433,12 +448,13 @@ def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Pa
     a new one with the same ``node:NAME`` started) before ``node_lost_after_s``
     keeps its running job: re-adopted, launched once, its own exit code."""
     d = _ray_daemon(tmp_path, ray_cluster, "back", node_lost_after_s=120.0)
-    ran = tmp_path / "ran.txt"
+    ran, release = tmp_path / "ran.txt", tmp_path / "release"
     try:
-        ray_cluster.nodes_by_name["gpu-d"] = add_node(ray_cluster, "gpu-d")
+        _third_node(ray_cluster)
         _wait_nodes_up(d, ("gpu-d",))
+        # the job runs until its node is back, however long that takes
         job = d.submit("--node", "gpu-d", "--", "sh", "-c",
-                       f'echo "$EVENTSCHED_JOB_ID" >> {ran}; sleep 12; exit 3')
+                       f'echo "$EVENTSCHED_JOB_ID" >> {ran}; while [ ! -e {release} ]; do sleep 0.1; done; exit 3')
         jobs = d.wait_for(lambda js: js[job]["state"] == "running" and js[job]["pid"], 60, "running")
         pid = jobs[job]["pid"]
         ray_cluster.remove_node(ray_cluster.nodes_by_name.pop("gpu-d"))
@@ -448,6 +464,9 @@ def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Pa
             time.sleep(0.3)
         assert d.jobs()[job]["state"] == "running" and alive(pid)  # within the grace: not lost
         ray_cluster.nodes_by_name["gpu-d"] = add_node(ray_cluster, "gpu-d")
+        _wait_nodes_up(d, ("gpu-d",))
+        assert d.jobs()[job]["state"] == "running"
+        release.touch()
         jobs = d.wait_states([job], {"failed", "succeeded", "lost"}, timeout=90)
         assert jobs[job]["state"] == "failed" and jobs[job]["exit_code"] == 3, jobs[job]
         kinds = [e["type"] for e in _log_events(d) if e.get("job") == job]
@@ -457,7 +476,15 @@ def test_a_node_back_within_the_grace_has_its_running_job_readopted(tmp_path: Pa
         assert not any(e["type"] == "StrayAttemptKilled" for e in _log_events(d))
         assert d.cli("log", "verify", str(d.state_dir / "log")).returncode == 0
     finally:
+        release.touch()  # a job still waiting ends
         _stop(d)
+
+
+def _third_node(cluster: Any) -> None:
+    """``gpu-d``, which the last two tests take away and bring back: added
+    once, and the second test finds it up again where the first one left it."""
+    if "gpu-d" not in cluster.nodes_by_name:
+        cluster.nodes_by_name["gpu-d"] = add_node(cluster, "gpu-d")
 
 
 def _log_events(d: Daemon) -> list[dict[str, Any]]:
@@ -478,31 +505,31 @@ def test_a_node_back_after_being_declared_gone_has_its_stray_attempt_killed(
     script = f'echo "$EVENTSCHED_JOB_ID" >> {ran}; if mkdir {first} 2>/dev/null; then sleep 60; else sleep 1; fi'
     stray_pid = 0
     try:
-        ray_cluster.nodes_by_name["gpu-c"] = add_node(ray_cluster, "gpu-c")
-        _wait_nodes_up(d, ("gpu-a", "gpu-c"))
-        others = [f"{n}:{g}" for n, info in _nodes(d).items() if n != "gpu-c" and info["state"] == "up"
+        _third_node(ray_cluster)
+        _wait_nodes_up(d, ("gpu-a", "gpu-d"))
+        others = [f"{n}:{g}" for n, info in _nodes(d).items() if n != "gpu-d" and info["state"] == "up"
                   for g in range(info["gpus"])]
-        for gpu in others:  # so that the job lands on gpu-c
+        for gpu in others:  # so that the job lands on gpu-d
             assert d.cli("pause-gpu", gpu).returncode == 0
         job = d.submit("--retries", "1", "--", "sh", "-c", script)
         jobs = d.wait_for(lambda js: js[job]["state"] == "running" and js[job]["pid"], 60, "running")
-        assert jobs[job]["node"] == "gpu-c"
+        assert jobs[job]["node"] == "gpu-d"
         stray_pid = jobs[job]["pid"]
         for gpu in others:
             assert d.cli("resume-gpu", gpu).returncode == 0
-        ray_cluster.remove_node(ray_cluster.nodes_by_name.pop("gpu-c"))
+        ray_cluster.remove_node(ray_cluster.nodes_by_name.pop("gpu-d"))
         jobs = d.wait_states([job], {"succeeded"}, timeout=60)  # lost, requeued, run again elsewhere
-        assert jobs[job]["node"] != "gpu-c"
+        assert jobs[job]["node"] != "gpu-d"
         assert alive(stray_pid), "the removed node's job died with it: nothing stray to show here"
         # a node of the same name joins again, with the same state dir: the stray goes
-        ray_cluster.nodes_by_name["gpu-c"] = add_node(ray_cluster, "gpu-c")
+        ray_cluster.nodes_by_name["gpu-d"] = add_node(ray_cluster, "gpu-d")
         deadline = time.monotonic() + 60
         while not (strays := [e for e in _log_events(d) if e["type"] == "StrayAttemptKilled"]):
             assert time.monotonic() < deadline, f"no StrayAttemptKilled: {d.stderr()[-2000:]}"
             time.sleep(0.5)
-        assert [(e["node"], e["job"], e["attempt"], e["pid"]) for e in strays] == [("gpu-c", job, 1, stray_pid)]
+        assert [(e["node"], e["job"], e["attempt"], e["pid"]) for e in strays] == [("gpu-d", job, 1, stray_pid)]
         assert not alive(stray_pid)
-        _wait_nodes_up(d, ("gpu-a", "gpu-c"))
+        _wait_nodes_up(d, ("gpu-a", "gpu-d"))
         events = _log_events(d)
         kinds = [e["type"] for e in events if e.get("job") == job]
         assert "JobLost" in kinds and "JobRequeued" in kinds

@@ -120,6 +120,7 @@ def test_a_node_cut_off_stops_its_job_before_the_job_starts_again_elsewhere(
     script.write_text(WRITER)
     raylet = ray_cluster.nodes_by_name["gpu-b"].all_processes["raylet"][0].process.pid
     stopped = False
+    second_pid = 0
     try:
         _wait_nodes_up(d)
         for gpu in ("gpu-a:0", "gpu-a:1"):  # so that the job lands on gpu-b
@@ -197,6 +198,8 @@ def test_a_node_cut_off_stops_its_job_before_the_job_starts_again_elsewhere(
         if stopped:
             os.kill(raylet, signal.SIGCONT)
         d.stop()
+        if second_pid and alive(second_pid):  # the test's own job, which would run on till the cluster's end
+            os.kill(second_pid, signal.SIGKILL)
     # a NodeFenced is a fact only: replay under the recorded policy reproduces every placement
     simulate(load_source(d.state_dir), RECORDED, tmp_path / "replay")
     assert compare_placements(d.state_dir / "log", tmp_path / "replay" / "log") is None
