@@ -15,10 +15,9 @@ from typing import Any
 import duckdb
 
 from eventsched.projections.history import History, HistoryError
-from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, needs_daemon, plain
+from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, SqlError
 
-__all__ = ["query", "query_typed", "SqlError", "needs_daemon", "check_read_only", "QueryRefused", "harden",
-           "plain", "EXIT_OK", "EXIT_ERROR", "EXIT_BAD_QUERY"]
+__all__ = ["query", "query_typed", "SqlError", "check_read_only", "QueryRefused", "harden"]
 
 
 # Everything else (SET, RESET, ATTACH, COPY, INSTALL, LOAD, CALL, ...) is refused.

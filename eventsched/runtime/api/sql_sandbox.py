@@ -35,9 +35,8 @@ import duckdb
 import msgspec
 
 from eventsched.projections.history import History, HistoryError
-from eventsched.projections.sql import (
-    EXIT_BAD_QUERY, EXIT_ERROR, QueryRefused, SqlError, _one_line, check_read_only, harden, plain,
-)
+from eventsched.projections.sql import QueryRefused, _one_line, check_read_only, harden
+from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, SqlError, plain
 
 __all__ = ["SqlLimits", "SqlRunner", "drop_privileges", "main"]
 
