@@ -8,7 +8,7 @@ import os
 import sys
 
 from eventsched.cli.commands import ALIASES, COMMANDS
-from eventsched.cli.connect import client
+from eventsched.cli.connect import client, state_dir_of
 from eventsched.cli.errors import UserError, fail, refusal_exit
 from eventsched.domain.dedupe import SESSION_ENV, content_key  # noqa: F401  # SESSION_ENV: re-exported
 from eventsched.domain.paths import socket_location
@@ -20,7 +20,6 @@ from eventsched.domain.units import format_duration as human_duration
 TYPE_CHECKING = False  # typing is costly to import for every CLI call; mypy reads this as True
 if TYPE_CHECKING:
     import argparse
-    from pathlib import Path
     from typing import Any, Callable
 
     from eventsched.domain.events import JobSpec
@@ -174,17 +173,17 @@ def cmd_queue(args: argparse.Namespace) -> int:
     for j in jobs:
         array = j.get("array_id")
         if array is not None and not args.expand:  # an array: one line, where its first listed task is
-            if array not in folded:
-                folded.add(array)
-                rows.append(array_row([t for t in jobs if t.get("array_id") == array], now))
-                tenant_of.append(j.get("tenant") or "")
-            continue
+            if array in folded:
+                continue
+            folded.add(array)
+            rows.append(array_row([t for t in jobs if t.get("array_id") == array], now))
+        else:
+            elapsed = (now - j["submitted_at"] if j["state"] == JobState.QUEUED else None if j["started_at"] is None
+                       else (j["ended_at"] or now) - j["started_at"])
+            rows.append([j["id"], j["name"][:24], j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
+                         ",".join(map(str, j["gpu_ids"])) or "-", human_duration(elapsed),
+                         "" if j["exit_code"] is None else j["exit_code"], _short_reason(j)])
         tenant_of.append(j.get("tenant") or "")
-        elapsed = (now - j["submitted_at"] if j["state"] == JobState.QUEUED else None if j["started_at"] is None
-                   else (j["ended_at"] or now) - j["started_at"])
-        rows.append([j["id"], j["name"][:24], j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
-                     ",".join(map(str, j["gpu_ids"])) or "-", human_duration(elapsed),
-                     "" if j["exit_code"] is None else j["exit_code"], _short_reason(j)])
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
     nodes = {j.get("node") for j in jobs if j.get("node")}
     if len(nodes) > 1 and len(rows) == len(jobs):  # jobs on several nodes (arrays unfolded)
@@ -239,8 +238,9 @@ def compact_indices(indices: list[int]) -> str:
 
 def _short_reason(job: dict) -> str:
     """The REASON column: why it waits (or GPU flags), cut to fit; `explain` tells it all."""
-    text = job.get("reason") or gpu_flags(job)  # a running job's: its GPU memory and idleness
-    return text if len(text) <= 60 else text[:57] + "..."
+    from eventsched.cli.status_detail import cut
+
+    return cut(job.get("reason") or gpu_flags(job))  # a running job's flags: its GPU memory and idleness
 
 
 def gpu_flags(job: dict) -> str:
@@ -414,7 +414,7 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
         ended = print_output(c, job, follow=follow, detach_message=detach_message)
         return job_exit_status(ended) if exit_status and ended else 0
     info = c.request(protocol.JobLogPath(job=job))
-    path, state, position, next_check = info["path"], info["state"], 0, 0.0
+    path, position, next_check = info["path"], 0, 0.0
     try:
         while True:
             try:
@@ -425,13 +425,12 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
                 position += len(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
-            if not follow or state in FINAL:
+            if not follow or info["state"] in FINAL:
                 break
             if time.monotonic() >= next_check:
                 info = c.request(protocol.JobLogPath(job=job))
-                state = info["state"]
                 next_check = time.monotonic() + 0.5
-                if state in FINAL:
+                if info["state"] in FINAL:
                     continue  # one more read catches the last output
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -474,14 +473,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
         status = follow_output(c, args.job, follow=args.follow)
         card_after_logs(args, c)
         return status
-
-
-def state_dir_of(args: argparse.Namespace) -> Path:
-    from pathlib import Path
-
-    from eventsched.domain.paths import default_state_dir
-
-    return Path(args.state_dir) if args.state_dir else default_state_dir()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

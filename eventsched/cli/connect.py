@@ -9,6 +9,7 @@ from eventsched.domain.paths import socket_location
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
 
     from eventsched.wire.client import Client
 
@@ -19,6 +20,14 @@ def client(args: argparse.Namespace) -> Client:
 
         return from_environment()  # type: ignore[return-value]  # the same methods, over HTTP
     return socket_client(args)
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    from pathlib import Path
+
+    from eventsched.domain.paths import default_state_dir
+
+    return Path(args.state_dir) if args.state_dir else default_state_dir()
 
 
 def socket_client(args: argparse.Namespace) -> Client:

@@ -5,7 +5,6 @@ are read-only SQL over the read model, asked as ``eventsched sql`` asks."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -19,20 +18,10 @@ __all__ = ["card_of", "render_card", "card_after_logs", "cmd_report", "usage_sql
 
 def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
     """Rows of read-only ``sql`` over the history: the daemon answers where this user cannot read the log."""
-    from pathlib import Path
+    from eventsched.cli.connect import state_dir_of
+    from eventsched.cli.status_history import query_for
 
-    from eventsched.cli.sql import ask_daemon
-    from eventsched.domain.paths import default_state_dir, socket_location
-    from eventsched.projections.sql_values import needs_daemon
-
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
-    if needs_daemon(state_dir):
-        answer = ask_daemon(args.socket or socket_location(args.state_dir), sql, 180.0)
-        columns, rows = answer["columns"], answer["rows"]
-    else:
-        from eventsched.projections.sql import query
-
-        columns, rows = query(state_dir, sql)
+    columns, rows = query_for(state_dir_of(args), args.socket, timeout_s=180.0)(sql)
     return [dict(zip(columns, row)) for row in rows]
 
 
@@ -113,8 +102,8 @@ def _markdown(columns: list[str], rows: list[list[str]]) -> str:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from eventsched.cli.errors import fail
-    from eventsched.cli.sql import _cell, format_csv, format_table
-    from eventsched.projections.sql_values import SqlError, plain
+    from eventsched.cli.sql import _cell, print_result
+    from eventsched.projections.sql_values import SqlError
     from eventsched.runtime.config import ConfigError, load_config
 
     try:
@@ -128,12 +117,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         fail(str(exc))
     columns = list(rows[0]) if rows else ["jobs", "gpu_hours"]
     values = [tuple(r.values()) for r in rows]
-    if args.format == "csv":
-        format_csv(columns, values, sys.stdout)
-    elif args.format == "json":
-        print(json.dumps([{k: plain(v) for k, v in r.items()} for r in rows]))
-    elif args.format == "markdown":
+    if args.format == "markdown":
         print(_markdown(columns, [[_cell(v) for v in row] for row in values]))
     else:
-        print(format_table(columns, values))
+        print_result(columns, values, args.format, sys.stdout)
     return 0

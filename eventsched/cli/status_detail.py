@@ -10,10 +10,10 @@ from typing import Any
 from eventsched.domain.text import table
 from eventsched.domain.units import format_duration
 
-__all__ = ["render_detailed"]
+__all__ = ["cut", "render_detailed"]
 
 
-def _cut(text: str, width: int = 60) -> str:
+def cut(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -30,10 +30,10 @@ def render_detailed(status: dict[str, Any], brief: str) -> str:
         for g in status["gpus"]])
     now = time.time()
     order = {"running": 0, "queued": 1, "held": 2}
-    rows = [[j["id"], _cut(j["name"], 24), j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
+    rows = [[j["id"], cut(j["name"], 24), j["user"], j["state"], j["priority"], f"{j['gpus']:g}",
              ",".join(map(str, j["gpu_ids"])) or "-", f"{j['gpu_mem_mib']} MiB" if j["gpu_mem_mib"] else "-",
              format_duration(now - (j["started_at"] if j["state"] == "running" and j["started_at"] else j["submitted_at"])),
-             _cut(shlex.join(j["command"]))]
+             cut(shlex.join(j["command"]))]
             for j in sorted(status["jobs"], key=lambda j: (order.get(j["state"], 3), j["id"]))]
     jobs = table(["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "GPU MEM", "TIME", "COMMAND"], rows) if rows \
         else "no queued or running jobs"

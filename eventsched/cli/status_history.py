@@ -18,8 +18,10 @@ import os
 import time
 from typing import Any, Callable
 
+from eventsched.domain.units import UnitError, format_duration, parse_duration
+
 __all__ = ["HOLD_S", "SPARK", "fetch_history", "history_query", "parse_window", "render_history",
-           "series_from_rows", "span_text", "sparkline", "StatusHistory", "query_for", "via_socket"]
+           "series_from_rows", "sparkline", "StatusHistory", "query_for", "via_socket"]
 
 SPARK = "▁▂▃▄▅▆▇█"
 BLOCKS = " ▏▎▍▌▋▊▉█"
@@ -34,8 +36,6 @@ Query = Callable[[str], tuple[list[str], list[Any]]]
 
 def parse_window(text: str) -> float:
     """``--history``'s window in seconds (``30m``, ``1h``, ``1d``, ``900``); UserError-ready message on bad input."""
-    from eventsched.domain.units import UnitError, parse_duration
-
     try:
         seconds = parse_duration(text)
     except UnitError:
@@ -105,19 +105,16 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
             g["before"] = (float(last_ts), float(last_util), float(last_mem))
     out = []
     for (node, index), g in sorted(gpus.items()):
-        util: list[float | None] = []
-        mem: list[float | None] = []
-        held: tuple[float, float, float] | None = g["before"]
+        readings: list[tuple[float | None, float | None]] = []
+        held: tuple[float, float, float] | None = g["before"]  # (when, utilisation, memory) of the last reading
         for i in range(buckets):
-            seen = g["by_bucket"].get(i)
-            if seen is not None:
+            if (seen := g["by_bucket"].get(i)) is not None:
                 held = seen[2:]
-                reading = seen[:2]
+                readings.append(seen[:2])
             else:
                 fresh = held is not None and start + i * bucket_s - held[0] <= HOLD_S
-                reading = held[1:] if fresh and held is not None else (None, None)
-            util.append(reading[0])
-            mem.append(reading[1])
+                readings.append(held[1:] if fresh and held is not None else (None, None))
+        util, mem = [u for u, _ in readings], [m for _, m in readings]
         known_util = [u for u in util if u is not None]
         known_mem = [m for m in mem if m is not None]
         out.append({
@@ -168,12 +165,6 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
     return "█" * (eighths // 8) + (BLOCKS[eighths % 8] if eighths % 8 else "")
 
 
-def span_text(seconds: float) -> str:  # 3600 -> 1h, 0.5 -> 0.5s
-    from eventsched.domain.units import format_duration
-
-    return format_duration(seconds, "span")
-
-
 def _gib(mib: float | None) -> str:
     return "-" if mib is None else f"{mib / 1024:.1f} GiB"
 
@@ -185,8 +176,8 @@ def _pct(value: float | None) -> str:
 def render_history(h: dict[str, Any]) -> str:
     """The text ``status --history`` prints after the status table."""
     since = "" if h["window_s"] >= h.get("asked_s", h["window_s"]) - 1e-6 else ", since the first sample"
-    lines = [f"History, last {span_text(h['window_s'])}{since} (one column per {span_text(h['bucket_s'])}; "
-             f"▁ idle/empty … █ 100% or full; blank: no sample)"]
+    lines = [f"History, last {format_duration(h['window_s'], 'span')}{since} "
+             f"(one column per {format_duration(h['bucket_s'], 'span')}; ▁ idle/empty … █ 100% or full; blank: no sample)"]
     if not h["gpus"]:
         lines.append("  no GPU samples yet")
     for g in h["gpus"]:
@@ -208,7 +199,7 @@ def render_history(h: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
+def query_for(state_dir: str | os.PathLike[str], socket: str | None, timeout_s: float = 60.0) -> Query:
     """Run SQL here when this user can read the log, else ask the daemon (as ``eventsched sql`` does)."""
     from eventsched.domain.paths import socket_location
     from eventsched.projections.sql_values import needs_daemon
@@ -217,7 +208,7 @@ def query_for(state_dir: str | os.PathLike[str], socket: str | None) -> Query:
         from eventsched.projections.sql import query
 
         return lambda sql: query(state_dir, sql)
-    return via_socket(socket or socket_location(state_dir))
+    return via_socket(socket or socket_location(state_dir), timeout_s)
 
 
 def via_socket(socket_path: str | os.PathLike[str], timeout_s: float = 60.0) -> Query:
@@ -242,7 +233,6 @@ class StatusHistory:
         self._read_at = -math.inf
 
     def data(self) -> dict[str, Any]:
-        from eventsched.domain.units import UnitError  # printed by the CLI as one line
         from eventsched.projections.sql_values import SqlError
 
         if self._data is None or time.monotonic() - self._read_at >= REFRESH_S:

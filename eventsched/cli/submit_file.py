@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from eventsched.domain.jobsfile import line_source, line_spec, parse_jobs_text, unreported
@@ -100,9 +100,6 @@ class Outcome:
     skipped: list[dict[str, int]] = field(default_factory=list)
     errors: list[dict[str, int | str]] = field(default_factory=list)
 
-    def json(self) -> dict[str, list]:
-        return {"ids": self.ids, "skipped": self.skipped, "errors": self.errors}
-
 
 @dataclass
 class JobsFile:
@@ -179,9 +176,9 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
         failed = bool(outcome.errors)
         if args.json:
             if args.watch:
-                print(json.dumps(outcome.json()), flush=True)
+                print(json.dumps(asdict(outcome)), flush=True)
             else:
-                print_json(outcome.json())
+                print_json(asdict(outcome))
         elif outcome.skipped:
             n = len(outcome.skipped)
             why = "already submitted" + (" or identical to a queued, running or succeeded job" if args.dedupe else "")
@@ -234,4 +231,4 @@ def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bo
         trouble = ""
         failed = failed or bool(outcome.errors)
         if args.json and (outcome.ids or outcome.skipped or outcome.errors):
-            print(json.dumps(outcome.json()), flush=True)
+            print(json.dumps(asdict(outcome)), flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable
 
 from eventsched.cli.connect import socket_client as _client
 from eventsched.domain.text import print_json, table
@@ -36,14 +36,8 @@ def _budget(b: dict[str, Any]) -> str:
 
 
 def _quota(q: dict[str, Any]) -> str:
-    parts = []
-    if q["gpus"] is not None:
-        parts.append(f"{q['gpus']:g} GPUs")
-    if q["gpu_mem_mib"] is not None:
-        parts.append(f"{q['gpu_mem_mib']} MiB")
-    if q["jobs"] is not None:
-        parts.append(f"{q['jobs']} jobs")
-    return ", ".join(parts) or "-"
+    units = (("gpus", "{:g} GPUs"), ("gpu_mem_mib", "{} MiB"), ("jobs", "{} jobs"))
+    return ", ".join(unit.format(q[key]) for key, unit in units if q[key] is not None) or "-"
 
 
 def cmd_tenant(args: argparse.Namespace) -> int:
@@ -66,22 +60,18 @@ def cmd_tenant(args: argparse.Namespace) -> int:
             base["gpu_hours_per_month"] = r["budget"]["gpu_hours_per_month"]
         if r["budget"]["action"]:
             base["budget_action"] = r["budget"]["action"]
-    if args.users is not None:
-        base["users"] = _names(args.users)
     for key, text in (("gpus", args.gpus), ("gpu_mem_mib", args.gpu_mem), ("jobs", args.jobs),
                       ("gpu_hours_per_month", args.gpu_hours_per_month)):
         if text == "none":
             base.pop(key, None)
         elif text is not None:
             base[key] = _number(key, text)
-    if args.weight is not None:
-        base["weight"] = args.weight
-    if args.preemptible is not None:
-        base["preemptible"] = args.preemptible == "yes"
-    if args.default_for is not None:
-        base["default_for"] = _names(args.default_for)
-    if args.budget_action is not None:
-        base["budget_action"] = "" if args.budget_action == "default" else args.budget_action
+    as_given: dict[str, Callable[[Any], Any]] = {
+        "users": _names, "weight": float, "preemptible": lambda yes_no: yes_no == "yes", "default_for": _names,
+        "budget_action": lambda action: "" if action == "default" else action}
+    for key, convert in as_given.items():
+        if (value := getattr(args, key)) is not None:
+            base[key] = convert(value)
     try:
         tenant = msgspec.convert(base, Tenant)
     except msgspec.ValidationError as exc:

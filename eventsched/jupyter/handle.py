@@ -11,14 +11,12 @@ from __future__ import annotations
 import html
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from eventsched.domain.states import FINAL
+from eventsched.jupyter.whatif import Alternatives, Rows, alternatives_of, job_whatif
 from eventsched.jupyter.widgets import STATE_COLOURS, render_explanation_html, render_jobs_html, render_jobs_text
 from eventsched.wire.client import Client, read_new_output
-
-if TYPE_CHECKING:
-    from eventsched.jupyter.whatif import Alternatives
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]
 
@@ -55,25 +53,12 @@ class Message:
         return f"<p class='es-message'>{html.escape(self.text)}</p>"
 
 
-class JobTable:
-    """A list of jobs (``queue --json`` shape); ``.to_dataframe()`` for pandas."""
+class JobTable(Rows):
+    """A list of jobs (``queue --json`` shape)."""
 
     def __init__(self, jobs: list[dict[str, Any]], empty: str = "no jobs") -> None:
-        self.jobs, self.empty = jobs, empty
-
-    def __len__(self) -> int:
-        return len(self.jobs)
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(self.jobs)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.jobs[i]
-
-    def to_dataframe(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame(self.jobs)
+        self.jobs = self.rows = jobs
+        self.empty = empty
 
     def __repr__(self) -> str:
         return render_jobs_text(self.jobs, time.time(), self.empty)
@@ -125,17 +110,12 @@ class JobHandle:
         """Block until the job has finished; return its final state. Raises
         ``TimeoutError`` after ``timeout`` seconds; an interrupt stops the waiting, not the job."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._client() as c:
-            while True:
-                state = next((j["state"] for j in c.jobs(all=True) if j["id"] == self.id), None)
-                if state is None:
-                    raise LookupError(f"the daemon knows no job {self.id}")
-                if state in FINAL:
-                    self._settle_displays()
-                    return state
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"job {self.id} is still {state} after {timeout:g}s")
-                time.sleep(poll)
+        while (state := self.state) not in FINAL:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} is still {state} after {timeout:g}s")
+            time.sleep(poll)
+        self._settle_displays()
+        return state
 
     def _settle_displays(self) -> None:
         from eventsched.jupyter.widgets import existing_watcher
@@ -184,8 +164,6 @@ class JobHandle:
         """When would this queued job start had it asked for ``gpus`` GPUs
         and/or ``gpu_mem`` MiB of GPU memory (one value or several), beside
         its own request: the forecast and its 80 % range, as ``explain`` gives."""
-        from eventsched.jupyter.whatif import alternatives_of, job_whatif
-
         return job_whatif(self.socket_path, self.id, alternatives_of(gpus, gpu_mem))
 
     def cancel(self) -> "JobHandle":

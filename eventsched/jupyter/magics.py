@@ -220,10 +220,7 @@ class EventschedMagics(Magics):
     scheduler_gpus = Unicode("", help="--gpus for `%gpuscheduler start` when none is given, e.g. 'fake:4'.").tag(config=True)
     cell_dir = Unicode("", help="Where %%gpusubmit saves cells as scripts; default the kernel's working directory.").tag(config=True)
     python = Unicode(sys.executable, help="Interpreter that runs %%gpusubmit cells.").tag(config=True)
-
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell=shell, **kwargs)
-        self._started: subprocess.Popen[bytes] | None = None
+    _started: subprocess.Popen[bytes] | None = None  # the daemon `%gpuscheduler start` started
 
     def resolve_state_dir(self, args: argparse.Namespace | None = None) -> Path:
         given = getattr(args, "state_dir", None) or self.state_dir

@@ -139,14 +139,20 @@ def explain(c: Client, job: int) -> dict[str, Any]:
 
 
 class DaemonHandler(APIHandler):
-    async def answer(self, ask: Callable[[Client], dict[str, Any]]) -> None:
-        """``ask`` the daemon in a thread (the client blocks); a refusal or an
+    """The route's ``ask(client, job, ...)`` of the daemon, as JSON."""
+
+    def initialize(self, ask: Callable[..., dict[str, Any]]) -> None:
+        self.ask = ask
+
+    async def answer(self, job: str | None, *more: str) -> None:
+        """Ask the daemon in a thread (the client blocks); a refusal or an
         absent daemon is a one-line message with ``ok: false``."""
+        parts: tuple[Any, ...] = () if job is None else (int(job), *more)
 
         def run() -> dict[str, Any]:
             try:
                 with Client(timeout=10.0) as c:
-                    return ask(c)
+                    return self.ask(c, *parts)
             except ClientError as exc:
                 return {"ok": False, "message": str(exc).splitlines()[0]}
             except OSError as exc:
@@ -155,28 +161,16 @@ class DaemonHandler(APIHandler):
         self.finish(json.dumps(await asyncio.to_thread(run), default=str))
 
 
-class StateHandler(DaemonHandler):
+class ReadHandler(DaemonHandler):
     @tornado.web.authenticated
-    async def get(self) -> None:
-        await self.answer(snapshot)
-
-
-class ExplainHandler(DaemonHandler):
-    @tornado.web.authenticated
-    async def get(self, job: str) -> None:
-        await self.answer(lambda c: explain(c, int(job)))
-
-
-class OutputHandler(DaemonHandler):
-    @tornado.web.authenticated
-    async def get(self, job: str) -> None:
-        await self.answer(lambda c: output(c, int(job)))
+    async def get(self, job: str | None = None) -> None:
+        await self.answer(job)
 
 
 class ActionHandler(DaemonHandler):
     @tornado.web.authenticated
     async def post(self, job: str, action: str) -> None:
-        await self.answer(lambda c: act(c, int(job), action))
+        await self.answer(job, action)
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -187,8 +181,8 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
     web_app = server_app.web_app
     base = url_path_join(web_app.settings["base_url"], "eventsched")
     web_app.add_handlers(".*$", [
-        (url_path_join(base, "state"), StateHandler),
-        (url_path_join(base, r"jobs/(\d{1,18})/explain"), ExplainHandler),
-        (url_path_join(base, r"jobs/(\d{1,18})/output"), OutputHandler),
-        (url_path_join(base, r"jobs/(\d{1,18})/(cancel|hold|release)"), ActionHandler),
+        (url_path_join(base, "state"), ReadHandler, {"ask": snapshot}),
+        (url_path_join(base, r"jobs/(\d{1,18})/explain"), ReadHandler, {"ask": explain}),
+        (url_path_join(base, r"jobs/(\d{1,18})/output"), ReadHandler, {"ask": output}),
+        (url_path_join(base, r"jobs/(\d{1,18})/(cancel|hold|release)"), ActionHandler, {"ask": act}),
     ])

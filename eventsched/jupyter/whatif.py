@@ -16,14 +16,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import msgspec
 
 from eventsched.domain.text import table as aligned
 from eventsched.domain.units import UnitError, format_duration, parse_duration
 
-__all__ = ["whatif", "Comparison", "job_whatif", "Alternatives", "in_window"]
+__all__ = ["whatif", "Comparison", "job_whatif", "Alternatives", "in_window", "Rows"]
 
 DEFAULT_POLICIES = ("fifo", "best-fit", "sjf-backfill")
 CHART = (("mean_wait_s", "mean wait"), ("p95_wait_s", "p95 wait"), ("makespan_s", "makespan"))
@@ -96,20 +96,34 @@ def _time_unit(seconds: float) -> tuple[str, float]:
     return next(((u, size) for u, size in UNITS if seconds >= 3 * size), UNITS[-1])
 
 
-class Comparison:
+class Rows:
+    """A result table: ``rows`` (one dict each), as a sequence; ``.to_dataframe()`` for pandas."""
+
+    rows: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.rows[i]
+
+    def to_dataframe(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+
+class Comparison(Rows):
     """The what-if table: ``rows`` (one dict per policy, the recording first
     when the source is a log; the same figures as ``eventsched replay --json``),
     ``table`` (that whole JSON), ``to_dataframe()``, ``chart_png()``."""
 
     def __init__(self, table: dict[str, Any]) -> None:
         self.table = table
-        self.rows: list[dict[str, Any]] = table["replays"]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.rows[i]
+        self.rows = table["replays"]
 
     def row(self, policy: str) -> dict[str, Any]:
         return next(r for r in self.rows if r["policy"] == policy)
@@ -206,27 +220,16 @@ def alternatives_of(gpus: float | Sequence[float] = (),
     return list(dict.fromkeys(pairs))
 
 
-class Alternatives:
+class Alternatives(Rows):
     """A queued job's forecast start under its own request and each
     alternative (``rows``; the first is its own), as ``explain`` forecasts."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self.job, self.made_at = answer["job"], answer["made_at"]
         self.assumptions: str = answer.get("assumptions", "")
-        self.rows: list[dict[str, Any]] = answer["alternatives"]
+        self.rows = answer["alternatives"]
         for i, r in enumerate(self.rows):
             r["request"] = _request_text(r["gpus"], r["gpu_mem_mib"]) + (" (as asked)" if i == 0 else "")
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.rows[i]
-
-    def to_dataframe(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame(self.rows)
 
     def _cells(self) -> list[list[str]]:
         return [[r["request"], r["text"]] for r in self.rows]

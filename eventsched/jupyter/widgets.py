@@ -144,11 +144,6 @@ def _gpu(model: PanelModel, node: str, gpu: int) -> dict[str, Any]:
     )
 
 
-def _on_gpu_errored(m: PanelModel, e: ev.GpuErrored) -> None:
-    if (e.node, e.gpu) in m.gpus and e.lost:
-        m.gpus[(e.node, e.gpu)]["lost"] = True
-
-
 def _on_job_submitted(m: PanelModel, e: ev.JobSubmitted) -> None:
     s = e.spec
     m.jobs[e.job] = {
@@ -205,7 +200,7 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
         utilization=e.utilization, memory_used_mib=e.memory_used_mib, memory_total_mib=e.memory_total_mib,
         temperature_c=e.temperature_c, foreign_processes=[
             {"pid": p.pid, "user": p.user or str(p.uid), "used_mib": p.used_mib} for p in e.foreign_processes]),
-    ev.GpuErrored: _on_gpu_errored,
+    ev.GpuErrored: lambda m, e: m.gpus[(e.node, e.gpu)].update(lost=True) if e.lost and (e.node, e.gpu) in m.gpus else None,
     ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True, paused_reason=e.reason),
     ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False, paused_reason=""),
     # the bookings are drawn from the daemon's list: an event only says it changed
@@ -287,12 +282,20 @@ def _job_cells(job: dict[str, Any], now: float) -> list[str]:
     ]
 
 
+def _empty_html(text: str) -> str:
+    return f"<p class='es-empty'><i>{html.escape(text)}</i></p>"
+
+
+def _head_html(widths: tuple[int, ...] = ()) -> str:
+    return "".join(f"<th style='text-align:left;padding:0 8px{f';width:{widths[i]}px' if widths else ''}'>{c}</th>"
+                   for i, c in enumerate(JOB_COLUMNS))
+
+
 def render_jobs_html(jobs: list[dict[str, Any]], now: float, empty: str = "no jobs") -> str:
     if not jobs:
-        return f"<p class='es-empty'><i>{html.escape(empty)}</i></p>"
-    head = "".join(f"<th style='text-align:left;padding:0 8px'>{c}</th>" for c in JOB_COLUMNS)
+        return _empty_html(empty)
     rows = "".join(job_row_html(job, now) for job in jobs)
-    return f"<table class='es-jobs'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    return f"<table class='es-jobs'><thead><tr>{_head_html()}</tr></thead><tbody>{rows}</tbody></table>"
 
 
 # fixed column widths (px) where a job's row stands alone, as beside its buttons
@@ -313,8 +316,7 @@ def slot_html(job: dict[str, Any], now: float) -> str:
 
 
 def slot_header_html() -> str:
-    tds = "".join(f"<th style='text-align:left;padding:0 8px;width:{w}px'>{c}</th>" for c, w in zip(JOB_COLUMNS, SLOT_WIDTHS))
-    return f"<table class='es-jobs' style='table-layout:fixed'><tr>{tds}</tr></table>"
+    return f"<table class='es-jobs' style='table-layout:fixed'><tr>{_head_html(SLOT_WIDTHS)}</tr></table>"
 
 
 def actions_for(state: str) -> set[str]:
@@ -402,16 +404,15 @@ def _step_path(values: list[float | None], top: float) -> str:
 
 def render_history_html(h: dict[str, Any]) -> str:
     """Per GPU a small utilisation (blue) and memory (orange) chart; per user a GPU-hours bar for the day."""
-    from eventsched.cli.status_history import span_text
-
     esc = html.escape
     rows = []
     for g in h["gpus"]:
         name = f"{g['node']}:{g['gpu']}"
         total = float(g["memory_total_mib"] or max([m for m in g["memory_used_mib"] if m is not None] or [0]))
         util_last, mem_last = g["utilization_last"], g["memory_used_mib_last"]
-        title = (f"GPU {name}, last {span_text(h['window_s'])}: utilisation mean {_fmt(g['utilization_mean'], '%')}, "
-                 f"peak {_fmt(g['utilization_peak'], '%')}; memory peak {_fmt(g['memory_used_mib_peak'], ' MiB')}")
+        title = (f"GPU {name}, last {human_duration(h['window_s'], 'span')}: "
+                 f"utilisation mean {_fmt(g['utilization_mean'], '%')}, peak {_fmt(g['utilization_peak'], '%')}; "
+                 f"memory peak {_fmt(g['memory_used_mib_peak'], ' MiB')}")
         rows.append(
             f"<tr class='es-history-gpu' data-gpu='{esc(name)}'><td style='padding:0 8px'>GPU {g['gpu']}</td><td>"
             f"<svg class='es-spark' data-gpu='{esc(name)}' width='{SPARK_W}' height='{SPARK_H}' "
@@ -441,8 +442,8 @@ def render_history_html(h: dict[str, Any]) -> str:
     height = max(1, len(users)) * row_h
     chart = (f"<svg class='es-user-hours' width='{label_w + bar_w + 90}' height='{height}' role='img' "
              f"aria-label='GPU time per user today'>{''.join(bars)}</svg>" if users
-             else "<p class='es-empty'><i>no GPU time yet today</i></p>")
-    return (f"<div class='es-history'><p style='margin:4px 0'><b>last {span_text(h['window_s'])}</b> · "
+             else _empty_html("no GPU time yet today"))
+    return (f"<div class='es-history'><p style='margin:4px 0'><b>last {human_duration(h['window_s'], 'span')}</b> · "
             f"<span style='color:{UTIL_COLOUR}'>utilisation</span> and "
             f"<span style='color:{MEM_COLOUR}'>memory</span> per GPU</p><table>{''.join(rows)}</table>"
             f"<p style='margin:4px 0'><b>GPU time today</b> ({esc(h['day'])}, UTC)</p>{chart}</div>")
@@ -641,7 +642,7 @@ def _panel_class() -> type:
                     css = f"es-gpu-{key[1]}" if len(by_node) == 1 else f"es-gpu-{key[0]}-{key[1]}"
                     rows.append(w.HBox([bar, info], _dom_classes=["es-gpu", css]))
             self.gpu_box = w.VBox(rows)
-            self.history_html = w.HTML(value="<p class='es-empty'><i>reading the last hour…</i></p>")
+            self.history_html = w.HTML(value=_empty_html("reading the last hour…"))
             self.history_html.add_class("es-history-box")
             self._history_lock = threading.Lock()
             self._history_busy, self._history_at = False, -HISTORY_REFRESH_S
@@ -696,7 +697,7 @@ def _panel_class() -> type:
 
         def _update_rows(self, jobs: list[dict[str, Any]], now: float) -> None:
             more = len(jobs) - len(self.rows)
-            self.jobs_html.value = (slot_header_html() if jobs else "<p class='es-empty'><i>no jobs yet</i></p>") + (
+            self.jobs_html.value = (slot_header_html() if jobs else _empty_html("no jobs yet")) + (
                 f"<p class='es-more'><i>{more} more not shown (%gpuqueue lists them all)</i></p>" if more > 0 else "")
             for row, job in zip(self.rows, [*jobs, *[None] * (len(self.rows) - len(jobs))]):
                 if job is None:
@@ -767,7 +768,7 @@ def _panel_class() -> type:
                 data = fetch_history(via_socket(self.socket_path), HISTORY_WINDOW_S)
                 self.history_html.value = render_history_html(data)
             except Exception as exc:  # shown in the panel, never raised into a cell
-                self.history_html.value = f"<p class='es-empty'><i>history: {html.escape(str(exc))}</i></p>"
+                self.history_html.value = _empty_html(f"history: {exc}")
             finally:
                 with self._history_lock:
                     self._history_at, self._history_busy = time.monotonic(), False
@@ -776,7 +777,7 @@ def _panel_class() -> type:
             try:
                 self.bookings_html.value = render_bookings_html(self.socket_path)
             except Exception as exc:  # shown in the panel, never raised into a cell
-                self.bookings_html.value = f"<p class='es-empty'><i>reservations: {html.escape(str(exc))}</i></p>"
+                self.bookings_html.value = _empty_html(f"reservations: {exc}")
 
         def _redraw_tail(self) -> None:
             job = self.job_select.value
