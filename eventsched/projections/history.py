@@ -4,20 +4,9 @@ Schema and example queries: ``docs/history-schema.md``. Times are DOUBLE UNIX
 seconds (like ``queue --json``); durations are seconds; views add DATE /
 TIMESTAMP columns (UTC) where grouping by calendar time is the point.
 
-Shape of the model
-------------------
-* *Raw tables* are appended to, column-wise, straight from the log's frames:
-  ``job_events``, ``submissions``, ``job_updates``, ``placement_events`` (one row per GPU),
-  ``gpu_samples``, ``gpu_events``, ``daemon_events``. They never change once
-  written, which is what keeps catch-up a cheap bulk insert.
-* *Derived tables* ``jobs``, ``placements`` and ``gpus`` are recomputed by SQL
-  from the raw tables, but only for the jobs (or GPUs) touched by the events
-  just ingested, so catch-up cost follows the new events, not the history.
-* ``_position`` holds the last log sequence included; it is updated in the same
-  transaction as the rows, so the file is always a fold of an exact log prefix.
-* Catch-up reads the log's frames undecoded (``history_frames``) and turns
-  each chunk into Arrow tables while a writer thread inserts the previous one
-  (``history_fold``); DuckDB scans Arrow without the GIL, so the two overlap.
+The tables and views are ``history_schema``'s; catch-up folds the log's
+frames into them (``history_frames``, ``history_fold``), recording the last
+sequence included in ``_position`` in the same transaction as the rows.
 
 Ownership and concurrency
 -------------------------
@@ -240,9 +229,7 @@ class History:
         Do not write through it (the file one is read-only anyway).
         """
         if self.force_memory:
-            self._catch_up_memory()
-            self.last_mode = "memory-log"
-            yield self._mem  # type: ignore[misc]
+            yield self._memory_from_log()
             return
         try:
             fd = _open_lock(self.lock_path)

@@ -98,16 +98,15 @@ def _records(structs: list[Any]) -> np.ndarray:
         return np.array([_clamped(row, dtype) for row in rows], dtype=dtype)
 
 
-def _build(t: type, events: list[Any], jobs: list[np.ndarray]) -> Iterable[tuple[str, Columns]]:
+def _build(t: type, events: list[Any], jobs: list[np.ndarray]) -> list[tuple[str, Columns]]:
     """(table, columns) for same-typed events; the ids of the jobs among them go to ``jobs``."""
-    builder = _BUILDERS.get(t)
-    if builder is None:
-        return ()  # an event kind this model does not fold
     if t in _JOB_DETAIL:
         rec = _records(events)
         jobs.append(rec["job"])
-        return builder(events, rec)
-    return builder(events, None)
+        more = _JOB_TABLES.get(t)
+        return [("job_events", _job_event_cols(events, rec)), *(more(events, rec) if more else ())]
+    builder = _BUILDERS.get(t)
+    return [] if builder is None else list(builder(events))  # None: an event kind this model does not fold
 
 
 def _touched(jobs: list[np.ndarray]) -> np.ndarray:
@@ -182,20 +181,12 @@ def _job_event_cols(events: list[Any], rec: np.ndarray) -> Columns:
         "type": f"'{t.__name__}'",
         "cause": rec["cause"],
         "detail": _obj(list(map(_JOB_DETAIL[t], events))),
-        "exit_code": rec["exit_code"] if "exit_code" in names else "NULL",
-        "signal": rec["signal"] if "signal" in names else "NULL",
-        "reason": rec["reason"] if "reason" in names else "NULL",
-        # the state an exit ended in, as the core decided it (states.exit_outcome)
-        "outcome": rec["outcome"] if "outcome" in names else "NULL",
+        # outcome: the state an exit ended in, as the core decided it (states.exit_outcome)
+        **{k: rec[k] if k in names else "NULL" for k in ("exit_code", "signal", "reason", "outcome")},
     }
 
 
-def _build_job(events: list[Any], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
-    yield "job_events", _job_event_cols(events, rec)
-
-
 def _build_submitted(events: list[ev.JobSubmitted], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
-    yield "job_events", _job_event_cols(events, rec)
     specs = rec["spec"].tolist()
     s = _records(specs)
     yield "submissions", {
@@ -212,7 +203,6 @@ def _build_submitted(events: list[ev.JobSubmitted], rec: np.ndarray) -> Iterable
 
 
 def _build_placed(events: list[ev.JobPlaced], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
-    yield "job_events", _job_event_cols(events, rec)
     # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
     gpu_ids = rec["gpu_ids"].tolist()
     counts = np.fromiter(map(len, gpu_ids), dtype=np.int64, count=len(gpu_ids))
@@ -227,117 +217,83 @@ def _build_placed(events: list[ev.JobPlaced], rec: np.ndarray) -> Iterable[tuple
 
 
 def _build_updated(events: list[ev.JobUpdated], rec: np.ndarray) -> Iterable[tuple[str, Columns]]:
-    yield "job_events", _job_event_cols(events, rec)
     yield "job_updates", {name: rec[name] for name in ("seq", "ts", "job", "by", *ev.UPDATABLE)}
 
 
-def _build_sampled(events: list[ev.GpuSampled], rec: None) -> Iterable[tuple[str, Columns]]:
+def _cols(rows: list[tuple[Any, ...]], **kinds: str) -> Columns:
+    """Columns named by ``kinds`` (name -> "i8", "f8" or "O") from ``rows`` of values in that order."""
+    return {name: _obj(list(values)) if kind == "O" else np.array(values, dtype=kind)
+            for (name, kind), values in zip(kinds.items(), zip(*rows))}
+
+
+def _build_sampled(events: list[ev.GpuSampled]) -> Iterable[tuple[str, Columns]]:
     r = _records(events)
     yield "gpu_samples", {name: r[name] for name in (
         "seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib", "temperature_c",
         "power_w", "foreign_memory_mib")}
-    held = [(e, job, mib) for e in events for job, mib in e.job_memory_mib.items()]  # one row per job on the GPU
-    if held:
-        yield "job_gpu_memory", {
-            "seq": np.array([e.seq for e, _, _ in held], dtype=np.int64),
-            "ts": np.array([e.ts for e, _, _ in held], dtype=np.float64), "node": _obj([e.node for e, _, _ in held]),
-            "gpu": np.array([e.gpu for e, _, _ in held], dtype=np.int64),
-            "job": np.array([j for _, j, _ in held], dtype=np.int64),
-            "memory_mib": np.array([m for _, _, m in held], dtype=np.int64)}
+    held = [(e.seq, e.ts, e.node, e.gpu, job, mib) for e in events for job, mib in e.job_memory_mib.items()]
+    if held:  # one row per job on the GPU
+        yield "job_gpu_memory", _cols(held, seq="i8", ts="f8", node="O", gpu="i8", job="i8", memory_mib="i8")
 
 
 _GPU_EVENTS = (ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored)
+_GPU_OPTIONAL = ("uuid", "model", "memory_total_mib", "by", "error", "lost")  # None where a type has none
 
 
-def _common(events: list[ev.Event]) -> Columns:
-    return {
-        "seq": np.fromiter((e.seq for e in events), dtype=np.int64, count=len(events)),
-        "ts": np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events)),
-    }
+# GPU, daemon, tenant and forecast events are few: plain attribute access is fast enough.
+def _build_gpu_event(events: list[Any]) -> Iterable[tuple[str, Columns]]:
+    rows = [(e.seq, e.ts, e.node, e.gpu, type(e).__name__, e.cause, *(getattr(e, k, None) for k in _GPU_OPTIONAL))
+            for e in events]
+    yield "gpu_events", _cols(rows, seq="i8", ts="f8", node="O", gpu="i8", type="O", cause="O",
+                              **dict.fromkeys(_GPU_OPTIONAL, "O"))
 
 
-# GPU and daemon events are few: plain attribute access is fast enough.
-def _build_gpu_event(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
-    n = len(events)
-    cols = _common(events)
-    cols["node"] = _obj([e.node for e in events])
-    cols["gpu"] = np.fromiter((e.gpu for e in events), dtype=np.int64, count=n)
-    cols["type"] = _obj([type(e).__name__ for e in events])
-    cols["cause"] = _obj([e.cause for e in events])
-    for name in ("uuid", "model", "memory_total_mib", "by", "error", "lost"):  # None where a type has none
-        cols[name] = _obj([getattr(e, name, None) for e in events])
-    yield "gpu_events", cols
+_DAEMON_DETAIL: dict[type, Callable[[Any], str]] = {
+    ev.DaemonStarted: lambda e: f"pid={e.pid} version={e.version} policy={e.policy} gpus={e.gpu_backend}",
+    ev.DaemonStopped: lambda e: f"reason={e.reason}",
+    ev.PolicyChanged: lambda e: f"policy={e.policy} by={e.by}",
+    ev.NodeJoined: lambda e: f"ray_node={e.ray_node} gpus={e.gpus} backend={e.gpu_backend}",
+    ev.NodeLeft: lambda e: f"reason={e.reason}",
+    ev.NodeActorRestarted: lambda e: f"reason={e.reason}",
+    ev.ClusterDisconnected: lambda e: f"lost={str(e.lost).lower()} reason={e.reason}",
+    ev.StrayAttemptKilled: lambda e: f"job={e.job} attempt={e.attempt} pid={e.pid} reason={e.reason}",
+    ev.NodeFenced: lambda e: f"jobs={_ids(e.jobs)} attempts={_ids(e.attempts)} reason={e.reason}",
+}
 
 
-def _daemon_detail(e: Any) -> str:
-    if isinstance(e, ev.DaemonStarted):
-        return f"pid={e.pid} version={e.version} policy={e.policy} gpus={e.gpu_backend}"
-    if isinstance(e, ev.DaemonStopped):
-        return f"reason={e.reason}"
-    if isinstance(e, ev.NodeJoined):
-        return f"ray_node={e.ray_node} gpus={e.gpus} backend={e.gpu_backend}"
-    if isinstance(e, (ev.NodeLeft, ev.NodeActorRestarted)):
-        return f"reason={e.reason}"
-    if isinstance(e, ev.ClusterDisconnected):
-        return f"lost={str(e.lost).lower()} reason={e.reason}"
-    if isinstance(e, ev.StrayAttemptKilled):
-        return f"job={e.job} attempt={e.attempt} pid={e.pid} reason={e.reason}"
-    if isinstance(e, ev.NodeFenced):
-        return f"jobs={','.join(map(str, e.jobs))} attempts={','.join(map(str, e.attempts))} reason={e.reason}"
-    return f"policy={e.policy} by={e.by}"
+def _build_daemon(events: list[Any]) -> Iterable[tuple[str, Columns]]:
+    rows = [(e.seq, e.ts, type(e).__name__, e.cause, getattr(e, "node", None), _DAEMON_DETAIL[type(e)](e))
+            for e in events]
+    yield "daemon_events", _cols(rows, seq="i8", ts="f8", type="O", cause="O", node="O", detail="O")
 
 
-def _build_daemon(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
-    cols = _common(events)
-    cols["type"] = _obj([type(e).__name__ for e in events])
-    cols["cause"] = _obj([e.cause for e in events])
-    cols["node"] = _obj([getattr(e, "node", None) for e in events])
-    cols["detail"] = _obj([_daemon_detail(e) for e in events])
-    yield "daemon_events", cols
-
-
-def _build_tenants(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
+def _build_tenants(events: list[Any]) -> Iterable[tuple[str, Columns]]:
     """One row per tenant per configuration (a removed tenant is absent from
     the configurations after it)."""
-    rows = [(e, name, t) for e in events for name, t in sorted(e.tenants.items())]
-    if not rows:
-        return
-    cols: Columns = {
-        "seq": np.array([e.seq for e, _, _ in rows], dtype=np.int64),
-        "ts": np.array([e.ts for e, _, _ in rows], dtype=np.float64),
-        "tenant": _obj([name for _, name, _ in rows]),
-        "users": _obj([",".join(t.users) for _, _, t in rows]),
-        "gpus": _obj([t.gpus for _, _, t in rows]),
-        "gpu_mem_mib": _obj([t.gpu_mem_mib for _, _, t in rows]),
-        "jobs": _obj([t.jobs for _, _, t in rows]),
-        "weight": np.array([t.weight for _, _, t in rows], dtype=np.float64),
-        "preemptible": _obj([t.preemptible for _, _, t in rows]),
-        "by": _obj([e.by for e, _, _ in rows]),
-    }
-    yield "tenant_configs", cols
+    rows = [(e.seq, e.ts, name, ",".join(t.users), t.gpus, t.gpu_mem_mib, t.jobs, t.weight, t.preemptible, e.by)
+            for e in events for name, t in sorted(e.tenants.items())]
+    if rows:
+        yield "tenant_configs", _cols(rows, seq="i8", ts="f8", tenant="O", users="O", gpus="O", gpu_mem_mib="O",
+                                      jobs="O", weight="f8", preemptible="O", by="O")
 
 
-def _build_forecasts(events: list[Any], rec: None) -> Iterable[tuple[str, Columns]]:
-    cols = _common(events)
-    cols["job"] = np.array([e.job for e in events], dtype=np.int64)
-    cols["estimated_start"] = np.array([e.estimated_start for e in events], dtype=np.float64)
-    cols["by"] = _obj([e.by for e in events])
-    for k in ("p10", "p90"):  # None, for a forecast recorded without a range, is NaN: NULL
-        cols[k] = np.array([getattr(e, k) for e in events], dtype=np.float64)
-    yield "forecasts", cols
+def _build_forecasts(events: list[Any]) -> Iterable[tuple[str, Columns]]:
+    # p10 and p90 are None for a forecast recorded without a range: NaN, then NULL
+    rows = [(e.seq, e.ts, e.job, e.estimated_start, e.by, e.p10, e.p90) for e in events]
+    yield "forecasts", _cols(rows, seq="i8", ts="f8", job="i8", estimated_start="f8", by="O", p10="f8", p90="f8")
 
 
-# type -> builder(events, record array of them for job events, else None)
-_BUILDERS: dict[type, Callable[[Any, Any], Iterable[tuple[str, Columns]]]] = {
+# job event type -> builder(events, their record array) of its tables besides job_events
+_JOB_TABLES: dict[type, Callable[[Any, np.ndarray], Iterable[tuple[str, Columns]]]] = {
     ev.JobSubmitted: _build_submitted,
     ev.JobPlaced: _build_placed,
     ev.JobUpdated: _build_updated,
+}
+# other event type -> builder(events)
+_BUILDERS: dict[type, Callable[[Any], Iterable[tuple[str, Columns]]]] = {
     ev.GpuSampled: _build_sampled,
-    **{t: _build_job for t in _JOB_DETAIL if t not in (ev.JobSubmitted, ev.JobPlaced, ev.JobUpdated)},
     **{t: _build_gpu_event for t in _GPU_EVENTS},
-    **{t: _build_daemon for t in (ev.DaemonStarted, ev.DaemonStopped, ev.PolicyChanged, ev.NodeJoined, ev.NodeLeft,
-                                  ev.NodeActorRestarted, ev.ClusterDisconnected, ev.StrayAttemptKilled,
-                                  ev.NodeFenced)},
+    **{t: _build_daemon for t in _DAEMON_DETAIL},
     ev.TenantsConfigured: _build_tenants,
     ev.JobForecast: _build_forecasts,
 }

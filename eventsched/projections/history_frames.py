@@ -74,14 +74,11 @@ class _Unsupported(Exception):
 
 def _kind(t: Any, path: str) -> int:
     f = _frames
-    if isinstance(t, mi.IntType) and t == mi.IntType():
-        return f.K_INT
-    if isinstance(t, mi.FloatType) and t == mi.FloatType():
-        return f.K_FLOAT
-    if isinstance(t, mi.StrType) and t == mi.StrType():
-        return f.K_STR
-    if isinstance(t, mi.BoolType):
-        return f.K_BOOL
+    # scalars without constraints (a Struct equals only one of its own type with the same fields)
+    scalars = ((mi.IntType(), f.K_INT), (mi.FloatType(), f.K_FLOAT), (mi.StrType(), f.K_STR), (mi.BoolType(), f.K_BOOL))
+    scalar = next((kind for plain, kind in scalars if t == plain), None)
+    if scalar is not None:
+        return scalar
     if isinstance(t, mi.LiteralType) and all(isinstance(v, str) for v in t.values):
         return f.K_LITERAL
     if isinstance(t, mi.ListType) and t.min_length is None and t.max_length is None:
@@ -223,7 +220,7 @@ class FrameChunk:
             raise  # (decoding one event alone failed as the whole frame did not: never seen)
         if fed is None:
             self._undo(n_order)
-            self._add_decoded(frame, skip, after_seq)
+            self._add_decoded(frame, after_seq)
             return
         kept, last_index, last_seq, last_ts = fed
         if self._odd_last is not None and self._odd_last[0] > last_index:
@@ -253,9 +250,9 @@ class FrameChunk:
         for t in list(self.order)[n_order:]:
             del self.order[t]
 
-    def _add_decoded(self, frame: Frame, skip: int, after_seq: int) -> None:
+    def _add_decoded(self, frame: Frame, after_seq: int) -> None:
         """The ordinary path for one frame: read_batches' and fold's filters."""
-        batch = _decode_frame(frame)[skip:]
+        batch = _decoded(frame, after_seq)
         if batch and batch[0].seq <= after_seq:
             batch = [e for e in batch if e.seq > after_seq]
         if not batch:
@@ -400,7 +397,10 @@ def _arrow(values: np.ndarray) -> pa.Array:
     return _from_buffers(pa.float64(), len(values), values, None, _not_nan(values, None))
 
 
-def _job_events(t: type, c: _Columns, a: int, b: int, detail: list[str], **extra: pa.Array) -> tuple[str, hf.Columns]:
+def _job_events(t: type, c: _Columns, a: int, b: int, jobs: list[np.ndarray], detail: list[str],
+                **extra: pa.Array) -> tuple[str, hf.Columns]:
+    """Rows [a, b) of job_events; their job ids go to ``jobs``."""
+    jobs.append(c.numbers("job")[a:b])
     cols: hf.Columns = {
         "seq": c.i64("seq").slice(a, b - a), "ts": c.f64("ts").slice(a, b - a), "job": c.i64("job").slice(a, b - a),
         "type": f"'{t.__name__}'", "cause": c.text("cause").slice(a, b - a), "detail": _text(detail),
@@ -408,10 +408,6 @@ def _job_events(t: type, c: _Columns, a: int, b: int, detail: list[str], **extra
     }
     cols.update({k: v.slice(a, b - a) for k, v in extra.items()})
     return "job_events", cols
-
-
-def _note_jobs(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> None:
-    jobs.append(c.numbers("job")[a:b])
 
 
 def _native_sampled(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
@@ -434,26 +430,23 @@ def _native_sampled(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iter
 
 
 def _native_started(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    _note_jobs(c, a, b, jobs)
-    yield _job_events(ev.JobStarted, c, a, b, [f"pid={pid}" for pid in c.py(c.i64("pid"), a, b)])
+    yield _job_events(ev.JobStarted, c, a, b, jobs, [f"pid={pid}" for pid in c.py(c.i64("pid"), a, b)])
 
 
 def _native_exited(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    _note_jobs(c, a, b, jobs)
     code, signal, reason = c.i64("exit_code"), c.i64("signal"), c.text("reason")
     # history_fold._exit_detail: a signal when there is no exit code, then the reason if any
     detail = [(f"signal={s}" if x is None else f"exit_code={x}") + (f" reason={r}" if r else "")
               for x, s, r in zip(c.py(code, a, b), c.py(signal, a, b), c.py(reason, a, b))]
-    yield _job_events(ev.JobExited, c, a, b, detail, exit_code=code, signal=signal, reason=reason,
+    yield _job_events(ev.JobExited, c, a, b, jobs, detail, exit_code=code, signal=signal, reason=reason,
                       outcome=c.text("outcome"))
 
 
 def _native_placed(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    _note_jobs(c, a, b, jobs)
     node, ids = c.text("node"), c.text("gpu_ids")
     detail = [f"node={n} gpu_ids={i} share={g}"
               for n, i, g in zip(c.py(node, a, b), c.py(ids, a, b), _g(c.numbers("share", np.float64)[a:b].tolist()))]
-    yield _job_events(ev.JobPlaced, c, a, b, detail)
+    yield _job_events(ev.JobPlaced, c, a, b, jobs, detail)
     # one row per GPU of the placement, idx keeping CUDA_VISIBLE_DEVICES order
     flat, counts = c.items("gpu_ids")
     first_item = np.cumsum(counts) - counts
@@ -476,12 +469,11 @@ def _rows_of(strings: pa.Array, rows: np.ndarray, a: int, b: int) -> pa.Array:
 
 
 def _native_submitted(c: _Columns, a: int, b: int, jobs: list[np.ndarray]) -> Iterable[tuple[str, hf.Columns]]:
-    _note_jobs(c, a, b, jobs)
     user, gpus, priority = c.text("spec.user"), c.f64("spec.gpus"), c.i64("spec.priority")
     detail = [f"user={u} gpus={g} priority={p}"
               for u, g, p in zip(c.py(user, a, b), _g(c.numbers("spec.gpus", np.float64)[a:b].tolist()),
                                  c.py(priority, a, b))]
-    yield _job_events(ev.JobSubmitted, c, a, b, detail)
+    yield _job_events(ev.JobSubmitted, c, a, b, jobs, detail)
     _, after_counts = c.items("spec.after")
     cols = {
         "seq": c.i64("seq"), "ts": c.f64("ts"), "job": c.i64("job"),

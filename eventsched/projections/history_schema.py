@@ -1,9 +1,11 @@
 """The read model's tables and views, as DuckDB SQL (``docs/history-schema.md``).
 
-*Raw tables* take the log's events column-wise and never change once written;
-*derived tables* (``jobs``, ``placements``, ``gpus``) are recomputed by the SQL
-here for the jobs and GPUs the newest events touched. Bump ``SCHEMA_VERSION``
-whenever any of it changes: the read model is then rebuilt from the log.
+*Raw tables* take the log's events column-wise and never change once written,
+which keeps catch-up a cheap bulk insert; *derived tables* (``jobs``,
+``placements``, ``gpus``) are recomputed by the SQL here for the jobs and GPUs
+the newest events touched, so catch-up cost follows the new events, not the
+history. Bump ``SCHEMA_VERSION`` whenever any of it changes: the read model is
+then rebuilt from the log.
 """
 
 from __future__ import annotations

@@ -51,10 +51,9 @@ def compute_metrics(history: History) -> dict[str, Any]:
         durations = {name: _summary(con, name) for name in ("wait_s", "run_s", "turnaround_s")}
         gpus = _dicts(con, "SELECT node, gpu, samples, utilization_mean, utilization_peak "
                            "FROM gpu_utilization_summary ORDER BY node, gpu")
-        users = _dicts(con, 'SELECT "user", coalesce(gpu_hours, 0.0) AS gpu_hours, jobs '
-                            'FROM gpu_hours_by_user ORDER BY "user"')
-        tenants = _dicts(con, "SELECT tenant, coalesce(gpu_hours, 0.0) AS gpu_hours, jobs "
-                              "FROM gpu_hours_by_tenant ORDER BY tenant")
+        hours = {f"gpu_hours_by_{who}": _dicts(con, f'SELECT "{who}", coalesce(gpu_hours, 0.0) AS gpu_hours, jobs '
+                                                   f'FROM gpu_hours_by_{who} ORDER BY "{who}"')
+                 for who in ("user", "tenant")}
         usage = _dicts(con, "SELECT tenant, quota_gpus, quota_gpu_mem_mib, quota_jobs, weight, gpu_hours, "
                             "gpu_hours_share, gpus_now, running, waiting, mean_wait_s, preempted "
                             "FROM tenant_usage ORDER BY tenant")
@@ -69,7 +68,7 @@ def compute_metrics(history: History) -> dict[str, Any]:
         "log_seq": int(seq), "log_ts": ts,
         "jobs": {"total": sum(by_state.values()), "by_state": by_state,
                  "finished": sum(by_state.get(s, 0) for s in FINAL)},
-        **durations, "gpus": gpus, "gpu_hours_by_user": users, "gpu_hours_by_tenant": tenants,
+        **durations, "gpus": gpus, **hours,
         "tenants": usage, "preemptions": preemptions, "forecasts": forecasts, "idle_gpu_hours": idle,
     }
 
@@ -166,14 +165,13 @@ def prometheus_text(m: dict[str, Any]) -> str:
         s = m[key]
         family(name, "summary", what, [("", {"quantile": "0.5"}, s["median"]), ("", {"quantile": "0.95"}, s["p95"]),
                                        ("_sum", {}, float(s["sum"])), ("_count", {}, s["count"])])
-    family("eventsched_gpu_utilization_mean_percent", "gauge", "Mean GPU utilisation over all samples.",
-           [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_mean"]) for g in m["gpus"]])
-    family("eventsched_gpu_utilization_peak_percent", "gauge", "Peak GPU utilisation over all samples.",
-           [("", {"node": g["node"], "gpu": g["gpu"]}, g["utilization_peak"]) for g in m["gpus"]])
-    family("eventsched_user_gpu_seconds_total", "counter", "GPU time used (share x seconds) per user.",
-           [("", {"user": r["user"] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m["gpu_hours_by_user"]])
-    family("eventsched_tenant_gpu_seconds_total", "counter", "GPU time used (share x seconds) per tenant.",
-           [("", {"tenant": r["tenant"] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m["gpu_hours_by_tenant"]])
+    for stat in ("mean", "peak"):
+        family(f"eventsched_gpu_utilization_{stat}_percent", "gauge",
+               f"{stat.title()} GPU utilisation over all samples.",
+               [("", {"node": g["node"], "gpu": g["gpu"]}, g[f"utilization_{stat}"]) for g in m["gpus"]])
+    for who in ("user", "tenant"):
+        family(f"eventsched_{who}_gpu_seconds_total", "counter", f"GPU time used (share x seconds) per {who}.",
+               [("", {who: r[who] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m[f"gpu_hours_by_{who}"]])
     tenants = m.get("tenants", [])
     for key, name, what, scale in (
             ("quota_gpus", "eventsched_tenant_quota_gpus", "GPUs a tenant may hold at once.", 1.0),

@@ -49,14 +49,11 @@ def _explained(text: str) -> list[str]:
         end = tokens[i + 1][0] if i + 1 < len(tokens) else len(text)
         return text[tokens[i][0]:end].strip().lower()
 
-    starts = []
-    i = 1
-    if i < len(tokens) and word(i) in ("analyze", "analyse"):
-        starts.append(i)
-        i += 1
-    if i < len(tokens) and word(i) == "verbose":
-        starts.append(i)
-        i += 1
+    starts, i = [], 1
+    for optional in (("analyze", "analyse"), ("verbose",)):  # in this order, each at most once
+        if i < len(tokens) and word(i) in optional:
+            starts.append(i)
+            i += 1
     starts.append(i)
     if len(tokens) > 1 and word(1).startswith("("):
         depth = 0

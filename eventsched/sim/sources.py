@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,14 +98,9 @@ def _log_dir_of(path: Path) -> Path | None:
     return None
 
 
+@collector.paused()  # a workload's objects make no cycles: young collections would only rescan them
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
-    # a workload's objects make no cycles: young collections would only rescan them
-    with collector.paused():
-        return _load(source, gpus=gpus, seed=seed, nodes=nodes)
-
-
-def _load(source: str | os.PathLike[str], *, gpus: str | None, seed: int, nodes: int) -> Workload:
     path = Path(source)
     if path.is_dir():
         log_dir = _log_dir_of(path)
@@ -150,6 +145,28 @@ def _config_of(e: ev.DaemonStarted) -> SchedulerConfig:
 
 
 _COMMANDS = {"cancel": Cancel, "hold": Hold, "release": Release}
+# what a legacy log's per-job command event was asked by
+_LEGACY_COMMANDS: dict[type, type] = {ev.JobCancelled: Cancel, ev.JobHeld: Hold, ev.JobReleased: Release}
+# recorded stimuli that are fed again as one input each, whatever caused them
+_INPUTS: dict[type, Callable[[Any], Any]] = {
+    ev.NodeLeft: lambda e: NodeDown(node=e.node, reason=e.reason),
+    ev.ClusterDisconnected: lambda e: ClusterLink(lost=e.lost, reason=e.reason),
+    ev.GpuSampled: lambda e: GpuObserved(
+        node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
+        memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
+        foreign_memory_mib=e.foreign_memory_mib, job_memory_mib=e.job_memory_mib,
+        foreign_processes=e.foreign_processes),
+    ev.GpuHealth: lambda e: GpuHealthRead(reading=e),
+    ev.GpuResumed: lambda e: ResumeGpu(node=e.node, gpu=e.gpu, by=e.by),
+    ev.DaemonStopped: lambda e: Stopping(node=e.node, reason=e.reason),
+    # accepted then: booked again as it was, by id
+    ev.ReservationCreated: lambda e: Reserve(
+        start=e.start, end=e.end, user=e.user, uid=e.uid, tenant=e.tenant, gpu_ids=list(e.gpu_ids),
+        node=e.node, name=e.name, by=e.by, reservation=e.reservation),
+    ev.ReservationCancelled: lambda e: CancelReservation(reservation=e.reservation, by=e.by),
+    ev.JobUpdated: lambda e: ("update", e.job, e),
+    ev.JobsCommanded: lambda e: ("jobs", list(e.jobs), _COMMANDS[e.command], e.by),
+}
 
 
 def _legacy_command(e: ev.Event) -> bool:
@@ -172,6 +189,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     stimuli: list[tuple[float, int, float, Any]] = []
     attempts: dict[int, list[dict[str, Any]]] = {}
     ordinal: dict[int, int] = {}  # recorded job id -> submission ordinal
+    specs: dict[int, ev.JobSpec] = {}  # recorded job id -> its spec
     timer_times: list[tuple[float, int]] = []
     recorded_policy = ""
     policy_changes = 0
@@ -215,40 +233,28 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         if stimulus:
             flush_start()  # the DaemonStarted's own decisions are over
             flush_node()
-        if isinstance(e, (ev.NodeJoined, ev.NodeActorRestarted)):  # its GPUs follow
+        convert = _INPUTS.get(type(e))
+        if convert is not None:
+            stimuli.append((t, _REC, float(seq), convert(e)))
+        elif isinstance(e, (ev.NodeJoined, ev.NodeActorRestarted)):  # its GPUs follow
             node_up = (t, seq, e, [])
-        elif isinstance(e, ev.NodeLeft):
-            stimuli.append((t, _REC, float(seq), NodeDown(node=e.node, reason=e.reason)))
-        elif isinstance(e, ev.ClusterDisconnected):
-            stimuli.append((t, _REC, float(seq), ClusterLink(lost=e.lost, reason=e.reason)))
         elif isinstance(e, ev.DaemonStarted):
             recorded_policy = recorded_policy or e.policy
             start = (t, seq, e, [])
         elif isinstance(e, ev.JobSubmitted):
             ordinal[e.job] = len(ordinal) + 1
+            specs[e.job] = e.spec
             stimuli.append((t, _REC, float(seq), ("submit", e.job, Submit(spec=e.spec, by=e.cause, normalised=True))))
-        elif isinstance(e, ev.GpuSampled):
-            stimuli.append((t, _REC, float(seq), GpuObserved(
-                node=e.node, gpu=e.gpu, utilization=e.utilization, memory_used_mib=e.memory_used_mib,
-                memory_total_mib=e.memory_total_mib, temperature_c=e.temperature_c, power_w=e.power_w,
-                foreign_memory_mib=e.foreign_memory_mib, job_memory_mib=e.job_memory_mib,
-                foreign_processes=e.foreign_processes)))
         elif isinstance(e, ev.GpuErrored):
             if stimulus and e.cause != "daemon":  # not the core's own finding at start-up
                 stimuli.append((t, _REC, float(seq), GpuFailed(node=e.node, gpu=e.gpu, error=e.error, lost=e.lost)))
-        elif isinstance(e, ev.GpuHealth):
-            stimuli.append((t, _REC, float(seq), GpuHealthRead(reading=e)))
         elif isinstance(e, ev.GpuPaused):
             if stimulus:  # not a drain: the core decides that again from the GpuHealth before it
                 stimuli.append((t, _REC, float(seq), PauseGpu(node=e.node, gpu=e.gpu, by=e.by)))
-        elif isinstance(e, ev.GpuResumed):
-            stimuli.append((t, _REC, float(seq), ResumeGpu(node=e.node, gpu=e.gpu, by=e.by)))
         elif isinstance(e, ev.PolicyChanged):
             if stimulus:
                 policy_changes += 1
                 stimuli.append((t, _REC, float(seq), ("policy", SetPolicy(policy=e.policy, by=e.by))))
-        elif isinstance(e, ev.DaemonStopped):
-            stimuli.append((t, _REC, float(seq), Stopping(node=e.node, reason=e.reason)))
         elif isinstance(e, ev.TenantsConfigured):
             if stimulus:  # an operator's tenant set / remove
                 stimuli.append((t, _REC, float(seq), ("tenants", SetTenants(tenants=dict(e.tenants), by=e.by))))
@@ -256,20 +262,9 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 start_tenants = dict(e.tenants)
         elif isinstance(e, ev.TimerFired):
             timer_times.append((t, seq))
-        elif isinstance(e, ev.ReservationCreated):  # accepted then: booked again as it was, by id
-            stimuli.append((t, _REC, float(seq), Reserve(
-                start=e.start, end=e.end, user=e.user, uid=e.uid, tenant=e.tenant, gpu_ids=list(e.gpu_ids),
-                node=e.node, name=e.name, by=e.by, reservation=e.reservation)))
-        elif isinstance(e, ev.ReservationCancelled):
-            stimuli.append((t, _REC, float(seq), CancelReservation(reservation=e.reservation, by=e.by)))
-        elif isinstance(e, ev.JobUpdated):
-            stimuli.append((t, _REC, float(seq), ("update", e.job, e)))
-        elif isinstance(e, ev.JobsCommanded):
-            stimuli.append((t, _REC, float(seq), ("jobs", list(e.jobs), _COMMANDS[e.command], e.by)))
         elif isinstance(e, (ev.JobCancelled, ev.JobHeld, ev.JobReleased)):
             if legacy and _legacy_command(e):
-                cls = Cancel if isinstance(e, ev.JobCancelled) else Hold if isinstance(e, ev.JobHeld) else Release
-                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], cls, e.cause)))
+                stimuli.append((t, _REC, float(seq), ("jobs", [e.job], _LEGACY_COMMANDS[type(e)], e.cause)))
         elif isinstance(e, ev.JobCancelRequested):
             _attempt(attempts, e.job)["stop_requested"] = t
             if legacy and _legacy_command(e):
@@ -299,10 +294,6 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
 
     by_ordinal: dict[int, list[Attempt]] = {}
     runtimes: dict[str, list[float]] = {}
-    specs: dict[int, ev.JobSpec] = {}  # recorded job id -> its spec
-    for _, _, _, item in stimuli:
-        if isinstance(item, tuple) and item[0] == "submit":
-            specs[item[1]] = item[2].spec
     for rid, runs in attempts.items():
         if rid not in ordinal:
             continue
@@ -312,8 +303,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 continue
             out.append(msgspec.convert(a, Attempt))
             if a.get("started") is not None and a.get("ended") is not None and not a.get("lost"):
-                spec = specs.get(rid)
-                key = "\0".join(runtime_key(spec)) if spec is not None else ""
+                key = "\0".join(runtime_key(specs[rid]))  # every job with an ordinal was submitted
                 runtimes.setdefault(key, []).append(a["ended"] - a["started"])
         by_ordinal[ordinal[rid]] = out
     # Re-key job references by submission ordinal: the replay's ids may differ.

@@ -225,16 +225,14 @@ def _scores(policy: str, cl: _Cluster, idx: np.ndarray, c: int, k: int, g: int,
     if policy == "best-fit":
         s = 0.5 * (cl.cpu[idx] - c) / MAX_CPU + 0.5 * (cl.tot[idx] - d) / MAX_GPU
         return (100.0 * (1.0 - s)).astype(np.int64)
+    if k == 0 and policy in ("clustering", "packing"):
+        return np.zeros(len(idx), dtype=np.int64)  # a CPU-only pod: every node alike
     if policy == "clustering":
-        if k == 0:
-            return np.zeros(len(idx), dtype=np.int64)
         bit = _tag_bit(k, g)
         tags = cl.tags[idx]
         base = np.where(tags == bit, 75, np.where(tags & bit, 50, np.where(tags == 0, 25, 0)))
         return base + (25 * (MAX_GPU - cl.tot[idx]) // MAX_GPU)
     if policy == "packing":
-        if k == 0:
-            return np.zeros(len(idx), dtype=np.int64)
         G = cl.ngpu[idx]
         idle = cl.tot[idx] == G * FULL
         if g >= FULL:

@@ -131,6 +131,10 @@ def _opt_int(raw: str) -> int | None:
     return None if raw == "" else int(raw)
 
 
+def _count(path: object, lineno: int, row: dict[str, str], col: str) -> int:
+    return _field(path, lineno, row, col, int, lambda v: v >= 0, ">= 0")
+
+
 _POD_COLS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 _NODE_COLS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
@@ -138,8 +142,7 @@ _NODE_COLS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
     pods: list[AlibabaPod] = []
     for n, r in _rows(pod_csv, _POD_COLS):
-        nonneg = lambda v: v >= 0  # noqa: E731
-        k = _field(pod_csv, n, r, "num_gpu", int, nonneg, ">= 0")
+        k = _count(pod_csv, n, r, "num_gpu")
         g = _field(pod_csv, n, r, "gpu_milli", int, lambda v: 0 <= v <= 1000, "in 0..1000")
         if k > 0 and g == 0:
             raise TraceError(f"{pod_csv}:{n}: gpu_milli must be > 0 when num_gpu is {k}")
@@ -148,8 +151,8 @@ def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
         times = {col: _field(pod_csv, n, r, col, _opt_int) if col in r else None
                  for col in ("creation_time", "deletion_time", "scheduled_time")}
         pods.append(AlibabaPod(
-            name=r["name"], cpu_milli=_field(pod_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
-            memory_mib=_field(pod_csv, n, r, "memory_mib", int, nonneg, ">= 0"), num_gpu=k, gpu_milli=g,
+            name=r["name"], cpu_milli=_count(pod_csv, n, r, "cpu_milli"), memory_mib=_count(pod_csv, n, r, "memory_mib"),
+            num_gpu=k, gpu_milli=g,
             gpu_spec=tuple(s for s in r.get("gpu_spec", "").split("|") if s), qos=r.get("qos", ""),
             pod_phase=r.get("pod_phase", r.get("pod_phrase", "")), **times))
     return pods
@@ -158,11 +161,10 @@ def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
 def load_alibaba_nodes(node_csv: str | os.PathLike[str]) -> list[AlibabaNode]:
     nodes: list[AlibabaNode] = []
     for n, r in _rows(node_csv, _NODE_COLS):
-        nonneg = lambda v: v >= 0  # noqa: E731
         gpus = _field(node_csv, n, r, "gpu", int, lambda v: 0 <= v <= 64, "in 0..64")
         nodes.append(AlibabaNode(
-            name=r["sn"], cpu_milli=_field(node_csv, n, r, "cpu_milli", int, nonneg, ">= 0"),
-            memory_mib=_field(node_csv, n, r, "memory_mib", int, nonneg, ">= 0"), gpus=gpus, model=r["model"]))
+            name=r["sn"], cpu_milli=_count(node_csv, n, r, "cpu_milli"), memory_mib=_count(node_csv, n, r, "memory_mib"),
+            gpus=gpus, model=r["model"]))
     return nodes
 
 

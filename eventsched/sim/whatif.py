@@ -81,8 +81,9 @@ class _Frag:
         self.unusable_int = 0.0
 
     def gpu(self, key: tuple[str, int]) -> None:
+        """A GPU discovered, or found again after it was lost: usable."""
         self.used.setdefault(key, 0)
-        self._sync(key)
+        self.set_off(key, False)
 
     def _sync(self, key: tuple[str, int]) -> None:
         if key in self.off:
@@ -213,7 +214,7 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
         if tp is ev.GpuDiscovered:
             key = (e.node, e.gpu)
             gpus.add(key)
-            frag.set_off(key, False) if key in frag.off else frag.gpu(key)
+            frag.gpu(key)
         elif tp is ev.GpuPaused or tp is ev.GpuResumed or (tp is ev.GpuErrored and e.lost):
             frag.set_off((e.node, e.gpu), tp is not ev.GpuResumed)
         elif tp is ev.JobSubmitted:
