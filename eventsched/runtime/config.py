@@ -271,9 +271,9 @@ def config_from_dict(raw: dict[str, Any], where: str) -> FileConfig:
     # a section given as a number or a string is msgspec's to name below, not a TypeError here
     scheduler = dict(raw["scheduler"]) if isinstance(raw.get("scheduler"), dict) else {}
     moved = {k: scheduler.pop(k) for k in JOB_LIMIT_KEYS if k in scheduler}
-    if moved and not isinstance(raw.get("job_limits") or {}, dict):
-        raise ConfigError(f"config file {where}: job_limits must be a table, like [scheduler]")
     if moved:
+        if not isinstance(raw.get("job_limits") or {}, dict):
+            raise ConfigError(f"config file {where}: job_limits must be a table, like [scheduler]")
         raw["scheduler"] = scheduler
         raw["job_limits"] = {**(raw.get("job_limits") or {}), **moved}
     try:

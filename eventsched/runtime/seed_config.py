@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -74,10 +75,6 @@ def _text(value: Any, key: str) -> str:
     return value
 
 
-def _whole_from(low: int) -> _Convert:
-    return lambda value, key: _whole(value, key, low=low)
-
-
 _IGNORED = None
 # section -> seed key -> (eventsched key path, converter), or None: known and ignored (the comment says why)
 SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
@@ -96,14 +93,14 @@ SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
         "utilization_window_s": _IGNORED,  # history is in the log (`eventsched sql`)
     },
     "jobs": {
-        "queue_size_limit": (("scheduler", "max_queued"), _whole_from(1)),
-        "max_concurrent_jobs": (("scheduler", "max_running"), _whole_from(0)),
+        "queue_size_limit": (("scheduler", "max_queued"), partial(_whole, low=1)),
+        "max_concurrent_jobs": (("scheduler", "max_running"), partial(_whole, low=0)),
         "max_assignment_attempts": _IGNORED,  # a job waits in the queue until it fits
         "assignment_retry_wait_s": _IGNORED,  # idem
     },
     "files": {
         "jobs_file": (("jobs_file",), _text),  # the daemon follows it (jobs_follower)
-        "llm_config_file": (("",), _text),  # must be llm_config.json beside the jobs file: checked below
+        "llm_config_file": (("llm_config_file",), _text),  # must be llm_config.json beside the jobs file: checked below
         "state_file": _IGNORED,  # the state is the event log in --state-dir
         "log_file": _IGNORED,  # the daemon logs JSON lines to stderr
         "monitor_interval_s": _IGNORED,  # the jobs file is looked at every second
@@ -139,14 +136,11 @@ def seed_config_to_dict(
     our_scheduler = {f.name for f in msgspec.structs.fields(SchedulerConfig)} | set(scheduler_extra)
     out: dict[str, Any] = {}
     scheduler: dict[str, Any] = {}
-    llm_file: str | None = None
     for section, body in raw.items():
         seed = SEED_KEYS.get(section)
         if seed is None:
             if section not in our_top:
                 raise _unknown(where, section, set(SEED_KEYS) | our_top)
-            if section == "jobs_file" and isinstance(body, str) and body:
-                body = os.path.normpath(os.path.join(folder, body))
             out[section] = body
             continue
         if not isinstance(body, dict):
@@ -172,18 +166,17 @@ def seed_config_to_dict(
                 converted = convert(value, name)
             except ValueError as exc:
                 raise SeedConfigError(f"config file {where}: {exc}") from None
-            if name == "files.llm_config_file":
-                llm_file = converted
-            elif name == "security.max_memory_per_job_gb" and not limits_on:
+            if name == "security.max_memory_per_job_gb" and not limits_on:
                 continue
-            elif name == "files.jobs_file":
-                out["jobs_file"] = os.path.normpath(os.path.join(folder, converted))
-            elif target[0] == "scheduler":
+            if target[0] == "scheduler":
                 scheduler[target[1]] = converted
             else:
                 out[target[0]] = converted
     if scheduler:
         out["scheduler"] = scheduler
+    if isinstance(out.get("jobs_file"), str) and out["jobs_file"]:  # from the config file's folder
+        out["jobs_file"] = os.path.normpath(os.path.join(folder, out["jobs_file"]))
+    llm_file = out.pop("llm_config_file", None)
     if llm_file is not None and out.get("jobs_file"):
         wanted = os.path.join(os.path.dirname(out["jobs_file"]), LLM_CONFIG_NAME)
         if os.path.normpath(os.path.join(folder, llm_file)) != wanted:

@@ -109,12 +109,11 @@ class Client:
         chunks = [specs[i : i + window] for i in range(0, len(specs), window)]
         replies: list[protocol.Reply | protocol.EventBatch] = []
         try:
-            if chunks:
-                sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[0]))
-            for k, chunk in enumerate(chunks):
-                if k + 1 < len(chunks):
-                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k + 1]))
-                replies.extend(self._receive(sock) for _ in chunk)
+            for k in range(len(chunks) + 1):  # window k is sent, then window k - 1's replies read
+                if k < len(chunks):
+                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k]))
+                if k > 0:
+                    replies.extend(self._receive(sock) for _ in chunks[k - 1])
         except (ConnectionResetError, BrokenPipeError) as exc:
             self.close()
             raise went_away(exc, "the jobs") from None

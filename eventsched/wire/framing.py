@@ -9,7 +9,7 @@ import os
 
 from eventsched.wire.errors import ClientError, DaemonNotRunning, went_away
 
-__all__ = ["MAX_FRAME_BYTES", "connect", "exchange", "read_frame", "send", "SunPath"]
+__all__ = ["MAX_FRAME_BYTES", "connect", "exchange", "read_frame", "SunPath"]
 
 MAX_FRAME_BYTES = 1 << 30  # a reply larger than this is not the daemon's
 SUN_PATH_MAX = 107  # a socket address holds 108 bytes, the last a NUL
@@ -70,15 +70,6 @@ def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
     return sock
 
 
-def send(sock: _socket.socket, data: bytes) -> None:
-    """Send ``data``; if the daemon already hung up, its reason (e.g. too
-    many connections) is still there to read, so let the caller read it."""
-    try:
-        sock.sendall(data)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-
-
 def _exactly(sock: _socket.socket, n: int) -> bytes:
     chunks = []
     while n:
@@ -100,7 +91,10 @@ def read_frame(sock: _socket.socket) -> bytes:
 
 def exchange(sock: _socket.socket, data: bytes) -> bytes:
     """Send one framed request and read the frame that answers it."""
-    send(sock, data)
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the daemon already hung up: its reason (e.g. too many connections) is still there to read
     try:
         return read_frame(sock)
     except (ConnectionResetError, BrokenPipeError) as exc:

@@ -54,10 +54,7 @@ class Feed:
 
     def slot(self, uid: int) -> asyncio.Semaphore:
         """Held by one of ``uid``'s subscriptions while it is sent history."""
-        slot = self._slots.get(uid)
-        if slot is None:
-            slot = self._slots[uid] = asyncio.Semaphore(HISTORY_PER_USER)
-        return slot
+        return self._slots.setdefault(uid, asyncio.Semaphore(HISTORY_PER_USER))
 
     def history(self, from_seq: int) -> Iterator[list[Event]]:
         return eventlog.read_batches(log_dir(self.state_dir), from_seq=from_seq)

@@ -68,18 +68,6 @@ ACCOUNT_TTL_S = 60.0
 ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())
 
 
-async def discard_body(request: Request) -> None:
-    """Read the rest of an oversized body into nothing, bounded."""
-    seen = 0
-    try:
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > DISCARD_BODY_BYTES:
-                return
-    except Exception:  # noqa: BLE001 - the 413 goes out whatever the stream did
-        return
-
-
 def read_output(path: str, position: int) -> bytes:
     """Up to OUTPUT_CHUNK bytes of a job's output file past ``position`` (b"" before it
     exists). The daemon reads it for the asker: a link at its path is not followed."""
@@ -170,6 +158,10 @@ class ApiError(Refused):
         self.status = status
 
 
+def _unauthorized(reason: str) -> ApiError:
+    return ApiError(401, RefusalKind.FORBIDDEN, reason)
+
+
 def error_json(refusal: Refused) -> dict[str, Any]:
     body: dict[str, Any] = {"error": refusal.reason, "kind": refusal.kind}
     if refusal.existing is not None:
@@ -222,18 +214,15 @@ class Api:
         header = request.headers.get("authorization", "")
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
-            raise ApiError(
-                401, RefusalKind.FORBIDDEN,
-                "missing token: send `Authorization: Bearer TOKEN` (make one with `eventsched token create`)",
-            )
+            raise _unauthorized("missing token: send `Authorization: Bearer TOKEN` (make one with `eventsched token create`)")
         record = self.server.token_store().lookup(secret.strip())
         if record is None:
             client = request.client.host if request.client else "?"
             logger.warning("refused a request from %s: unknown or revoked token", client)
-            raise ApiError(401, RefusalKind.FORBIDDEN, "unknown or revoked token")
+            raise _unauthorized("unknown or revoked token")
         peer = self.peer_of(record.uid)
         if peer is None:
-            raise ApiError(401, RefusalKind.FORBIDDEN, f"the user of token {record.id} (uid {record.uid}) no longer exists")
+            raise _unauthorized(f"the user of token {record.id} (uid {record.uid}) no longer exists")
         return peer
 
     # --- the socket's request handling ---------------------------------------
@@ -254,18 +243,20 @@ class Api:
 
     async def body(self, request: Request, kind: type[msgspec.Struct]) -> Any:
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            await discard_body(request)
-            raise ApiError(413, RefusalKind.OVER_LIMIT, f"the body is over the {MAX_BODY_BYTES}-byte limit")
+        announced_over = length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES)
         data = bytearray()
         seen = 0
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen <= MAX_BODY_BYTES:
-                data += chunk
-            elif seen > DISCARD_BODY_BYTES:
-                break
-        if seen > MAX_BODY_BYTES:
+        try:
+            async for chunk in request.stream():
+                seen += len(chunk)
+                if seen <= MAX_BODY_BYTES:
+                    data += chunk
+                elif seen > DISCARD_BODY_BYTES:
+                    break
+        except Exception:  # noqa: BLE001 - an announced 413 goes out whatever the stream did
+            if not announced_over:
+                raise
+        if announced_over or seen > MAX_BODY_BYTES:
             raise ApiError(413, RefusalKind.OVER_LIMIT, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         try:
             return msgspec.json.decode(bytes(data), type=kind)

@@ -21,6 +21,7 @@ same checks.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pwd
@@ -183,7 +184,6 @@ class JobsFileFollower:
     daemon_uid: int = field(default_factory=os.geteuid)
     known: set[str] = field(default_factory=set)  # sources sent (submitted, skipped or refused)
     reported: set[tuple[int, str]] = field(default_factory=set)  # bad lines logged: (line, text)
-    submitted: int = 0
     _fingerprint: tuple[int, ...] | None = None
     _llm_fingerprint: tuple[int, ...] | None = None
     _llm: LlmConfig = DEFAULT_LLM_CONFIG
@@ -332,22 +332,18 @@ class JobsFileFollower:
         def answer(_state: ClusterState, events: list[Event]) -> int:
             return int(events[0].job)  # type: ignore[attr-defined]
 
-        def reply_for(line: int) -> Any:
-            def reply(result: Any, error: msg.Refused | None) -> None:
-                results.append((line, result, error))
-                if len(results) == len(window):
-                    done.set()
-
-            return reply
+        def reply(line: int, result: Any, error: msg.Refused | None) -> None:
+            results.append((line, result, error))
+            if len(results) == len(window):
+                done.set()
 
         for line, spec in window:
-            self.server.engine.submit_nowait(msg.Submit(spec=spec, by=f"uid:{owner.uid}"), answer, reply_for(line))
+            self.server.engine.submit_nowait(msg.Submit(spec=spec, by=f"uid:{owner.uid}"), answer, functools.partial(reply, line))
         if window:
             await done.wait()
         skipped = 0
         for line, result, error in sorted(results, key=lambda r: r[0]):
             if error is None:
-                self.submitted += 1
                 logger.info("%s:%d: submitted as job %d (user %s)", self.path, line, result, owner.user)
             elif error.kind == msg.RefusalKind.CONFLICT and error.existing is not None:
                 skipped += 1  # submitted before (the core knows each line's source)

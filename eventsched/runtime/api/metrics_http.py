@@ -7,6 +7,7 @@ scrape never stalls the engine; a few live gauges come from the projection.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -65,12 +66,9 @@ def history_text(state_dir: Path) -> str:
     from eventsched.projections.history import History
     from eventsched.projections.metrics import compute_metrics, prometheus_text
 
-    history = History(state_dir)
-    try:
+    with History(state_dir) as history:
         history.catch_up()
         return prometheus_text(compute_metrics(history))
-    finally:
-        history.close()
 
 
 async def read_metrics(engine: Engine) -> str:
@@ -106,10 +104,8 @@ async def serve_metrics(host: str, port: int, read: Callable[[], Awaitable[str]]
                 body, status, ctype = "try GET /metrics\n", "404 Not Found", "text/plain"
             data = body.encode()
             head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n"
-            try:
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await stream.send(head.encode() + data)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                pass
 
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
     task_status.started()

@@ -16,7 +16,7 @@ import resource
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import anyio
 import anyio.abc
@@ -116,6 +116,14 @@ class Server:
         self.started = time.monotonic()  # status's uptime_s
         # the last whole listing: ((the state's id, its seq, include_finished), when, the jobs)
         self._last_listing: tuple[tuple[int, int, bool], float, list[dict]] | None = None
+        # requests answered by a task of their own (``dispatch``), each called
+        # with (request, peer, reply, connection or None)
+        self._tasks: dict[type, Callable[..., Coroutine[Any, Any, None]]] = {
+            protocol.RunSql: self._run_sql, protocol.ExplainJob: self._explain,
+            protocol.ForecastAlternatives: self._alternatives, protocol.CancelJobs: self._cancel,
+            **dict.fromkeys((protocol.CreateToken, protocol.ListTokens, protocol.RevokeToken), self._tokens),
+            **dict.fromkeys((protocol.SetNotify, protocol.ListNotify), self._notify),
+        }
 
     def _listing(self, state: ClusterState, include_finished: bool) -> list[dict]:
         """Every job, as ``queue`` lists them. A listing asked for again of the
@@ -186,32 +194,11 @@ class Server:
 
     def dispatch(self, request: protocol.Request, peer: Peer, reply: Reply, conn: Connection | None = None) -> None:
         """Hand a request to the engine; ``reply`` is called once with its outcome."""
-        if type(request) is protocol.SubmitJob:  # most requests, by far: straight to the engine
-            try:
-                item, answer = self._translate(request, peer)
-            except Refused as refusal:
-                reply(None, refusal)
-                return
-            self.engine.submit_nowait(item, answer, reply)
-            return
-        if isinstance(request, protocol.RunSql):
-            # read-only and possibly slow: a sandboxed process as the peer, not the engine
-            self._tg.start_soon(self._run_sql, request.query, reply, peer, conn.gone if conn is not None else None)
-            return
-        if isinstance(request, protocol.ExplainJob):
-            self._tg.start_soon(self._explain, request.job, reply)
-            return
-        if isinstance(request, protocol.ForecastAlternatives):
-            self._tg.start_soon(self._alternatives, request, reply)
-            return
-        if isinstance(request, protocol.CancelJobs):
-            self._tg.start_soon(self._cancel, request, peer, reply)
-            return
-        if isinstance(request, (protocol.CreateToken, protocol.ListTokens, protocol.RevokeToken)):
-            self._tg.start_soon(self._tokens, request, peer, reply)  # saved in a thread
-            return
-        if isinstance(request, (protocol.SetNotify, protocol.ListNotify)):
-            self._tg.start_soon(self._notify, request, peer, reply)  # saved in a thread
+        # a submission, most requests by far, goes straight to the engine; the
+        # rest that are slow or save a file run as a task of their own
+        task = None if type(request) is protocol.SubmitJob else self._tasks.get(type(request))
+        if task is not None:
+            self._tg.start_soon(task, request, peer, reply, conn)
             return
         try:
             item, answer = self._translate(request, peer)
@@ -301,11 +288,16 @@ class Server:
         return {"path": str(self.engine.executor.log_path(job_id)), "state": job.state,
                 "exit_code": job.exit_code, "signal": job.signal}  # `submit --interactive` exits with them
 
-    async def _explain(self, job_id: int, reply: Reply) -> None:
+    def _history(self, from_seq: int) -> Iterator[list[Event]]:
+        return eventlog.read_batches(log_dir(self.engine.state_dir), from_seq)
+
+    async def _explain(self, request: protocol.ExplainJob, _peer: Peer, reply: Reply, _conn: Any) -> None:
         """The job's reason now and its story (the log from its submission on,
         read in a thread). Metadata only: anyone who may see the queue may ask."""
         from eventsched.core.explain import waiting_reason
         from eventsched.projections.story import job_story
+
+        job_id = request.job
 
         def now_view(state: ClusterState) -> dict[str, Any]:
             job = state.jobs.get(job_id)
@@ -322,7 +314,7 @@ class Server:
 
         def forecast(copy: ClusterState) -> dict[str, Any]:
             now = self.engine.clock()
-            self.calibration.catch_up(lambda seq: eventlog.read_batches(log_dir(self.engine.state_dir), seq), copy.last_seq)
+            self.calibration.catch_up(self._history, copy.last_seq)
             f = run_forecast(copy, now, {job_id}, calibration=self.calibration)
             assumptions = ASSUMPTIONS
             if f.blind:
@@ -330,8 +322,7 @@ class Server:
             return {**shown(f, job_id, now), "made_at": now, "assumptions": assumptions + range_basis(f)}
 
         def story(from_seq: int, until_ts: float | None) -> list[dict[str, Any]]:
-            batches = eventlog.read_batches(log_dir(self.engine.state_dir), from_seq=max(1, from_seq))
-            events: Iterable[Event] = (e for batch in batches for e in batch)
+            events: Iterable[Event] = (e for batch in self._history(max(1, from_seq)) for e in batch)
             if until_ts is not None:  # the log's times never go back
                 events = itertools.takewhile(lambda e: e.ts <= until_ts, events)
             return [msgspec.to_builtins(line) for line in job_story(events, job_id)]
@@ -341,16 +332,14 @@ class Server:
             view["story"] = await anyio.to_thread.run_sync(story, view.pop("from_seq"), view.pop("until_ts"))
             copy = view.pop("copy")
             if copy is not None:
-                view["forecast"] = await anyio.to_thread.run_sync(forecast, copy)
-                start = view["forecast"]["estimated_start"]
-                if start is not None:  # what was shown is recorded, so its error can be measured
-                    self.engine.submit_nowait(msg.RecordForecast(job=job_id, estimated_start=start, by="explain",
-                                                                 p10=view["forecast"]["estimated_start_p10"],
-                                                                 p90=view["forecast"]["estimated_start_p90"]),
-                                              None, lambda *_: None)
+                f = view["forecast"] = await anyio.to_thread.run_sync(forecast, copy)
+                if f["estimated_start"] is not None:  # what was shown is recorded, so its error can be measured
+                    record = msg.RecordForecast(job=job_id, estimated_start=f["estimated_start"], by="explain",
+                                                p10=f["estimated_start_p10"], p90=f["estimated_start_p90"])
+                    self.engine.submit_nowait(record, None, lambda *_: None)
             reply(view, None)
 
-    async def _alternatives(self, request: protocol.ForecastAlternatives, reply: Reply) -> None:
+    async def _alternatives(self, request: protocol.ForecastAlternatives, _peer: Peer, reply: Reply, _conn: Any) -> None:
         """A queued job's forecast under its own request and each alternative,
         on a copy, in a thread (as ``explain``'s forecast)."""
         from eventsched.core.alternatives import forecast_alternatives
@@ -365,7 +354,7 @@ class Server:
 
         def forecasts(copy: ClusterState) -> dict[str, Any]:
             now = self.engine.clock()
-            self.calibration.catch_up(lambda seq: eventlog.read_batches(log_dir(self.engine.state_dir), seq), copy.last_seq)
+            self.calibration.catch_up(self._history, copy.last_seq)
             rows = forecast_alternatives(copy, now, request.job, [(a.gpus, a.gpu_mem_mib) for a in request.alternatives],
                                          calibration=self.calibration)
             return {"job": request.job, "made_at": now, "alternatives": rows, "assumptions": ASSUMPTIONS}
@@ -374,7 +363,7 @@ class Server:
             copy = await self.engine.call(Query(copy_of))
             reply(await anyio.to_thread.run_sync(forecasts, copy), None)
 
-    async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Reply) -> None:
+    async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Reply, _conn: Any) -> None:
         """Cancel every job named that can be, and say why not for the rest:
         a plan, then one ``Cancel``. A job that ends between the two makes the
         core refuse the ``Cancel`` whole, so the plan is made again."""
@@ -405,7 +394,7 @@ class Server:
             self._tokens_store = TokenStore(self.engine.state_dir)
         return self._tokens_store
 
-    async def _tokens(self, request: protocol.Request, peer: Peer, reply: Reply) -> None:
+    async def _tokens(self, request: protocol.Request, peer: Peer, reply: Reply, _conn: Any) -> None:
         """``eventsched token create|list|revoke``, as the peer (an operator: anyone's tokens)."""
         operator = peer.uid in self.operators
         with _answering(reply, "token request"):
@@ -424,7 +413,7 @@ class Server:
                 record = await anyio.to_thread.run_sync(store.revoke, request.token, peer.uid, operator)
                 reply(record.public(account(record.uid)[0]), None)
 
-    async def _notify(self, request: protocol.SetNotify | protocol.ListNotify, peer: Peer, reply: Reply) -> None:
+    async def _notify(self, request: protocol.SetNotify | protocol.ListNotify, peer: Peer, reply: Reply, _conn: Any) -> None:
         """``eventsched notify set|list``: the peer's own hook (an operator lists everyone's)."""
         with _answering(reply, "notify request"):
             if isinstance(request, protocol.ListNotify):
@@ -433,24 +422,23 @@ class Server:
                 user = account(peer.uid)[0]
                 reply(await anyio.to_thread.run_sync(self.notifier.set, request, peer.uid, peer.gid, user), None)
 
-    async def _run_sql(self, sql: str, reply: Reply, peer: Peer, gone: Callable[[], bool] | None) -> None:
+    async def _run_sql(self, request: protocol.RunSql, peer: Peer, reply: Reply, conn: Connection | None) -> None:
         """Answer in a process that runs the query as ``peer`` (``sql_sandbox``),
-        killed when its client goes away (``gone()``)."""
+        killed when its client goes away (``conn.gone()``)."""
         from eventsched.projections.sql_values import EXIT_BAD_QUERY, SqlError
         from eventsched.runtime.api.sql_sandbox import SqlRunner
 
         if self._sql_runner is None:
             self._sql_runner = SqlRunner(self.engine.state_dir)
-        try:
-            result = await self._sql_runner.answer(sql, peer.uid, peer.gid, list(peer.groups), gone or (lambda: False))
-        except SqlError as exc:  # the user's SQL, or the history could not be read
-            reply(None, Refused(RefusalKind.INVALID if exc.code == EXIT_BAD_QUERY else RefusalKind.UNAVAILABLE, str(exc)))
-            return
-        except Exception as exc:
-            reply(None, _internal("sql request", exc))
-            return
-        if result is not None:
-            reply(result, None)
+        gone = conn.gone if conn is not None else (lambda: False)
+        with _answering(reply, "sql request"):
+            try:
+                result = await self._sql_runner.answer(request.query, peer.uid, peer.gid, list(peer.groups), gone)
+            except SqlError as exc:  # the user's SQL, or the history could not be read
+                raise Refused(RefusalKind.INVALID if exc.code == EXIT_BAD_QUERY else RefusalKind.UNAVAILABLE,
+                              str(exc)) from None
+            if result is not None:
+                reply(result, None)
 
 
 CANCEL_TRIES = 5
@@ -478,28 +466,29 @@ def cancel_plan(
     def refuse(job: int | str, kind: RefusalKind, reason: str) -> None:
         refused.append({"job": job, "reason": reason, "kind": kind})
 
-    def not_theirs(job: Job) -> bool:
-        return uid != 0 and uid != job.spec.uid
+    def theirs(job: Job) -> bool:
+        return uid in (0, job.spec.uid)
 
-    def belongs(label: int | str, job: Job) -> None:
-        refuse(label, RefusalKind.FORBIDDEN, f"belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}")
+    def consider(label: int | str, job: Job) -> None:
+        if not theirs(job):
+            refuse(label, RefusalKind.FORBIDDEN, f"belongs to {job.spec.user or 'uid ' + str(job.spec.uid)}")
+        elif job.state in FINAL:
+            refuse(label, RefusalKind.CONFLICT, f"already {job.state}")
+        else:
+            wanted[job.id] = None
 
     for jid in dict.fromkeys(ids):
         job = state.jobs.get(jid)
         if job is None:
             refuse(jid, RefusalKind.NOT_FOUND, "no such job")
-        elif not_theirs(job):
-            belongs(jid, job)
-        elif arrays and job.spec.array_index >= 0 and job.spec.array_id == jid:  # an array's id: all its tasks
+        elif arrays and job.spec.array_index >= 0 and job.spec.array_id == jid and theirs(job):  # all its tasks
             tasks = tasks_of(jid)
             live = [t.id for t in tasks if t.state not in FINAL]
             if not live:
                 refuse(jid, RefusalKind.CONFLICT, f"array already finished (all {len(tasks)} tasks)")
             wanted.update(dict.fromkeys(live))
-        elif job.state in FINAL:
-            refuse(jid, RefusalKind.CONFLICT, f"already {job.state}")
         else:
-            wanted[jid] = None
+            consider(jid, job)
     for array, index in dict.fromkeys(tuple(pair) for pair in array_tasks):
         label = f"{array}_{index}"
         task = next((t for t in tasks_of(array) if t.spec.array_index == index), None)
@@ -510,12 +499,8 @@ def cancel_plan(
                 refuse(label, RefusalKind.INVALID, f"job {array} is not an array")
             else:
                 refuse(label, RefusalKind.NOT_FOUND, f"no array {array}")
-        elif not_theirs(task):
-            belongs(label, task)
-        elif task.state in FINAL:
-            refuse(label, RefusalKind.CONFLICT, f"already {task.state}")
         else:
-            wanted[task.id] = None
+            consider(label, task)
     return list(wanted), refused
 
 

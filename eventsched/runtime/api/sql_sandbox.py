@@ -192,10 +192,9 @@ def _answer(params: dict[str, Any]) -> dict[str, Any]:
         return {"error": str(e), "code": e.code}
     except duckdb.OutOfMemoryException as e:
         return {"error": f"out of memory (limit {params['memory_mb']} MB): {_one_line(str(e))}", "code": EXIT_BAD_QUERY}
-    except duckdb.Error as e:
-        return {"error": _one_line(str(e)), "code": EXIT_BAD_QUERY}
-    except (MemoryError, OSError) as e:  # Arrow reports DuckDB's out-of-memory as OSError
-        if isinstance(e, MemoryError) or "memory" in str(e).lower():
+    except (duckdb.Error, MemoryError, OSError) as e:
+        # Arrow reports DuckDB's out-of-memory as OSError
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and "memory" in str(e).lower()):
             return {"error": f"out of memory (limit {params['memory_mb']} MB); add a LIMIT or aggregate",
                     "code": EXIT_BAD_QUERY}
         return {"error": _one_line(str(e)), "code": EXIT_BAD_QUERY}
@@ -339,9 +338,7 @@ class SqlRunner:
 
     async def _admitted(self, sql: str, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
         limits = self.limits
-        slots = self._users.get(uid)
-        if slots is None:
-            slots = self._users[uid] = _UserSlots(limits.per_user)
+        slots = self._users.setdefault(uid, _UserSlots(limits.per_user))
         slots.holders += 1
         try:
             acquired = False
@@ -383,31 +380,32 @@ class SqlRunner:
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await process.stdin.send(json.dumps(params).encode() + b"\n")
 
+            async def receive() -> bytes:
+                """The next bytes the child wrote; b"" once it has closed its end."""
+                try:
+                    return await stdout.receive(1 << 16)
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return b""
+
             async def read_until_eof() -> bool:
                 """Into ``data``; False when past the cap."""
-                while True:
-                    try:
-                        chunk = await stdout.receive(1 << 16)
-                    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                        return True
+                while chunk := await receive():
                     data.extend(chunk)
                     if len(data) > cap:
                         return False
+                return True
 
             with anyio.move_on_after(limits.setup_timeout_s) as setup:
-                try:
-                    data.extend(await stdout.receive(1 << 16))
-                except (anyio.EndOfStream, anyio.BrokenResourceError):
-                    pass
+                data.extend(await receive())
             if setup.cancelled_caught:
                 raise SqlError(f"the history could not be caught up within {limits.setup_timeout_s:g} s; "
                                "try again", EXIT_ERROR)
+            fits = True
             if data[:1] == READY:
                 del data[:1]
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                     await process.stdin.send(sql.encode("utf-8", "replace"))
                 await process.stdin.aclose()
-                fits = True
                 with anyio.move_on_after(limits.timeout_s) as query:
                     with anyio.move_on_after(1.0) as first_second:
                         fits = await read_until_eof()

@@ -67,10 +67,8 @@ class TokenStore:
         if info.st_mode & 0o077:  # someone loosened it: close it again before reading
             logger.warning("%s was readable by others (mode %o); made it 0600", self.path, info.st_mode & 0o777)
             os.chmod(self.path, 0o600)
-        data = json.loads(self.path.read_text())
-        for entry in data.get("tokens", []):
-            record = TokenRecord(**entry)
-            self._by_hash[record.sha256] = record
+        records = [TokenRecord(**entry) for entry in json.loads(self.path.read_text()).get("tokens", [])]
+        self._by_hash = {record.sha256: record for record in records}
 
     def _save(self) -> None:
         records = sorted(self._by_hash.values(), key=lambda r: r.created)

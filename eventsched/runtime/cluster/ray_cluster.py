@@ -45,6 +45,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import anyio.to_thread
+import msgspec
 
 from eventsched.domain.events import JobSpec
 from eventsched.domain.messages import (
@@ -175,9 +176,11 @@ class RayExecutor:
             raise AlreadyLaunched(value)
         if kind == "failed":
             raise LaunchError(value)
-        started: ProcessStarted = value
-        return ProcessStarted(job=job, pid=started.pid, start_time=started.start_time,
-                              log_path=str(self.log_path(job)))
+        return self._mirrored(value)
+
+    def _mirrored(self, started: ProcessStarted) -> ProcessStarted:
+        """A remote start, its output where the daemon mirrors it."""
+        return msgspec.structs.replace(started, log_path=str(self.log_path(started.job)))
 
     async def _connected(self, node: str) -> _Agent:
         """The node's agent once it has joined (a restarted daemon places on
@@ -250,11 +253,7 @@ class RayExecutor:
             if lost:
                 lost = False
                 await send(ClusterLink(lost=False, reason="connected again"))
-            alive: dict[str, str] = {}
-            for info in infos:
-                name = node_name(info)
-                if name is not None and info.get("Alive"):
-                    alive[name] = info["NodeID"]
+            alive = {name: info["NodeID"] for info in infos if info.get("Alive") and (name := node_name(info)) is not None}
             for name, agent in list(self._agents.items()):
                 if alive.get(name) != agent.ray_node:
                     del self._agents[name]
@@ -318,8 +317,7 @@ class RayExecutor:
                 msgs: list[Message] = await agent.actor.recover.remote(running, attempts, self._stops(running))
             for msg in msgs:
                 if isinstance(msg, ProcessStarted):
-                    msg = ProcessStarted(job=msg.job, pid=msg.pid, start_time=msg.start_time,
-                                         log_path=str(self.log_path(msg.job)))
+                    msg = self._mirrored(msg)
                 elif isinstance(msg, (ProcessExited, ProcessLost)):
                     await self._pull_output(agent, msg.job)
                 await self._outbox(msg)
@@ -490,10 +488,8 @@ class RayExecutor:
         for name, agent in list(self._agents.items()):
             if agent.actor is None or not agent.ready.is_set():
                 continue
-            loads: dict[int, tuple[float, int]] = {}
-            if state is not None:
-                for gpu in state.node_gpus.get(name, ()):
-                    loads[gpu.id] = (gpu.used_milli / 1000, gpu.reserved_mib)
+            gpus = state.node_gpus.get(name, ()) if state is not None else ()
+            loads = {gpu.id: (gpu.used_milli / 1000, gpu.reserved_mib) for gpu in gpus}
             calls.append(agent.actor.sample.remote(loads))
         out: list[GpuSample] = []
         for ref in calls:

@@ -18,6 +18,7 @@ stopped (``fenced.json``) and tells the daemon once it hears from it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -101,10 +102,8 @@ class NodeAgent:
             return self.boot, [], fences
         if not self._outbox:
             self._wake.clear()
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
         out, self._outbox = self._outbox, []
         return self.boot, out, fences
 
