@@ -12,7 +12,8 @@ import pytest
 from daemon_harness import EVENTSCHED, Daemon
 
 from eventsched import core
-from eventsched.cli import SESSION_ENV, content_hash, job_exit_status, parse_cancel_ids
+from eventsched.cli import content_hash, job_exit_status, parse_cancel_ids
+from eventsched.domain.dedupe import SESSION_ENV
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
 from eventsched.projections.cluster import ClusterState

@@ -8,11 +8,8 @@ import os
 import sys
 
 from eventsched.cli.commands import ALIASES, COMMANDS
-from eventsched.cli.connect import client, state_dir_of
 from eventsched.cli.errors import UserError, fail, refusal_exit
-from eventsched.domain.dedupe import SESSION_ENV, content_key  # noqa: F401  # SESSION_ENV: re-exported
 from eventsched.domain.paths import socket_location
-from eventsched.domain.text import print_json, table
 from eventsched.domain.units import (UnitError, parse_array, parse_begin, parse_duration, parse_gpu_ids, parse_job_ids,
                                      parse_signal)
 from eventsched.domain.units import format_duration as human_duration
@@ -20,10 +17,24 @@ from eventsched.domain.units import format_duration as human_duration
 TYPE_CHECKING = False  # typing is costly to import for every CLI call; mypy reads this as True
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
     from typing import Any, Callable
 
     from eventsched.domain.events import JobSpec
     from eventsched.wire.client import Client
+
+
+def client(args: argparse.Namespace) -> Client:
+    """The daemon's client (``cli/connect.py``, imported only by the commands that talk to it)."""
+    from eventsched.cli import connect
+
+    return connect.client(args)
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    from eventsched.cli import connect
+
+    return connect.state_dir_of(args)
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -94,6 +105,8 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
 
 def content_hash(command: list[str], cwd: str, args: argparse.Namespace, env: dict[str, str] | None = None) -> str:
     """--dedupe's key (``domain/dedupe.py``)."""
+    from eventsched.domain.dedupe import content_key
+
     return content_key(command, cwd, args.conda or "", args.env_setup or "", env)
 
 
@@ -156,6 +169,7 @@ def list_jobs(c: Client, args: argparse.Namespace) -> list[dict]:
 
 def cmd_queue(args: argparse.Namespace) -> int:
     from eventsched.domain.states import WAITING, JobState
+    from eventsched.domain.text import print_json, table
 
     with client(args) as c:
         jobs = list_jobs(c, args)
@@ -257,6 +271,7 @@ def gpu_flags(job: dict) -> str:
 
 def render_status(status: dict) -> str:
     from eventsched.domain.states import JobState
+    from eventsched.domain.text import table
 
     rows = []
     for g in status["gpus"]:
@@ -287,6 +302,8 @@ def render_status(status: dict) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from eventsched.domain.text import print_json
+
     if (args.watch or args.history) and os.environ.get("EVENTSCHED_URL"):
         raise UserError("status --watch and --history need the daemon's socket (events, the read model); "
                         "over EVENTSCHED_URL run `status` alone")
@@ -455,6 +472,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     with client(args) as c:
         info = c.explain(args.job)
     from eventsched.cli.report import card_of, render_card
+    from eventsched.domain.text import print_json
 
     card = info["report_card"] = card_of(args, info["job"])  # an ended job's, from the history
     if args.json:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from eventsched.domain.text import print_error
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
@@ -21,5 +19,7 @@ def refusal_exit(kind: str) -> int:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
+    from eventsched.domain.text import print_error  # only on this path: every CLI call imports us
+
     print_error(message)
     raise SystemExit(code)

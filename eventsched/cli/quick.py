@@ -13,7 +13,6 @@ import os
 import sys
 
 from eventsched.cli.commands import COMMANDS
-from eventsched.domain.text import print_json
 
 TYPE_CHECKING = False  # typing is costly to import; mypy reads this as True
 if TYPE_CHECKING:
@@ -147,6 +146,8 @@ def show_health(info: dict[str, Any], as_json: bool) -> int:
     waits for its nodes (``serve --wait-nodes``), so a script can wait for 0."""
     up = info.get("nodes_up")  # a cluster's daemon only
     if as_json:
+        from eventsched.domain.text import print_json
+
         print_json(info)
     elif not info.get("ok", True):
         print(f"eventsched: {info.get('waiting', 'not ready')} (daemon pid {info['pid']})", file=sys.stderr)
@@ -159,6 +160,8 @@ def show_health(info: dict[str, Any], as_json: bool) -> int:
 def show_ids(ids: int | list[int], as_json: bool) -> None:
     """A submission's job id (an array's: one a line), on either path."""
     if as_json:
+        from eventsched.domain.text import print_json
+
         print_json({"ids": ids} if isinstance(ids, list) else {"id": ids})
     elif isinstance(ids, list):
         sys.stdout.write("".join(f"{i}\n" for i in ids))
