@@ -82,7 +82,9 @@ class View:
     def most_whole(self) -> int:
         """The most all-free GPUs on one node."""
         if self.whole_known < 0:
-            self.whole_known = max([n for _, _, n in _node_counts(self)], default=0)
+            free = self.free
+            self.whole_known = (_count_at(free, 0, len(free), FULL) if len(self.node_idx) == 1  # most machines
+                                else max([n for _, _, n in _node_counts(self)], default=0))
         return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
@@ -247,16 +249,14 @@ def _count_at(free: list[int], lo: int, hi: int, value: int) -> int:
     return n
 
 
-def _node_counts(view: View) -> Iterator[tuple[int, int, int]]:
+def _node_counts(view: View) -> list[tuple[int, int, int]]:
     """(first index, end index, all-free GPUs) of each node, in order: a
-    node's GPUs are contiguous in (node, id) order."""
+    node's GPUs are contiguous in (node, id) order. A list, not a generator:
+    compiled, a generator costs more than the few tuples it would save."""
     free = view.free
     if len(view.node_idx) == 1:
-        yield 0, len(free), _count_at(free, 0, len(free), FULL)
-        return
-    for idxs in view.node_idx.values():
-        lo, hi = idxs[0], idxs[-1] + 1
-        yield lo, hi, _count_at(free, lo, hi, FULL)
+        return [(0, len(free), _count_at(free, 0, len(free), FULL))]
+    return [(idxs[0], idxs[-1] + 1, _count_at(free, idxs[0], idxs[-1] + 1, FULL)) for idxs in view.node_idx.values()]
 
 
 def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:

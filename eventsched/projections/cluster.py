@@ -481,8 +481,11 @@ def _job_submitted(state: ClusterState, e: ev.JobSubmitted) -> None:
     if e.job in state.jobs:
         raise IllegalTransition(f"job {e.job} already exists")
     count, milli = request_of(e.spec)
-    job = Job(id=e.job, spec=e.spec, count=count, milli=milli, order=state.next_order, submitted_at=e.ts,
-              submitted_seq=e.seq, queued_at=e.ts)
+    # attributes set one by one: compiled, each is a plain store, where
+    # Job(**fields) would set them by name (every submission comes here)
+    job = Job()
+    job.id, job.spec, job.count, job.milli, job.order = e.job, e.spec, count, milli, state.next_order
+    job.submitted_at, job.submitted_seq, job.queued_at = e.ts, e.seq, e.ts
     if e.spec.begin > e.ts:  # --begin: it waits as a retry's backoff does
         job.not_before = e.spec.begin
     state.jobs[e.job] = job
