@@ -82,9 +82,13 @@ class View:
     def most_whole(self) -> int:
         """The most all-free GPUs on one node."""
         if self.whole_known < 0:
-            free = self.free
-            self.whole_known = (_count_at(free, 0, len(free), FULL) if len(self.node_idx) == 1  # most machines
-                                else max([n for _, _, n in _node_counts(self)], default=0))
+            free, most = self.free, 0
+            if len(self.node_idx) == 1:  # most machines
+                most = _count_at(free, 0, len(free), FULL)
+            else:  # asked at almost every fit test of a decision: no tuple per node
+                for idxs in self.node_idx.values():
+                    most = max(most, _count_at(free, idxs[0], idxs[-1] + 1, FULL))
+            self.whole_known = most
         return self.whole_known
 
     def candidates(self, job: Job, exclude: frozenset[int] = frozenset()) -> list[int]:
