@@ -40,6 +40,7 @@ SOURCES = (
     "eventsched/core/policies.py",
     "eventsched/core/scheduler.py",
     "eventsched/sim/simulator.py",
+    "eventsched/runtime/api/fair_use.py",
     "eventsched/runtime/api/connection.py",
 )
 MODULES = tuple(s.removesuffix(".py").replace("/", ".") for s in SOURCES)
