@@ -55,8 +55,12 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
-# an fdatasync slower than this sends the next ones to the commit thread (see _commit)
+# fdatasyncs slower than this on average send the next ones to the commit
+# thread (see _commit); the average is a moving one, so that a disk that is
+# slow goes there and one slow fdatasync on a fast disk does not (the hand-off
+# costs every commit two context switches)
 SLOW_SYNC_S = 0.0005
+SYNC_AVERAGE_WEIGHT = 0.2  # of the latest fdatasync in that average
 # Group commit: while fewer requests wait than the last batch answered, the
 # loop runs up to this many more steps before taking the batch (see _gather)
 GATHER_STEPS = 6
@@ -164,7 +168,8 @@ class Engine:
         self._inbox_ready = asyncio.Event()
         self._inbox_room = asyncio.Event()  # set when a batch is taken: an exit waiting for room goes in
         self._committer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eventsched-commit")
-        self._sync_in_thread = False  # the last fdatasync was slow (see _commit)
+        self._sync_in_thread = False  # fdatasyncs have been slow (see _commit)
+        self._sync_average_s = 0.0
         self._syncing = False  # an fdatasync runs in the commit thread
         self._sync_wanted = asyncio.Event()
         self._unwritten: list[ev.Event] = []  # decided while an fdatasync ran, or nobody waits on yet
@@ -416,8 +421,8 @@ class Engine:
     def _commit(self) -> None:
         """Write what was decided as one frame, make it durable and release
         the batches it holds. A quick fdatasync runs here, on the loop (every
-        reply waits for it, and a hand-off to a thread costs more); after a
-        slow one they run in the commit thread (``_syncer``), so sockets,
+        reply waits for it, and a hand-off to a thread costs more); once they
+        are slow on average they run in the commit thread (``_syncer``), so sockets,
         exits and timers are not held by a slow disk, and the batches decided
         meanwhile are written when it returns."""
         assert self.log is not None
@@ -431,8 +436,12 @@ class Engine:
                 self._syncing = True
                 self._sync_wanted.set()
             else:
-                self._sync_in_thread = self._timed_sync() > SLOW_SYNC_S
+                self._note_sync(self._timed_sync())
         self._release()
+
+    def _note_sync(self, took: float) -> None:
+        self._sync_average_s += SYNC_AVERAGE_WEIGHT * (took - self._sync_average_s)
+        self._sync_in_thread = self._sync_average_s > SLOW_SYNC_S
 
     def _timed_sync(self) -> float:
         assert self.log is not None
@@ -449,7 +458,7 @@ class Engine:
             self._sync_wanted.clear()
             while self.log.synced_seq < self.log.next_seq - 1:
                 took = await loop.run_in_executor(self._committer, self._timed_sync)
-                self._sync_in_thread = took > SLOW_SYNC_S
+                self._note_sync(took)
                 self._release()
                 self._write()
             self._syncing = False
