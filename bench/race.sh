@@ -31,6 +31,13 @@
 set -euo pipefail
 DIR=/tmp
 LOOP_IMG="" LOOP_MNT=""
+unmount_loop() {
+  [ -z "$LOOP_MNT" ] && return
+  umount "$LOOP_MNT" 2>/dev/null || true
+  rmdir "$LOOP_MNT" 2>/dev/null || true
+  rm -f "$LOOP_IMG"
+}
+trap unmount_loop EXIT
 case ${1:-} in
   --dir) DIR=${2:?race: --dir needs a folder}; [ -d "$DIR" ] || { echo "race: no folder $DIR" >&2; exit 2; } ;;
   --ext4-loop)
@@ -43,11 +50,6 @@ case ${1:-} in
   "") ;;
   *) echo "race: usage: bench/race.sh [--dir DIR | --ext4-loop]" >&2; exit 2 ;;
 esac
-unmount_loop() {
-  [ -z "$LOOP_MNT" ] && return
-  umount "$LOOP_MNT" && rmdir "$LOOP_MNT" && rm -f "$LOOP_IMG"
-}
-trap unmount_loop EXIT
 DIR=$(cd "$DIR" && pwd)
 cd "$(dirname "$0")/.."
 ROOT=$PWD
