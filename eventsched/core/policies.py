@@ -85,7 +85,7 @@ class View:
             free, most = self.free, 0
             if len(self.node_idx) == 1:  # most machines
                 most = _count_at(free, 0, len(free), FULL)
-            else:  # asked at almost every fit test of a decision: no tuple per node
+            else:  # asked at almost every fit test of a decision: a plain loop, no tuple per node
                 for idxs in self.node_idx.values():
                     most = max(most, _count_at(free, idxs[0], idxs[-1] + 1, FULL))
             self.whole_known = most
@@ -253,16 +253,6 @@ def _count_at(free: list[int], lo: int, hi: int, value: int) -> int:
     return n
 
 
-def _node_counts(view: View) -> list[tuple[int, int, int]]:
-    """(first index, end index, all-free GPUs) of each node, in order: a
-    node's GPUs are contiguous in (node, id) order. A list, not a generator:
-    compiled, a generator costs more than the few tuples it would save."""
-    free = view.free
-    if len(view.node_idx) == 1:
-        return [(0, len(free), _count_at(free, 0, len(free), FULL))]
-    return [(idxs[0], idxs[-1] + 1, _count_at(free, idxs[0], idxs[-1] + 1, FULL)) for idxs in view.node_idx.values()]
-
-
 def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     """``_gang`` of a plain job of ``k`` whole GPUs (its candidates are the
     all-free GPUs), counted per node instead of listed one by one."""
@@ -271,8 +261,10 @@ def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
     free = view.free
     if len(view.node_idx) == 1:  # one node: it is the pick
         return _all_at(free, FULL)[:k]
-    pick: tuple[int, int, int] | None = None
-    for lo, hi, n in _node_counts(view):
+    pick: tuple[int, int, int] | None = None  # (first index, end index, all-free GPUs) of a node
+    for idxs in view.node_idx.values():  # a node's GPUs are contiguous in (node, id) order
+        lo, hi = idxs[0], idxs[-1] + 1
+        n = _count_at(free, lo, hi, FULL)
         if n >= k and (pick is None or n < pick[2]):
             pick = (lo, hi, n)
             if not tightest:
