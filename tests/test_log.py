@@ -225,6 +225,41 @@ def test_garbage_tail_is_cut_and_kept(tmp_path: Path, tail: str) -> None:
     assert logtools.verify(d) == 0
 
 
+@pytest.mark.parametrize("finished", [True, False])
+def test_verify_of_a_live_log_waits_out_a_frame_in_flight(tmp_path: Path, finished: bool) -> None:
+    """What `log verify` reads while the daemon writes: a frame whose body is
+    there and whose header is not yet. While a writer holds the log it looks
+    again, so a write that finishes is no torn tail; one that does not is."""
+    d = tmp_path / "log"
+    write_log(d, [3, 3, 3])
+    (seg,) = seg_files(d)
+    size = seg.stat().st_size
+    frame = _frame(_salt(seg), 10, events(10, 2))
+    with open(seg, "ab") as f:
+        f.write(bytes(FRAME_HEADER_SIZE) + frame[FRAME_HEADER_SIZE:])
+    holder = log.try_lock(str(d / log.LOCK_NAME))  # as the live daemon's writer holds it
+    assert holder is not None
+
+    def finish() -> None:
+        fd = os.open(seg, os.O_WRONLY)
+        try:
+            os.pwrite(fd, frame[:FRAME_HEADER_SIZE], size)
+        finally:
+            os.close(fd)
+
+    timer = threading.Timer(0.03, finish)  # the writer's copy finishing
+    if finished:
+        timer.start()
+    try:
+        assert logtools.verify(d) == (0 if finished else 1)
+    finally:
+        if finished:
+            timer.join()
+        os.close(holder)
+    if finished:
+        assert [e.seq for e in log.read(d)] == list(range(1, 12))
+
+
 @pytest.mark.parametrize("zeros", [FRAME_HEADER_SIZE, 4096, 3 << 20])
 def test_zeros_after_the_last_frame_are_space_written_ahead(tmp_path: Path, zeros: int) -> None:
     """What a crash leaves of a preallocated segment (or a file that grew while

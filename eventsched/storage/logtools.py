@@ -11,6 +11,7 @@ import datetime
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from typing import TextIO
 
@@ -96,6 +97,23 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
     return found
 
 
+IN_FLIGHT_LOOKS = 20  # 10 ms apart: a frame's write takes far less
+
+
+def _held_by_writer(directory: str) -> bool:
+    """Does a live writer hold the log's lock? Read from /proc/locks: taking
+    the lock to find out could make a daemon starting at that moment refuse
+    to (False wherever it cannot be told)."""
+    try:
+        st = os.stat(os.path.join(directory, L.LOCK_NAME))
+        with open("/proc/locks") as f:
+            held = f.read()
+    except OSError:
+        return False
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(key in line.split() for line in held.splitlines())
+
+
 def verify(directory: str | os.PathLike[str]) -> int:
     """Check every segment, frame and checksum; 0 when the log is sound."""
     d = os.fspath(directory)
@@ -109,6 +127,17 @@ def verify(directory: str | os.PathLike[str]) -> int:
     if found.segments == 0:
         _err(f"no log segments in {d}")
         return 1
+    # a live writer's frame in flight reads as a torn tail (its header not yet
+    # copied, its body already there): look again while it finishes
+    looks = 0
+    while found.torn_tail and looks < IN_FLIGHT_LOOKS and _held_by_writer(d):
+        time.sleep(0.01)
+        looks += 1
+        try:
+            found = _inspect(d, decode=True)
+        except OSError as e:
+            _err(f"cannot read log {d}: {e}")
+            return 1
     if found.problem:
         where = f"segment {found.segment} at byte {found.offset}: {found.problem}"
         if found.torn_tail:
