@@ -152,6 +152,22 @@ class Daemon:
             f"jobs {ids} to reach {states}",
         )
 
+    def wait_log_quiet(self, quiet_s: float = 1.0, timeout: float = 20.0) -> int:
+        """Wait until the log has grown by nothing for ``quiet_s``: after the
+        last job ends the GPU sampler still records the GPUs going idle, and a
+        test that reads the log as a finished history needs its end fixed."""
+        deadline = time.monotonic() + timeout
+        with Client(self.socket) as client:
+            seq, since = client.status()["seq"], time.monotonic()
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                now = client.status()["seq"]
+                if now != seq:
+                    seq, since = now, time.monotonic()
+                elif time.monotonic() - since >= quiet_s:
+                    return seq
+        raise AssertionError(f"the log was still growing after {timeout} s (seq {seq})")
+
     def __enter__(self) -> "Daemon":
         return self.start()
 

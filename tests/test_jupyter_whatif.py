@@ -55,6 +55,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory):
     ids = [d.submit("--gpus", str(g), "--name", f"w{i}", "--", "sleep", "0.3")
            for i, g in enumerate((2, 1, 0.5, 4, 1, 0.25, 2))]
     d.wait_states(ids, {"succeeded"}, timeout=60)
+    d.wait_log_quiet()
     yield d
     d.stop()
 
