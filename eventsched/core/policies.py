@@ -846,11 +846,49 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
         return truth.get(job.id, DEFAULT_RUNTIME_S)
 
     def order(live: set[Any], has_head: Callable[[], bool]) -> Iterator[int]:
-        # the whole queue sorted by (priority, true duration): fine for a reference
-        keys = sorted((k0, pred(state.jobs[j]), o, j) for k0, o, j in state.queue.by_priority)
-        return (j for _, _, _, j in keys)
+        # the whole queue sorted by (priority, due before a pause, true duration): fine for a reference
+        due = _due_before_a_pause(state, now, pred)
+        keys = sorted((k0, j not in due, pred(state.jobs[j]), o, j) for k0, o, j in state.queue.by_priority)
+        return (key[-1] for key in keys)
 
     return _sjf(state, now, pred, order, pred)
+
+
+def _due_before_a_pause(state: ClusterState, now: float, pred: Callable[[Job], float]) -> set[int]:
+    """The queued jobs the oracle starts ahead of shorter ones because the
+    next known GPU pause would leave too few GPUs for them until it ends.
+
+    Shortest-first rests on an exchange argument: a job put ahead of ``n``
+    others delays each by at most its own duration ``d``. A job the pause
+    would hold back waits at least the pause's length ``P`` more if it misses
+    it, so it goes first when ``n * d < P``, ``n`` being the queued jobs of
+    its tier that are shorter than it.
+    """
+    ahead = [w for w in state.oracle_pauses if w[0] > now]
+    if not ahead:
+        return set()
+    start = ahead[0][0]
+    down = {key for key, g in state.gpus.items() if g.paused or g.lost}
+    back = [resumed for paused, resumed, node, gpu in state.oracle_pauses
+            if paused <= start < resumed and (node, gpu) not in down]
+    if not back:
+        return set()  # resumed the moment it was paused
+    left = len(state.gpus) - len(down) - len(back)
+    pause_s = min(back) - start
+    jobs = state.jobs
+    tiers: dict[float, list[float]] = {}
+    for k0, _, j in state.queue.by_priority:
+        tiers.setdefault(k0, []).append(pred(jobs[j]))
+    for durations in tiers.values():
+        durations.sort()
+    due: set[int] = set()
+    for k0, _, j in state.queue.by_priority:
+        job = jobs[j]
+        if job.count > left:
+            d = pred(job)
+            if bisect.bisect_left(tiers[k0], d) * d < pause_s:
+                due.add(j)
+    return due
 
 
 def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],

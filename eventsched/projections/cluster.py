@@ -65,6 +65,8 @@ class ClusterState:
         # job -> its true duration: set only by a replay, for the sjf-oracle
         # reference policy (not a fact: never in a snapshot or the log)
         self.oracle: dict[int, float] = {}
+        # and the operators' GPU pauses ahead: (paused at, resumed at, node, GPU)
+        self.oracle_pauses: list[tuple[float, float, str, int]] = []
         # set by the core only while it places, after everyone else's, the jobs of
         # tenants whose budget is spent and whose action is lower-priority (not a fact)
         self.placing_lowered: bool = False

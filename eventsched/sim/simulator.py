@@ -42,9 +42,9 @@ import msgspec
 from eventsched import core
 from eventsched.core import budgets
 from eventsched.domain import events as ev
-from eventsched.domain.messages import (Cancel, Hold, Launch, Message, NeverLaunched, ProcessExited,
-                                        ProcessLost, ProcessStarted, Refused, Release, SchedulerConfig,
-                                        Signal, Started, Submit, Tick, Update, WakeAt)
+from eventsched.domain.messages import (Cancel, Hold, Launch, Message, NeverLaunched, PauseGpu, ProcessExited,
+                                        ProcessLost, ProcessStarted, Refused, Release, ResumeGpu,
+                                        SchedulerConfig, Signal, Started, Submit, Tick, Update, WakeAt)
 from eventsched.domain.states import FINAL, WAITING, JobState
 from eventsched.domain.tenants import Tenant
 from eventsched.projections import collector
@@ -86,6 +86,8 @@ class _Sim:
             policy == RECORDED or (policy == workload.recorded_policy and not workload.policy_changes)
         )
         self.state = ClusterState()
+        if policy == "sjf-oracle":  # the reference policy knows the operators' pauses ahead
+            self.state.oracle_pauses = _pause_windows(workload.stimuli)
         self.validate = validate
         self.writer = eventlog.LogWriter.open(state_dir / "log")
         if self.writer.next_seq != 1:
@@ -376,6 +378,20 @@ class _Sim:
         st = self.state
         return (bool(st.running) or any(st.jobs[j].not_before > self.now for j in st.backoff)
                 or budgets.next_month(st, self.now) is not None)
+
+
+def _pause_windows(stimuli: list[tuple[float, int, float, Any]]) -> list[tuple[float, float, str, int]]:
+    """(paused at, resumed at, node, GPU) for every recorded pause, in time
+    order; one never resumed lasts forever."""
+    opened: dict[tuple[str, int], float] = {}
+    windows: list[tuple[float, float, str, int]] = []
+    for t, _, _, msg in sorted(stimuli, key=lambda s: (s[0], s[2])):
+        if isinstance(msg, PauseGpu):
+            opened.setdefault((msg.node, msg.gpu), t)
+        elif isinstance(msg, ResumeGpu) and (msg.node, msg.gpu) in opened:
+            windows.append((opened.pop((msg.node, msg.gpu)), t, msg.node, msg.gpu))
+    windows.extend((t, math.inf, node, gpu) for (node, gpu), t in opened.items())
+    return sorted(windows)
 
 
 def _earlier(pending: tuple[float, int, float, int, Any], stimulus: tuple[float, int, float, Any]) -> bool:

@@ -5,13 +5,10 @@ set -e
 here=$(cd "$(dirname "$0")" && pwd)
 traces="$here/../../../shared/traces"
 out=$(mktemp -d)
-policies="--policy fifo --policy priority --policy best-fit --policy sjf-backfill --policy fgd"
-eventsched replay "$traces/openb_pod_list_default.csv" $policies --out "$out/t" --json \
-    | sed "s|$out/t|<out>|g; s|$traces/||g" > "$here/comparison.json"
-python3 - "$here/comparison.json" > "$here/comparison.txt" <<'PY'
-import json, sys
-from eventsched.whatif import format_comparison
-print(format_comparison(json.load(open(sys.argv[1]))))
-PY
+policies="--policy fifo --policy priority --policy best-fit --policy sjf-backfill --policy fgd --policy fair-share --policy sjf-oracle"
+eventsched replay "$traces/openb_pod_list_default.csv" $policies --out "$out/txt" \
+    | sed "s|$out/txt|<out>|g; s|$traces/||g" > "$here/comparison.txt"
+eventsched replay "$traces/openb_pod_list_default.csv" $policies --out "$out/json" --json \
+    | sed "s|$out/json|<out>|g; s|$traces/||g" > "$here/comparison.json"
 cat "$here/comparison.txt"
 rm -rf "$out"
