@@ -99,16 +99,16 @@ def test_bad_tenant_configs_and_options_get_one_line(tmp_path: Path) -> None:
 
 
 def test_preemption_warns_the_victim_requeues_it_and_replays_exactly(tmp_path: Path) -> None:
-    warned = tmp_path / "warned"
+    warned, trapping = tmp_path / "warned", tmp_path / "trapping"
     # the victim checkpoints on its warning signal, then finishes on its second run
     victim = script(tmp_path, "victim.sh", (
         f'if [ -e {warned} ]; then echo resumed; exit 0; fi\n'
         f'trap \'echo "USR1 $EVENTSCHED_JOB_ID" > {warned}; exit 0\' USR1\n'
+        f'touch {trapping}\n'
         'while true; do sleep 0.05; done'))
     with Daemon(tmp_path / "state", gpus="fake:2") as d:
         low = d.submit("--gpus", "2", "--preemptible", "--signal", "USR1@5", "--", victim)
-        d.wait_states([low], {"running"})
-        time.sleep(0.3)  # the trap is set
+        d.wait_for(lambda _: trapping.exists(), what="the victim to set its trap")  # a warning before would kill it
         high = d.submit("--gpus", "1", "--priority", "10", "--", "sleep", "0.5")
         jobs = d.wait_states([low, high], {"succeeded"}, timeout=30)
         assert warned.read_text().strip() == f"USR1 {low}"

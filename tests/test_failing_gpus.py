@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pynvml
@@ -204,16 +205,21 @@ def test_a_gpu_back_from_failure_is_not_thinned_away_by_the_engine() -> None:
 @pytest.mark.slow
 def test_a_daemon_rides_out_failing_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A real daemon whose NVML is the fake: GPU 0 is lost under a running
-    job and comes back; GPU 1 reads 300 C, then times out, then heals."""
+    job and comes back; GPU 1 reads 300 C, then times out, then heals. Each
+    fault goes in once the daemon has recorded the one before (not at fixed
+    times): a busy machine slows the story down but cannot skip a step of it."""
     from daemon_harness import Daemon
 
     from eventsched.storage import log as eventlog
 
-    script = {"gpus": 2, "mem_mib": 40960, "faults": [
-        [4.0, 0, "lost"], [5.0, 1, "hot"], [6.0, 1, "timeout"], [7.0, 1, "ok"], [10.0, 0, "ok"],
-    ]}
+    faults = tmp_path / "faults"
     monkeypatch.setenv("EVENTSCHED_TEST_NVML", str(FAKE_NVML))
-    monkeypatch.setenv("EVENTSCHED_TEST_NVML_SCRIPT", json.dumps(script))
+    monkeypatch.setenv("EVENTSCHED_TEST_NVML_SCRIPT",
+                       json.dumps({"gpus": 2, "mem_mib": 40960, "faults_file": str(faults)}))
+
+    def inject(gpu: int, fault: str) -> None:
+        with open(faults, "a") as f:
+            f.write(f"{gpu} {fault}\n")
 
     def events() -> list[ev.Event]:
         return list(eventlog.read(tmp_path / "state" / "log"))
@@ -221,15 +227,27 @@ def test_a_daemon_rides_out_failing_gpus(tmp_path: Path, monkeypatch: pytest.Mon
     def placed_on(job: int) -> list[tuple[int, ...]]:
         return [tuple(e.gpu_ids) for e in events() if isinstance(e, ev.JobPlaced) and e.job == job]
 
+    def recorded(d: Daemon, gpu: int, error: str) -> None:
+        d.wait_for(lambda _: any(isinstance(e, ev.GpuErrored) and (e.gpu, e.error) == (gpu, error) for e in events()),
+                   20, f"GPU {gpu}'s {error!r} to be recorded")
+        time.sleep(1.0)  # and it lasts a few samples more
+
     with Daemon(tmp_path / "state", gpus="nvml") as d:
         # twice the GPU 0 can hold: the second waits
         first = d.submit("--gpus", "1", "--", "sleep", "60")
         second = d.submit("--gpus", "1", "--", "sleep", "60")
-        d.wait_states([first, second], {"running"}, 10)
+        d.wait_states([first, second], {"running"})
         on_zero = first if placed_on(first) == [(0,)] else second
         # GPU 0 is lost under its job: stopped, requeued (no retry spent), placed again when 0 returns
+        inject(0, "lost")
         d.wait_for(lambda jobs: any(isinstance(e, ev.JobRequeued) and e.job == on_zero for e in events()),
                    20, "the job on the lost GPU to be requeued")
+        inject(1, "hot")
+        recorded(d, 1, "NVML: absurd reading: temperature 300 C")
+        inject(1, "timeout")
+        recorded(d, 1, "NVML: Timeout")
+        inject(1, "ok")
+        inject(0, "ok")
         d.wait_for(lambda jobs: len(placed_on(on_zero)) == 2 and jobs[on_zero]["state"] == "running",
                    20, "the job to run again on the GPU that came back")
         log = events()

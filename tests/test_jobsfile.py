@@ -347,7 +347,8 @@ def test_daemon_refuses_a_world_writable_jobs_file_until_fixed(tmp_path: Path) -
     jobs = _jobs_file(tmp_path, "0,/srv/x.py,,,\n")
     jobs.chmod(0o666)
     with _serve_with_jobs_file(tmp_path / "state", jobs) as d:
-        time.sleep(2.5)
+        _wait(lambda: "is not followed" in d.stderr())  # the first look, however late a busy machine makes it
+        time.sleep(2.5)  # two more looks: still refused, and said once
         assert d.jobs() == {}
         refusals = [line for line in d.stderr().splitlines() if "is not followed" in line]
         assert len(refusals) == 1 and "world-writable" in refusals[0]

@@ -369,9 +369,11 @@ def test_status_panel_shows_gpus_and_jobs(live, capsys) -> None:
             break
         time.sleep(0.1)
     assert states.get(handle.id) == "succeeded"
-    time.sleep(0.5)  # the throttled redraw lands
+    shown = f"data-job='{handle.id}' data-state='succeeded'"
+    while not any(shown in row.cells.value for row in panel.rows):  # the throttled redraw lands
+        assert time.monotonic() < deadline, "the panel never redrew the job as succeeded"
+        time.sleep(0.1)
     assert len(panel.gpu_box.children) == 4
-    assert any(f"data-job='{handle.id}' data-state='succeeded'" in row.cells.value for row in panel.rows)
     assert "NOTE" in panel.jobs_html.value  # the rows' heading
     bundle = panel._repr_mimebundle_()
     assert "GPU 3" in bundle["text/plain"] and "eventsched-status" in bundle["text/html"]
