@@ -846,15 +846,21 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
         return truth.get(job.id, DEFAULT_RUNTIME_S)
 
     def order(live: set[Any], has_head: Callable[[], bool]) -> Iterator[int]:
-        # the whole queue sorted by (priority, due before a pause, true duration): fine for a reference
-        due = _due_before_a_pause(state, now, pred)
-        keys = sorted((k0, j not in due, pred(state.jobs[j]), o, j) for k0, o, j in state.queue.by_priority)
-        return (key[-1] for key in keys)
+        # the whole queue sorted: fine for a reference
+        return (key[-1] for key in sorted(oracle_keys(state, now)))
 
     return _sjf(state, now, pred, order, pred)
 
 
-def _due_before_a_pause(state: ClusterState, now: float, pred: Callable[[Job], float]) -> set[int]:
+def oracle_keys(state: ClusterState, now: float) -> Iterator[tuple[Any, bool, float, int, int]]:
+    """(priority tier, not due before a pause, true duration, order, id) of
+    every queued job: sjf-oracle's order, which its preemptions follow too."""
+    truth = state.oracle
+    due = _due_before_a_pause(state, now, lambda j: truth.get(j, DEFAULT_RUNTIME_S))
+    return ((k0, j not in due, truth.get(j, DEFAULT_RUNTIME_S), o, j) for k0, o, j in state.queue.by_priority)
+
+
+def _due_before_a_pause(state: ClusterState, now: float, duration: Callable[[int], float]) -> set[int]:
     """The queued jobs the oracle starts ahead of shorter ones because the
     next known GPU pause would leave too few GPUs for them until it ends.
 
@@ -875,17 +881,15 @@ def _due_before_a_pause(state: ClusterState, now: float, pred: Callable[[Job], f
         return set()  # resumed the moment it was paused
     left = len(state.gpus) - len(down) - len(back)
     pause_s = min(back) - start
-    jobs = state.jobs
     tiers: dict[float, list[float]] = {}
     for k0, _, j in state.queue.by_priority:
-        tiers.setdefault(k0, []).append(pred(jobs[j]))
+        tiers.setdefault(k0, []).append(duration(j))
     for durations in tiers.values():
         durations.sort()
     due: set[int] = set()
     for k0, _, j in state.queue.by_priority:
-        job = jobs[j]
-        if job.count > left:
-            d = pred(job)
+        if state.jobs[j].count > left:
+            d = duration(j)
             if bisect.bisect_left(tiers[k0], d) * d < pause_s:
                 due.add(j)
     return due

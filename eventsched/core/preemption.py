@@ -39,6 +39,7 @@ from eventsched.core.policies import (
     _offsets,
     best_fit,
     fair_shares,
+    oracle_keys,
 )
 from eventsched.projections.cluster import Capacity, ClusterState, Job
 
@@ -61,8 +62,7 @@ def _head(state: ClusterState, now: float, offsets: dict[str, float]) -> Job | N
         predict = state.stats.predict
         best = min((g[0][0], predict(r, DEFAULT_RUNTIME_S), g[0][1], g[0][2]) for r, g in q.by_rkey.items())[3]
     elif state.config.aging_tiers and policy == "sjf-oracle":
-        truth = state.oracle
-        best = min((k, truth.get(j, DEFAULT_RUNTIME_S), o, j) for k, o, j in q.by_priority)[3]
+        best = min(oracle_keys(state, now))[-1]
     else:
         best = min(_lane_key(entries[0], shape, offsets) for shape, entries in q.shape_queue.items())[2]
     job = state.jobs[best]
