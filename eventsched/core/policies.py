@@ -870,10 +870,9 @@ def _due_before_a_pause(state: ClusterState, now: float, duration: Callable[[int
     it, so it goes first when ``n * d < P``, ``n`` being the queued jobs of
     its tier that are shorter than it.
     """
-    ahead = [w for w in state.oracle_pauses if w[0] > now]
-    if not ahead:
+    start = next((paused for paused, *_ in state.oracle_pauses if paused > now), None)
+    if start is None:
         return set()
-    start = ahead[0][0]
     down = {key for key, g in state.gpus.items() if g.paused or g.lost}
     back = [resumed for paused, resumed, node, gpu in state.oracle_pauses
             if paused <= start < resumed and (node, gpu) not in down]

@@ -382,10 +382,10 @@ class _Sim:
 
 def _pause_windows(stimuli: list[tuple[float, int, float, Any]]) -> list[tuple[float, float, str, int]]:
     """(paused at, resumed at, node, GPU) for every recorded pause, in time
-    order; one never resumed lasts forever."""
+    order; one never resumed lasts forever. A log's stimuli are in its order."""
     opened: dict[tuple[str, int], float] = {}
     windows: list[tuple[float, float, str, int]] = []
-    for t, _, _, msg in sorted(stimuli, key=lambda s: (s[0], s[2])):
+    for t, _, _, msg in stimuli:
         if isinstance(msg, PauseGpu):
             opened.setdefault((msg.node, msg.gpu), t)
         elif isinstance(msg, ResumeGpu) and (msg.node, msg.gpu) in opened:
