@@ -9,14 +9,7 @@ the package's inner layout::
     con = eventsched.history()  # the read model as a read-only DuckDB connection
 
 Names are resolved on first use, so ``import eventsched`` stays cheap (every
-CLI call pays for it).
-
-The layers, lowest first (enforced by import-linter, see pyproject.toml):
-``domain`` (events, messages, job states, settings, units) -> ``storage``
-(the log, snapshots as bytes) and ``wire`` (protocol, client) ->
-``projections`` (pure folds; the DuckDB read model) -> ``core`` (the
-scheduler, policies, explain) -> ``runtime`` (engine, executor, server,
-daemon) and ``sim`` (replay, what-if) -> ``cli`` -> ``jupyter``.
+CLI call pays for it). The package's layers: docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@ their .py sources instead.
 
 Compiled, the scheduler's per-event path runs faster; the sources stay the
 reference. A process imports every compiled module from its source when
-
-- ``EVENTSCHED_PURE=1`` is set: for a debugger, a profiler that should see
-  Python frames, or the test that checks both builds decide alike;
-- any compiled module is older than its source (edited since the last
-  ``scripts/setup.sh``), or outlived its place in ``SOURCES``: it would run
-  old code. Found at the first import of a compiled module, said once on
-  stderr. All or none, because compiled modules reach into each other's
-  classes.
+``EVENTSCHED_PURE=1`` is set (a debugger, a profiler, the test that checks both
+builds decide alike), or when any compiled module is older than its source or
+outlived its place in ``SOURCES``: it would run old code (said once on stderr).
+All or none, because compiled modules reach into each other's classes.
 
 Cheap to import (every CLI call does) and standard library only:
 ``setup.py`` reads ``SOURCES`` from this file before anything is installed.

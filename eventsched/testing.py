@@ -44,13 +44,7 @@ class FakeClock:
             if entry in self._sleepers:
                 self._sleepers.remove(entry)
 
-    @property
-    def sleepers(self) -> int:
-        """How many tasks are asleep on this clock."""
-        return len(self._sleepers)
-
     def advance(self, seconds: float) -> None:
-        """Move time on, waking every sleeper whose time has come."""
         self._now += seconds
         for entry in [e for e in self._sleepers if e[0] <= self._now]:
             self._sleepers.remove(entry)

@@ -1,27 +1,17 @@
 """Every fact eventsched knows, one frozen tagged msgspec Struct each, past tense.
 
 The log (``storage/log.py``) stores these and nothing else; every projection is a fold
-over them.
+over them. Schema evolution (``tests/test_events.py`` holds it against ``tests/fixtures/``):
 
-Schema evolution rules (tested by ``tests/test_events.py`` against the fixture
-log in ``tests/fixtures/``):
+1. A new field goes at the end of its struct, with a default, so older payloads decode.
+2. A field is never removed, renamed, reordered or retyped; a tag is never reused.
+3. A shape that must change gets a new struct and tag (``JobPlacedV2``) and an
+   upcaster in ``UPCASTERS``: projections only ever see the newest shapes.
+4. Unknown fields are ignored, so a newer version's log decodes while its tags are known.
 
-1. Events evolve *additively*: a new field goes at the end of its struct and
-   has a default, so that payloads written before it existed still decode.
-2. A field is never removed, renamed, reordered or retyped, and a tag is never
-   reused. A field that is no longer needed keeps decoding and is ignored.
-3. When a shape really must change, add a new struct with a new tag (e.g.
-   ``JobPlacedV2``) and an upcaster in ``UPCASTERS`` that turns the old one
-   into the new one on read; projections only ever see the newest shapes.
-4. Unknown fields in a payload are ignored (msgspec's default), so a log
-   written by a *newer* version still decodes here as long as its tags are
-   known.
-
-Every event carries ``seq`` (its position in the log, stamped by the log on
-append), ``ts`` (UNIX seconds, from the engine's clock or the simulator's
-virtual one) and ``cause`` (what made it happen: ``"uid:1000"`` for a user's
-command, ``"seq:42"`` for a decision taken because of event 42, ``"timer"``,
-``"nvml"``...), so one job's whole story can be told from the log.
+``cause`` says what made an event happen (``"uid:1000"``, ``"seq:42"`` for a
+decision taken because of event 42, ``"timer"``, ``"nvml"``...), so one job's
+whole story can be told from the log.
 """
 
 from __future__ import annotations
@@ -43,10 +33,8 @@ __all__ = ["Event", "JobSpec", "DaemonStarted", "DaemonStopped", "GpuDiscovered"
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
-    """Base of every event. Subclasses are tagged by their class name."""
-
-    seq: int = 0
-    ts: float = 0.0
+    seq: int = 0  # the position in the log, stamped on append
+    ts: float = 0.0  # UNIX seconds, from the engine's clock or the simulator's virtual one
     cause: str = ""
 
 
@@ -62,9 +50,7 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     cwd: str = "/"
     env: dict[str, str] = {}
     name: str = ""
-    # GPUs: 0 < gpus < 1 is a share of one GPU; an integer >= 1 is that many
-    # whole GPUs (gang placement). 0 means a CPU-only job.
-    gpus: float = 1.0
+    gpus: float = 1.0  # below 1: a share of one GPU; else that many whole GPUs; 0: CPU only
     gpu_mem_mib: int = 0  # per GPU; 0 = no memory request
     gpu_ids: list[int] | None = None  # allowed physical ids; None = any
     priority: int = 0  # higher runs first
@@ -79,25 +65,18 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     interactive: bool = False
     content_hash: str = ""
     node: str = ""  # "" = any node
-    # the submitter's umask (-1 = not sent: the job keeps the daemon's) and
-    # resource limits {"nofile": [soft, hard], ...} (-1 = unlimited), see
-    # rlimits.py; clamped to the daemon's own hard limits at launch
+    # the submitter's umask (-1: the daemon's) and limits, clamped at launch (rlimits.py)
     umask: int = -1
     rlimits: dict[str, list[int]] = {}
-    # an array task: the first task's id and this task's index (0/-1: none);
-    # array_cap (%K) = at most that many of its tasks running at once (0: any)
-    array_id: int = 0
-    array_index: int = -1
-    array_cap: int = 0
+    array_id: int = 0  # an array task: the first task's id (0: none) ...
+    array_index: int = -1  # ... and this task's index
+    array_cap: int = 0  # %K: at most that many of its tasks running at once (0: any)
     preemptible: bool = False  # may be stopped to start a more urgent job
-    # `--signal SIG@SECONDS`: on preemption, signal number ``warn_signal`` (0:
-    # SIGTERM), then SIGKILL ``warn_s`` seconds later (-1: preempt_grace_s)
-    warn_signal: int = 0
-    warn_s: float = -1.0
+    warn_signal: int = 0  # `--signal SIG@SECONDS`: on preemption, this signal (0: SIGTERM) ...
+    warn_s: float = -1.0  # ... then SIGKILL this much later (-1: preempt_grace_s)
     session: str = ""  # "tmux" or "screen": run inside a detached terminal session
     host_mem_mib: int = 0  # host memory limit (0: the daemon's max_host_mem_mib, if any)
-    # a jobs-file line, "PATH:LINE:SHA256-of-the-line": submitted once, ever
-    source: str = ""
+    source: str = ""  # a jobs-file line, "PATH:LINE:SHA": submitted once, ever
     begin: float = 0.0  # `--begin`: not placed before this UNIX time (0: no such wait)
     notify: list[str] = []  # `--notify end,fail`: what its owner's hook is told of ([]: what the hook says)
 
@@ -141,11 +120,8 @@ class GpuSampled(Event, frozen=True, kw_only=True):
     memory_total_mib: int
     temperature_c: float
     power_w: float
-    # memory held by processes that are not eventsched jobs; -1 = unknown
-    foreign_memory_mib: int = -1
-    # job -> MiB its processes hold on this GPU (NVML's compute processes,
-    # mapped by process tree); and the processes that belong to no job
-    job_memory_mib: dict[int, int] = {}
+    foreign_memory_mib: int = -1  # held by processes that are no job's; -1 = unknown
+    job_memory_mib: dict[int, int] = {}  # job -> MiB its process tree holds here
     foreign_processes: list[GpuProcess] = []
 
 
@@ -164,9 +140,8 @@ class GpuPaused(Event, frozen=True, kw_only=True):
 
 
 class GpuHealth(Event, frozen=True, kw_only=True):
-    """What the driver says of a GPU's health (NVML's ECC counters, retired
-    pages, row remapping, Xid events), recorded when it changed; -1: the GPU
-    cannot say (no ECC, an older or newer architecture)."""
+    """The driver's health readings of a GPU, recorded when they changed
+    (docs/gpu-health.md); -1: the GPU cannot say (no ECC, another architecture)."""
 
     node: str
     gpu: int
@@ -222,9 +197,7 @@ class JobPlaced(Event, frozen=True, kw_only=True):
 class JobStarted(Event, frozen=True, kw_only=True):
     job: int
     pid: int
-    # the process's start time (clock ticks since boot, /proc/PID/stat field
-    # 22): with the pid it names one process even after pid reuse
-    start_time: int = 0
+    start_time: int = 0  # /proc/PID/stat field 22: with the pid, one process even after pid reuse
     log_path: str = ""
 
 
@@ -233,9 +206,7 @@ class JobExited(Event, frozen=True, kw_only=True):
     exit_code: int | None  # None when killed by a signal
     signal: int | None = None
     reason: str = ""  # "", "cancelled", "time-limit", "launch-failed", ...
-    # the state it ended in (states.exit_outcome, computed once by the core);
-    # "" in logs written before it was recorded: the fold computes it then
-    outcome: str = ""
+    outcome: str = ""  # the state it ended in, computed once by the core ("": older logs)
 
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):
@@ -244,15 +215,12 @@ class JobCancelRequested(Event, frozen=True, kw_only=True):
     job: int
     by: str = ""
     reason: str = "cancelled"  # or "time-limit", "preempted"
-    # a preemption: the waiting job it makes room for, and the rule
-    # ("priority": a higher tier; "fair-share": a tenant under its share)
-    for_job: int = 0
-    rule: str = ""
+    for_job: int = 0  # a preemption: the waiting job it makes room for ...
+    rule: str = ""  # ... and why: "priority" (a higher tier) or "fair-share" (a tenant under its share)
 
 
 class JobForecast(Event, frozen=True, kw_only=True):
-    """A start time forecast for a queued job, as shown to someone (``explain``):
-    recorded so that its error against the real start can be measured."""
+    """A start forecast shown to someone: recorded to measure its error against the real start."""
 
     job: int
     estimated_start: float  # the median
@@ -262,8 +230,7 @@ class JobForecast(Event, frozen=True, kw_only=True):
 
 
 class TenantsConfigured(Event, frozen=True, kw_only=True):
-    """The tenants, their quotas and weights from now on: from the
-    config at start-up, or an operator's ``tenant set``."""
+    """The tenants from now on: from the config at start-up, or an operator's ``tenant set``."""
 
     tenants: dict[str, Tenant]
     by: str = ""
@@ -293,8 +260,7 @@ class JobReleased(Event, frozen=True, kw_only=True):
 
 
 class JobUpdated(Event, frozen=True, kw_only=True):
-    """A waiting job's request changed (``eventsched update``): the fields
-    given; None keeps what it was. The spec a replay or a fold sees is the
+    """A waiting job's request changed (None: kept); a fold's spec is the
     submitted one with every update applied in order."""
 
     job: int
@@ -305,7 +271,6 @@ class JobUpdated(Event, frozen=True, kw_only=True):
     name: str | None = None
 
     def changes(self) -> dict[str, int | float | str]:
-        """The ``JobSpec`` fields this update sets."""
         return {k: v for k in UPDATABLE if (v := getattr(self, k)) is not None}
 
 
@@ -319,11 +284,9 @@ class JobLost(Event, frozen=True, kw_only=True):
     reason: str = ""
 
 
-# declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md):
-# decisions, whose cause is the GpuSampled or TimerFired that showed it
+# decisions caused by the GpuSampled or TimerFired that showed them (docs/gpu-memory-and-idle.md)
 class JobGpuMemoryExceeded(Event, frozen=True, kw_only=True):
-    """A running job's processes hold more memory on one of its GPUs than its
-    ``--gpu-mem``; ``policy`` says what follows ("warn" or "stop")."""
+    """A job holds more than its ``--gpu-mem`` on one of its GPUs; ``policy``: "warn" or "stop"."""
 
     job: int
     node: str
@@ -341,27 +304,23 @@ class JobGpuMemoryWithin(Event, frozen=True, kw_only=True):
 
 
 class JobIdle(Event, frozen=True, kw_only=True):
-    """Every GPU of a running job has shown at most ``idle_utilization_pct``
-    since ``since``, for ``idle_after_s`` (allocated but idle)."""
+    """Every GPU of a running job at most ``idle_utilization_pct`` busy since ``since``, for ``idle_after_s``."""
 
     job: int
     since: float
 
 
 class JobBusy(Event, frozen=True, kw_only=True):
-    """An idle job's GPUs are busy again; it was idle ``idle_s`` seconds."""
-
     job: int
-    idle_s: float = 0.0
+    idle_s: float = 0.0  # how long it was idle
 
 
 # the nodes of a Ray cluster (docs/multi-node.md), facts from the cluster
 class NodeJoined(Event, frozen=True, kw_only=True):
-    """A node of the cluster came up with its GPUs (``GpuDiscovered`` events
-    follow as its decisions); ``ray_node`` is Ray's id for it."""
+    """A node came up; its ``GpuDiscovered`` events follow as its decisions."""
 
     node: str
-    ray_node: str = ""
+    ray_node: str = ""  # Ray's id for it
     gpu_backend: str = ""  # "nvml" or "fake:N:MIB", as sampled there
     gpus: int = 0
 
@@ -375,26 +334,22 @@ class NodeLeft(Event, frozen=True, kw_only=True):
 
 
 class NodeActorRestarted(Event, frozen=True, kw_only=True):
-    """The node's executor actor was restarted by Ray; the jobs it still
-    runs are re-adopted from its supervisors' records."""
+    """Ray restarted the node's executor actor; its jobs are re-adopted from their supervisors' records."""
 
     node: str
     reason: str = ""
 
 
 class ClusterDisconnected(Event, frozen=True, kw_only=True):
-    """The daemon lost its connection to the Ray cluster (``lost``) or got it
-    back; nothing is decided while it is lost."""
+    """The Ray cluster connection was lost (or is back): nothing is decided while it is lost."""
 
     reason: str = ""
     lost: bool = True
 
 
 class StrayAttemptKilled(Event, frozen=True, kw_only=True):
-    """A node that came back (its executor joined again) still ran an attempt
-    that is not its job's current one there (the job was declared lost with
-    the node, and requeued, ran elsewhere, or ended): it was killed, so that
-    no job runs twice. ``pid``: the killed attempt's job process."""
+    """A node that came back still ran an attempt that is no longer its job's
+    current one there (declared lost with the node): killed, so that no job runs twice."""
 
     node: str
     job: int
@@ -404,10 +359,8 @@ class StrayAttemptKilled(Event, frozen=True, kw_only=True):
 
 
 class NodeFenced(Event, frozen=True, kw_only=True):
-    """A node heard nothing from the daemon for its lease (``node_lease_s``)
-    and stopped its running attempts itself, each with its ``--signal`` and
-    then SIGKILL, before the daemon could give its jobs to another node;
-    recorded when the node reports it (``jobs`` and ``attempts`` side by side)."""
+    """A node that heard nothing from the daemon for its lease stopped its
+    attempts itself before they could be given to another node (docs/multi-node.md)."""
 
     node: str
     jobs: list[int]
@@ -416,9 +369,7 @@ class NodeFenced(Event, frozen=True, kw_only=True):
 
 
 class ReservationCreated(Event, frozen=True, kw_only=True):
-    """GPUs booked ahead (``eventsched reserve create``): from ``start`` to
-    ``end`` they go only to the jobs of ``user`` (uid ``uid``), or of the
-    members of ``tenant`` when it is set."""
+    """GPUs booked from ``start`` to ``end`` for ``user``'s jobs, or ``tenant``'s members' (docs/reservations.md)."""
 
     reservation: int
     node: str
@@ -446,15 +397,12 @@ AnyEvent = Union[DaemonStarted, DaemonStopped, GpuDiscovered, GpuSampled, GpuErr
 
 
 def is_stimulus(event: Event) -> bool:
-    """A fact from outside the core's decisions (a user, a process, a GPU, the
-    clock), as opposed to a decision, whose ``cause`` names the stimulus's
-    ``seq``. Replaying the stimuli in order through the core reproduces the
-    decisions."""
+    """A fact from outside the core (a user, a process, a GPU, the clock), not a
+    decision: replaying the stimuli through the core reproduces the decisions."""
     return not event.cause.startswith("seq:")
 
 
 def cause_seq(event: Event) -> int | None:
-    """The seq of the fact that caused ``event`` (None for a stimulus)."""
     if not event.cause.startswith("seq:"):
         return None
     try:
@@ -463,8 +411,7 @@ def cause_seq(event: Event) -> int | None:
         return None
 
 
-# Upcasters: tag of a retired shape -> function producing the current shape.
-# Empty while every shape is still the first of its kind.
+# tag of a retired shape -> its upcaster (empty while every shape is the first of its kind)
 UPCASTERS: dict[str, Callable[[Event], Event]] = {}
 
 _encoder = msgspec.msgpack.Encoder()
@@ -477,7 +424,6 @@ def encode(event: Event) -> bytes:
 
 
 def encode_many(events: list[Event]) -> bytes:
-    """One msgpack array of events: the payload of one log frame."""
     return _encoder.encode(events)
 
 
@@ -494,7 +440,6 @@ def decode_many(data: bytes | memoryview) -> list[Event]:
 
 
 def upcast(event: Event) -> Event:
-    """The newest shape of ``event`` (rule 3 of the module docstring)."""
     while (upcaster := UPCASTERS.get(type(event).__name__)) is not None:
         event = upcaster(event)
     return event
@@ -504,15 +449,12 @@ _seq_of = operator.attrgetter("seq")
 
 
 def normalise_spec(spec: JobSpec) -> JobSpec:
-    """``spec`` with every value of the type the log decodes it as (an int
-    where a float belongs becomes a float, a tuple a list): a spec built in
-    Python is recorded as a restart will read it. Raises
-    ``msgspec.ValidationError`` or ``TypeError`` for a value of no such type."""
+    """``spec`` with every value of the type the log decodes it as (an int for a
+    float becomes a float), so it is recorded as a restart will read it."""
     return msgspec.convert(msgspec.to_builtins(spec), JobSpec)
 
 
 def stamp(events: list[Event], first_seq: int) -> list[Event]:
-    """Give events consecutive sequence numbers starting at ``first_seq``."""
     # the core stamps what it makes itself (a replay's frames of 65,536 events):
     # checked in C, not one interpreted comparison per event
     if list(map(_seq_of, events)) == list(range(first_seq, first_seq + len(events))):
@@ -521,5 +463,4 @@ def stamp(events: list[Event], first_seq: int) -> list[Event]:
 
 
 def to_builtins(event: Event) -> dict:
-    """A JSON-ready dict with the event's type name under ``type``."""
     return msgspec.to_builtins(event)

@@ -1,15 +1,10 @@
-"""GPU health: when the driver's readings take a GPU out of service (docs/gpu-health.md).
-
-The backends read ECC counters, retired pages, row remapping and Xid events
-(``GpuHealth`` facts, recorded when they change); the core drains a GPU
-whose reading crosses a threshold of the config's ``[gpu_health]``: it
-records why (``GpuPaused`` by "health") and places nothing new there until
-an operator runs ``resume-gpu``. Pure: no NVML here.
-"""
+"""GPU health: when the driver's readings (``GpuHealth``) take a GPU out of
+service until ``resume-gpu`` (docs/gpu-health.md). Pure: no NVML here."""
 
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -45,7 +40,7 @@ class GpuHealthConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     running: Literal["finish", "requeue"] = _D.gpu_health_running
 
     def settings(self) -> dict[str, Any]:
-        """As ``SchedulerConfig`` fields (the log records scalars: the Xids as "48,79")."""
+        """As ``SchedulerConfig`` fields: the log records scalars (the Xids as "48,79")."""
         raw = msgspec.to_builtins(self)
         raw["xids"] = ",".join(str(x) for x in sorted(set(self.xids)))
         return {PREFIX + k: v for k, v in raw.items()}
@@ -69,7 +64,7 @@ def _count(n: int, what: str) -> str:
 
 
 def drain_reason(r: GpuHealth, cfg: SchedulerConfig) -> str:
-    """Why ``r`` drains its GPU under ``cfg`` ("" when it does not)."""
+    """Why ``r`` drains its GPU ("" when it does not)."""
     fatal = [x for x in r.xids if x in _xids(cfg.gpu_health_xids)]
     if fatal:
         return xid_text(fatal[-1])
@@ -87,7 +82,6 @@ def drain_reason(r: GpuHealth, cfg: SchedulerConfig) -> str:
 
 
 def describe(r: GpuHealth) -> str:
-    """One line of what ``r`` reports ("no fault" when nothing)."""
     parts = [xid_text(x) for x in r.xids]
     for n, what in ((r.ecc_uncorrected, "uncorrected ECC error"), (r.ecc_corrected, "corrected ECC error"),
                     (r.retired_pages, "retired memory page")):
@@ -97,10 +91,10 @@ def describe(r: GpuHealth) -> str:
     return ", ".join(parts) or "no fault"
 
 
+_COUNTERS = attrgetter("ecc_uncorrected", "ecc_corrected", "ecc_uncorrected_total", "ecc_corrected_total",
+                       "retired_pages", "pending", "remap_failed")
+
+
 def same_reading(prev: GpuHealth | None, new: GpuHealth) -> bool:
     """Do the counters and flags of ``new`` say what ``prev`` said (Xids are always news)?"""
-    p = prev or HEALTHY
-    return not new.xids and (p.ecc_uncorrected, p.ecc_corrected, p.ecc_uncorrected_total, p.ecc_corrected_total,
-                             p.retired_pages, p.pending, p.remap_failed) == (
-        new.ecc_uncorrected, new.ecc_corrected, new.ecc_uncorrected_total, new.ecc_corrected_total,
-        new.retired_pages, new.pending, new.remap_failed)
+    return not new.xids and _COUNTERS(prev or HEALTHY) == _COUNTERS(new)

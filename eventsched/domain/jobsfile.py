@@ -1,37 +1,19 @@
-"""The jobs file of the schedulers eventsched replaces: one job per line, read as they read it.
-
-::
+"""The jobs file of the schedulers eventsched replaces, one job per line, read as
+they read it (README.md, "Jobs files and LLM sizing")::
 
     # priority,script_path,conda_env,arguments,allowed_gpus
     0,/data3/experiments/evaluate.py,ml_env,--llm qwen2.5-3b-inst --mode test,0-3
     2,/path/to/inference.py,,--llm qwen2.5-32b-inst --batch_size 1,4,5,6,7
 
-- A line is split at its first four commas (the seeds' ``line.split(",", 4)``),
-  each field stripped: the arguments hold no comma, and everything after the
-  fourth comma is ``allowed_gpus`` (so ``4,5,6,7`` works). ``#`` starts a
-  comment line; blank lines are skipped. Only priority and script are
-  required; missing trailing fields are empty.
-- **priority**: the seeds run the *lowest* number first; eventsched runs the
-  *highest* first, so a line's priority P becomes ``-P`` (0 stays 0, 1 -> -1,
-  2 -> -2): the order among the file's lines is kept, and a line at 0 ranks
-  with a plain ``eventsched submit`` at its default priority 0.
-- **script_path** runs as the seeds ran it: ``python -u SCRIPT ARGS... --cuda
-  IDS`` (argv, no shell). A relative path is taken from the jobs file's folder.
-- **conda_env** -> ``JobSpec.conda`` (activated first; empty: none).
-- **arguments** are split like a shell would (``shlex``); ``--cuda X`` in them
-  is dropped and ``--cuda`` is appended, its value written at launch with the
-  assigned GPU ids (the executor's ``rewrite_cuda``), as the seeds added it.
-- **allowed_gpus** (``0-3``, ``4,5,6,7``, ``0-1,4``, empty = any) ->
-  ``JobSpec.gpu_ids``, a restriction: the job gets as many GPUs as it needs
-  (one, or its LLM share) among them.
-- **GPUs**: ``llm_config.json``'s share for the line's ``--llm NAME``; a line
-  without ``--llm``, or an unknown model, gets ``default_requirement`` (the
-  seeds' rule); no llm_config.json: 1 GPU.
-- Each line is known by ``PATH:LINE:SHA`` (``JobSpec.source``: the resolved
-  path, the line number, the first 16 hex digits of the SHA-256 of the
-  stripped line): the core refuses a second job for the same user and source,
-  so a file submitted or re-read again submits nothing twice, while a line
-  edited in place is a new job.
+- A line is split at its first four commas (the seeds' ``line.split(",", 4)``), so
+  everything after the fourth is ``allowed_gpus`` (``4,5,6,7`` works).
+- The seeds ran the *lowest* priority first, eventsched the *highest*: P becomes
+  ``-P``, keeping the lines' order, and a line at 0 ranks with a plain ``submit``.
+- ``--cuda`` is appended to the arguments (any of the line's own dropped) and its
+  value written at launch with the assigned GPU ids (the executor's ``rewrite_cuda``).
+- A line is known by ``PATH:LINE:SHA`` (``JobSpec.source``; SHA of the stripped
+  line): the core refuses a second job for the same user and source, so a file
+  read again submits nothing twice, while a line edited in place is a new job.
 """
 
 from __future__ import annotations
@@ -53,9 +35,7 @@ from eventsched.domain.units import UnitError, parse_gpu_ids
 __all__ = ["unreported", "JobLine", "LineError", "JobsFileError", "CUDA_PLACEHOLDER", "parse_jobs_text", "parse_line",
            "our_priority", "line_source", "line_command", "line_spec"]
 
-# `--cuda` as a line's command holds it until launch, when the executor writes
-# the assigned ids over it (rewrite_cuda)
-CUDA_PLACEHOLDER = "auto"
+CUDA_PLACEHOLDER = "auto"  # --cuda's value until the launch writes the GPU ids over it
 _INT = re.compile(r"[+-]?[0-9]+")
 FORMAT = "priority,script_path,conda_env,arguments,allowed_gpus"
 
@@ -83,7 +63,6 @@ class LineError:
 
 
 def parse_line(text: str, line: int) -> JobLine:
-    """One non-blank, non-comment line; ``JobsFileError`` if it is no job."""
     text = text.strip()
     # undecodable bytes (surrogateescape), or any lone surrogate a caller's str may hold
     if any("\ud800" <= c <= "\udfff" for c in text):
@@ -144,12 +123,10 @@ def parse_jobs_text(text: str) -> tuple[list[JobLine], list[LineError]]:
 
 
 def our_priority(seed_priority: int) -> int:
-    """The seeds' "lower number first" as eventsched's "higher runs first"."""
     return -seed_priority
 
 
 def line_source(resolved_path: str, line: JobLine) -> str:
-    """``JobSpec.source`` of a line: ``PATH:LINE:SHA``."""
     return f"{resolved_path}:{line.line}:{line.sha}"
 
 
@@ -169,10 +146,9 @@ def line_command(line: JobLine, folder: str) -> list[str]:
 
 
 def line_spec(line: JobLine, *, resolved_path: str, llm: LlmConfig, base: JobSpec, dedupe: bool = False) -> JobSpec:
-    """The job of ``line`` in the file at ``resolved_path``; everything the
-    line does not say (identity, environment, working directory, session) from
-    ``base``. ``dedupe``: refused while an identical job is queued, running or
-    succeeded (``submit --dedupe``'s key), whichever line or file it came from."""
+    """The job of ``line``; what the line does not say (identity, environment,
+    session) from ``base``. ``dedupe``: keyed as ``submit --dedupe``, whichever
+    line or file an identical job came from."""
     command = line_command(line, os.path.dirname(resolved_path))
     return msgspec.structs.replace(
         base, command=command, name=os.path.basename(line.script),

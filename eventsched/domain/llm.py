@@ -1,19 +1,10 @@
-"""LLM-aware sizing: the older schedulers' ``llm_config.json`` and ``--llm NAME``.
+"""LLM-aware sizing: the older schedulers' ``llm_config.json`` and ``--llm NAME``
+(README.md, "Jobs files and LLM sizing")::
 
-The file, exactly as those schedulers wrote it::
+    {"default_requirement": 1.0, "models": {"qwen2.5-3b-inst": 0.5, "qwen2.5-32b-inst": 2.0}}
 
-    {
-        "default_requirement": 1.0,
-        "models": {"qwen2.5-3b-inst": 0.5, "qwen2.5-7b-inst": 1.0, "qwen2.5-32b-inst": 2.0}
-    }
-
-A job whose arguments hold ``--llm NAME`` (or ``--llm=NAME``) asks for
-``models[NAME]`` GPUs, or ``default_requirement`` when NAME is not listed.
-A share up to 1 is a share of one GPU; above 1 it is that many whole GPUs,
-rounded up (the seeds placed a 1.5 on ``ceil(1.5) = 2`` free GPUs).
-
-Pure: the callers read the file (``parse_llm_config(text, where)``); every
-mistake is one ``LlmConfigError`` line naming the file and the key.
+A share up to 1 is a share of one GPU; above 1, that many whole GPUs, rounded up
+(the seeds placed a 1.5 on 2 free GPUs). Pure: the callers read the file.
 """
 
 from __future__ import annotations
@@ -45,7 +36,6 @@ class LlmConfig:
         return self.models.get(model, self.default_requirement) if model is not None else self.default_requirement
 
     def gpus(self, model: str | None) -> float:
-        """``share(model)`` as a ``JobSpec.gpus`` value."""
         return gpus_for_share(self.share(model))
 
 
@@ -53,7 +43,6 @@ DEFAULT_LLM_CONFIG = LlmConfig()  # no file: every model needs one GPU (the seed
 
 
 def gpus_for_share(share: float) -> float:
-    """A share of one GPU (<= 1) as is; more than 1: whole GPUs, rounded up."""
     return share if share <= 1 else float(math.ceil(share))
 
 
@@ -70,10 +59,8 @@ def _share(value: Any, where: str, key: str) -> float:
 
 
 def parse_llm_config(text: str | bytes, where: str) -> LlmConfig:
-    """The seeds' llm_config.json; ``where`` names the file in errors.
-
-    Both keys are required (a missing one is a typo more often than a wish
-    for the default); keys the seeds never read are ignored, as they did."""
+    """``where`` names the file in errors. Both keys are required (a missing one is a
+    typo more often than a wish for the default); others are ignored, as the seeds did."""
     try:
         raw = json.loads(text)
     except UnicodeDecodeError:

@@ -1,9 +1,7 @@
-"""What goes into the sans-I/O core and what comes out of it.
+"""What goes into the sans-I/O core (messages: stimuli) and what comes out (effects).
 
-Messages are stimuli: a user's command, an observation of a process or a GPU,
-or the clock. ``core.handle(state, message, now)`` turns one message into the
-events to append (see ``events.py``) and the effects for the engine to perform.
-Messages are never stored; the events they produce are.
+The core turns one message into the events to append and the effects for the
+engine to perform. Messages are never stored; the events they produce are.
 """
 
 from __future__ import annotations
@@ -38,47 +36,30 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_gpu_temperature_c: float = 1000.0
     retry_backoff_s: float = 2.0  # first retry delay, doubled each time
     # --- teams: aging, quotas, fair share; docs/fair-share.md has the formula
-    # a waiting job's score = priority + aging tiers waited
-    #                        + fair_share_weight x its tenant's fair-share factor (0..1]
     aging_per_hour: float = 0.1  # a priority tier per 10 hours waited
     aging_tiers: bool = True  # whole tiers at fixed times (False: continuous, as logs before v5 ran)
     fair_share_weight: float = 10.0  # fair share is worth up to 10 priority points
     usage_half_life_s: float = 86400.0  # recent usage decays by half in this long
-    # a blocked gang job at the head gets its GPUs reserved: smaller jobs use
-    # them only if predicted to end before it could start
+    # a blocked gang job at the head gets its GPUs reserved (smaller jobs backfill
+    # only if predicted to end first) once it has waited this long: a short wait
+    # is left to plain backfill, which packs better (Slurm's bf_min_age_reserve)
     reserve_for_gang: bool = True
-    # ... once it has waited this long (Slurm's bf_min_age_reserve): a short
-    # wait is left to plain backfill, which packs better
     reserve_after_s: float = 30.0
     preemption: bool = True  # preempt preemptible jobs for more urgent ones
     preempt_grace_s: float = 30.0  # warning signal, then this long, then SIGKILL
     preempt_protect_s: float = 600.0  # a job preempted once then runs at least this long
     # --- GPU memory over request, idle jobs (docs/gpu-memory-and-idle.md) ---
-    # a job whose processes hold more GPU memory than its --gpu-mem: "warn"
-    # (an event, shown by explain, queue and the panel) or "stop" (its warning
-    # signal, SIGKILL after the grace; it ends failed, "GPU memory over request")
     gpu_mem_policy: Literal["warn", "stop"] = "warn"
-    # allocated but idle: every GPU of a running job at most this busy ...
-    idle_utilization_pct: float = 5.0
-    # ... for this long (0: idle jobs are not looked for)
-    idle_after_s: float = 1800.0
-    # what to do with an idle job while a waiting job could use its GPUs:
-    # "off", "requeue" (back to the queue) or "stop" (cancelled, reason "idle")
+    idle_utilization_pct: float = 5.0  # every GPU of a job at most this busy ...
+    idle_after_s: float = 1800.0  # ... for this long: idle (0: not looked for)
     idle_policy: Literal["off", "requeue", "stop"] = "off"
-    # --- several machines ------------------------------------------------------
-    # a node gone this long takes its running jobs to lost (then requeued by
-    # their retry policy); back sooner, they are re-adopted (0: lost at once)
-    node_lost_after_s: float = 60.0
-    # each node's lease: a node that has heard nothing from the daemon this
-    # long stops its jobs itself (--signal, then SIGKILL), so that a node cut
-    # off never runs a job the daemon has given to another (0: no lease;
-    # unset: three quarters of node_lost_after_s, see lease_terms)
+    # --- several machines (docs/multi-node.md) ---------------------------------
+    node_lost_after_s: float = 60.0  # gone this long, its running jobs are lost (back sooner: re-adopted)
+    # a node that heard nothing from the daemon this long stops its jobs itself, so
+    # that a node cut off never runs a job given to another (0: none; None: see lease_terms)
     node_lease_s: float | None = None
-    # on each node, GPUs where a process outside the scheduler holds memory
-    # come last, so an equal fit goes to a GPU no stranger uses
-    avoid_foreign_gpus: bool = True
-    # --- GPU health (docs/gpu-health.md; the config file's [gpu_health]) ---------
-    # a GPU whose driver reports any of these is drained (nothing new until `resume-gpu`)
+    avoid_foreign_gpus: bool = True  # in an equal fit, GPUs where a stranger holds memory come last
+    # --- GPU health (docs/gpu-health.md): what drains a GPU ----------------------
     gpu_health_ecc_uncorrected: int = 1  # uncorrected ECC errors since the last reset (0: never)
     gpu_health_ecc_corrected: int = 0  # corrected ones (0: never)
     gpu_health_retired_pages: int = 0  # retired memory pages (0: never)
@@ -86,31 +67,19 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     gpu_health_xids: str = "48,63,64,74,79,92,94,95"  # Xid events that drain
     gpu_health_lost: bool = False  # a lost GPU stays drained when it reads again
     gpu_health_running: Literal["finish", "requeue"] = "finish"  # the drained GPU's running jobs
-    # --- budgets (docs/fair-share.md) ---------------------------------------------
-    # a tenant that has used its month's gpu_hours_per_month: its waiting jobs are
-    # "hold" (not placed until the next month) or "lower-priority" (placed only on
-    # what every other tenant's jobs leave)
-    budget_action: Literal["hold", "lower-priority"] = "hold"
-    # --- reservations (docs/reservations.md) ----------------------------------------
-    # another's job found on reserved GPUs when the window opens: "requeue"
-    # (stopped with its --signal, then queued again) or "flag" (shown, left running)
-    reservation_policy: Literal["requeue", "flag"] = "requeue"
+    budget_action: Literal["hold", "lower-priority"] = "hold"  # a tenant over its month's GPU-hours
+    reservation_policy: Literal["requeue", "flag"] = "requeue"  # another's job on GPUs a window opens on
 
 
 def lease_margin_s(node_lost_after_s: float) -> float:
-    """How much sooner than ``node_lost_after_s`` a cut-off node has killed
-    its jobs, counted from its last exchange with the daemon: 2 % for clock
-    rates (two machines' monotonic clocks, and a busy node's late wake-ups),
-    and 2 s for the daemon's exchange in flight when it gave the node up."""
+    """How much sooner than ``node_lost_after_s`` a cut-off node has killed its jobs:
+    2 % for clock rates, 2 s for an exchange in flight (docs/multi-node.md, the lease)."""
     return 2.0 + 0.02 * node_lost_after_s
 
 
 def lease_terms(cfg: SchedulerConfig) -> tuple[float, float]:
-    """(lease_s, kill_by_s): a node quiet for ``lease_s`` signals its jobs,
-    and has killed them all ``kill_by_s`` after the daemon's last exchange,
-    before the daemon gives them up. Unset, the lease is three quarters of
-    ``node_lost_after_s``, and at least a second before ``kill_by_s`` for the
-    jobs' --signal; (0, 0) when jobs are given up at once or no lease fits."""
+    """(lease_s, kill_by_s): a node quiet for ``lease_s`` signals its jobs, and has killed
+    them by ``kill_by_s``; (0, 0) when jobs are given up at once or no lease fits."""
     lost = cfg.node_lost_after_s
     if lost <= 0:
         return 0.0, 0.0
@@ -131,8 +100,6 @@ class GpuInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Started(Message, frozen=True):
-    """The daemon started: which GPUs it found, with which settings."""
-
     node: str
     pid: int
     version: str
@@ -143,8 +110,6 @@ class Started(Message, frozen=True):
 
 
 class RecordForecast(Message, frozen=True):
-    """Record the start forecast someone was shown for a queued job."""
-
     job: int
     estimated_start: float
     by: str = ""
@@ -153,8 +118,7 @@ class RecordForecast(Message, frozen=True):
 
 
 class SetTenants(Message, frozen=True):
-    """The whole set of tenants at once: what a replay feeds for a recorded
-    ``TenantsConfigured`` that an operator caused."""
+    """All tenants at once: a replay's stimulus for an operator's ``TenantsConfigured``."""
 
     tenants: dict[str, Tenant]
     by: str = ""
@@ -176,12 +140,9 @@ class Stopping(Message, frozen=True):
 class Submit(Message, frozen=True):
     spec: JobSpec
     by: str = ""  # "uid:1000"
-    # an array (--array): one task per index, all accepted together or none;
-    # "{index}" in the command becomes the index
-    array: list[int] = []
-    # the spec's types already are exactly what the log will decode (it came
-    # out of msgspec's decoder or ``events.normalise_spec``): the core need
-    # not normalise it again
+    array: list[int] = []  # --array: one task per index, all accepted or none
+    # the spec's types are already what the log will decode (msgspec decoded it,
+    # or ``events.normalise_spec``): the core need not normalise it again
     normalised: bool = False
 
 
@@ -204,8 +165,7 @@ class Release(Message, frozen=True):
 
 
 class Update(Message, frozen=True):
-    """``eventsched update JOB``: change a waiting job's request; None keeps a
-    field as it is. Only its owner or an ``operator`` (root, the daemon's user)."""
+    """Change a waiting job's request (None: keep); only its owner or an ``operator``."""
 
     job: int
     uid: int
@@ -218,9 +178,8 @@ class Update(Message, frozen=True):
 
 
 class Reserve(Message, frozen=True):
-    """Book GPUs for a user (or a tenant's members) from ``start`` to ``end``:
-    ``gpu_ids`` exactly, or any ``gpus`` of one node. ``limits``: (hours
-    ahead, GPU-hours booked) a user may not exceed; None for an operator or a replay."""
+    """Book ``gpu_ids``, or any ``gpus`` of one node. ``limits``: (hours ahead,
+    GPU-hours booked) a user may not exceed; None for an operator or a replay."""
 
     start: float
     end: float
@@ -279,15 +238,14 @@ class ProcessExited(Message, frozen=True):
 
 
 class ProcessLost(Message, frozen=True):
-    """On restart: the job's supervisor and exit record are both gone."""
+    """On restart: the job's supervisor and exit record are gone."""
 
     job: int
     reason: str = ""
 
 
 class NeverLaunched(Message, frozen=True):
-    """On restart: the job was placed but its launch never began (no attempt
-    directory exists), so it can safely be placed again."""
+    """On restart: placed, but no attempt directory exists: safe to place again."""
 
     job: int
     reason: str = ""
@@ -302,7 +260,6 @@ class GpuObserved(Message, frozen=True):
     temperature_c: float
     power_w: float
     foreign_memory_mib: int = -1
-    # job -> MiB its processes hold here; processes of no job
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[GpuProcess] = []
 
@@ -315,14 +272,11 @@ class GpuFailed(Message, frozen=True):
 
 
 class GpuHealthRead(Message, frozen=True):
-    """A GPU's health as its backend read it (recorded when it changed)."""
-
     reading: GpuHealth
 
 
 class NodeUp(Message, frozen=True):
-    """A cluster node's executor is up with these GPUs
-    (``restarted``: its actor was restarted, the node itself stayed)."""
+    """A node's executor is up (``restarted``: its actor was restarted, the node stayed)."""
 
     node: str
     gpus: list[GpuInfo]
@@ -332,23 +286,16 @@ class NodeUp(Message, frozen=True):
 
 
 class NodeDown(Message, frozen=True):
-    """A cluster node left or died."""
-
     node: str
     reason: str = ""
 
 
 class ClusterLink(Message, frozen=True):
-    """The connection to the cluster was lost (or is back)."""
-
     lost: bool
     reason: str = ""
 
 
 class StrayKilled(Message, frozen=True):
-    """A node that came back still ran an attempt that is not its job's
-    current one there; the executor killed it (``pid``: its job process)."""
-
     node: str
     job: int
     attempt: int
@@ -357,9 +304,6 @@ class StrayKilled(Message, frozen=True):
 
 
 class Fenced(Message, frozen=True):
-    """A node that heard nothing from the daemon for its lease stopped its
-    running attempts itself (``jobs`` and ``attempts`` side by side)."""
-
     node: str
     jobs: list[int]
     attempts: list[int]
@@ -390,7 +334,7 @@ class Signal(Effect, frozen=True):
 
 
 class Notify(Effect, frozen=True):
-    """Tell the operators (the daemon's log, at warning level): e.g. a GPU drained."""
+    """Tell the operators, in the daemon's log at warning level (e.g. a GPU drained)."""
 
     text: str
 

@@ -1,9 +1,6 @@
-"""Where eventsched keeps its state.
-
-The ``*_location`` functions return plain strings so that the CLI's client
-path never imports pathlib (every millisecond of a ``submit`` counts); the
-others wrap them in ``Path`` for the daemon's code.
-"""
+"""Where eventsched keeps its state. The ``*_location`` functions return plain
+strings so that the CLI's client path never imports pathlib; the others wrap
+them in ``Path`` for the daemon's code."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""A job's report card: was its request right? The one rule that turns what a
-job used into what it should ask for next time.
-
-``suggest`` is the rule; ``SUGGEST_SQL`` is the same rule for the read model's
-``job_efficiency`` view, built from the same constants (a test holds the two
-equal), so ``explain`` and SQL never disagree.
+"""A job's report card: the one rule that turns what a job used into what it
+should ask for next time. ``SUGGEST_SQL`` is the same rule for the read model's
+``job_efficiency`` view, built from the same constants, so ``explain`` and SQL
+never disagree.
 """
 
 from __future__ import annotations
@@ -21,11 +19,6 @@ MIB_PER_GB = 1024
 GPU_NOISE = 0.05  # of a GPU: a peak this far over a whole number rounds down
 
 
-def _ceil_gb_mib(mib: float) -> int:
-    """``mib`` rounded up to whole GB (GiB), in MiB."""
-    return math.ceil(mib / MIB_PER_GB) * MIB_PER_GB
-
-
 def suggest(gpus: float, gpus_used_peak: float | None, gpu_mem_mib: int,
             mem_peak_mib: int | None) -> tuple[float, int]:
     """(GPUs, GPU memory per GPU in MiB) to ask for next time; the request itself
@@ -38,7 +31,7 @@ def suggest(gpus: float, gpus_used_peak: float | None, gpu_mem_mib: int,
         new_gpus = float(min(gpus, max(1, math.ceil(gpus_used_peak - GPU_NOISE))))
     new_mem = gpu_mem_mib
     if gpu_mem_mib > 0 and mem_peak_mib is not None:
-        fit = _ceil_gb_mib(mem_peak_mib * MEM_HEADROOM)
+        fit = math.ceil(mem_peak_mib * MEM_HEADROOM / MIB_PER_GB) * MIB_PER_GB  # whole GB, in MiB
         if fit <= gpu_mem_mib * MEM_SLACK or mem_peak_mib > gpu_mem_mib:
             new_mem = fit
     return new_gpus, new_mem
@@ -49,7 +42,6 @@ def gb(mib: float) -> str:
 
 
 def advice(gpus: float, gpus_used_peak: float | None, gpu_mem_mib: int, mem_peak_mib: int | None) -> str:
-    """The report card's one line of advice."""
     new_gpus, new_mem = suggest(gpus, gpus_used_peak, gpu_mem_mib, mem_peak_mib)
     parts = []
     if new_gpus != gpus:

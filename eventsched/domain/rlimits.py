@@ -1,12 +1,8 @@
 """A job's umask and resource limits: the submitter's, never more than the daemon's.
 
-The client sends its umask and its (soft, hard) limits for ``NAMES`` in the
-JobSpec (``umask``, ``rlimits``; -1 = RLIM_INFINITY, as Python spells it).
-The daemon validates them (``validate``: a refusal names the bad entry) and
-clamps them (``clamp``: soft <= hard <= the daemon's own hard limit), and the
-supervisor applies them in the job's child before it switches identity, so
-a hard limit is only ever lowered. Pure except for the defaults that read
-this process's own limits.
+The client sends them in the JobSpec (-1 = RLIM_INFINITY); the daemon validates
+and clamps them, and the supervisor applies them in the job's child before it
+switches identity, so a hard limit is only ever lowered.
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ def _value_ok(v: object) -> bool:
 
 
 def validate(rlimits: Mapping[str, Sequence[int]], umask: int = -1) -> None:
-    """Raise RlimitError for an unknown name, a pair that is not two
-    integers, a negative value other than RLIM_INFINITY (-1), or a umask
-    outside 0..0o777 (-1 = not sent)."""
+    """RlimitError naming the bad entry; a umask of -1 was not sent."""
     if type(umask) is not int or not (umask == -1 or 0 <= umask <= 0o777):
         raise RlimitError(f"umask must be between 0 and 0777, not {umask!r}")
     for name, pair in rlimits.items():
@@ -55,28 +49,23 @@ def _le(a: int, b: int) -> bool:
 
 def clamp(rlimits: Mapping[str, Sequence[int]], ceiling: Mapping[str, Sequence[int]] | None = None
           ) -> dict[str, list[int]]:
-    """Validate, then clamp each (soft, hard) to hard <= the ceiling's hard
-    limit (default: this process's) and soft <= hard. Names missing from the
-    request are left out (the job keeps the supervisor's limit)."""
+    """Validated, and each soft <= hard <= the ceiling's hard limit (default: this
+    process's). Names not asked for are left out: the job keeps the supervisor's."""
     validate(rlimits)
     out: dict[str, list[int]] = {}
     for name, (soft, hard) in rlimits.items():
         top = ceiling[name][1] if ceiling is not None and name in ceiling else resource.getrlimit(NAMES[name])[1]
-        if not _le(hard, top):
-            hard = top
-        if not _le(soft, hard):
-            soft = hard
-        out[name] = [soft, hard]
+        hard = hard if _le(hard, top) else top
+        out[name] = [soft if _le(soft, hard) else hard, hard]
     return out
 
 
 def current() -> dict[str, list[int]]:
-    """This process's limits for ``NAMES``, to send with a submission."""
     return {name: list(resource.getrlimit(res)) for name, res in NAMES.items()}
 
 
 def current_umask() -> int:
-    """This process's umask (read by setting it, then putting it back)."""
+    # the umask can only be read by setting it, then putting it back
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

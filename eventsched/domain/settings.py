@@ -1,10 +1,10 @@
 """The scheduler settings as the log records them, and how they evolve.
 
-``DaemonStarted.config`` is a dict stamped with ``settings_version``, read via
-upcasters to the struct, so a newer daemon starts on an older log and an older
-one refuses a newer log in one line. To change the shape: bump
-``SETTINGS_VERSION`` and add an upcaster; never edit one that has shipped. A
-field added with a default needs none unless old logs should get another value.
+``DaemonStarted.config`` is a dict stamped with ``settings_version`` and upcast on
+read, so a newer daemon starts on an older log and an older one refuses a newer log
+in one line. To change the shape: bump ``SETTINGS_VERSION`` and add an upcaster,
+never editing one that has shipped (a field added with a default needs none unless
+older logs should get another value).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ class SettingsError(Exception):
 
 
 class ReservationLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What a user may book for themself (the config's [reservations]); operators
-    book for anyone, unlimited. Checked when booked, so not part of the recorded settings."""
+    """What a user may book (operators: anything); checked when booked, so not recorded."""
 
     max_hours_ahead: float = 168.0  # a window may start at most a week ahead
     max_gpu_hours: float = 48.0  # GPU-hours one user holds booked in windows not yet over
@@ -40,25 +39,22 @@ def upcast_v1_v2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def upcast_v2_v3(raw: dict[str, Any]) -> dict[str, Any]:
-    """v3 added aging, fair share, gang reservations and preemption: off for a
-    v2 log, which decided by priority alone, so it decides as it did."""
+    """v3 added aging, fair share, gang reservations and preemption: off for a v2 log, so it decides as it did."""
     return {"aging_per_hour": 0.0, "fair_share_weight": 0.0, "reserve_for_gang": False, "preemption": False, **raw}
 
 
 def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
-    """v4 added the idle settings: off for a v3 log, which never looked for idle
-    jobs (its samples carry no per-job memory, so the memory check is moot)."""
+    """v4 added idle jobs: off for a v3 log, whose samples hold no per-job memory to check."""
     return {"idle_after_s": 0.0, **raw}
 
 
 def upcast_v4_v5(raw: dict[str, Any]) -> dict[str, Any]:
-    """v5 ages in whole tiers and preempts only for a job that then goes first;
-    a v4 log aged continuously: keep that for it, so it replays as it ran."""
+    """v5 ages in whole tiers; a v4 log aged continuously and replays as it ran."""
     return {"aging_tiers": False, **raw}
 
 
 def upcast_v5_v6(raw: dict[str, Any]) -> dict[str, Any]:
-    """v6 puts GPUs a stranger uses last; a v5 log placed in (node, id) order: keep that."""
+    """v6 puts GPUs a stranger uses last; a v5 log placed in (node, id) order."""
     return {"avoid_foreign_gpus": False, **raw}
 
 
@@ -67,14 +63,12 @@ UPCASTERS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 def settings_dict(config: SchedulerConfig) -> dict[str, Any]:
-    """What ``DaemonStarted.config`` records: the settings and their version."""
     raw: dict[str, Any] = msgspec.to_builtins(config)
     raw[VERSION_KEY] = SETTINGS_VERSION
     return raw
 
 
 def settings_from_dict(recorded: dict[str, Any], *, node: str = "local") -> SchedulerConfig:
-    """The settings a ``DaemonStarted`` recorded, upcast to this version's shape."""
     if not recorded:
         return SchedulerConfig(node=node)
     raw = dict(recorded)

@@ -1,11 +1,9 @@
 """Job states and the one table of how events move a job between them.
 
-As h11's ``_state.py``: every legal move is keyed by ``(state, event type)``;
-any other pair is illegal and ``move`` raises ``IllegalTransition`` before
-anything changes. Every fold of a job's state reads it, the read model's SQL
-included (generated from it); the one non-lookup rule, the state after an
-exit, is data too (``STOP_OUTCOMES``) so SQL can follow it. ``JobState`` is a
-``StrEnum``, so a plain string (as in JSON, SQL, the log) looks a state up too.
+As h11's ``_state.py``: every legal move is keyed by ``(state, event type)``; any
+other pair raises ``IllegalTransition`` before anything changes. Every fold reads
+it, the read model's SQL included (generated from it), so the state after an exit
+is data too (``STOP_OUTCOMES``).
 """
 
 from __future__ import annotations
@@ -40,15 +38,12 @@ FINAL = frozenset({S, F, C, L})  # ended: counted as done, with an end time
 WAITING = frozenset({Q, H})  # not running, may still run
 ACTIVE = frozenset({Q, H, R})  # what `queue` shows without --all
 DONE_FOR_GOOD = frozenset({S, F, C})  # ended with an exit code; a lost job may yet come back
-# a resubmission of the same content is refused while its twin is in one of
-# these: it may still run, or it already succeeded
+# a resubmission is refused while its twin is in one of these: it may still run, or it succeeded
 BLOCKS_DUPLICATES = frozenset({Q, H, R, P, S})
 SUMMARY_ORDER = (R, Q, H, P, S, F, C, L)  # how a summary of many jobs lists their states
 
-# why a running job was asked to stop (JobCancelRequested.reason) -> the state
-# its exit ends in, whatever its exit code. "gpu-memory": over its --gpu-mem
-# under gpu_mem_policy "stop"; "idle": idle_policy "stop"; "idle-requeue":
-# idle_policy "requeue" (preempted, then queued again)
+# why a running job was asked to stop (JobCancelRequested.reason) -> the state its
+# exit ends in, whatever its exit code ("idle-requeue": preempted, then queued again)
 STOP_OUTCOMES: dict[str, JobState] = {
     "cancelled": C, "time-limit": F, "preempted": P, "gpu-memory": F, "idle": C, "idle-requeue": P,
 }
@@ -94,8 +89,7 @@ TRANSITIONS: dict[tuple[str, type[ev.Event]], Target] = {
 
 
 def move(state: str, event: ev.Event, stop_reason: str = "") -> JobState:
-    """The state ``event`` moves a job in ``state`` to; ``IllegalTransition``
-    if none. ``stop_reason``: why the job was asked to stop, if it was."""
+    """``stop_reason``: why the job was asked to stop, if it was."""
     target = TRANSITIONS.get((state, type(event)))
     if target is None:
         job = getattr(event, "job", "?")
@@ -109,5 +103,4 @@ def next_state(job: Any, event: ev.Event) -> JobState:
 
 
 def can(state: str, event_type: type[ev.Event]) -> bool:
-    """Whether an event of ``event_type`` is legal for a job in ``state``."""
     return (state, event_type) in TRANSITIONS

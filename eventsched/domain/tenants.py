@@ -1,10 +1,6 @@
-"""Tenants: teams sharing the GPUs, with quotas and a fair-share weight (docs/fair-share.md).
-
-A tenant's quotas are hard ceilings on what its jobs hold *at once*; its
-weight sets its fair share of the GPUs among the tenants that want them.
-The set of tenants is a fact in the log (``TenantsConfigured``), so history
-keeps what the quotas were when each decision was made.
-"""
+"""Tenants: teams sharing the GPUs, with quotas on what they hold at once and a
+fair-share weight (docs/fair-share.md). The set is a fact in the log, so history
+keeps what the quotas were when each decision was made."""
 
 from __future__ import annotations
 

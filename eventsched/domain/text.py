@@ -1,10 +1,9 @@
 """Text for a terminal: users' strings made safe, the one table formatter, the
-one JSON printer and the one error line.
+one JSON printer and the one error line. No costly imports: the CLI's fast path
+prints through it.
 
 Users' strings reach other users' terminals, where a raw escape sequence could
-retitle a window, hide lines or fake output: ``printable`` shows control
-characters and bidi overrides as escapes. No module-level imports: the CLI's
-fast path prints through it.
+retitle a window, hide lines or fake output: ``printable`` escapes them.
 """
 
 from __future__ import annotations

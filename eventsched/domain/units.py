@@ -1,8 +1,5 @@
-"""The units users write: durations, GPU id lists, job id lists, ``fake:N[:MIB]``.
-
-One parser each (and the one duration formatter), shared by every entry point;
-each raises ``UnitError`` (a ``ValueError``) with a one-line message.
-"""
+"""The units users write (durations, GPU and job ids, ``fake:N[:MIB]``...): one
+parser each, shared by every entry point, raising ``UnitError`` with one line."""
 
 from __future__ import annotations
 
@@ -31,6 +28,7 @@ class UnitError(ValueError):
 
 def parse_duration(text: str) -> float:
     """Seconds, or with a unit: ``90``, ``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``."""
+    wrong = UnitError(f"time limit {text!r}: use seconds or units like 90s, 15m, 2h, 1h30m")
     try:
         seconds = float(text)
     except ValueError:
@@ -47,9 +45,9 @@ def parse_duration(text: str) -> float:
             total += float(number) * _DURATION_UNITS[ch]
             number = ""
         else:
-            raise UnitError(f"time limit {text!r}: use seconds or units like 90s, 15m, 2h, 1h30m")
+            raise wrong
     if number or total <= 0:
-        raise UnitError(f"time limit {text!r}: use seconds or units like 90s, 15m, 2h, 1h30m")
+        raise wrong
     return total
 
 
@@ -108,7 +106,6 @@ def utc_month(ts: float) -> tuple[float, float]:
     return start.timestamp(), end.timestamp()
 
 
-
 def format_gpu_time(gpu_seconds: float) -> str:
     """GPU time for a person, its unit chosen by size: ``2 GPU-s``,
     ``3.4 GPU-min``, ``1.25 GPU-h``, ``310 GPU-h`` (three digits at most)."""
@@ -119,6 +116,7 @@ def format_gpu_time(gpu_seconds: float) -> str:
         return f"{s / 60:.1f} GPU-min" if s < 600 else f"{s / 60:.0f} GPU-min"
     h = s / 3600
     return f"{h:.2f} GPU-h" if h < 10 else f"{h:.1f} GPU-h" if h < 100 else f"{h:.0f} GPU-h"
+
 
 def parse_gpu_ids(text: str) -> list[int]:
     """``"1,3"``, ``"0-3"``, ``"0-1,4"`` -> sorted unique ids."""

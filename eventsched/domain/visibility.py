@@ -13,9 +13,8 @@ import msgspec
 
 from eventsched.domain.events import Event, JobSpec, JobSubmitted, decode_many, encode_many
 
-__all__ = ["SECRET_FIELDS", "may_see_secrets", "redact_spec", "redact_events", "BatchView"]
+__all__ = ["redact_spec", "redact_events", "BatchView"]
 
-SECRET_FIELDS = ("env", "env_setup")
 # the tag of the one event that carries a spec, as msgpack writes it: a batch
 # without these bytes has nothing to redact and goes out as it is
 _SPEC_TAG = b"JobSubmitted"
@@ -25,13 +24,9 @@ def _has_secrets(spec: JobSpec) -> bool:
     return bool(spec.env or spec.env_setup)
 
 
-def may_see_secrets(owner_uid: int, viewer_uid: int, operators: Collection[int]) -> bool:
-    return viewer_uid == owner_uid or viewer_uid in operators
-
-
 def redact_spec(spec: JobSpec, viewer_uid: int, operators: Collection[int]) -> JobSpec:
     """``spec`` as ``viewer_uid`` may see it (the same object when nothing is hidden)."""
-    if not _has_secrets(spec) or may_see_secrets(spec.uid, viewer_uid, operators):
+    if not _has_secrets(spec) or viewer_uid == spec.uid or viewer_uid in operators:
         return spec
     return msgspec.structs.replace(spec, env={}, env_setup="")
 

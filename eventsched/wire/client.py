@@ -1,8 +1,5 @@
-"""A small synchronous client of the control socket (CLI, notebooks, scripts).
-
-Kept free of anyio and of the scheduler's modules so that a CLI call imports
-little and starts fast.
-"""
+"""A small synchronous client of the control socket (CLI, notebooks, scripts),
+free of anyio and the scheduler's modules so that a CLI call starts fast."""
 
 from __future__ import annotations
 
@@ -59,7 +56,7 @@ class Client:
         return self._decode(read_frame(sock))
 
     def request(self, req: protocol.Request) -> Any:
-        """Send one request on the shared connection; return the reply's data."""
+        """The reply's data, over the shared connection."""
         if self._sock is None:
             self._sock = self._connect()
         try:
@@ -77,12 +74,10 @@ class Client:
         return int(self.request(protocol.SubmitJob(spec=spec))["id"])
 
     def submit_array(self, spec: JobSpec, indices: list[int]) -> list[int]:
-        """One task per index, acknowledged together (or refused together)."""
         return [int(i) for i in self.request(protocol.SubmitJob(spec=spec, array=list(indices)))["ids"]]
 
     def submit_many(self, specs: list[JobSpec]) -> list[int]:
-        """Several jobs over one connection, pipelined so that the daemon can
-        commit them together; the ids in order, stopping at the first refusal."""
+        """Pipelined, so that the daemon can commit them together; stops at the first refusal."""
         ids = []
         for reply in self._pipelined(specs):
             if not reply.ok:
@@ -91,17 +86,16 @@ class Client:
         return ids
 
     def submit_each(self, specs: list[JobSpec]) -> list[int | ClientError]:
-        """``submit_many`` where a refusal does not stop the rest: per spec,
-        in order, the new job's id or the daemon's refusal of it."""
+        """``submit_many`` where a refusal does not stop the rest: per spec, its id or its refusal."""
         return [
             int(reply.data["id"]) if reply.ok else refused(reply.error, reply.kind, reply.data)
             for reply in self._pipelined(specs)
         ]
 
     def _pipelined(self, specs: list[JobSpec]) -> list[protocol.Reply]:
-        """One ``SubmitJob`` per spec, a window at a time, each sent before the last
-        one's replies are read: the daemon stops reading a client that leaves many
-        replies unread, so sending everything first could leave both sides waiting."""
+        """A window at a time, each sent before the last one's replies are read: the
+        daemon stops reading a client that leaves many replies unread, so sending
+        everything first could leave both sides waiting."""
         if self._sock is None:
             self._sock = self._connect()
         sock = self._sock
@@ -125,8 +119,8 @@ class Client:
         return replies  # type: ignore[return-value]  # every one a Reply (checked above)
 
     def jobs(self, all: bool = False, page: int = 250) -> list[dict]:
-        """Every job (``all``: finished ones too), in id order, a page at a time so that
-        a long listing never holds the daemon's loop long (``page=0``: one reply)."""
+        """In id order, a page at a time so that a long listing never holds the
+        daemon's loop long (``page=0``: one reply)."""
         if page <= 0:
             return self.request(protocol.ListJobs(all=all))
         out: list[dict] = []
@@ -142,8 +136,7 @@ class Client:
         return self.request(protocol.GetStatus())
 
     def cancel(self, jobs: list[int]) -> list[dict]:
-        """Cancel ``jobs``; those cancelled, or ClientError naming each that was not
-        (the others are cancelled all the same)."""
+        """Those cancelled, or ClientError naming each that was not (the others are cancelled all the same)."""
         result = self.cancel_each(jobs)
         if result["refused"]:
             raise ClientError("; ".join(f"job {r['job']}: {r['reason']}" for r in result["refused"]))
@@ -151,9 +144,8 @@ class Client:
 
     def cancel_each(self, jobs: list[int], *, arrays: bool = False,
                     array_tasks: list[tuple[int, int]] | None = None) -> dict:
-        """``{"jobs": [cancelled...], "refused": [{"job", "reason"}...]}``; with
-        ``arrays`` an array's id cancels all its tasks; ``array_tasks`` names
-        single tasks as (array id, index)."""
+        """``{"jobs": [cancelled...], "refused": [{"job", "reason"}...]}``; ``arrays``: an
+        array's id cancels all its tasks; ``array_tasks``: (array id, index) pairs."""
         return self.request(protocol.CancelJobs(jobs=list(jobs), arrays=arrays, array_tasks=list(array_tasks or [])))
 
     def hold(self, jobs: list[int]) -> list[dict]:
@@ -172,7 +164,6 @@ class Client:
         return list(self.request(protocol.ListTenants()))
 
     def set_tenant(self, name: str, tenant: Tenant | None) -> list[dict]:
-        """Define (or with None remove) a tenant; operators only."""
         return list(self.request(protocol.SetTenant(name=name, tenant=tenant)))
 
     def explain(self, job: int) -> dict:
@@ -186,8 +177,7 @@ class Client:
         return self.request(protocol.Ping())
 
     def subscribe(self, from_seq: int = 0) -> Iterator[list[Event]]:
-        """Events from ``from_seq`` (0: from now on), then live, on a connection
-        of its own, until the daemon closes the stream or the generator is closed."""
+        """Events from ``from_seq`` (0: from now on), then live, on a connection of its own."""
         sock = self._connect()
         sock.settimeout(None)
         try:

@@ -17,7 +17,6 @@ class ClientError(Exception):
 
 
 def refused(error: str, kind: str, data: object) -> ClientError:
-    """A refusing reply's ``error``, ``kind`` and ``data`` as a ClientError."""
     existing = data.get("existing") if isinstance(data, dict) else None
     return ClientError(error, kind, existing if isinstance(existing, int) else None)
 

@@ -16,11 +16,9 @@ SUN_PATH_MAX = 107  # a socket address holds 108 bytes, the last a NUL
 
 
 class SunPath:
-    """``path`` as a socket address that fits, for a ``with`` block: a deep
-    state directory's socket is reached through its open directory
-    (``/proc/self/fd/N/name``), which the kernel resolves like the long path,
-    so bind and connect work at any depth. (A class, not contextlib: the CLI's
-    fast path would pay for importing it.)"""
+    """``path`` as a socket address that fits, for a ``with`` block: a deep state
+    directory's socket is reached as ``/proc/self/fd/N/name`` through its open
+    directory. (A class: the CLI's fast path would pay for importing contextlib.)"""
 
     def __init__(self, path: str) -> None:
         self.path, self.fd = path, -1
@@ -82,7 +80,6 @@ def _exactly(sock: _socket.socket, n: int) -> bytes:
 
 
 def read_frame(sock: _socket.socket) -> bytes:
-    """The next frame's bytes (without its length)."""
     length = int.from_bytes(_exactly(sock, 4), "big")
     if length > MAX_FRAME_BYTES:
         raise ClientError("unexpected message from the daemon")
@@ -90,7 +87,6 @@ def read_frame(sock: _socket.socket) -> bytes:
 
 
 def exchange(sock: _socket.socket, data: bytes) -> bytes:
-    """Send one framed request and read the frame that answers it."""
     try:
         sock.sendall(data)
     except (BrokenPipeError, ConnectionResetError):

@@ -1,9 +1,6 @@
-"""The CLI's client of ``serve --http`` (``EVENTSCHED_URL`` and ``EVENTSCHED_TOKEN``).
-
-It has the methods of ``client.Client`` that the CLI's commands use and raises
-the same ``ClientError``, so the handlers do not know which transport they
-talk to. Standard library only, so the CLI's start-up stays what it was.
-"""
+"""The CLI's client of ``serve --http`` (``EVENTSCHED_URL`` and ``EVENTSCHED_TOKEN``):
+``client.Client``'s methods that the CLI's commands use and its ``ClientError``, so
+the handlers do not know which transport they talk to. Standard library only."""
 
 from __future__ import annotations
 
@@ -64,7 +61,7 @@ class HttpClient:
         self.close()
 
     def _send(self, method: str, path: str, data: bytes | None = None, *, whole: bool = True) -> tuple[Any, bytes]:
-        """One request: the response and its body (``whole``: all of it; else only an error's)."""
+        """The response and its body (``whole``: all of it; else only an error's)."""
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json",
                    **({} if data is None else {"Content-Type": "application/json"})}
         for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: once more, anew
@@ -87,7 +84,7 @@ class HttpClient:
         raise AssertionError("not reached")
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; the reply's JSON, or ClientError with the API's reason."""
+        """The reply's JSON, or ClientError with the API's reason."""
         return self._answer(*self._send(method, path, None if body is None else json.dumps(body).encode()))
 
     def _answer(self, response: Any, raw: bytes) -> Any:
@@ -107,8 +104,7 @@ class HttpClient:
         return answer
 
     def output(self, job: int, *, follow: bool = False) -> Iterator[bytes]:
-        """A job's output as the daemon sends it (``follow``: until the job ends); ClientError
-        if it stops sending before the end, or refuses (someone else's job, no such job)."""
+        """A job's output as the daemon sends it (``follow``: until the job ends)."""
         from http.client import HTTPException
 
         received = 0

@@ -1,12 +1,10 @@
 """One request on the control socket without msgspec: the CLI's fast path.
 
 A ``submit`` from a shell loop is one short process per job, and importing
-msgspec costs more than the rest of such a call. This speaks the same wire
-format (``protocol.py``) for the few plain messages the fast path sends: a
-request is a dict laid out as msgspec lays out the tagged ``Request`` struct
-(fields left out take their defaults), the reply a plain dict. ``packb``
-raises ``ValueError`` before anything is sent for what it cannot encode, so a
-caller can fall back to the full client.
+msgspec costs more than the rest of such a call. A request is a dict laid out
+as msgspec lays out the tagged ``Request`` struct (``protocol.py``), the reply a
+plain dict; what ``packb`` cannot encode raises ``ValueError`` before anything
+is sent, so a caller can fall back to the full client.
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ def _pack(value: Any, out: bytearray) -> None:
         out += data
     elif value is None:
         out.append(0xC0)
-    elif value is True:
-        out.append(0xC3)
-    elif value is False:
-        out.append(0xC2)
+    elif kind is bool:
+        out.append(0xC3 if value else 0xC2)
     elif kind is int:
         if 0 <= value < 0x80:
             out.append(value)
@@ -82,10 +78,8 @@ def _length(out: bytearray, n: int, fixed: int, limit: int, code8: int) -> None:
 
 
 def packb(value: Any) -> bytes:
-    """``value`` (None, bool, int, float, str, bytes, list, tuple, dict) as msgpack.
-
-    Raises ValueError (a str that is not valid UTF-8 raises UnicodeEncodeError,
-    a ValueError too) for anything else."""
+    """``value`` (None, bool, int, float, str, bytes, list, tuple, dict) as msgpack;
+    ValueError (UnicodeEncodeError for a str that is not UTF-8) for anything else."""
     out = bytearray()
     _pack(value, out)
     return bytes(out)
@@ -154,11 +148,8 @@ def unpackb(data: bytes) -> Any:
 
 
 def request(path: str, message: dict[str, Any], timeout: float | None = 30.0) -> Any:
-    """Send ``message`` (a dict laid out as its ``protocol.Request`` struct);
-    return the reply's ``data``, or raise ClientError with the daemon's reason.
-
-    ``message`` is encoded before connecting: a ValueError from ``packb``
-    means nothing was sent."""
+    """The reply's ``data``, or ClientError with the daemon's reason; a ValueError
+    (from ``packb``, before connecting) means nothing was sent."""
     body = packb(message)
     sock = connect(path, timeout)
     try:

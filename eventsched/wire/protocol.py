@@ -57,7 +57,6 @@ class ReleaseJobs(Request, frozen=True):
 
 
 class UpdateJob(Request, frozen=True):
-    """``eventsched update JOB``: change a waiting job's request (None: keep it)."""
     job: int
     priority: int | None = None
     time_limit_s: float | None = None
@@ -84,15 +83,13 @@ class ListTenants(Request, frozen=True):
 
 
 class SetTenant(Request, frozen=True):
-    """``eventsched tenant set|remove``: the tenant's whole new definition
-    (None: remove it). Only root or the daemon's user."""
+    """A tenant's whole new definition (None: remove it); only root or the daemon's user."""
     name: str
     tenant: Tenant | None = None
 
 
 class CreateReservation(Request, frozen=True):
-    """``eventsched reserve create``: for ``user`` (default: the caller) or the
-    members of ``tenant``; ``gpu_ids`` exactly, or any ``gpus`` of one node."""
+    """For ``user`` (default: the caller) or ``tenant``'s members; ``gpu_ids``, or any ``gpus`` of one node."""
     start: float
     end: float
     user: str = ""
@@ -116,7 +113,6 @@ class JobLogPath(Request, frozen=True):
 
 
 class ExplainJob(Request, frozen=True):
-    """Why a job waits now, and its story from the log (``eventsched explain``)."""
     job: int
 
 
@@ -127,15 +123,13 @@ class Alternative(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ForecastAlternatives(Request, frozen=True):
-    """When would a waiting job start had it asked for each of these instead
-    (its own request first); metadata only, as ``explain``."""
+    """When a waiting job would start had it asked for each of these instead (its own first)."""
     job: int
     alternatives: list[Alternative] = []
 
 
 class RunSql(Request, frozen=True):
-    """Read-only SQL over the history, answered by the daemon (for users who
-    cannot read a root daemon's log themselves)."""
+    """Read-only SQL over the history, for users who cannot read a root daemon's log."""
     query: str
 
 
@@ -151,8 +145,7 @@ class Subscribe(Request, frozen=True):
 
 
 class CreateToken(Request, frozen=True):
-    """A new API token for the peer (root: for ``for_uid``); the reply holds
-    the secret, which the daemon keeps only as a hash."""
+    """The reply holds the secret, which the daemon keeps only as a hash."""
     name: str = ""
     for_uid: int = -1  # -1: the peer itself
 
@@ -169,7 +162,7 @@ class RevokeToken(Request, frozen=True):
 
 
 class SetNotify(Request, frozen=True):
-    """The peer's hook, replacing the one it had; all empty: remove it."""
+    """Replaces the peer's hook; all empty: removes it."""
     webhook: str = ""
     secret: str = ""
     on: list[str] = []  # [] : every kind
@@ -214,5 +207,4 @@ def frame(message: msgspec.Struct) -> bytes:
 
 
 def too_long(length: int) -> str:
-    """The error for a frame header announcing more than a message may hold."""
     return f"message of {length} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit"
