@@ -1,9 +1,7 @@
 """``eventsched attach JOB``: tmux or screen attached to a ``--session`` job, in
-place of this process. The session's server runs as the job's owner, so anyone
-else is refused (the daemon says whose job it is) before anything runs.
-
-Over HTTP (``EVENTSCHED_URL``) the daemon's machine sends a job's output
-instead (``print_output``: ``logs [-f]`` and ``submit --interactive``)."""
+place of this process; anyone but the job's owner (whose the session's server
+is) is refused before anything runs. Also ``print_output``: a job's output sent
+by the daemon, for ``logs`` and ``submit --interactive`` over HTTP."""
 
 from __future__ import annotations
 

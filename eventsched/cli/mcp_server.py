@@ -1,10 +1,9 @@
 """``eventsched mcp``: the CLI's commands as tools of an MCP server on stdio.
 
 Each tool runs the very command a user would type, in this process, and hands
-back what it printed: the daemon sees this process's peer credentials, so the
-agent acts as the user who started the server, with that user's rights and
-nothing more. A command that fails comes back as a tool error whose text is
-the command's one-line reason.
+back what it printed (a failure: a tool error with its one-line reason). The
+daemon sees this process's peer credentials, so the agent has exactly the
+rights of the user who started the server (docs/mcp.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The fast path of ``eventsched submit`` (and ``health``, ``--version``).
 
 A ``submit`` from a shell loop should cost little more than the interpreter's
-start-up, and argparse, msgspec and ``socket.py`` each cost more than the rest.
-So ``parse`` reads the plain spellings of ``commands.COMMANDS``' options and
-``wire.lean`` sends the job; anything not read exactly as argparse would
+start-up, and argparse, msgspec and ``socket.py`` each cost more than that. So
+``parse`` reads the plain spellings of the command table's options and
+``wire.lean`` sends the job; anything it cannot read exactly as argparse would
 returns None *before anything is sent*, and the full parser takes over.
 """
 

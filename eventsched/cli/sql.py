@@ -63,8 +63,7 @@ def format_csv(columns: list[str], rows: list[tuple[Any, ...]], out: TextIO) -> 
 
 
 def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
-    """A JSON array of objects, one per row."""
-    return json.dumps([{c: plain(v) for c, v in zip(columns, row)} for row in rows], indent=None)
+    return json.dumps([{c: plain(v) for c, v in zip(columns, row)} for row in rows])
 
 
 def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out: TextIO) -> None:

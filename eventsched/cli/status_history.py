@@ -1,13 +1,10 @@
-"""History at a glance: ``eventsched status --history 1h``.
-
-Per GPU, utilisation and memory sparklines over the window, and per user
-today's GPU-hours (UTC), from one SQL query over the history read model: run
-here when this user can read the log, else by the daemon (as ``eventsched sql``).
+"""``eventsched status --history 1h``: per GPU, utilisation and memory
+sparklines over the window, and per user today's GPU-hours (UTC), from one SQL
+query over the read model (run by the daemon where this user cannot read the log).
 
 The sampler logs a GPU's sample when it changes and at least once a minute, so
-a reading holds until the next. Each of ``buckets`` columns shows the mean of
-its samples, else the last reading before it if at most ``HOLD_S`` old (a
-stopped daemon's GPUs go blank rather than flat).
+a reading holds until the next: a column without samples shows the last reading
+before it if at most ``HOLD_S`` old (a stopped daemon's GPUs go blank, not flat).
 """
 
 from __future__ import annotations
@@ -50,11 +47,9 @@ def _num(value: float) -> str:
 
 
 def history_query(start: float, end: float, buckets: int, day: dt.date, *, fit: bool = True) -> str:
-    """One read-only query (one round trip, one consistent view) for the whole picture.
-
-    With ``fit``, a window reaching back before the log's first sample starts at
-    that sample instead (spanning at least ``MIN_SPAN_S``). Its first row
-    (``kind = 'window'``) gives the window's start and column width."""
+    """One query (one round trip, one consistent view) for the whole picture; its
+    first row (``kind = 'window'``) gives the window's start and column width.
+    With ``fit``, a window reaching back before the first sample starts there."""
     s, e, n = _num(start), _num(end), int(buckets)
     first = f"greatest({s}, least({e} - {_num(MIN_SPAN_S)}, coalesce((SELECT min(ts) FROM gpu_samples), {s})))"
     return f"""
@@ -84,18 +79,13 @@ def series_from_rows(rows: list[Any], start: float, bucket_s: float, buckets: in
     """Per GPU the columns (None: no reading), from ``history_query``'s rows."""
     gpus: dict[tuple[str, int], dict[str, Any]] = {}
     users: list[dict[str, Any]] = []
-
-    def gpu(node: str, index: int) -> dict[str, Any]:
-        return gpus.setdefault((node, int(index)), {"node": node, "gpu": int(index), "memory_total_mib": None,
-                                                    "by_bucket": {}, "before": None})
-
     for kind, node, index, b, mean_util, mean_mem, total, last_ts, last_util, last_mem, user, hours in rows:
         if kind == "window":
             continue
         if kind == "user":
             users.append({"user": user or "", "gpu_hours": float(hours or 0.0)})
             continue
-        g = gpu(node, index)
+        g = gpus.setdefault((node, int(index)), {"memory_total_mib": None, "by_bucket": {}, "before": None})
         if total is not None:
             g["memory_total_mib"] = max(int(total), g["memory_total_mib"] or 0)
         if kind == "bucket" and int(b) >= 0:  # a sample right at the window's end: the last column

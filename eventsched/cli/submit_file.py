@@ -1,13 +1,9 @@
-"""``eventsched submit-file FILE [--watch] [--llm-config FILE] [--session tmux|screen] [--dedupe] [--json]``.
-
-The seeds' jobs file (``domain/jobsfile.py``), all its lines submitted over one
-connection. A bad line is ``FILE:LINE: reason`` on stderr, the others still
-load, exit status 1; a line the daemon already has (same ``PATH:LINE:SHA``
-source) is skipped, and with ``--dedupe`` one identical to a queued, running
-or succeeded job (``submit --dedupe``'s rule). ``--watch`` re-reads the file
-whole when it changes, and holds back a last line without its newline until
-the file stands still, so a half-written line is never submitted. Also the ``llm_config.json`` lookup
-shared with ``eventsched submit``.
+"""``eventsched submit-file FILE``: the seeds' jobs file (``domain/jobsfile.py``),
+all its lines over one connection, and the ``llm_config.json`` lookup shared
+with ``submit``. A bad line is ``FILE:LINE: reason`` on stderr (exit status 1);
+a line the daemon already has (same ``PATH:LINE:SHA`` source) is skipped.
+``--watch`` holds back a last line without its newline until the file stands
+still, so a half-written line is never submitted.
 """
 
 from __future__ import annotations

@@ -37,8 +37,7 @@ def run(args: argparse.Namespace) -> int:
                 print(made["token"])
                 print(f"token {made['id']} ({made['name']}) for {made['user']}: shown only this once. Use it as\n"
                       f"  EVENTSCHED_URL=http://HOST:PORT EVENTSCHED_TOKEN=<token> eventsched queue", file=sys.stderr)
-            return 0
-        if args.token_command == "list":
+        elif args.token_command == "list":
             tokens = c.request(protocol.ListTokens())
             if args.json:
                 print_json(tokens)
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                 rows = [[t["id"], t["name"], t["user"], time.strftime("%Y-%m-%d %H:%M", time.localtime(t["created"]))]
                         for t in tokens]
                 print(table(["ID", "NAME", "USER", "CREATED"], rows))
-            return 0
-        gone = c.request(protocol.RevokeToken(token=args.token))
-        print(f"revoked token {gone['id']} ({gone['name']}) of {gone['user']}")
-        return 0
+        else:
+            gone = c.request(protocol.RevokeToken(token=args.token))
+            print(f"revoked token {gone['id']} ({gone['name']}) of {gone['user']}")
+    return 0

@@ -1,9 +1,6 @@
-"""What the magics return: a job handle and small result tables.
-
-Each object renders as HTML and as plain text (static viewers show something),
-and reads the daemon when it is displayed, so its repr is the job's state *now*.
-In a live kernel a handle's display is also a small widget that the panel's
-background thread keeps current.
+"""What the magics return: a job handle and small result tables. Each renders
+as HTML and as text, reading the daemon when displayed (its state *now*); in a
+live kernel a handle's display is also a widget the panel's thread keeps current.
 """
 
 from __future__ import annotations
@@ -15,7 +12,8 @@ from typing import Any, Sequence
 
 from eventsched.domain.states import FINAL
 from eventsched.jupyter.whatif import Alternatives, Rows, alternatives_of, job_whatif
-from eventsched.jupyter.widgets import STATE_COLOURS, render_explanation_html, render_jobs_html, render_jobs_text
+from eventsched.jupyter.widgets import (STATE_COLOURS, existing_watcher, render_explanation_html, render_jobs_html,
+                                        render_jobs_text, watcher_for)
 from eventsched.wire.client import Client, read_new_output
 
 __all__ = ["JobHandle", "JobTable", "LogText", "Message", "Explanation"]
@@ -91,12 +89,9 @@ class JobHandle:
     def __init__(self, job_id: int, socket_path: str | Path) -> None:
         self.id, self.socket_path = int(job_id), Path(socket_path)
 
-    def _client(self) -> Client:
-        return Client(self.socket_path)
-
     def info(self) -> dict[str, Any]:
         """The job as ``eventsched queue --json --all`` shows it."""
-        with self._client() as c:
+        with Client(self.socket_path) as c:
             for job in c.jobs(all=True):
                 if job["id"] == self.id:
                     return job
@@ -107,24 +102,19 @@ class JobHandle:
         return self.info()["state"]
 
     def wait(self, timeout: float | None = None, poll: float = 0.2) -> str:
-        """Block until the job has finished; return its final state. Raises
-        ``TimeoutError`` after ``timeout`` seconds; an interrupt stops the waiting, not the job."""
+        """Block until the job has finished; return its final state (``TimeoutError``
+        after ``timeout`` seconds; an interrupt stops the waiting, not the job)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (state := self.state) not in FINAL:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"job {self.id} is still {state} after {timeout:g}s")
             time.sleep(poll)
-        self._settle_displays()
-        return state
-
-    def _settle_displays(self) -> None:
-        from eventsched.jupyter.widgets import existing_watcher
-
         if (watcher := existing_watcher(self.socket_path)) is not None:
             watcher.settle(self.id)
+        return state
 
     def log_path(self) -> str:
-        with self._client() as c:
+        with Client(self.socket_path) as c:
             return c.log_path(self.id)
 
     def logs(self, tail: int | None = None) -> LogText:
@@ -155,19 +145,17 @@ class JobHandle:
             return self.state
 
     def explain(self) -> "Explanation":
-        """Why the job waits now (``.reason``, None unless it waits) and its
-        story from the log (``.story``), as ``eventsched explain`` tells it."""
-        with self._client() as c:
+        """Why the job waits (``.reason``) and its story (``.story``), as ``eventsched explain``."""
+        with Client(self.socket_path) as c:
             return Explanation(c.explain(self.id))
 
     def whatif(self, gpus: float | Sequence[float] = (), gpu_mem: int | Sequence[int] = ()) -> Alternatives:
-        """When would this queued job start had it asked for ``gpus`` GPUs
-        and/or ``gpu_mem`` MiB of GPU memory (one value or several), beside
-        its own request: the forecast and its 80 % range, as ``explain`` gives."""
+        """When this queued job would start had it asked for ``gpus`` GPUs and/or
+        ``gpu_mem`` MiB (one value or several), beside its own request."""
         return job_whatif(self.socket_path, self.id, alternatives_of(gpus, gpu_mem))
 
     def cancel(self) -> "JobHandle":
-        with self._client() as c:
+        with Client(self.socket_path) as c:
             c.cancel([self.id])
         return self
 
@@ -206,8 +194,6 @@ class JobHandle:
     def _live_view(self) -> dict[str, Any]:
         """A widget kept current by the panel's thread (only in a live kernel)."""
         import ipywidgets as w
-
-        from eventsched.jupyter.widgets import watcher_for
 
         view = w.HTML(value=self._repr_html_())
         job_id = self.id

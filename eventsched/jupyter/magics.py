@@ -1,20 +1,12 @@
 """IPython magics: ``%gpusubmit``, ``%%gpusubmit``, ``%gpuqueue``, ``%gpucancel``,
 ``%gpustatus``, ``%gpuwhatif``, ``%gpusql`` and ``%gpuscheduler``.
 
-Options are parsed by the very parsers of the ``eventsched`` command
-(``cli.build_parser``), so a magic accepts exactly what the CLI accepts.
-
-Variable expansion: IPython expands the magic's *line* first, as for
-``!shell``: ``$name``/``$obj.attr`` and ``{expression}`` become their values,
-``$$`` is a literal ``$`` and ``{{``/``}}`` literal braces; ``$name`` inside
-single quotes is left alone; if any expansion fails, the *whole* line stays as written.
-
-The expanded line is then split like a POSIX shell would (quotes group words),
-but the job runs without a shell: ``$HOME`` that reaches the job stays
-``$HOME``. Use ``-- bash -c 'echo $$HOME'`` when you want a shell. The cell
-body of ``%%gpusubmit`` is never expanded.
-
-Errors (bad options, daemon refusals, no daemon) are shown as one line.
+Options are read by the ``eventsched`` command's own parsers, so a magic
+accepts exactly what the CLI accepts. IPython expands the *line* first, as for
+``!shell`` (``$name``, ``{expression}``; ``$$`` and ``{{``/``}}`` for literals);
+the line is then split as a POSIX shell would, but the job runs without a
+shell, so a ``$HOME`` that reaches it stays ``$HOME``. A cell body is never
+expanded. Errors (bad options, refusals, no daemon) are shown as one line.
 """
 
 from __future__ import annotations
@@ -43,6 +35,7 @@ from eventsched.domain.paths import default_socket, default_state_dir
 from eventsched.domain.states import FINAL
 from eventsched.domain.units import UnitError, parse_array
 from eventsched.jupyter.handle import JobHandle, JobTable, Message
+from eventsched.jupyter.widgets import first_line, read_tail
 from eventsched.wire.client import Client, ClientError, DaemonNotRunning
 
 __all__ = ["ArrayHandle", "EventschedMagics", "parse_submit", "subcommand_parser"]
@@ -180,11 +173,6 @@ class ArrayHandle:
 T = TypeVar("T")
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
     """Turn a user's mistake or the daemon's refusal into one line, no traceback."""
 
@@ -201,7 +189,7 @@ def user_errors(method: Callable[..., T]) -> Callable[..., T | None]:
                 f"or in a terminal with `eventsched serve`."
             ) from None
         except (cli.UserError, UnitError, ClientError, LookupError) as exc:
-            raise UsageError(_first_line(exc)) from None
+            raise UsageError(first_line(exc)) from None
 
     return wrapper
 
@@ -240,31 +228,19 @@ class EventschedMagics(Magics):
 
         Line:  ``%gpusubmit [options] -- COMMAND [ARG...]``
         Cell:  ``%%gpusubmit [options] [-- SCRIPT-ARG...]`` runs the cell as a
-        Python script (saved under ``cell_dir``, the kernel's working directory
-        by default, in ``.eventsched-cells/``).
+        Python script (saved in ``.eventsched-cells/`` under ``cell_dir``).
 
-        Options are those of ``eventsched submit`` (``--gpus``, ``--gpu-mem``,
-        ``--gpu-ids``, ``--priority``, ``--name``, ``--time-limit``, ``--tenant``,
-        ``--after``, ``--retries``, ``--conda``, ``--env-setup``, ``--dedupe``,
-        ``--interactive``, ``--array``, ``--state-dir``, ``--socket``, and the
-        seeds' spellings ``--mem``, ``--env-setup-cmd``) and come *before* the
-        command. Without ``--`` the command starts at the first word that is not
-        an option; everything after it is the command's, so in
-        ``%gpusubmit --gpus 0.5 python train.py --gpus 2`` the job gets 0.5 of a
-        GPU and ``train.py`` gets ``--gpus 2``.
-
-        ``$name`` and ``{expression}`` in the line are expanded by IPython
-        (``$$`` for a literal ``$``; see the module's docstring); the job itself
-        runs without a shell, unless the command is one quoted string with
-        blanks (``-- "python x.py --lr 3"``), which runs through the shell. The
-        job inherits the kernel's working directory and environment.
-        ``--interactive`` prints the output here until the job ends (interrupt
-        the kernel to stop watching; the job keeps running).
-
-        ``--array 0-9`` submits one task per index (``{{index}}`` in the
-        command is replaced by it: double the braces, IPython expands single
-        ones) and returns an ``ArrayHandle``: its ``ids``, ``handles``,
-        ``wait()`` and ``cancel()``.
+        Options are those of ``eventsched submit --help``, *before* the command.
+        Without ``--`` the command starts at the first word that is not an option
+        and takes every word after it: in ``%gpusubmit --gpus 0.5 python train.py
+        --gpus 2`` the job gets 0.5 of a GPU and ``train.py`` gets ``--gpus 2``.
+        IPython expands ``$name`` and ``{expression}`` in the line (``$$``: a
+        literal ``$``); the job runs without a shell unless its command is one
+        quoted string with blanks, in the kernel's working directory and
+        environment. ``--interactive`` prints its output here until it ends
+        (interrupt the kernel to stop watching). ``--array 0-9`` submits one task
+        per index (``{{index}}`` in the command: IPython expands single braces)
+        and returns an ``ArrayHandle`` (``ids``, ``handles``, ``wait()``, ``cancel()``).
         """
         args, command = parse_submit(line, "%%gpusubmit" if cell is not None else "%gpusubmit")
         if cell is not None:
@@ -334,10 +310,8 @@ class EventschedMagics(Magics):
     @line_magic
     @user_errors
     def gpustatus(self, line: str) -> Any:
-        """``%gpustatus``: the live panel — one bar per GPU (allocated share;
-        utilisation, memory, temperature, paused beside it), running and queued
-        jobs, and the output tail of the job you select. A background thread
-        keeps it current while other cells run."""
+        """``%gpustatus``: the live panel (GPUs, jobs with their buttons, a job's output),
+        kept current by a background thread while other cells run."""
         from eventsched.jupyter.widgets import StatusPanel
 
         args = subcommand_parser("status", "%gpustatus").parse_args(_split(line, "%gpustatus"))
@@ -365,7 +339,7 @@ class EventschedMagics(Magics):
                 return whatif(args.policy or DEFAULT_POLICIES, args.config, source, args.since,
                               gpus=args.gpus[-1] if args.gpus else None)
             except ValueError as exc:
-                raise UsageError(f"%gpuwhatif: {_first_line(exc)}") from None
+                raise UsageError(f"%gpuwhatif: {first_line(exc)}") from None
         if args.policy or args.config or args.since or args.source:
             raise UsageError("%gpuwhatif --job: give only --gpus and --gpu-mem (policies are for a replay)")
         try:
@@ -379,11 +353,9 @@ class EventschedMagics(Magics):
     @line_cell_magic
     @user_errors
     def gpusql(self, line: str, cell: str | None = None) -> Any:
-        """``%gpusql [-o NAME] [--state-dir DIR] SELECT ...`` (or ``%%gpusql`` with
-        the query in the cell): read-only SQL over the whole history (DuckDB);
-        returns a pandas DataFrame; ``-o NAME`` also stores it in ``NAME``.
-        ``$var``/``{expr}`` in the line are expanded by IPython (``{{``/``}}``
-        for literal braces); the cell is not."""
+        """``%gpusql [-o NAME] [--state-dir DIR] SELECT ...`` (or ``%%gpusql`` with the
+        query in the cell): read-only SQL over the whole history (DuckDB) as a pandas
+        DataFrame, also stored in ``NAME`` with ``-o``. IPython expands the line, not the cell."""
         out, state_dir, query = split_sql_line(line)
         if cell is not None:
             if query:
@@ -411,19 +383,17 @@ class EventschedMagics(Magics):
         except HistoryError as exc:
             raise UsageError(str(exc)) from None
         except duckdb.Error as exc:
-            raise UsageError(f"%gpusql: {_first_line(exc)}") from None
+            raise UsageError(f"%gpusql: {first_line(exc)}") from None
         return pd.DataFrame(rows, columns=columns)
 
     @line_magic
     @user_errors
     def gpuscheduler(self, line: str) -> Message | None:
-        """``%gpuscheduler start [serve options]`` starts a daemon in the background
-        (same options as ``eventsched serve``: ``--gpus fake:4``, ``--state-dir``,
-        ``--socket``, ``--policy``, ``--config``...) and waits until it answers;
-        later magics of this kernel use its state directory and socket.
-        ``%gpuscheduler status`` says whether one answers; ``%gpuscheduler stop``
-        asks it to shut down (its jobs keep running and are re-adopted later).
-        The daemon outlives the kernel; its output goes to ``<state-dir>/serve.out``.
+        """``%gpuscheduler start [serve options]`` starts a daemon in the background (the
+        options of ``eventsched serve``, e.g. ``--gpus fake:4``) and waits until it answers;
+        later magics of this kernel use its state directory and socket. It outlives the
+        kernel; its output goes to ``<state-dir>/serve.out``. ``%gpuscheduler status`` says
+        whether one answers; ``stop`` shuts it down (its jobs keep running, re-adopted later).
         """
         words = _split(line, "%gpuscheduler")
         if not words or words[0] not in ("start", "stop", "status"):
@@ -533,8 +503,5 @@ def _alive(pid: int) -> bool:
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()]
-    except OSError:
-        return "(no output)"
+    lines = [l for l in read_tail(str(path)).splitlines() if l.strip()]
     return lines[-1] if lines else "(no output)"

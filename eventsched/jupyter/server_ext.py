@@ -1,12 +1,9 @@
-"""The Jupyter server side of the JupyterLab sidebar: a few JSON handlers
-under ``/eventsched/`` that ask the daemon over its socket, and one thread
-that follows its event stream for the jobs that end.
-
-It runs in the Jupyter server's process, so the daemon sees the user who runs
-Jupyter and applies that user's rights; the sidebar belongs to no kernel and
+"""The Jupyter server side of the JupyterLab sidebar: JSON handlers under
+``/eventsched/`` that ask the daemon over its socket, and one thread following
+its event stream for the jobs that end. It runs in the Jupyter server's process,
+so the daemon applies the rights of the user who runs Jupyter, and the sidebar
 keeps working while kernels restart or block. Enabled by
-``labextension/jupyter-config/jupyter_server_config.d/eventsched.json`` (scripts/setup.sh
-copies it into the venv).
+``labextension/jupyter-config/jupyter_server_config.d/eventsched.json``.
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ RECENT_ENDS = 20
 
 
 class Ends:
-    """The jobs that ended lately, from the daemon's event stream, which one
-    thread follows for the whole Jupyter server (as its user): a job that
-    starts and ends between two polls of the sidebar is still seen."""
+    """The jobs that ended lately, from one thread following the event stream:
+    a job that starts and ends between two polls of the sidebar is still seen."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -45,7 +41,6 @@ class Ends:
         self.thread: threading.Thread | None = None
 
     def follow(self) -> None:
-        """Start following, once."""
         with self.lock:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="eventsched-ends", daemon=True)
@@ -86,8 +81,7 @@ def forecast(job: dict, now: float) -> str:
 
 
 def gpu_marks(gpu: dict[str, Any], running: list[dict[str, Any]]) -> list[str]:
-    """What an operator looks for on a GPU: drained or paused, a job over its
-    memory request, every job on it idle."""
+    """What an operator looks for on a GPU: drained or paused, a job over its memory request, all idle."""
     marks = [f"drained: {gpu['paused_reason']}" if gpu.get("paused_reason") else "paused"] if gpu.get("paused") else []
     on = [j for j in running if gpu["id"] in j.get("gpu_ids", ()) and (j.get("node") or "local") == (gpu.get("node") or "local")]
     if any(j.get("gpu_mem_over") for j in on):
@@ -113,8 +107,7 @@ def snapshot(c: Client) -> dict[str, Any]:
 
 
 def output(c: Client, job: int) -> dict[str, Any]:
-    """The last lines of a job's output, read as the user who runs Jupyter
-    (the file's own permissions decide, as for ``eventsched logs``)."""
+    """The last lines of a job's output, read as the user who runs Jupyter (the file's permissions decide)."""
     path = c.log_path(job)
     if not os.access(path, os.R_OK):
         return {"ok": False, "message": f"job {job}: its output {path} cannot be read by you"}
@@ -145,8 +138,7 @@ class DaemonHandler(APIHandler):
         self.ask = ask
 
     async def answer(self, job: str | None, *more: str) -> None:
-        """Ask the daemon in a thread (the client blocks); a refusal or an
-        absent daemon is a one-line message with ``ok: false``."""
+        """Ask the daemon in a thread (the client blocks); a refusal is one line with ``ok: false``."""
         parts: tuple[Any, ...] = () if job is None else (int(job), *more)
 
         def run() -> dict[str, Any]:

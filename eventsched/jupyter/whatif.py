@@ -1,10 +1,7 @@
-"""What-if in one line, for a notebook.
-
-``whatif(policies=[...])`` replays a history (the user's daemon by default, a
-CSV, or any log) under each policy by the very path of ``eventsched replay``
-(``cli.replay.replay_table``), returns the comparison as a table and draws
-its chart in the same cell. ``job_whatif`` asks the daemon when a queued job
-would start had it asked for other resources (``ForecastAlternatives``).
+"""What-if in one line, for a notebook: ``whatif`` replays a history under each
+policy by the very path of ``eventsched replay`` and charts the comparison;
+``job_whatif`` asks the daemon when a queued job would start had it asked for
+other resources.
 """
 
 from __future__ import annotations
@@ -49,13 +46,12 @@ def whatif(policies: Sequence[str] = DEFAULT_POLICIES, config: str | os.PathLike
            gpus: str | None = None, nodes: int = 1, out: str | os.PathLike[str] | None = None,
            chart: bool = True) -> Comparison:
     """Replay ``source`` (default: your daemon's state directory; or a CSV, a
-    log or state directory) under each policy in ``policies`` (``recorded``:
-    as the log was made) with the ``[scheduler]``/``[tenants]`` of ``config``;
-    ``since`` (``7d``, or seconds) measures only the jobs submitted in that
-    window before the last submission (every earlier job still runs, and
-    still takes GPUs). ``gpus`` (``fake:8``) gives a CSV a machine. Returns
-    a ``Comparison``; in IPython the chart is drawn in the cell as well.
-    A source, policy or config that cannot be used raises ``ValueError``."""
+    log or state directory) under each policy (``recorded``: as the log was
+    made) with the ``[scheduler]``/``[tenants]`` of ``config``; ``since``
+    (``7d``, or seconds) measures only the jobs submitted in that window before
+    the last submission (earlier jobs still run and take GPUs); ``gpus``
+    (``fake:8``) gives a CSV a machine. Draws the chart in IPython; a source,
+    policy or config that cannot be used raises ``ValueError``."""
     from eventsched.cli.replay import replay_table
     from eventsched.domain.paths import default_state_dir
     from eventsched.sim.whatif import metrics_from_events
@@ -117,9 +113,8 @@ class Rows:
 
 
 class Comparison(Rows):
-    """The what-if table: ``rows`` (one dict per policy, the recording first
-    when the source is a log; the same figures as ``eventsched replay --json``),
-    ``table`` (that whole JSON), ``to_dataframe()``, ``chart_png()``."""
+    """The what-if table: ``rows`` (one dict per policy, the recording first),
+    ``table`` (``eventsched replay --json``'s whole answer)."""
 
     def __init__(self, table: dict[str, Any]) -> None:
         self.table = table
@@ -167,8 +162,7 @@ class Comparison(Rows):
                 f"<tbody>{body}</tbody></table>{notes}</div>")
 
     def figure(self) -> Any:
-        """Mean wait, p95 wait and makespan per policy (lower is better), as a
-        matplotlib Figure of its own (pyplot's state is left alone)."""
+        """Mean wait, p95 wait and makespan per policy, as a Figure of its own (pyplot's state is left alone)."""
         from matplotlib.figure import Figure
 
         unit, size = _time_unit(max((float(r.get(k) or 0) for r in self.rows for k, _ in CHART), default=0.0))
@@ -190,7 +184,6 @@ class Comparison(Rows):
         return buf.getvalue()
 
     def show_chart(self) -> None:
-        """Draw the chart in the running IPython cell (nothing outside IPython)."""
         try:
             from IPython import get_ipython
             from IPython.display import Image, display
@@ -211,8 +204,7 @@ def _request_text(gpus: float, mem_mib: int) -> str:
 
 def alternatives_of(gpus: float | Sequence[float] = (),
                     gpu_mem: int | Sequence[int] = ()) -> list[tuple[float | None, int | None]]:
-    """Each GPU count alone, each memory alone, and (both given) each pair
-    (one value or several of each)."""
+    """Each GPU count alone, each memory alone, and (both given) each pair."""
     gpus = [gpus] if isinstance(gpus, (int, float)) else list(gpus)
     gpu_mem = [gpu_mem] if isinstance(gpu_mem, int) else list(gpu_mem)
     pairs: list[tuple[float | None, int | None]] = [(g, None) for g in gpus] + [(None, m) for m in gpu_mem]
@@ -221,8 +213,7 @@ def alternatives_of(gpus: float | Sequence[float] = (),
 
 
 class Alternatives(Rows):
-    """A queued job's forecast start under its own request and each
-    alternative (``rows``; the first is its own), as ``explain`` forecasts."""
+    """A queued job's forecast start under its own request (the first row) and each alternative."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self.job, self.made_at = answer["job"], answer["made_at"]

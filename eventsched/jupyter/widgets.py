@@ -1,15 +1,11 @@
 """The live status panel: a client-side fold of the daemon's event stream.
 
-``PanelModel`` is seeded from one ``status()`` snapshot (which carries the log
-sequence it includes) and then folds every event after it, so the panel never
-misses or double-counts a fact. ``Watcher`` owns the one background thread per
-socket that consumes ``Client.subscribe``; it only mutates the model and calls
-listeners, and listeners only set widget values. The kernel's event loop is
-never touched (no nest_asyncio), which is why the panel keeps moving while a
-cell runs blocking code. For the same reason every widget is made on the
-kernel's thread: the job rows (with their cancel, hold, release and explain
-buttons, which act as the kernel's user) are a fixed set of slots the watcher
-fills or hides.
+``PanelModel`` is seeded from one ``status()`` snapshot (which carries its log
+sequence) and folds every later event, so nothing is missed or counted twice.
+One ``Watcher`` thread per socket folds and calls listeners, which only set
+widget values: the kernel's event loop is never touched (no nest_asyncio), so
+the panel moves while a cell blocks, and every widget is made on the kernel's
+thread (the job rows are fixed slots the watcher fills or hides).
 """
 
 from __future__ import annotations
@@ -177,8 +173,7 @@ _JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
 
 def _on_job_event(m: PanelModel, e: Any) -> None:
     """Move the job by the one table; an event that does not fit its state is
-    ignored, as the projection refuses it (and a job from before the snapshot
-    that already ended is not shown)."""
+    ignored, as the projection refuses it."""
     j = m.jobs.get(e.job)
     if j is None:
         return
@@ -216,6 +211,11 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
 }
 
 
+def first_line(exc: BaseException) -> str:
+    """An error as one line (its type's name where it says nothing)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
     return "–" if value is None else f"{value:.{digits}f}{unit}"
 
@@ -251,8 +251,7 @@ JOB_COLUMNS = ["ID", "NAME", "STATE", "GPUS", "ON", "TIME", "EXIT", "NOTE"]
 
 
 def job_note(job: dict[str, Any], now: float) -> str:
-    """For a running job: over its GPU memory request, idle for how long; for a
-    queued one: when it is forecast to start, with the 80 % range, as ``explain`` says."""
+    """A running job's GPU memory overrun and idleness; a queued one's forecast start, as ``explain`` says."""
     if job.get("state") == "queued" and job.get("estimated_start") is not None:
         return "starts " + describe(job["estimated_start"], now, job.get("estimated_start_p10"),
                                     job.get("estimated_start_p90"))
@@ -310,13 +309,9 @@ def job_row_html(job: dict[str, Any], now: float, widths: tuple[int, ...] = ()) 
     return f"<tr class='es-job es-state-{job['state']}' data-job='{job['id']}' data-state='{job['state']}'>{tds}</tr>"
 
 
-def slot_html(job: dict[str, Any], now: float) -> str:
-    """One job as a one-row table of fixed widths (a panel row beside its buttons)."""
-    return f"<table class='es-jobs' style='table-layout:fixed'>{job_row_html(job, now, SLOT_WIDTHS)}</table>"
-
-
-def slot_header_html() -> str:
-    return f"<table class='es-jobs' style='table-layout:fixed'><tr>{_head_html(SLOT_WIDTHS)}</tr></table>"
+def slot_table(row: str) -> str:
+    """One row in a table of fixed widths (a panel row beside its buttons, or their header)."""
+    return f"<table class='es-jobs' style='table-layout:fixed'>{row}</table>"
 
 
 def actions_for(state: str) -> set[str]:
@@ -468,9 +463,8 @@ class Watcher:
         self._drawn_seq = -1  # the model's seq when listeners last ran
 
     def settle(self, job_id: int, timeout: float = 10.0) -> None:
-        """Wait (briefly) until the displays show ``job_id`` finished, so that a
-        cell that waited for a job ends with the panel already showing it (a busy
-        machine may take seconds to send a redraw's widget updates)."""
+        """Wait (briefly) until the displays show ``job_id`` finished, so a cell that
+        waited for it ends with the panel showing it (a busy machine redraws slowly)."""
         if self._thread is None or not self._thread.is_alive():
             return
         deadline = time.monotonic() + timeout
@@ -691,20 +685,20 @@ def _panel_class() -> type:
                         text = f"job {job}: {action} asked"
                 colour = "#2e7d32"
             except Exception as exc:  # the refusal, in one line, never raised into a cell
-                line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                text, colour = f"{action} job {job} refused: {line}", "#c62828"
+                text, colour = f"{action} job {job} refused: {first_line(exc)}", "#c62828"
             self.action_line.value = f"<span class='es-action' style='color:{colour}'>{html.escape(text)}</span>"
 
         def _update_rows(self, jobs: list[dict[str, Any]], now: float) -> None:
             more = len(jobs) - len(self.rows)
-            self.jobs_html.value = (slot_header_html() if jobs else _empty_html("no jobs yet")) + (
+            self.jobs_html.value = (slot_table(f"<tr>{_head_html(SLOT_WIDTHS)}</tr>") if jobs
+                                    else _empty_html("no jobs yet")) + (
                 f"<p class='es-more'><i>{more} more not shown (%gpuqueue lists them all)</i></p>" if more > 0 else "")
             for row, job in zip(self.rows, [*jobs, *[None] * (len(self.rows) - len(jobs))]):
                 if job is None:
                     row.layout.display, row.job = "none", 0
                     continue
                 row.job = job["id"]
-                value = slot_html(job, now)
+                value = slot_table(job_row_html(job, now, SLOT_WIDTHS))
                 if row.cells.value != value:
                     row.cells.value = value
                 can = actions_for(job["state"])
