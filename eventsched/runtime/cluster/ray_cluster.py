@@ -1,30 +1,11 @@
-"""Several machines on Ray: the daemon's side of a cluster.
+"""Several machines on Ray: the daemon's side of a cluster (docs/multi-node.md).
 
-``serve --ray ADDRESS|auto`` connects the daemon (still the one writer of the
-one log) to a Ray cluster. Every Ray node that offers GPUs (a ``GPU`` or a
-``node:NAME`` resource, which also names it) becomes a node of ours, run by a
-pinned ``NodeAgent`` actor (``ray_node_actor.py``). Jobs placed on the
-daemon's own node go to the local executor; the rest to their node's agent.
-Placement stays the core's: each ``Launch`` names its node and attempt.
-
-Faults are facts: ``NodeUp`` (a node appears, or its agent comes back with a
-new boot id: its jobs re-adopted), ``NodeDown`` (Ray reports it dead or gone:
-its jobs lost), ``ClusterLink`` (the connection to the cluster fails).
-Agents are detached and named per state dir, so a restarted daemon finds them
-again; messages about an attempt that is not the job's current one on that
-node are dropped, so nothing is counted twice. When an agent joins, every
-other attempt alive on its disk (a node declared dead whose processes lived
-on) is killed (``StrayKilled``), so that no job runs twice.
-
-Every call to an agent renews its lease (``ray_node_actor.py``): each poll
-sends the terms (``lease_terms``: the lease, and by when a node cut off has
-killed its jobs), so the core,
-which gives a node's jobs up only after ``node_lost_after_s``, never starts a
-job while its old copy may still run. What a node stopped that way comes back
-with its polls once it is reachable again (``Fenced``).
-
-Output: each job's output is kept on its node and mirrored, as it grows, into
-the daemon's ``jobs/<job>.log``, where ``logs -f`` reads it.
+``serve --ray ADDRESS|auto`` keeps the daemon the one writer of the one log;
+every Ray node that offers GPUs is run by a pinned, detached ``NodeAgent``
+actor (``ray_node_actor.py``), named per state dir so that a restarted daemon
+finds it again. Messages about an attempt that is not the job's current one
+on that node are dropped, so nothing is counted twice. Each job's output is
+mirrored, as it grows, into the daemon's ``jobs/<job>.log``.
 
 Ray is imported here only, and only when ``--ray`` is given.
 """
@@ -72,8 +53,7 @@ class RayUnavailable(RuntimeError):
 
 
 def connect(address: str, namespace: str) -> None:
-    """``ray.init`` as a driver of an existing cluster (``auto``: the one
-    this machine belongs to)."""
+    """``ray.init`` as a driver of an existing cluster."""
     try:
         import ray
     except ImportError:
@@ -100,7 +80,7 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 
 
 def namespace_for(state_dir: Path) -> str:
-    """The Ray namespace of a daemon's agents: one per state dir."""
+    """One Ray namespace per state dir."""
     return "eventsched-" + hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
 
 
@@ -125,20 +105,15 @@ def node_name(info: dict[str, Any]) -> str | None:
 
 
 class _Agent:
-    """The daemon's handle on one node's agent."""
-
     def __init__(self, name: str, ray_node: str) -> None:
-        self.name = name
-        self.ray_node = ray_node
+        self.name, self.ray_node = name, ray_node
         self.actor: Any = None
-        self.boot = ""
+        self.boot = ""  # its actor's boot id, once it said hello
         self.scope = anyio.CancelScope()
         self.ready = anyio.Event()
 
 
 class RayExecutor:
-    """The engine's executor on a cluster (see the module's docstring)."""
-
     fork_safe = False  # gRPC's threads do not survive a fork: snapshots stay on the loop
 
     def __init__(self, local: Executor, *, gpus: str, namespace: str) -> None:
@@ -159,7 +134,7 @@ class RayExecutor:
 
     def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int] | None = None) -> list[Message]:
         """Nothing yet: the own node's jobs are recovered when ``run`` starts,
-        a remote node's when its agent answers (``_join``)."""
+        a remote node's when its agent answers."""
         self._to_recover = (running, attempts or {})
         return []
 
@@ -179,7 +154,6 @@ class RayExecutor:
         return self._mirrored(value)
 
     def _mirrored(self, started: ProcessStarted) -> ProcessStarted:
-        """A remote start, its output where the daemon mirrors it."""
         return msgspec.structs.replace(started, log_path=str(self.log_path(started.job)))
 
     async def _connected(self, node: str) -> _Agent:
@@ -239,8 +213,7 @@ class RayExecutor:
 
         assert self._outbox is not None
         send = self._outbox
-        lost = False
-        first = True
+        lost, first = False, True
         while True:
             try:
                 infos = await anyio.to_thread.run_sync(ray.nodes)
@@ -326,7 +299,7 @@ class RayExecutor:
     async def _kill_strays(self, agent: _Agent, current: dict[int, int]) -> None:
         """Kill and record every attempt alive on the node that is not its
         job's current one there (``current``: job -> attempt, as the log has
-        them): its job was lost and requeued, so it would run twice."""
+        them), so that no job runs twice."""
         assert self._outbox is not None
         with anyio.fail_after(_CALL_TIMEOUT_S):
             live: list[tuple[int, int, int]] = await agent.actor.live_attempts.remote()
@@ -334,10 +307,9 @@ class RayExecutor:
             state = self._state()  # read now: a launch may have been placed since
             if state is None:
                 return  # nothing known yet: nothing is killed
-            j = state.jobs.get(job)
-            if current.get(job) == attempt or (j is not None and j.state == JobState.RUNNING
-                                               and j.node == agent.name and j.attempts == attempt):
+            if current.get(job) == attempt or self._current(agent.name, job, attempt):
                 continue  # the job's running attempt here: re-adopted (or being launched)
+            j = state.jobs.get(job)
             if j is None:
                 why = f"job {job} is not in the log"
             elif j.state == JobState.RUNNING and j.node == agent.name:
@@ -392,7 +364,8 @@ class RayExecutor:
     # --- the lease ----------------------------------------------------------------
 
     def _lease_terms(self) -> tuple[float, float, float]:
-        """(lease_s, kill_by_s, grace_s) for the agents (``NodeAgent._lease_init``)."""
+        """(lease_s, kill_by_s, grace_s) for the agents: the core gives a
+        node's jobs up only once a node cut off has killed them."""
         state = self._state()
         cfg = state.config if state is not None else SchedulerConfig()
         return (*lease_terms(cfg), cfg.preempt_grace_s)
@@ -415,7 +388,7 @@ class RayExecutor:
             await agent.actor.forget_fences.remote([fid for fid, _ in fences])
 
     def lease_ages(self) -> dict[str, float]:
-        """{node: seconds since its agent last answered} (``nodes``' LEASE)."""
+        """{node: seconds since its agent last answered}."""
         now = time.monotonic()
         return {name: now - at for name, at in self._exchanged.items()}
 
@@ -428,46 +401,41 @@ class RayExecutor:
 
     # --- output -------------------------------------------------------------------
 
-    def _offset_file(self, job: int, node: str) -> Path:
-        return self.local.jobs_dir / f"{job}.mirror-{node}"
-
     async def _pull_output(self, agent: _Agent, job: int) -> None:
         """Copy what the job wrote on its node since the last copy (one copy
         at a time per job: the mirror loop and an exit may ask together)."""
         lock = self._pulling.setdefault(job, anyio.Lock())
         async with lock:
-            await self._pull_locked(agent, job)
+            marker = self.local.jobs_dir / f"{job}.mirror-{agent.name}"
+            try:
+                offset = int(marker.read_text())
+            except (OSError, ValueError):
+                offset = 0
+            while data := await self._output(agent, job, offset):
+                fd = os.open(self.log_path(job), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600)
+                try:
+                    state = self._state() if offset == 0 and os.geteuid() == 0 else None
+                    owner = state.jobs.get(job) if state is not None else None
+                    if owner is not None and owner.spec.uid >= 0:  # its user reads it by path, as on one machine
+                        os.fchown(fd, owner.spec.uid, owner.spec.gid)
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                offset += len(data)
+                tmp = marker.with_name(marker.name + ".tmp")
+                tmp.write_text(str(offset))
+                os.replace(tmp, marker)
         if not lock.statistics().tasks_waiting and job not in self._remote_jobs:
             self._pulling.pop(job, None)
 
-    async def _pull_locked(self, agent: _Agent, job: int) -> None:
-        marker = self._offset_file(job, agent.name)
+    @staticmethod
+    async def _output(agent: _Agent, job: int, offset: int) -> bytes:
         try:
-            offset = int(marker.read_text())
-        except (OSError, ValueError):
-            offset = 0
-        while True:
-            try:
-                with anyio.fail_after(_CALL_TIMEOUT_S):
-                    data: bytes = await agent.actor.output.remote(job, offset)
-            except Exception:
-                return
-            if not data:
-                return
-            path = self.log_path(job)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                state = self._state() if offset == 0 and os.geteuid() == 0 else None
-                owner = state.jobs.get(job) if state is not None else None
-                if owner is not None and owner.spec.uid >= 0:  # its user reads it by path, as on one machine
-                    os.fchown(fd, owner.spec.uid, owner.spec.gid)
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            offset += len(data)
-            tmp = marker.with_name(marker.name + ".tmp")
-            tmp.write_text(str(offset))
-            os.replace(tmp, marker)
+            with anyio.fail_after(_CALL_TIMEOUT_S):
+                return await agent.actor.output.remote(job, offset)
+        except Exception:  # the node is gone: its loss is reported apart
+            return b""
 
     async def _mirror_loop(self) -> None:
         while True:
@@ -502,7 +470,7 @@ class RayExecutor:
 
 class RayGpus:
     """The engine's GPU backend on a cluster: the daemon's own node has none
-    of ours (a GPU machine joins as a Ray node); samples come from the agents."""
+    of ours (a GPU machine joins as a Ray node)."""
 
     def __init__(self, executor: RayExecutor, node: str, address: str) -> None:
         self.executor = executor

@@ -1,18 +1,10 @@
-"""The executor of one node of a Ray cluster, run there as an actor.
+"""The executor of one node of a Ray cluster, run there as an actor
+(docs/multi-node.md). Plain Python: ``ray_cluster.py`` wraps it with ``ray.remote``.
 
-``ray_cluster.py`` starts one ``NodeAgent`` per GPU node, pinned to it,
-detached and named so that it outlives a restart of the daemon. It reserves
-no CPU and no GPU (Ray's GPU accounting must not fight the scheduler's) and
-runs jobs through the same ``Executor`` as a single machine. It samples the
-node's GPUs and hands the daemon, when asked, what happened since: exits,
-losses. Plain Python: the daemon wraps it with ``ray.remote``.
-
-It also holds the node's lease: every call from the daemon renews it, and a
-node that has heard nothing for ``node_lease_s`` (its own monotonic clock)
-stops its jobs itself, each with its ``--signal`` and then SIGKILL, all dead
-by the daemon's ``kill_by_s``: before the daemon, which gives a node up only
-after ``node_lost_after_s``, can run them elsewhere. It writes down what it
-stopped (``fenced.json``) and tells the daemon once it hears from it again.
+It runs jobs through the same ``Executor`` as a single machine and holds the
+node's lease: every call from the daemon renews it, and a node that has heard
+nothing for ``node_lease_s`` stops its jobs itself, all dead before the daemon
+can run them elsewhere, and writes down what it stopped (``fenced.json``).
 """
 
 from __future__ import annotations
@@ -39,13 +31,12 @@ _FENCES = "fenced.json"  # what this node stopped itself, until the daemon has r
 
 
 def agent_state_dir(state_dir: str, node: str) -> Path:
-    """Where a node keeps its jobs' records and output: the daemon's state dir path, on its own disk."""
+    """The daemon's state dir path, on the node's own disk."""
     return Path(state_dir) / "nodes" / node
 
 
 class NodeAgent:
-    """One node's executor and GPU sampler. Every method is called by the
-    daemon through Ray; messages travel as pickled msgspec structs."""
+    """One node's executor and GPU sampler; messages travel as pickled msgspec structs."""
 
     def __init__(self, node: str, state_dir: str, gpus: str, max_host_mem_mib: int = 0) -> None:
         self.node = node
@@ -63,9 +54,15 @@ class NodeAgent:
         self._wake: asyncio.Event | None = None
         self._runner: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
-        self._lease_init()
-
-    # --- life -------------------------------------------------------------
+        self._renewed = time.monotonic()  # the daemon's last call: the lease runs from it
+        # (lease_s, kill_by_s, grace_s) as the daemon last sent them: lease_s
+        # after its last call each job gets its --signal, and SIGKILL after its
+        # grace (grace_s when it gave none) or kill_by_s after that call,
+        # whichever comes first (lease_s 0: no lease; kill_by_s 0: no bound)
+        self._terms = (0.0, 0.0, 0.0)
+        self._stops: dict[int, tuple[int, float]] = {}  # job -> (its --signal, its grace; -1: grace_s)
+        self._expired = False  # this lease ran out and its jobs were stopped
+        self._fences: list[dict[str, Any]] = self._read_fences()
 
     async def hello(self) -> dict[str, Any]:
         """Start the executor's watcher (once per actor) and say who we are."""
@@ -74,13 +71,8 @@ class NodeAgent:
             self._wake = asyncio.Event()
             self._runner = asyncio.get_running_loop().create_task(self.executor.run(self._send))
             self._lease_task = asyncio.get_running_loop().create_task(self._watch_lease())
-        return {
-            "node": self.node,
-            "boot": self.boot,
-            "pid": os.getpid(),
-            "gpus": list(self.backend.discover()),
-            "gpu_backend": self.backend.name,
-        }
+        return {"node": self.node, "boot": self.boot, "pid": os.getpid(), "gpus": list(self.backend.discover()),
+                "gpu_backend": self.backend.name}
 
     async def _send(self, message: Message) -> None:
         job = getattr(message, "job", -1)
@@ -94,10 +86,11 @@ class NodeAgent:
         self, timeout_s: float, terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     ) -> tuple[str, list[tuple[int, Message]], list[tuple[str, Fenced]]]:
         """(this actor's boot id, [(attempt, exit or loss)] since the last poll,
-        [(id, fence)] not yet acknowledged), waiting up to ``timeout_s``. A new
-        boot id means Ray restarted the actor. ``terms``: the lease's (``_lease_init``)."""
+        [(id, fence)] not yet acknowledged), waiting up to ``timeout_s``.
+        ``terms``: the lease's, as ``__init__`` says."""
         self._renew(terms)
-        fences = [(f["id"], self._fence_message(f)) for f in self._fences]
+        fences = [(f["id"], Fenced(node=self.node, jobs=f["jobs"], attempts=f["attempts"], reason=f["reason"]))
+                  for f in self._fences]
         if self._wake is None:  # not started (a restarted actor): say who we are at once
             return self.boot, [], fences
         if not self._outbox:
@@ -128,9 +121,8 @@ class NodeAgent:
 
     def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int],
                 stops: dict[int, tuple[int, float]] | None = None) -> list[Message]:
-        """After a restart (of the daemon or this actor): ``Executor.recover``
-        for the jobs this actor does not already watch (``stops``: each job's
-        ``--signal`` and grace, for the lease)."""
+        """``Executor.recover`` for the jobs this actor does not already watch
+        (``stops``: each job's ``--signal`` and grace, for the lease)."""
         self._renew()
         self._stops.update(stops or {})
         watched = self.executor.running_jobs()
@@ -139,19 +131,17 @@ class NodeAgent:
         return self.executor.recover(todo, {j: attempts[j] for j in todo if j in attempts})
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
-        """(job, attempt, job pid) of every attempt whose supervisor is alive here."""
         self._renew()
         return self.executor.live_attempts()
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
-        """Kill a stray attempt (SIGKILL after ``grace_s``), unreported; its job pid, 0 if gone."""
         self._renew()
         if self._runner is None:  # the executor's watcher reaps what it kills
             await self.hello()
         return await self.executor.kill_attempt(job, attempt, grace_s)
 
     def output(self, job: int, offset: int) -> bytes:
-        """The job's output from ``offset`` on (at most a chunk), for the daemon to mirror."""
+        """The job's output from ``offset`` on (at most a chunk)."""
         self._renew()
         try:
             with open(self.executor.log_path(job), "rb") as f:
@@ -163,7 +153,7 @@ class NodeAgent:
     # --- GPUs ---------------------------------------------------------------
 
     def sample(self, loads: dict[int, tuple[float, int]]) -> list[GpuSample]:
-        """One observation per GPU; ``loads``: what the scheduler placed on each (``set_load``)."""
+        """``loads``: what the scheduler placed on each GPU (``set_load``)."""
         self._renew()
         if isinstance(self.backend, FakeBackend):
             for gpu, (share, reserved) in loads.items():
@@ -172,17 +162,6 @@ class NodeAgent:
         return list(self.backend.sample(self.executor.job_processes()))
 
     # --- the lease ------------------------------------------------------------
-
-    def _lease_init(self) -> None:
-        self._renewed = time.monotonic()  # the daemon's last call: the lease runs from it
-        # (lease_s, kill_by_s, grace_s) as the daemon last sent them: lease_s
-        # after its last call each job gets its --signal, and SIGKILL after its
-        # grace (grace_s when it gave none) or kill_by_s after that call,
-        # whichever comes first (lease_s 0: no lease; kill_by_s 0: no bound)
-        self._terms = (0.0, 0.0, 0.0)
-        self._stops: dict[int, tuple[int, float]] = {}  # job -> (its --signal, its grace; -1: grace_s)
-        self._expired = False  # this lease ran out and its jobs were stopped
-        self._fences: list[dict[str, Any]] = self._read_fences()
 
     def _renew(self, terms: tuple[float, float, float] | None = None) -> None:
         self._renewed, self._expired = time.monotonic(), False
@@ -218,9 +197,6 @@ class NodeAgent:
         self._write_fences()
         for job, (signum, grace) in graces.items():
             await self.executor.signal(job, grace, signum)
-
-    def _fence_message(self, fence: dict[str, Any]) -> Fenced:
-        return Fenced(node=self.node, jobs=fence["jobs"], attempts=fence["attempts"], reason=fence["reason"])
 
     def forget_fences(self, ids: list[str]) -> None:
         """The daemon has recorded these fences (``poll`` hands them over until then)."""

@@ -1,21 +1,10 @@
 """GPU observation: NVML on real machines, simulated GPUs everywhere else.
 
-Both backends say which GPUs there are (``discover``) and how they are now
-(``sample``: ``GpuObserved`` / ``GpuFailed`` messages; an NVML error is a
-message, never an exception). Both block: the engine calls them in a thread.
-``significant`` keeps the log lean: a sample is logged on a meaningful change,
-or when the last one logged is a minute old. Each sample also brings a GPU's
-health (``GpuHealthRead``: ECC errors, retired pages, row remaps, Xid events;
-``health.py``) when it changed; fake GPUs report the faults ``inject`` gives them.
-
-Per-process GPU memory: ``attribute`` maps NVML's per-process list to our jobs
-through the executor's ``{pid: job}`` and names the rest (pid, uid, user).
-Fake GPUs build the same list from the processes that *declare* a use in
-their environment: ``EVENTSCHED_FAKE_GPU_MEM_MIB=N`` (N MiB on each GPU of its
-``CUDA_VISIBLE_DEVICES``, all when unset) and ``EVENTSCHED_FAKE_GPU_UTIL=P``
-(those GPUs are P % busy; otherwise as busy as their allocated share). A child
-that inherits a declaration is the same holder; a process that is not a job's
-declares *foreign* memory, as another user's process would.
+Both backends block (the engine calls them in a thread) and report an NVML
+error as a ``GpuFailed`` message, never an exception. Health readings are
+``health.py`` (docs/gpu-health.md). Fake GPUs take their per-process memory
+and utilization from what processes *declare* in their environment
+(``FAKE_MEM_VAR``, ``FAKE_UTIL_VAR``): docs/gpu-memory-and-idle.md.
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import importlib.util
 import os
 import pwd
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from eventsched.domain.events import GpuHealth, GpuProcess
 from eventsched.domain.messages import GpuFailed, GpuHealthRead, GpuInfo, GpuObserved
@@ -68,13 +57,12 @@ class GpuBackend(Protocol):
     def discover(self) -> list[GpuInfo]: ...
 
     def sample(self, job_pids: Collection[int] = ()) -> list[GpuSample]:
-        """One observation per GPU. ``job_pids``: our jobs' processes (a
-        ``{pid: job}`` attributes their memory per job); any other is foreign."""
+        """``job_pids``: our jobs' processes (a ``{pid: job}`` attributes
+        their memory per job); any other is foreign."""
         ...
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
-        """What the scheduler placed on ``gpu``: fake GPUs report it back, as
-        real ones would show it; real ones ignore it."""
+        """What the scheduler placed on ``gpu``: fake GPUs report it back."""
         ...
 
     def close(self) -> None: ...
@@ -100,13 +88,12 @@ class NvmlBackend:
                 "to run on simulated GPUs, use --gpus fake:N[:MEM_MIB], e.g. --gpus fake:4"
             ) from None
         try:
-            count = pynvml.nvmlDeviceGetCount()
+            count, why = pynvml.nvmlDeviceGetCount(), "NVML found no GPUs"
         except pynvml.NVMLError as e:
-            pynvml.nvmlShutdown()
-            raise NvmlUnavailable(f"NVML cannot count GPUs ({e}); use --gpus fake:N for simulated GPUs") from None
+            count, why = 0, f"NVML cannot count GPUs ({e})"
         if count == 0:
             pynvml.nvmlShutdown()
-            raise NvmlUnavailable("NVML found no GPUs; use --gpus fake:N for simulated GPUs")
+            raise NvmlUnavailable(f"{why}; use --gpus fake:N for simulated GPUs")
         self._count = count
         self._health = NvmlHealth(pynvml, node, count)
         self._health_changes = HealthChanges(node)
@@ -174,8 +161,7 @@ class NvmlBackend:
             procs += nv.nvmlDeviceGetGraphicsRunningProcesses(h)
         except nv.NVMLError_NotSupported:
             return None
-        for p in procs:
-            # usedGpuMemory is None when the driver cannot tell (e.g. Windows WDDM)
+        for p in procs:  # usedGpuMemory is None when the driver cannot tell (e.g. Windows WDDM)
             used[p.pid] = max(used.get(p.pid, 0), int(p.usedGpuMemory or 0))
         return {pid: b // _MIB for pid, b in used.items()}
 
@@ -231,8 +217,8 @@ def attribute(
     owners: dict[int, tuple[int, str]] | None = None,
 ) -> tuple[dict[int, int], list[GpuProcess], int]:
     """One GPU's ``(pid, MiB)`` list as (job -> MiB, the processes of no job,
-    their MiB in all). ``job_pids``: pid -> job (a set only tells ours from
-    foreign); ``owners`` caches pid -> (uid, user)."""
+    their MiB in all). ``job_pids``: pid -> job, or a set that only tells ours
+    from foreign; ``owners`` caches pid -> (uid, user)."""
     job_of = job_pids if isinstance(job_pids, Mapping) else None
     jobs: dict[int, int] = {}
     others: list[GpuProcess] = []
@@ -263,27 +249,19 @@ def _owner(pid: int) -> tuple[int, str]:
         return uid, ""
 
 
-class _Declared:
-    __slots__ = ("ppid", "mem", "util", "gpus")
-
-    def __init__(self, ppid: int, mem: int, util: float | None, gpus: tuple[int, ...] | None) -> None:
-        self.ppid, self.mem, self.util, self.gpus = ppid, mem, util, gpus
-
-    def same(self, other: _Declared) -> bool:
-        return (self.mem, self.util, self.gpus) == (other.mem, other.util, other.gpus)
+class _Declared(NamedTuple):
+    ppid: int
+    mem: int
+    util: float | None
+    gpus: tuple[int, ...] | None  # None: every GPU
 
 
 def _declared_processes() -> dict[int, _Declared]:
     """Fake GPUs: every process here that declares a GPU use in its
-    environment (``FAKE_MEM_VAR``, ``FAKE_UTIL_VAR``), less the children that
-    only inherited their parent's declaration."""
+    environment, less the children that only inherited their parent's declaration."""
     mem_key, util_key = FAKE_MEM_VAR.encode() + b"=", FAKE_UTIL_VAR.encode() + b"="
     found: dict[int, _Declared] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return found
-    for name in names:
+    for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
@@ -301,12 +279,10 @@ def _declared_processes() -> dict[int, _Declared]:
         except ValueError:
             continue  # not a number: declares nothing
         visible = env.get(b"CUDA_VISIBLE_DEVICES")
-        gpus: tuple[int, ...] | None = None
-        if visible is not None:
-            try:
-                gpus = tuple(int(x) for x in visible.split(b",") if x.strip())
-            except ValueError:
-                gpus = ()
+        try:
+            gpus = None if visible is None else tuple(int(x) for x in visible.split(b",") if x.strip())
+        except ValueError:
+            gpus = ()
         try:
             with open(f"/proc/{name}/stat", "rb") as f:
                 stat = f.read()
@@ -315,7 +291,7 @@ def _declared_processes() -> dict[int, _Declared]:
             continue
         found[int(name)] = _Declared(ppid, mem, util, gpus)
     # a child that inherited the very same declaration holds nothing more
-    return {pid: d for pid, d in found.items() if not (d.ppid in found and found[d.ppid].same(d))}
+    return {pid: d for pid, d in found.items() if not (d.ppid in found and found[d.ppid][1:] == d[1:])}
 
 
 # --- simulated GPUs -------------------------------------------------------
@@ -331,9 +307,7 @@ class FakeBackend:
         if mem_mib < 1:
             raise GpuSpecError(f"fake GPUs: memory must be at least 1 MiB, got {mem_mib}")
         self.n, self.mem_mib, self.node, self.name = n, mem_mib, node, f"fake:{n}:{mem_mib}"
-        self._share = [0.0] * n
-        self._reserved = [0] * n
-        self._foreign = [0] * n
+        self._share, self._reserved, self._foreign = [0.0] * n, [0] * n, [0] * n
         self._failed: dict[int, tuple[str, bool]] = {}
         self._health: dict[int, GpuHealth] = {}  # the faults injected, as the driver would read them
         self._xids: dict[int, list[int]] = {}
@@ -341,11 +315,8 @@ class FakeBackend:
         self._tick = 0
 
     def discover(self) -> list[GpuInfo]:
-        return [
-            GpuInfo(gpu=i, uuid=f"GPU-fake-{self.node}-{i}", model="Fake GPU", memory_total_mib=self.mem_mib)
-            for i in range(self.n)
-            if not self._failed.get(i, ("", False))[1]
-        ]
+        return [GpuInfo(gpu=i, uuid=f"GPU-fake-{self.node}-{i}", model="Fake GPU", memory_total_mib=self.mem_mib)
+                for i in range(self.n) if not self._failed.get(i, ("", False))[1]]
 
     def set_load(self, gpu: int, share: float, reserved_mib: int) -> None:
         """Total share (0..1) and reserved MiB on ``gpu``: absolute, not incremental."""
@@ -354,7 +325,6 @@ class FakeBackend:
         self._reserved[gpu] = max(reserved_mib, 0)
 
     def set_foreign(self, gpu: int, mib: int) -> None:
-        """Memory held by a process outside the scheduler."""
         self._check(gpu)
         self._foreign[gpu] = max(mib, 0)
 
@@ -430,8 +400,7 @@ class FakeBackend:
 
 
 def parse_gpus_option(text: str | None, *, node: str = "local") -> GpuBackend:
-    """``--gpus``: ``fake:N[:MEM_MIB]``, or ``nvml`` (or nothing) for real GPUs.
-    ``GpuSpecError`` for a bad value, ``NvmlUnavailable`` when NVML is absent."""
+    """``--gpus``: ``fake:N[:MEM_MIB]``, or ``nvml`` (or nothing) for real GPUs."""
     text = (text or "").strip()
     if text in ("", "nvml"):
         return NvmlBackend(node=node)
@@ -449,8 +418,8 @@ def parse_gpus_option(text: str | None, *, node: str = "local") -> GpuBackend:
 
 def significant(prev: GpuObserved | None, new: GpuObserved, *, last_ts: float, now: float,
                 min_interval_s: float = 60.0) -> bool:
-    """Should ``new`` be appended, given ``prev`` (the last one logged for this
-    GPU, at ``last_ts``)? Yes on a meaningful change or when it is stale."""
+    """Should ``new`` be logged, given ``prev`` (the last one logged for this
+    GPU, at ``last_ts``)? Yes on a meaningful change, or when that is stale."""
     if prev is None or now - last_ts >= min_interval_s:
         return True
     mem_step = min(256, 0.02 * max(new.memory_total_mib, 1))
@@ -466,8 +435,7 @@ def significant(prev: GpuObserved | None, new: GpuObserved, *, last_ts: float, n
 
 
 class SampleFilter:
-    """Which samples the engine logs (``significant`` against the GPU's last
-    one logged); a failed GPU's first good reading is always news."""
+    """Which samples the engine logs; a failed GPU's first good reading is always news."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], tuple[float, GpuObserved]] = {}

@@ -1,12 +1,8 @@
 """GPU health as the driver reports it, for both backends (docs/gpu-health.md).
 
-``NvmlHealth`` reads NVML's ECC counters (volatile and aggregate, corrected
-and not), retired pages and their pending status, row remapping, and waits on
-an NVML event set for Xid events with a short timeout: the sampler runs in a
-thread, off the event loop. A reading the GPU does not support is -1 (no
-reading), never an error. ``HealthChanges`` passes a GPU's reading on only
-when it changed (or raised an Xid), so a GPU that stays sick adds nothing.
-Fake GPUs take faults by name (``apply_fault``), as tests/fake_nvml.py does.
+A reading the GPU does not support is -1 (no reading), never an error; a GPU
+that stays sick adds nothing to the log (``HealthChanges``). Fake GPUs take
+faults by name (``apply_fault``), as tests/fake_nvml.py does.
 """
 
 from __future__ import annotations
@@ -28,8 +24,8 @@ MAX_XIDS = 64  # events taken per sample: a storm waits for the next one
 
 
 class HealthChanges:
-    """The readings worth sending: a change (the first: from a GPU that says
-    nothing) or an Xid. The core compares again, with what the log last said."""
+    """The readings worth sending: a change or an Xid. The core compares
+    again, with what the log last said."""
 
     def __init__(self, node: str) -> None:
         self._node = node
@@ -51,7 +47,8 @@ class HealthChanges:
 
 
 class NvmlHealth:
-    """Health readings and Xid events of NVML's GPUs ``0..count-1``."""
+    """Health readings and Xid events of NVML's GPUs ``0..count-1``: Xids are
+    waited for with a short timeout, in the sampler's thread."""
 
     def __init__(self, nvml: Any, node: str, count: int) -> None:
         self._nv, self._node, self._count = nvml, node, count
@@ -80,7 +77,6 @@ class NvmlHealth:
         return events
 
     def xids(self) -> dict[int, list[int]]:
-        """The Xid events raised since the last call, by GPU."""
         nv = self._nv
         out: dict[int, list[int]] = {}
         for _ in range(MAX_XIDS if self._events is not None else 0):
@@ -145,20 +141,18 @@ HEALTH_FAULTS = ("ecc", "ecc-corrected", "retired", "remap", "remap-failed", "xi
 
 def apply_fault(reading: GpuHealth, fault: str) -> tuple[GpuHealth, int]:
     """``reading`` after ``fault`` (one of ``HEALTH_FAULTS``), and the Xid it raises (0: none)."""
-    r = reading
-    match fault:
-        case "ecc":
-            return msgspec.structs.replace(r, ecc_uncorrected=max(r.ecc_uncorrected, 0) + 1,
-                                           ecc_uncorrected_total=max(r.ecc_uncorrected_total, 0) + 1), 0
-        case "ecc-corrected":
-            return msgspec.structs.replace(r, ecc_corrected=max(r.ecc_corrected, 0) + 1,
-                                           ecc_corrected_total=max(r.ecc_corrected_total, 0) + 1), 0
-        case "retired":
-            return msgspec.structs.replace(r, retired_pages=max(r.retired_pages, 0) + 1, pending=True), 0
-        case "remap":
-            return msgspec.structs.replace(r, pending=True), 0
-        case "remap-failed":
-            return msgspec.structs.replace(r, remap_failed=True), 0
+    def counted(*fields: str) -> dict[str, int]:  # -1 (no reading) counts from 0
+        return {f: max(getattr(reading, f), 0) + 1 for f in fields}
+
+    changes: dict[str, dict[str, Any]] = {
+        "ecc": counted("ecc_uncorrected", "ecc_uncorrected_total"),
+        "ecc-corrected": counted("ecc_corrected", "ecc_corrected_total"),
+        "retired": {**counted("retired_pages"), "pending": True},
+        "remap": {"pending": True},
+        "remap-failed": {"remap_failed": True},
+    }
+    if fault in changes:
+        return msgspec.structs.replace(reading, **changes[fault]), 0
     if fault.startswith("xid:") and fault[4:].isdigit():
-        return r, int(fault[4:])
+        return reading, int(fault[4:])
     raise ValueError(f"unknown GPU health fault {fault!r}; known: {', '.join(HEALTH_FAULTS)}")

@@ -1,8 +1,7 @@
-"""I/O on one cgroup directory (a job's cgroup v2, or its v1 memory cgroup):
-join it, list, signal and kill what is in it, remove it, read its OOM kills.
+"""I/O on one cgroup directory (a job's cgroup v2, or its v1 memory cgroup).
 
-Shared by the daemon (``cgroups.py``, the executor) and the supervisor, which
-loads it by path under ``python -I -S``: built-in modules only.
+Shared by the daemon and the supervisor, which loads it by path under
+``python -I -S``: built-in modules only.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ def read(path: str) -> str:
 
 
 def join(path: str) -> None:
-    """Move the calling process into the cgroup at ``path``."""
     write(os.path.join(path, "cgroup.procs"), "0")
 
 
@@ -51,7 +49,7 @@ def populated(path: str) -> bool:
 
 def signal_all(path: str, sig: int) -> int:
     """Send ``sig`` to every process in the cgroup, again for any forked
-    meanwhile (a few rounds); returns how many were signalled."""
+    meanwhile (a few rounds); how many were signalled."""
     seen: set[int] = set()
     for _ in range(4):
         new = [p for p in procs(path) if p not in seen]
@@ -75,9 +73,9 @@ def _pause(seconds: float) -> None:
 
 
 def kill_all(path: str, wait_s: float = 2.0) -> None:
-    """SIGKILL everything in the cgroup: ``cgroup.kill`` (Linux 5.14+, atomic
-    even against a fork bomb), else each pid, again and again; then wait (at
-    most ``wait_s``) until it is empty."""
+    """SIGKILL everything in the cgroup (``cgroup.kill``, Linux 5.14+, is
+    atomic even against a fork bomb; else each pid, again and again), then
+    wait at most ``wait_s`` until it is empty."""
     try:
         write(os.path.join(path, "cgroup.kill"), "1")
         each = False
@@ -108,8 +106,7 @@ def remove(path: str, timeout_s: float = 0.0) -> bool:
 
 
 def oom_kills(path: str) -> int:
-    """Processes the kernel killed for the memory limit of the cgroup at
-    ``path`` (v2 ``memory.events`` or v1 ``memory.oom_control``); 0 if unknown."""
+    """Processes the kernel killed for the cgroup's memory limit; 0 if unknown."""
     for name in ("memory.events", "memory.oom_control"):
         for line in read(os.path.join(path, name)).splitlines():
             key, _, value = line.partition(" ")

@@ -1,15 +1,12 @@
 """Each job in its own cgroup v2, so nothing it starts escapes a cancel.
 
 A job that calls ``setsid`` or ``setpgid`` leaves its process group; it
-cannot leave its cgroup (only a writer of a common ancestor's ``cgroup.procs``
-can move it). At start-up ``Cgroups.setup`` finds the cgroup2 mount and the
-daemon's own cgroup, makes the parent ``<own cgroup>/eventsched-<hash of the
-state dir>`` (or a sibling, if a child of ours cannot hold processes) and
-proves it can contain a throw-away process. Each attempt is then born in
-``<parent>/job-<id>-<attempt>``; cancel signals everything in it and kills by
-``cgroup.kill``; the supervisor empties and removes it when the job ends.
-Where none of this works, jobs are contained by their process group only and
-``setup`` says why in one line. Only the memory controller is ever enabled.
+cannot leave its cgroup. At start-up ``Cgroups.setup`` makes the parent
+``<own cgroup>/eventsched-<hash of the state dir>`` (or a sibling, if a child
+of ours cannot hold processes) and proves it can contain a throw-away process;
+each attempt is then born in ``<parent>/job-<id>-<attempt>``. Where that does
+not work, jobs are contained by their process group only and ``setup`` says
+why in one line. Only the memory controller is ever enabled.
 
 The I/O on one cgroup directory is ``cgroupfs.py``, which the supervisor shares.
 """
@@ -20,10 +17,11 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from eventsched.runtime.launch.cgroupfs import kill_all, procs, remove, signal_all
@@ -38,29 +36,23 @@ __all__ = [
 
 def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as \\ooo."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and len(field[i + 1 : i + 4]) == 3 and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
 
 
-def cgroup2_mounts(mountinfo: str) -> list[tuple[str, str]]:
-    """(root within the hierarchy, mount point) of every cgroup2 mount in a
-    ``/proc/self/mountinfo`` text, in order."""
+def _mounts(mountinfo: str, wanted: Callable[[list[str]], bool]) -> list[tuple[str, str]]:
+    """(root within the hierarchy, mount point) of every mount in a
+    ``/proc/self/mountinfo`` text whose fields after `` - `` are ``wanted``, in order."""
     found = []
     for line in mountinfo.splitlines():
         left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, fstype = left.split(), right.split()
-        if len(fields) >= 5 and fstype and fstype[0] == "cgroup2":
+        fields = left.split()
+        if sep and len(fields) >= 5 and wanted(right.split()):
             found.append((_unescape(fields[3]), _unescape(fields[4])))
     return found
+
+
+def cgroup2_mounts(mountinfo: str) -> list[tuple[str, str]]:
+    return _mounts(mountinfo, lambda fs: fs[:1] == ["cgroup2"])
 
 
 def own_cgroup(proc_cgroup: str) -> str | None:
@@ -77,8 +69,7 @@ def find_own_cgroup_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[st
 
 
 def _mounted_dir(mounts: list[tuple[str, str]], path: str | None, isdir: Callable[[str], bool]) -> str | None:
-    """Where the cgroup ``path`` of a hierarchy is, under the first of its
-    ``mounts`` (root within the hierarchy, mount point) that holds it."""
+    """Where the cgroup ``path`` of a hierarchy is, under the first of its ``mounts`` that holds it."""
     if path is None:
         return None
     for root, mount in mounts:
@@ -98,37 +89,44 @@ def _parent_name(state_dir: str | os.PathLike[str]) -> str:
     return "eventsched-" + hashlib.sha256(os.path.realpath(state_dir).encode()).hexdigest()[:12]
 
 
-def _sleeper(seconds: int) -> subprocess.Popen:
-    """A throw-away process to move into a probe cgroup."""
-    argv = ["sleep", str(seconds)] if shutil.which("sleep") else [sys.executable, "-c", f"import time; time.sleep({seconds})"]
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+@contextlib.contextmanager
+def _made(parent: str) -> Iterator[None]:
+    """``parent`` for the block (OSError if it cannot be made), removed after
+    if the block made it: a probe leaves no cgroup behind."""
+    made = not os.path.isdir(parent)
+    os.makedirs(parent, 0o755, exist_ok=True)
+    try:
+        yield
+    finally:
+        if made:
+            remove(parent)
 
 
-def _probe(parent: str) -> str:
-    """Prove a process can be moved into (and killed in) a child of
-    ``parent``; "" if so, else what went wrong."""
+def _probe(parent: str, v1_limit: bool = False) -> str:
+    """Prove a process can be moved into (and killed in) a child of ``parent``
+    (``v1_limit``: a v1 memory cgroup, limited); "" if so, else what went wrong."""
     probe = os.path.join(parent, f"probe-{os.getpid()}")
+    p: subprocess.Popen | None = None
+    doing = f"cannot create {probe}"
     try:
-        os.mkdir(probe, 0o755)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        return f"cannot create {probe}: {e.strerror}"
-    try:
-        p = _sleeper(30)
-    except OSError as e:
-        remove(probe)
-        return f"cannot start a probe process: {e.strerror}"
-    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(probe, 0o755)
+        if v1_limit:
+            _write(os.path.join(probe, "memory.limit_in_bytes"), str(1 << 30))
+        doing = "cannot start a probe process"
+        argv = ["sleep", "30"] if shutil.which("sleep") else [sys.executable, "-c", "import time; time.sleep(30)"]
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        doing = f"cannot move a process into {probe}"
         _write(os.path.join(probe, "cgroup.procs"), str(p.pid))
         return ""
     except OSError as e:
-        return f"cannot move a process into {probe}: {e.strerror}"
+        return f"cgroup v1 memory not usable at {parent} ({e.strerror})" if v1_limit else f"{doing}: {e.strerror}"
     finally:
         kill_all(probe)
-        p.kill()
-        p.wait()
+        if p is not None:
+            p.kill()
+            p.wait()
         remove(probe, timeout_s=2.0)
 
 
@@ -141,8 +139,7 @@ class Cgroups:
     @classmethod
     def setup(cls, state_dir: str | os.PathLike[str]) -> tuple[Cgroups | None, str]:
         """(Cgroups, "") where the daemon can contain its jobs, else (None,
-        one line saying what is missing). Leaves no cgroup behind: the
-        parent is made again at the first launch."""
+        one line saying what is missing). The parent is made again at the first launch."""
         mountinfo = _read("/proc/self/mountinfo")
         if not cgroup2_mounts(mountinfo):
             return None, "no cgroup v2 mount in /proc/self/mountinfo"
@@ -155,15 +152,12 @@ class Cgroups:
             candidates.append(os.path.join(os.path.dirname(own), name))
         why = ""
         for parent in candidates:
-            made = not os.path.isdir(parent)
             try:
-                os.makedirs(parent, 0o755, exist_ok=True)
+                with _made(parent):
+                    problem = _probe(parent)
             except OSError as e:
                 why = why or f"cgroup v2 not writable at {os.path.dirname(parent)} ({e.strerror})"
                 continue
-            problem = _probe(parent)
-            if made:
-                remove(parent)
             if not problem:
                 return cls(parent), ""
             why = why or f"cgroup v2 not writable at {parent} ({problem})"
@@ -205,12 +199,7 @@ MIB = 1 << 20
 
 def v1_memory_dir(mountinfo: str, proc_cgroup: str, *, isdir: Callable[[str], bool] = os.path.isdir) -> str | None:
     """The directory of our own cgroup in the v1 ``memory`` hierarchy, or None."""
-    mounts: list[tuple[str, str]] = []
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if sep and len(fields) >= 5 and len(rest) >= 3 and rest[0] == "cgroup" and "memory" in rest[2].split(","):
-            mounts.append((_unescape(fields[3]), _unescape(fields[4])))
+    mounts = _mounts(mountinfo, lambda fs: len(fs) >= 3 and fs[0] == "cgroup" and "memory" in fs[2].split(","))
     own = None
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
@@ -255,7 +244,7 @@ class HostMemory:
         if forced in ("", "auto", "cgroup2"):
             if cgroups is None:
                 why.append("no cgroup v2 of our own")
-            elif _with_parent(cgroups.parent, enable_memory_v2):
+            elif _memory_v2_possible(cgroups.parent):
                 return cls("cgroup2", cgroups.parent), f"memory.max on each job's cgroup under {cgroups.parent}"
             else:
                 why.append(f"the cgroup v2 memory controller cannot be enabled under {cgroups.parent}")
@@ -304,43 +293,17 @@ class HostMemory:
                 os.rmdir(self.parent)
 
 
-def _with_parent(parent: str, fn: Callable[[str], bool]) -> bool:
-    """``fn(parent)`` with ``parent`` made for the call (and removed after, if made)."""
-    made = not os.path.isdir(parent)
+def _memory_v2_possible(parent: str) -> bool:
     try:
-        os.makedirs(parent, 0o755, exist_ok=True)
+        with _made(parent):
+            return enable_memory_v2(parent)
     except OSError:
         return False
-    try:
-        return fn(parent)
-    finally:
-        if made:
-            remove(parent)
 
 
 def _probe_v1(parent: str) -> str:
-    """"" if a job's v1 memory cgroup can be made under ``parent`` and a
-    process moved into it, else why not."""
-    made = not os.path.isdir(parent)
     try:
-        os.makedirs(parent, 0o755, exist_ok=True)
+        with _made(parent):
+            return _probe(parent, v1_limit=True)
     except OSError as e:
         return f"cgroup v1 memory not writable at {os.path.dirname(parent)} ({e.strerror})"
-    probe = os.path.join(parent, f"probe-{os.getpid()}")
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(probe, 0o755)
-        _write(os.path.join(probe, "memory.limit_in_bytes"), str(1 << 30))
-        p = _sleeper(5)
-        try:
-            _write(os.path.join(probe, "cgroup.procs"), str(p.pid))
-        finally:
-            p.kill()
-            p.wait()
-        return ""
-    except OSError as e:
-        return f"cgroup v1 memory not usable at {parent} ({e.strerror})"
-    finally:
-        remove(probe, timeout_s=2.0)
-        if made:
-            remove(parent)

@@ -1,28 +1,14 @@
-"""Launch, signal and reap job processes.
+"""Launch, signal and reap job processes: the daemon's end (docs/launch-path.md).
 
-Each job runs under its own supervisor (``supervisor.py``), a tiny stdlib-only
-process in its own session that outlives the daemon, like conmon. Supervisors
-are forked by a zygote: while ``run`` is active one long-lived zygote, so a
-launch costs a fork rather than an interpreter start-up; otherwise one started
-for that launch alone. Supervisors outlive a dead zygote and a dead daemon.
-The executor and a supervisor share only the zygote's socket and the job's
-files, side by side in one directory (a directory per job is one more inode)::
-
-    <state_dir>/jobs/<job>.<attempt>           created with O_EXCL, then a JSON record per line
-                    appended by the supervisor: the pid line once the job runs, the exit line once it ended
-    <state_dir>/jobs/<job>.log                 the job's stdout+stderr (0o600, its user's), all
-                    attempts, created at the first byte of output
-    <state_dir>/jobs/<job>.<attempt>.spec.json the plan, only when too big for the zygote's request
-
-Creating the attempt file is the commit point: a second launch of the same
-(job, attempt) is refused, even by a restarted daemon. Exits are noticed
-without polling (the pipe a zygote worker closes once the exit is recorded);
-``recover`` re-adopts supervisors by pidfd after a restart. Only conda,
-env_setup and shell involve a shell; otherwise the argv is exec'd as is.
-
-Containment: where cgroup v2 can be managed (``cgroups.py``), each attempt is
-born in its own cgroup, so signals reach processes that left the job's process
-group too; elsewhere only the process group, said once at start-up.
+Each job runs under its own supervisor (``supervisor.py``), forked by a
+zygote, in its own session: it outlives the daemon, like conmon. They share
+only the zygote's socket and the job's files in ``jobs/``: ``<job>.<attempt>``
+(created with O_EXCL, the commit point, then a JSON record per line: the pid,
+then the exit), ``<job>.log`` and, for a plan too big for a message,
+``<job>.<attempt>.spec.json``. Exits are noticed without polling; ``recover``
+re-adopts supervisors by pidfd after a restart. Where cgroup v2 can be managed
+(``cgroups.py``) each attempt is born in its own cgroup; elsewhere jobs are
+contained by their process group only.
 """
 
 from __future__ import annotations
@@ -71,8 +57,8 @@ class AlreadyLaunched(LaunchError):
 
 def rewrite_cuda(argv: list[str], gpu_ids: list[int]) -> list[str]:
     """Replace the value of ``--cuda X`` / ``--cuda=X`` with the assigned
-    physical ids (the seed scheduler's contract: scripts that copy it into
-    ``CUDA_VISIBLE_DEVICES`` keep working). CPU-only jobs are left alone."""
+    physical ids (the seed scheduler's contract: scripts copy it into
+    ``CUDA_VISIBLE_DEVICES``). CPU-only jobs are left alone."""
     if not gpu_ids:
         return list(argv)
     ids, out = _visible(gpu_ids), list(argv)
@@ -138,8 +124,7 @@ def job_env(job: int, spec: JobSpec, gpu_ids: list[int], *, home: str = "", user
 
 
 def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
-    """(pid record, exit record) of an attempt, each None until written: the
-    lines of its file ``jobs/ID.ATTEMPT``."""
+    """(pid record, exit record) of an attempt, each None until written."""
     try:
         data = attempt_path.read_bytes()
     except FileNotFoundError:
@@ -183,9 +168,8 @@ _nss_cache: dict[tuple[Any, ...], tuple[float, Any]] = {}
 
 
 def _nss(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` (None on KeyError: no such user), remembered for a few
-    seconds: a sweep launches many jobs of one user; an account change is
-    seen within ``_PASSWD_TTL_S``."""
+    """``fn(*args)`` (None on KeyError: no such user), remembered for
+    ``_PASSWD_TTL_S``: a sweep launches many jobs of one user."""
     now, key = time.monotonic(), (fn, *args)
     hit = _nss_cache.get(key)
     if hit is not None and hit[0] > now:
@@ -201,9 +185,8 @@ def _nss(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _credentials(spec: JobSpec, by_name: str = "") -> _Creds | None:
-    """Whom to run as. None = keep the daemon's identity (not root, or
-    a spec without an owner, which only in-process callers can build).
-    ``by_name``: this node's name, where the user is looked up by name."""
+    """Whom to run as; None: as the daemon (not root, or a spec without an
+    owner). ``by_name``: this node's name, where the user is looked up by name."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
     if by_name:
@@ -262,16 +245,14 @@ class _Watch:
 
 
 def _job_cgroup(started: dict, key: str = "cgroup") -> str:
-    """The cgroup (``key="memory_cgroup"``: the v1 memory cgroup) an
-    attempt's pid record names, or "": only ever a job's own, which is
-    killed and removed by path."""
+    """The cgroup (or ``memory_cgroup``) an attempt's pid record names, or "":
+    only ever a job's own, since it is killed and removed by path."""
     cg = started.get(key)
     return cg if isinstance(cg, str) and os.path.basename(cg).startswith("job-") else ""
 
 
 def _write_spec(attempt_path: Path, data: bytes) -> None:
-    """A plan too big for the zygote's request, beside its attempt (0o600:
-    the environment may hold the user's secrets)."""
+    """0o600: the environment may hold the user's secrets."""
     path = attempt_path.with_name(attempt_path.name + ".spec.json")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -315,9 +296,7 @@ class Executor:
                 _log.warning("%s: jobs that leave their process group escape cancel", why)
             else:
                 _log.info("jobs run in their own cgroups under %s", self._cgroups.parent)
-        # how host memory limits are enforced (EVENTSCHED_MEMORY_LIMIT
-        # = cgroup2 | cgroup1 | rlimit-as picks one, if available)
-        if cgroups:
+            # EVENTSCHED_MEMORY_LIMIT = cgroup2 | cgroup1 | rlimit-as picks one, if available
             forced = os.environ.get("EVENTSCHED_MEMORY_LIMIT", "")
             self.host_memory, why = _cg.HostMemory.setup(state_dir, self._cgroups, forced=forced)
         else:
@@ -328,12 +307,12 @@ class Executor:
 
     @property
     def memory_limit(self) -> str:
-        """How host memory limits are enforced: ``cgroup2``, ``cgroup1`` or ``rlimit-as``."""
+        """``cgroup2``, ``cgroup1`` or ``rlimit-as``."""
         return self.host_memory.mode
 
     def host_mem_limit_mib(self, spec: JobSpec) -> int:
-        """A job's effective host memory limit: its own, never above the
-        daemon's maximum; else the maximum (0: none)."""
+        """A job's own host memory limit, never above the daemon's maximum;
+        else the maximum (0: none)."""
         top, own = self.max_host_mem_mib, spec.host_mem_mib
         if own > 0:
             return min(own, top) if top > 0 else own
@@ -345,8 +324,7 @@ class Executor:
         return self._cgroups.containment if self._cgroups else "process-group"
 
     def lease_ages(self) -> dict[str, float]:
-        """No other node holds a lease from this one."""
-        return {}
+        return {}  # no other node holds a lease from this one
 
     def log_path(self, job: int) -> Path:
         return self.jobs_dir / f"{job}.log"
@@ -355,7 +333,7 @@ class Executor:
         return self.jobs_dir / f"{job}.{attempt}"
 
     def _attempts(self) -> dict[int, list[int]]:
-        """{job: its attempts} of the attempt records on this disk."""
+        """{job: its attempts} on this disk."""
         out: dict[int, list[int]] = {}
         with contextlib.suppress(OSError):
             for name in os.listdir(self.jobs_dir):
@@ -367,10 +345,9 @@ class Executor:
     async def launch(
         self, job: int, spec: JobSpec, gpu_ids: list[int], *, attempt: int = 0, node: str | None = None
     ) -> ProcessStarted:
-        """Start the job; return once it has exec'd. ``attempt`` tells a
-        requeued or retried run (pass e.g. the ``JobPlaced`` seq) from a
-        duplicate of one already launched, which raises ``AlreadyLaunched``.
-        ``node``: where the job was placed; only this executor's own runs here."""
+        """Start the job; return once it has exec'd. A second launch of the
+        same ``attempt`` raises ``AlreadyLaunched``. ``node``: where the job
+        was placed; only this executor's own runs here."""
         if node is not None and node != self.node:
             raise LaunchError(f"job {job} is placed on node {node}; this machine is {self.node}")
         if not spec.command:
@@ -382,9 +359,7 @@ class Executor:
             raise LaunchError(str(e)) from None
         creds = _credentials(spec, self.node if self._by_name else "")
         attempt_path = self._attempt_path(job, attempt)
-        try:
-            # the commit point: launched. The one inode a launch creates
-            # before its job runs: its supervisor's record (docs/launch-path.md)
+        try:  # the commit point: the one inode a launch creates before its job runs
             os.close(os.open(attempt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         except FileExistsError:
             raise AlreadyLaunched(f"job {job} (attempt {attempt}) was already launched") from None
@@ -453,13 +428,10 @@ class Executor:
         raise LaunchError(f"the supervisor stopped before starting the job (see {log_path})")
 
     async def _hand_over(self, attempt_path: Path, data: bytes) -> tuple[str, int]:
-        """Give the launch to a zygote: the long-lived one while ``run`` is
-        active (restarted if it died), else one started for this launch
-        alone. Returns the supervisor's answer ("ok PID START", "error
-        REASON", "" if none came) and the fd that turns readable once its
-        worker is done with the launch (-1 if none came)."""
-        # The plan travels with the request (a file per job costs CPU);
-        # one too big for a message waits in spec.json.
+        """Give the launch to the long-lived zygote while ``run`` is active
+        (restarted if it died), else to one for this launch alone. Returns the
+        supervisor's answer ("" if none came) and the fd that turns readable
+        once its worker is done with the launch (-1 if none came)."""
         inline = len(data) <= INLINE_SPEC_BYTES
         if not inline:
             _write_spec(attempt_path, data)
@@ -488,8 +460,8 @@ class Executor:
 
     async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
         """SIGTERM (or ``signum``: a preempted job's ``--signal``) every
-        process of the job now (its cgroup, else its process group); SIGKILL
-        them after ``grace_s`` unless the job has ended by then. Returns at once."""
+        process of the job now; SIGKILL them after ``grace_s`` unless the job
+        has ended by then. Returns at once."""
         w = self._watched.get(job)
         if w is None or w.pgid <= 0:
             return  # not running here (ended, or never started): nothing to stop
@@ -513,8 +485,7 @@ class Executor:
         """At start-up, for each job the log believes placed or running
         (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
         report how it ended, re-adopt it, or say it was never launched.
-        ``attempts`` names each job's current attempt (its latest otherwise),
-        so an earlier attempt's exit is never taken for the current one's."""
+        ``attempts``: each job's current attempt (else its latest on disk)."""
         out: list[Message] = []
         attempts = dict(attempts or {})
         if running.keys() - attempts.keys():  # the latest on disk
@@ -548,7 +519,7 @@ class Executor:
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
         """(job, attempt, job pid) of every attempt on this disk whose supervisor
-        is alive without an exit record, watched here or not."""
+        is alive without an exit record."""
         out: list[tuple[int, int, int]] = []
         for job, tries in sorted(self._attempts().items()):
             for attempt in sorted(tries):
@@ -563,10 +534,9 @@ class Executor:
         return out
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
-        """Stop one attempt that must not run (a stray): SIGTERM its
-        cgroup, else its process group, SIGKILL after ``grace_s``, and wait
-        (a little longer) for its supervisor to end. Its exit is not reported.
-        Returns the job's pid, 0 when it was not alive."""
+        """Stop a stray attempt as ``signal`` does, and wait (a little longer)
+        for its supervisor to end; its exit is not reported. Returns the job's
+        pid, 0 when it was not alive."""
         attempt_path = self._attempt_path(job, attempt)
         started, ended = _read_records(attempt_path)
         if started is None or ended is not None:
@@ -613,8 +583,7 @@ class Executor:
         self, send: Callable[[Message], Awaitable[None]], *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Report ``ProcessExited`` for every launched or adopted job as it
-        ends. While it runs, launches are forked by the zygote (started
-        here, stopped on return); ``task_status`` is told once it is up."""
+        ends. While it runs, launches go to one long-lived zygote."""
         async with anyio.create_task_group() as tg:
             self._tg, self._send = tg, send
             if self._use_zygote and self._zygote is None:
@@ -673,12 +642,10 @@ class Executor:
         return {j: w.pgid for j, w in self._watched.items() if w.pgid > 0}
 
     def job_process_ids(self) -> set[int]:
-        """Pids of every process of a watched job, for telling job GPU memory from foreign."""
         return set(self.job_processes())
 
     def job_processes(self) -> dict[int, int]:
-        """{pid: job} of every process of a watched job: its cgroup's, else its
-        session's (the job and its descendants): GPU memory per job."""
+        """{pid: job} of every process of a watched job, in its cgroup or its session."""
         sessions = {w.pgid: j for j, w in self._watched.items() if w.pgid > 0}
         pids: dict[int, int] = {}
         for j, w in self._watched.items():  # also what left the session
@@ -709,8 +676,8 @@ def _open_pidfd(pid: int, start_time: int, live: bool = False) -> int:
 
 
 async def _exit_record(attempt_path: Path, ended: dict | None) -> dict | None:
-    """The job has ended, or could not be watched: its exit record, once its
-    worker has written it (it empties the job's cgroup first: up to ~10 s)."""
+    """The exit record of a job watched by its own pidfd, once its worker has
+    written it (it empties the job's cgroup first: up to ~10 s)."""
     started = _read_records(attempt_path)[0] or {}
     deadline = anyio.current_time() + 30.0
     while ended is None and anyio.current_time() < deadline:
@@ -735,7 +702,7 @@ def _exited(job: int, ended: dict) -> ProcessExited:
 
 
 def _clear(cgroup: str, kill: bool) -> None:
-    """Remove a job's cgroup once its supervisor is gone; ``kill`` what is
+    """Remove a job's cgroup once its supervisor is gone; ``kill``: what is
     left in it first (a supervisor killed before it could)."""
     if kill:
         _cg.kill_all(cgroup)

@@ -1,10 +1,9 @@
 """What the daemon asks a supervisor to start, and the lines a supervisor
 records: the one definition both sides import.
 
-The supervisor runs as ``python -I -S`` and loads this module by path, so it
-imports nothing beyond the interpreter's built-ins: JSON goes through ``_json``,
-the C half of ``json``, because ``json`` itself imports ``re``, whose import
-would double a supervisor's start-up.
+The supervisor loads this module by path under ``python -I -S``: JSON goes
+through ``_json``, the C half of ``json``, because ``json`` imports ``re``,
+whose import would double a supervisor's start-up.
 """
 
 from __future__ import annotations
@@ -17,15 +16,12 @@ __all__ = ["Plan", "encode", "decode", "dumps", "append_record"]
 
 class Plan:
     """One job attempt to start. Paths are absolute (supervisors run in /);
-    ``uid`` -1 keeps the supervisor's identity; ``umask`` -1 keeps its umask;
-    ``rlimits`` maps a resource name ("nofile") to [soft, hard] (-1 =
-    unlimited), already clamped by the daemon; ``cgroup`` is the job's cgroup
-    v2 directory and ``memory_cgroup`` its v1 memory one ("" = none);
-    ``memory_limit`` says how its host memory is limited (cgroup2, cgroup1,
-    rlimit-as; "" = not at all), so an exit for the limit is told apart.
-    ``log`` is the job's output file, created at the job's first byte of
-    output, or before it starts when ``open_log`` says that something writes
-    it by path (a terminal session's output)."""
+    -1 keeps the supervisor's own ``uid`` or ``umask``; ``rlimits`` maps a
+    resource name ("nofile") to [soft, hard] (-1 = unlimited); ``cgroup`` and
+    ``memory_cgroup`` (v1) are "" for none; ``memory_limit`` says how host
+    memory is limited ("" = not at all), so an exit for the limit is told
+    apart; ``open_log``: create ``log`` before the job starts, for a terminal
+    session that writes it by path."""
 
     __slots__ = (
         "argv", "env", "cwd", "log", "uid", "gid", "groups", "umask", "rlimits",
@@ -68,9 +64,8 @@ def decode(data: bytes) -> Plan:
 
 
 def append_record(attempt: str, **fields: object) -> None:
-    """One line of an attempt's record file (``jobs/ID.ATTEMPT``) in one
-    write (O_APPEND): a reader takes only whole lines, so it never sees half
-    of one."""
+    """One line of an attempt's record file in one write (O_APPEND): a reader
+    takes only whole lines, so it never sees half of one."""
     fd = os.open(attempt, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, (dumps(fields) + "\n").encode())

@@ -1,33 +1,24 @@
 """Jobs inside a detached terminal session (``submit --session tmux|screen``).
 
-The job's process is a small ``sh`` script (the *waiter*), run as the user
-like any job: it starts the session, runs the command in it, waits for it and
-exits the way the command did, so exit records, cgroups and re-adoption work
-as for any other job.
+The job's process is a small ``sh`` script (the *waiter*): it starts the
+session, runs the command in it, waits for it and exits the way the command
+did (a status 128+N: dies of signal N), so exit records, cgroups and
+re-adoption work as for any other job.
 
-tmux: each job gets its own server, ``tmux -L eventsched-JOB``, not the user's
-default one: the job must not take its environment from a server started by
-hand, nor take the user's later sessions down when its cgroup is emptied.
-The pane's shell stores the command's status in ``@eventsched_rc`` and
-unlocks a ``wait-for -L`` channel the waiter blocks on (a lock, because two
-``-S`` signals before anyone waits lose the wake-up). ``#{pane_dead_status}``
-alone is not enough (tmux 3.3a now and then misses the SIGCHLD of a pane that
-exits at once); it stays for a shell killed before it can report. A status
-128+N makes the waiter die of signal N. ``pipe-pane`` appends the pane's
-output to the log; the command waits until it is in place. On cancel the
-waiter forwards the signal to the command's process group.
-
-screen: ``screen -DmS eventsched-JOB`` runs in the waiter's foreground; the
-log is screen's own ``-L`` log, flushed every second.
+tmux: each job gets its own server, ``tmux -L eventsched-JOB``: the job must
+not take its environment from a server started by hand, nor take the user's
+later sessions down when its cgroup is emptied. The pane's shell stores the
+command's status in ``@eventsched_rc`` and unlocks a ``wait-for -L`` channel
+(a lock: two ``-S`` signals before anyone waits lose the wake-up);
+``#{pane_dead_status}`` alone is not enough (tmux 3.3a now and then misses
+the SIGCHLD of a pane that exits at once). screen: its own ``-L`` log.
 """
 
 from __future__ import annotations
 
 import shlex
 
-__all__ = ["SESSION_KINDS", "session_name", "session_argv", "attach_argv"]
-
-SESSION_KINDS = ("tmux", "screen")
+__all__ = ["session_name", "session_argv", "attach_argv"]
 
 # $1 = session name, $2 = the command (a shell word list), $3 = pipe-pane command
 _TMUX_WAITER = r"""

@@ -1,19 +1,11 @@
-"""Per-job supervisor: starts one job, waits for it, records how it ended.
+"""Per-job supervisor: starts one job, waits for it, records how it ended
+(docs/launch-path.md).
 
-The daemon runs ``python -I -S supervisor.py --zygote SOCK_FD`` (its end is
-``zygote.py``): a long-lived process whose workers each supervise one job at
-a time and then wait for the next, so a launch costs neither an interpreter
-start-up nor, mostly, a fork. The script is stdlib-only (besides its siblings
-``plan`` and ``cgroupfs``, loaded by path) because its start-up is part of a
-launch's latency. It outlives the daemon, in its own session, and talks to it
-through the zygote's socket and the attempt's files: it gets the plan with the
-request (or from ``ATTEMPT.spec.json``), appends the pid line and the exit line
-to ``ATTEMPT``, and copies the job's output into ``jobs/ID.log``, created at
-its first byte (each inode costs CPU: a silent job creates none).
-
-``start(plan)`` starts a job by the C accelerator (``_spawn.c``) where built,
-else by a fork and ``_child``; both take the same steps in the same order and
-report a failure as (step, errno), which ``_failure`` words once.
+Run as ``python -I -S supervisor.py --zygote SOCK_FD`` (its daemon's end is
+``zygote.py``), whose workers each supervise one job at a time. Stdlib-only
+(besides its siblings ``plan`` and ``cgroupfs``, loaded by path) because its
+start-up is part of a launch's latency. ``start(plan)`` starts a job by the C
+accelerator (``_spawn.c``) where built, else by a fork and ``_child``.
 """
 
 from __future__ import annotations  # annotations stay strings: typing is never imported (start-up time)
@@ -36,8 +28,7 @@ if TYPE_CHECKING:
 
 
 def _sibling(name: str) -> ModuleType:
-    """A module beside this file, imported or run as a script (``-I`` keeps
-    this directory off sys.path)."""
+    """A module beside this file (``-I`` keeps this directory off sys.path)."""
     if __package__:
         return getattr(__import__(__package__, fromlist=[name]), name)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,10 +75,9 @@ _ALLOCATION_FAILED = (
 
 
 class _Log:
-    """The job's log, opened (and created: 0600, owned by the job's user) at
-    the first write; ``start`` is its size then, where this attempt's
-    output begins. Opened by root with O_NOFOLLOW: a link planted at its
-    path is never written through."""
+    """The job's log, created (0600, the job's user's) at the first write, so
+    a silent job costs no inode; ``start``: where this attempt's output begins.
+    O_NOFOLLOW: a link planted at its path is never written through."""
 
     __slots__ = ("plan", "fd", "start")
 
@@ -111,8 +101,7 @@ class _Log:
             pass
 
     def allocation_failed(self) -> bool:
-        """Does this attempt's output end (last 4 KiB) with an allocation
-        failure? Only asked of a job that failed under RLIMIT_AS."""
+        """Does this attempt's output end (last 4 KiB) with an allocation failure?"""
         try:
             end = os.fstat(self.fd).st_size
             start = max(self.start, end - 4096)
@@ -127,9 +116,8 @@ class _Log:
 
 
 def _relay(pid: int, out: int, log: _Log) -> None:
-    """Copy what comes out of the pipe ``out`` into the log until the job
-    ``pid`` has ended (watched by pidfd: what it left behind may hold the
-    pipe open). Its end is not reaped: the zombie keeps the pgid reserved."""
+    """Copy the pipe ``out`` into the log until the job ``pid`` has ended (by
+    pidfd: what it left behind may hold the pipe open), without reaping it."""
     import select
 
     poller = select.poll()
@@ -181,7 +169,6 @@ _JOB_DEFAULT_SIGNALS = (
 
 
 def _same_identity(p: Plan) -> bool:
-    """True if the job runs as we do: no uid/gid/groups to switch."""
     return p.uid < 0 or (
         p.uid == os.getuid() == os.geteuid()
         and p.gid == os.getgid() == os.getegid()
@@ -196,9 +183,8 @@ def _le(a: int, b: int) -> bool:
 
 
 def _rlimit_changes(p: Plan) -> list[tuple[int, int, int]]:
-    """[(resource, soft, hard)] the job's limits differ from ours by. The
-    daemon clamped them already; clamped again (last line of defence, as root
-    could raise a hard limit): never above our own hard limit, soft <= hard."""
+    """[(resource, soft, hard)] the job's limits differ from ours by, clamped
+    again (root could raise a hard limit): never above ours, soft <= hard."""
     if not p.rlimits:
         return []
     import resource
@@ -249,8 +235,7 @@ def _prepare(p: Plan) -> _Exec | Failure:
 
 
 def _failure(p: Plan, step: str, err: int, detail: str = "") -> Failure:
-    """The one line for a start that failed at ``step`` (a step of
-    ``_spawn.c``'s child, by name) with errno ``err`` (0: see ``detail``)."""
+    """The one line for a start that failed at ``step`` with errno ``err`` (0: see ``detail``)."""
     argv0 = p.argv[0]
     if step == "execute" and err == errno.ENOENT and "/" not in argv0:
         return Failure("command not found: %s" % argv0)
@@ -266,17 +251,15 @@ def _failure(p: Plan, step: str, err: int, detail: str = "") -> Failure:
 
 
 def start(p: Plan) -> int | Failure:
-    """Start the job in its own session and process group (pgid == pid),
-    in its cgroups, with its umask, limits and identity, its signals
-    defaulted, only fds 0-2 (/dev/null, log, log) open; its pid once it has
-    exec'd, else why not."""
+    """Start the job in its own session (pgid == pid) and cgroups, with its
+    umask, limits and identity, only fds 0-2 open; its pid once it has exec'd,
+    else why not."""
     started = clone_start(p)
     return fork_start(p) if started is None else started
 
 
 def fork_start(p: Plan) -> int | Failure:
-    """``start`` in portable Python: fork, and the child (``_child``) sets
-    itself up and execs."""
+    """``start`` in portable Python."""
     x = _prepare(p)
     if isinstance(x, Failure):
         return x
@@ -302,9 +285,7 @@ def fork_start(p: Plan) -> int | Failure:
 
 
 def _child(p: Plan, x: _Exec, errw: int) -> NoReturn:
-    """The forked child: the steps of ``_spawn.c``'s child, in its order,
-    then exec. Everything here runs as the supervisor, before the job's first
-    instruction: every process the job starts is born in its cgroup."""
+    """The forked child: the steps of ``_spawn.c``'s child, in its order, then exec."""
     step = "reset signals"
     try:
         for s in _JOB_DEFAULT_SIGNALS:
@@ -357,8 +338,7 @@ _native: list = []  # [the _spawn module, or None] once looked for
 
 
 def _accelerator() -> ModuleType | None:
-    """``_spawn`` (built from _spawn.c) where it has spawn() (x86-64 Linux),
-    unless EVENTSCHED_SPAWN=fork asks for the fork; else None."""
+    """``_spawn`` where built with spawn() (x86-64 Linux), unless EVENTSCHED_SPAWN=fork."""
     if not _native:
         module = None
         if os.environ.get("EVENTSCHED_SPAWN", "") != "fork":
@@ -371,10 +351,8 @@ def _accelerator() -> ModuleType | None:
 
 
 def clone_start(p: Plan) -> int | Failure | None:
-    """``start`` by the C accelerator: clone3 with CLONE_VM | CLONE_VFORK,
-    the child born in the job's cgroup (CLONE_INTO_CGROUP), so nothing of
-    our memory is copied and no join waits for the kernel. None where it is
-    not built or the kernel cannot (then ``fork_start``)."""
+    """``start`` by the C accelerator (clone3 into the job's cgroup); None
+    where it is not built or the kernel cannot (then ``fork_start``)."""
     native = _accelerator()
     if native is None:
         return None
@@ -403,10 +381,9 @@ def clone_start(p: Plan) -> int | Failure | None:
 
 
 def _supervise(attempt: str, sock: _socket.socket, token: str, data: bytes, devnull: int) -> None:
-    """Be the supervisor of the job attempt whose record is ``attempt``:
-    start its job, answer ``token`` on ``sock``, copy its output, wait,
-    record its end. ``data``: the plan, sent with the request (else in
-    spec.json)."""
+    """Start the job of the attempt whose record is ``attempt``, answer
+    ``token`` on ``sock``, copy its output, wait, record its end. ``data``:
+    the plan, if sent with the request (else in spec.json)."""
     job_pid, cgroup = [0], [""]
 
     def forward(signum: int, frame: object) -> None:  # stopping the supervisor stops its job, all of it
@@ -492,20 +469,10 @@ _IDLE_WORKERS = 16
 
 
 def zygote(sock_fd: int) -> int:
-    """Hand each launch to a supervisor worker. ``sock_fd`` is a
-    SOCK_SEQPACKET socket to the daemon; one message each way per event:
-
-    - daemon -> us:    ``TOKEN ATTEMPT`` (then NUL and the plan, if it fits)
-    - worker -> daemon: ``TOKEN forked WORKER_PID`` with the read end of a
-      pipe (SCM_RIGHTS) that turns readable (EOF) once the worker is done
-      with this launch: the exit recorded, or the worker dead;
-    - worker -> daemon: ``TOKEN ok PID START`` or ``TOKEN error REASON``.
-
-    A worker is a child that supervises one job at a time and then waits for
-    the next launch (a fresh fork would copy every page it writes, a worker
-    pays that once). EOF from the daemon ends us: idle workers exit, busy ones
-    once their job's end is recorded.
-    """
+    """Hand each launch on the SOCK_SEQPACKET socket ``sock_fd`` to a
+    supervisor worker (the messages: docs/launch-path.md). A worker pays once
+    for the pages a fresh fork would copy. EOF from the daemon ends us: idle
+    workers exit, busy ones once their job's end is recorded."""
     import gc
     import select
 
@@ -538,9 +505,7 @@ def zygote(sock_fd: int) -> int:
             idle.remove(w)
         w.close()
 
-    def end() -> int:
-        """The daemon is gone: idle workers exit now (reaped here, so their
-        CPU time is counted); busy ones once their job has ended."""
+    def end() -> int:  # idle workers reaped here, so that their CPU time is counted
         waiting = [workers[w.fileno()][1] for w in idle]
         for w, _ in list(workers.values()):
             w.close()
@@ -611,8 +576,8 @@ def zygote(sock_fd: int) -> int:
 
 
 def _fork_worker(sock: _socket.socket, request: bytes, workers: dict, poller: object, wake_r: int, wake_w: int) -> int:
-    """Fork a worker for ``request`` (it stays for the next ones); the fd of
-    our end of its socket, -1 if it could not be forked (the daemon is told)."""
+    """Fork a worker for ``request``; the fd of our end of its socket, -1 if
+    it could not be forked (the daemon is told)."""
     import select
 
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
@@ -646,8 +611,8 @@ def _fork_worker(sock: _socket.socket, request: bytes, workers: dict, poller: ob
 
 
 def _worker(sock: _socket.socket, zygote_sock: _socket.socket, request: bytes) -> int:
-    """Supervise one job per request, then ask ``zygote_sock`` for the next.
-    EOF there (the zygote is gone: the daemon stopped or died) ends us."""
+    """Supervise one job per request, then ask ``zygote_sock`` for the next,
+    until EOF there."""
     devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     while request:
         head, _, data = request.partition(b"\0")  # the plan, if sent with the request

@@ -1,8 +1,5 @@
-"""The daemon's end of the launch zygote (``supervisor.py --zygote``): a
-process that hands each launch to a supervisor worker it forked (reused job
-after job), so a launch costs neither an interpreter start-up nor, mostly, a
-fork with its page copies. A pipe that turns readable once the worker is
-done with the launch comes back over the socket (SCM_RIGHTS)."""
+"""The daemon's end of the launch zygote (``supervisor.py --zygote``), whose
+workers are reused job after job (docs/launch-path.md)."""
 
 from __future__ import annotations
 
@@ -37,11 +34,9 @@ class ZygoteRequest:
 
 
 class Zygote:
-    """The daemon's end of ``supervisor.py --zygote``, whose workers
-    supervise one launch at a time. Replies arrive on one socket, tagged with
-    the request's token; whichever launch holds ``lock`` reads them for all
-    (no background task, so a launch finishes even while ``run`` is being
-    cancelled)."""
+    """Replies arrive on one socket, tagged with the request's token;
+    whichever launch holds ``lock`` reads them for all (no background task,
+    so a launch finishes even while ``run`` is being cancelled)."""
 
     def __init__(self, python: str) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -84,8 +79,8 @@ class Zygote:
         return token, req
 
     async def wait(self, token: int, req: ZygoteRequest) -> None:
-        """Until the launch is decided: the supervisor answered, died, or the
-        zygote and all its supervisors are gone (EOF)."""
+        """Until the supervisor answered, died, or the zygote and all its
+        supervisors are gone (EOF)."""
         if self.lock is None:
             self.lock = anyio.Lock()
         self.users += 1
@@ -129,8 +124,8 @@ class Zygote:
                 os.close(fd)
 
     def retire(self) -> None:
-        """No more launches: the zygote reads EOF and exits (its supervisors
-        run on); launches in flight still get their answers."""
+        """No more launches: the zygote exits (its supervisors run on);
+        launches in flight still get their answers."""
         if self.retired:
             return
         self.retired = True
@@ -161,9 +156,8 @@ def _readable(fd: int) -> bool:
 
 
 async def _wait_readable(*fds: int) -> None:
-    """Until one of ``fds`` is readable: readers on the asyncio loop the
-    daemon runs on, rather than a task group of ``anyio.wait_readable``
-    (cheaper: no task group per launch)."""
+    """Until one of ``fds`` is readable: asyncio readers, cheaper than a task
+    group of ``anyio.wait_readable`` per launch."""
     loop = asyncio.get_running_loop()
     ready = loop.create_future()
 
