@@ -1,10 +1,9 @@
 """What the control socket admits from a user, before the core sees it.
 
-The core checks that a job *could run here*; this checks that a request is
-*reasonable from this user*: every number and string is bounded, high
-priorities are for operators, so nothing absurd reaches the append-only log.
-Compiled with mypyc; the bounds (``limits.SubmitLimits``) are a Struct with
-class options mypyc would drop, so they live in an interpreted module.
+The core checks that a job *could run here*; this that a request is
+*reasonable from this user* (bounded numbers and strings, high priorities for
+operators). The bounds (``limits.SubmitLimits``) live in an interpreted
+module: mypyc would drop a Struct's class options.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ def _bytes(strings: list[str]) -> int:
 
 
 def _within(strings: list[str], limit: int) -> bool:
-    """Whether ``_bytes(strings) <= limit``, without encoding in the common case:
-    a character is at most 4 bytes of UTF-8 (a lone surrogate 3)."""
+    """``_bytes(strings) <= limit`` for sure, without encoding: a character is at most 4 bytes."""
     return 4 * sum(map(len, strings)) + len(strings) <= limit
 
 
@@ -70,7 +68,6 @@ def check_update(priority: int | None, time_limit_s: float | None, gpus: float |
 
 
 def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> None:
-    """Refuse (``Refused``) a spec outside ``limits``; return if admissible."""
     _check_priority(spec.priority, limits, operator)
     if not 0 <= spec.retries <= limits.max_retries:
         raise Refused(RefusalKind.INVALID, f"--retries must be between 0 and {limits.max_retries}, not {spec.retries}")

@@ -1,10 +1,5 @@
-"""When would a waiting job start had it asked for less (or more)?
-
-The forecast of ``forecast.run_forecast``, once for the job's own request and
-once for each alternative, each on a working copy in which only that job's
-request differs: the same core, the same running jobs, the same queue.
-Pure: the state given is never changed.
-"""
+"""When would a waiting job start had it asked for less (or more)? The forecast,
+once per request, on working copies where only that job's request differs."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ MAX_ALTERNATIVES = 8  # each is a forward run of the core: a question, not a swe
 
 
 def with_request(state: ClusterState, job_id: int, gpus: float | None, gpu_mem_mib: int | None) -> ClusterState:
-    """A working copy in which the queued ``job_id`` asks for ``gpus`` and
-    ``gpu_mem_mib`` (None: as it does), queued where that request puts it."""
+    """A working copy in which queued ``job_id`` asks for ``gpus`` and ``gpu_mem_mib`` (None: as it does)."""
     sim = working_copy(state)
     job = sim.jobs[job_id]
     changes = {k: v for k, v in (("gpus", gpus), ("gpu_mem_mib", gpu_mem_mib)) if v is not None}
@@ -40,9 +34,7 @@ def with_request(state: ClusterState, job_id: int, gpus: float | None, gpu_mem_m
 def forecast_alternatives(state: ClusterState, now: float, job_id: int,
                           alternatives: list[tuple[float | None, int | None]],
                           calibration: Calibration | None = None) -> list[dict[str, Any]]:
-    """One row per request, the job's own first: its GPUs, GPU memory and
-    forecast start with the 80 % range (as ``explain`` shows it); a request
-    that could never run here says why instead."""
+    """One row per request, the job's own first, as ``explain`` shows it; one that could never run says why."""
     if len(alternatives) > MAX_ALTERNATIVES:
         raise Refused(RefusalKind.INVALID, f"{len(alternatives)} alternatives; ask about {MAX_ALTERNATIVES} at most at once")
     rows = []

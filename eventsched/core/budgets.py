@@ -1,11 +1,7 @@
-"""GPU-hour budgets: a tenant that has used its month's ``gpu_hours_per_month``
-gets its waiting jobs held until the next calendar month (UTC), or placed only
-on what every other tenant's jobs leave (``budget_action``, docs/fair-share.md).
-
-The use is the projection's fold of the log (``TenantUsage.month_at``: the
-GPU-seconds its jobs held this month, shares counted as fractions), read at the
-decision's ``now``, so a replay meets each budget when the recording did.
-Running jobs are never stopped for a budget: it is checked when a job would start.
+"""GPU-hour budgets (docs/fair-share.md): a tenant that has used its month's
+``gpu_hours_per_month`` has its waiting jobs held until the next UTC month, or
+placed only on what other tenants leave. The use is read at the decision's
+``now``, so a replay meets each budget when the recording did.
 """
 
 from __future__ import annotations
@@ -26,13 +22,11 @@ def action_of(state: ClusterState, tenant: Tenant) -> str:
 
 
 def used_gpu_hours(state: ClusterState, name: str, now: float) -> float:
-    """GPU-hours tenant ``name``'s jobs used this calendar month (UTC), up to ``now``."""
     usage = state.usage.get(name)
     return usage.month_at(now) / 3600.0 if usage is not None else 0.0
 
 
 def spent(state: ClusterState, now: float) -> dict[str, str]:
-    """Tenant -> its budget action, for each tenant that has used its month's budget."""
     out: dict[str, str] = {}
     for name, tenant in state.tenants.items():
         budget = tenant.gpu_hours_per_month
@@ -42,15 +36,13 @@ def spent(state: ClusterState, now: float) -> dict[str, str]:
 
 
 def next_month(state: ClusterState, now: float) -> float | None:
-    """When the budgets start again, if a spent one (not 0) may hold back a
-    waiting job: a decision is due then."""
+    """When the budgets start again, if a spent one (not 0) may hold back a waiting job."""
     if state.queue and any(state.tenants[name].gpu_hours_per_month for name in spent(state, now)):
         return utc_month(now)[1]
     return None
 
 
 def budget_text(state: ClusterState, name: str, now: float) -> str:
-    """Why tenant ``name``'s jobs wait for its budget, in one line."""
     tenant = state.tenants[name]
     until = time.strftime("%Y-%m-%d", time.gmtime(utc_month(now)[1]))
     used = used_gpu_hours(state, name, now)

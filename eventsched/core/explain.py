@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ import msgspec
 
 from eventsched.core.budgets import budget_text
 from eventsched.core import reservations
-from eventsched.core.policies import Limits, View, _fitting_shapes, _Reservation, best_fit, fair_shares
+from eventsched.core.policies import Limits, View, _eligible, _fitting_shapes, _Reservation, best_fit, fair_shares
 from eventsched.domain.states import WAITING, JobState
 from eventsched.projections.cluster import FULL, ClusterState, Gpu, Job, usable
 
@@ -52,12 +53,9 @@ def unusable_reason(gpu: Gpu, state: ClusterState) -> str | None:
 
 
 def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tuple[int, int | None]]:
-    """For each job in ``wanted``: how many eligible waiting jobs the policy
-    considers before it, and the first of them.
-
-    A few jobs are counted by rank in the sorted queue, less the queued jobs
-    not eligible now, so the cost grows with the page, not with the queue;
-    many jobs at once take one walk of the queue instead."""
+    """For each job in ``wanted``: how many eligible waiting jobs the policy considers
+    before it, and the first of them; by rank in the sorted queue for a few jobs,
+    so the cost grows with the page, and by one walk of the queue for many."""
     fifo, queue, jobs = state.policy == "fifo", state.queue, state.jobs
     order = queue.by_order if fifo else queue.by_priority  # every policy but fifo scans in priority order first
 
@@ -85,7 +83,6 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
 
 def _ahead_by_walk(state: ClusterState, now: float, wanted: set[int],
                    order: Iterator[int]) -> dict[int, tuple[int, int | None]]:
-    """``_ahead_of`` in one walk of the queue in the policy's order."""
     jobs = state.jobs
     out: dict[int, tuple[int, int | None]] = {}
     count, first = 0, None
@@ -98,12 +95,6 @@ def _ahead_by_walk(state: ClusterState, now: float, wanted: set[int],
             count += 1
             first = jid if first is None else first
     return out
-
-
-def _eligible(state: ClusterState, job: Job, now: float) -> bool:
-    return job.not_before <= now and all(
-        (d := state.jobs.get(dep)) is not None and d.state == JobState.SUCCEEDED for dep in job.spec.after
-    )
 
 
 def _request_text(job: Job) -> str:
@@ -121,7 +112,6 @@ def _request_text(job: Job) -> str:
 
 
 def _free_text(state: ClusterState, job: Job, view: View) -> str:
-    """What is free now, among the GPUs this job may use."""
     spec = job.spec
     allowed = [i for i in range(len(view.free))
                if (spec.gpu_ids is None or view.id[i] in spec.gpu_ids) and (not spec.node or view.node[i] == spec.node)]
@@ -130,11 +120,8 @@ def _free_text(state: ClusterState, job: Job, view: View) -> str:
     if job.milli < FULL:
         text = f"the largest free share is {max(view.free[i] for i in allowed) / FULL:g}"
     else:
-        per_node: dict[str, int] = {}
-        for i in allowed:
-            if view.free[i] == FULL and (not spec.gpu_mem_mib or view.mem[i] >= spec.gpu_mem_mib):
-                per_node[view.node[i]] = per_node.get(view.node[i], 0) + 1
-        most = max(per_node.values(), default=0)
+        most = max(Counter(view.node[i] for i in allowed if view.free[i] == FULL
+                           and (not spec.gpu_mem_mib or view.mem[i] >= spec.gpu_mem_mib)).values(), default=0)
         text = f"the largest free set is {most} whole GPU{'s' if most != 1 else ''}"
     if spec.gpu_mem_mib:
         text += f", the most free memory {max(view.mem[i] for i in allowed)} MiB"
@@ -142,8 +129,7 @@ def _free_text(state: ClusterState, job: Job, view: View) -> str:
 
 
 def _forming_text(state: ClusterState, job: Job) -> str:
-    """On a cluster, for a job larger than every node up now (the cluster still
-    forming, or a node down): which node it waits for; else ""."""
+    """For a job larger than every node up now: which node it waits for; else ""."""
     spec = job.spec
     most, _, _ = state.fit(spec.node, spec.gpu_mem_mib)
     if spec.gpu_ids is not None or most >= job.count:
@@ -163,7 +149,7 @@ def waiting_reason(state: ClusterState, job_id: int, now: float) -> Reason | Non
 
 
 def waiting_reasons(state: ClusterState, now: float, job_ids: list[int] | None = None) -> dict[int, Reason]:
-    """``waiting_reason`` of many jobs at once (default: every waiting one)."""
+    """``waiting_reason`` of many jobs (default: every waiting one)."""
     if job_ids is None:
         job_ids = [j.id for j in state.jobs.values() if j.state in WAITING]
     waiting = [state.jobs[j] for j in job_ids if j in state.jobs and state.jobs[j].state in WAITING]
@@ -196,7 +182,6 @@ class _Context:
             self.reservation = _Reservation.for_head(state, now, view.copy(), live, {}, self.limits)
 
     def score(self, job: Job) -> dict[str, float]:
-        """The multifactor score's parts (docs/fair-share.md)."""
         cfg = self.state.config
         age = cfg.aging_per_hour * max(0.0, self.now - job.queued_at) / 3600.0
         fair = 0.0
@@ -206,7 +191,6 @@ class _Context:
                 "total": round(job.spec.priority + age + fair, 4)}
 
     def score_text(self, job: Job) -> str:
-        """"; score ..." when aging or fair share has a say in the order, else ""."""
         s = self.score(job)
         if self.state.policy == "fifo" or (s["age"] < 0.01 and self.state.policy != "fair-share"):
             return ""
@@ -268,32 +252,27 @@ def _reason(state: ClusterState, job: Job, now: float, ahead: tuple[int, int | N
             return Reason(kind="reserved", score=ctx.score(job), first_ahead=res.head.id, text=(
                 f"reserved: GPUs {gpus} are held for job {res.head.id} ({res.head.count} GPUs, first in line), "
                 f"free {when}; this job fits only there and is not predicted to end before that"))
-    if fits and state.reservations and (booked := reservations.held_by(state, job, now)) is not None:
-        hold = reservations.holds(state, view.index, now)
-        if hold is not None and best_fit(view, job, hold(job)) is None:
-            return Reason(kind="reserved", score=ctx.score(job), text=f"{reservations.describe(booked, now)}"
-                          + ("" if booked.start <= now else "; this job is not predicted to end before it begins"))
-    if fits and state.making_room and job.id not in state.making_room:
-        hold = reservations.holds(state, view.index, now)
-        if hold is not None and best_fit(view, job, hold(job)) is None:
-            waiting = state.jobs[next(iter(state.making_room))]
-            gpus = ",".join(str(g) for _, g in waiting.room)
-            return Reason(kind="reserved", score=ctx.score(job), first_ahead=waiting.id, text=(
-                f"reserved: GPUs {gpus} are being freed for job {waiting.id} (a preemption); "
-                "this job fits only there"))
-    if not fits and state.cluster and (forming := _forming_text(state, job)):
-        return Reason(kind="resources", text=forming, ahead=n, first_ahead=first, blocked_gpus=blocked,
-                      score=ctx.score(job))
+    hold = reservations.holds(state, view.index, now) if fits else None
+    kept_off = hold is not None and best_fit(view, job, hold(job)) is None  # only booked GPUs would take it
+    if kept_off and state.reservations and (booked := reservations.held_by(state, job, now)) is not None:
+        return Reason(kind="reserved", score=ctx.score(job), text=f"{reservations.describe(booked, now)}"
+                      + ("" if booked.start <= now else "; this job is not predicted to end before it begins"))
+    if kept_off and state.making_room and job.id not in state.making_room:
+        waiting = state.jobs[next(iter(state.making_room))]
+        gpus = ",".join(str(g) for _, g in waiting.room)
+        return Reason(kind="reserved", score=ctx.score(job), first_ahead=waiting.id, text=(
+            f"reserved: GPUs {gpus} are being freed for job {waiting.id} (a preemption); this job fits only there"))
     if not fits:
-        single = len(state.node_gpus) <= 1
-        parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]
-        for g in state.gpu_list:
-            why = blocked.get(f"{g.node}:{g.id}")
-            if why and (job.spec.gpu_ids is None or g.id in job.spec.gpu_ids):
-                parts.append(f"GPU {g.id} {why}" if single else f"GPU {g.node}:{g.id} {why}")
-        if n:
-            parts.append(jobs_ahead)
-        return Reason(kind="resources", text="; ".join(parts), ahead=n, first_ahead=first, blocked_gpus=blocked,
+        text = _forming_text(state, job) if state.cluster else ""
+        if not text:
+            single = len(state.node_gpus) <= 1
+            parts = [f"resources: needs {_request_text(job)}; {_free_text(state, job, view)}"]
+            for g in state.gpu_list:
+                why = blocked.get(f"{g.node}:{g.id}")
+                if why and (job.spec.gpu_ids is None or g.id in job.spec.gpu_ids):
+                    parts.append(f"GPU {g.id} {why}" if single else f"GPU {g.node}:{g.id} {why}")
+            text = "; ".join([*parts, jobs_ahead] if n else parts)
+        return Reason(kind="resources", text=text, ahead=n, first_ahead=first, blocked_gpus=blocked,
                       score=ctx.score(job))
     if first is not None:
         head = state.jobs[first]

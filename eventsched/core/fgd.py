@@ -1,11 +1,7 @@
-"""Fragmentation math after Weng et al., "Beware of Fragmentation" (USENIX ATC '23).
-
-Pure functions, no I/O. Units are milli-GPU (1000 = one whole GPU).
-
-A node's fragmentation for one task type is the free GPU capacity that a task
-of that type could *not* use there; its expected fragmentation is the
-popularity-weighted sum over a target workload, as the static experiment
-(sim/static_sim.py, replays/alibaba-fgd/README.md) defines it.
+"""Fragmentation math after Weng et al., "Beware of Fragmentation" (USENIX ATC '23),
+in milli-GPU: a node's fragmentation for a task type is the free capacity such
+a task could not use there; its expected fragmentation weighs the types by
+popularity (sim/static_sim.py, replays/alibaba-fgd/README.md).
 """
 
 from __future__ import annotations
@@ -39,10 +35,8 @@ def fragmentation(free_milli: Sequence[int], workload: Sequence[tuple[int, int, 
 
 
 class NodeFragments:
-    """One node's free shares summed per task type, so the fragmentation after
-    a placement costs O(types x GPUs placed), not a pass over the node's GPUs.
-    ``value()`` and ``after()`` equal ``fragmentation`` exactly (same integers,
-    same fsum order), so decisions are those of the full pass."""
+    """One node's free shares summed per task type, so a placement's effect costs
+    O(types x GPUs placed); ``value()`` and ``after()`` equal ``fragmentation`` exactly."""
 
     def __init__(self, free_milli: list[int], workload: list[tuple[int, int, float]]) -> None:
         self.workload = workload
@@ -97,9 +91,8 @@ def fgd_score(delta_milli: float) -> int:
 
 
 def target_workload(shapes: Iterable[tuple[int, int, int, tuple[str, ...]]], coverage: float = 0.95) -> list[TaskType]:
-    """Target workload M from pod shapes (cpu_milli, num_gpu, gpu_milli, spec):
-    the most common types (ties: larger cpu, gpu_milli, num_gpu first) that
-    cover ``coverage`` of the pods, popularities renormalised to sum to 1."""
+    """Target workload M: the most common pod shapes covering ``coverage`` of the pods,
+    popularities renormalised to sum to 1."""
     counts = Counter((c, k if g > 0 else 0, g if k > 0 else 0, tuple(spec)) for c, k, g, spec in shapes)
     total = sum(counts.values())
     if total == 0:
@@ -116,9 +109,7 @@ def target_workload(shapes: Iterable[tuple[int, int, int, tuple[str, ...]]], cov
 
 
 def node_fragmentation(free_milli: Sequence[int], cpu_free: int, model: str, types: Sequence[TaskType]) -> float:
-    """F_n = sum_m p_m * F_n(m) for one node (scalar reference): F_n(m) is the
-    free GPU capacity too small for type m when it could otherwise fit (model
-    allowed, enough GPUs and CPU), else the node's whole free GPU capacity."""
+    """F_n = sum_m p_m * F_n(m) for one node, the scalar reference of ``FragTable``."""
     total = sum(free_milli)
     out = 0.0
     for t in types:

@@ -1,19 +1,9 @@
 """When will a queued job start, and how sure is that?
 
-The scheduler's own core runs forward from a copy of the state on a virtual
-clock: each running job ends as its kind's past runs say (``_running_remaining``), each
-end is fed to ``core.handle`` as an exit, and the policy's placements are the
-starts. It runs ``SAMPLES`` times, each future drawing the running jobs' ends
-anew, and a job's median start over them is its forecast: one draw puts a
-job's start wherever that draw's ends fall, the median where most fall.
-
-The 80 % range is conformal: past forecasts (``JobForecast``) are scored
-against their real starts as the log ratio of actual to forecast wait, and the
-range scales the forecast wait by that score's 10th and 90th percentiles, so
-what the forward run leaves out (later jobs that go first, runtimes off their
-mean) is in it. Forecasts still waiting count with the wait so far, a lower
-bound, so the longest waits are not left out. Until ``MIN_SCORES`` can be
-scored, a wide guess stands in and is said to. Pure: the state is never changed.
+The scheduler's own core runs forward on copies of the state, over ``SAMPLES``
+sampled futures of the running jobs' ends; a job's forecast is its median start
+over them, and its 80 % range is scaled by how recent forecasts erred
+(docs/whatif-metrics.md). Pure: the state is never changed.
 """
 
 from __future__ import annotations
@@ -71,8 +61,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Calibration:
-    """The last ``WINDOW`` forecasts shown (``JobForecast``) scored against their
-    ``JobPlaced``, and each kind's recent run times: what the log says of them."""
+    """The last ``WINDOW`` forecasts shown scored against their ``JobPlaced``, and each kind's recent run times."""
 
     def __init__(self) -> None:
         self.seq = 0  # the last event folded
@@ -145,12 +134,10 @@ def _predicted(state: ClusterState, job: Job) -> float:
 
 def _running_remaining(state: ClusterState, job: Job, ran: float, all_runs: list[int],
                        calibration: Calibration | None, salt: int = 0) -> float:
-    """How much longer a running job runs, having run ``ran`` s: as one of its
-    kind's recent runs (``Calibration.runs``) that lasted longer did (as long
-    again if none did), picked evenly by job id (``_pick``). One job near its
-    kind's mean is not about to end when the kind's runs spread wide, and of
-    many running jobs the first to end comes sooner than any one's mean end.
-    A kind with fewer than ``MIN_RUNS`` runs goes as ``_remaining`` says."""
+    """How much longer a running job runs, having run ``ran`` s: as one of its kind's
+    recent runs that lasted longer did (as long again if none did), so that the
+    first of many to end comes sooner than any one's mean end. A kind with fewer
+    than ``MIN_RUNS`` runs goes as ``_remaining`` says."""
     runs = calibration.runs_of(runtime_key(job.spec)) if calibration is not None else []
     if len(runs) < MIN_RUNS:
         return _remaining(state, job, ran, all_runs)
@@ -159,16 +146,14 @@ def _running_remaining(state: ClusterState, job: Job, ran: float, all_runs: list
 
 
 def _pick(runs: list[float] | list[int], ran: float, job: Job, salt: int = 0) -> float | None:
-    """One of the sorted ``runs`` longer than ``ran``, picked evenly by job id
-    and future (``salt``) (None: none is): sampled futures that are the same every time."""
+    """One of the sorted ``runs`` longer than ``ran``, spread by job id and future, not random (None: none)."""
     i = bisect.bisect_right(runs, ran)
     u = (job.id * 0.6180339887 + salt * 0.7548776662) % 1  # a different spread for each future
     return runs[i + int(u * (len(runs) - i))] if i < len(runs) else None
 
 
 def _remaining(state: ClusterState, job: Job, ran: float, runs: list[int]) -> float:
-    """How much longer a job that ran ``ran`` s runs: its prediction less
-    ``ran``; past it, as one of all ``runs`` (ms) that lasted as long did."""
+    """Its prediction less ``ran``; past it, as one of all ``runs`` (ms) that lasted as long did."""
     p = _predicted(state, job)
     if ran < p:
         return p - ran
@@ -183,14 +168,12 @@ def _within_limit(state: ClusterState, job: Job, ran: float, rest: float) -> flo
 
 def forecast_starts(state: ClusterState, now: float, wanted: set[int] | None = None,
                     max_steps: int = MAX_STEPS, calibration: Calibration | None = None) -> Forecast:
-    """Estimated start of each queued job in ``wanted`` (default: all)."""
     return run_forecast(working_copy(state), now, wanted, max_steps, calibration)
 
 
 @collector.paused()  # a copy of a long queue would set off full collections of the whole heap
 def working_copy(state: ClusterState) -> ClusterState:
-    """A copy of what a forecast needs, without the finished jobs (but those the
-    active ones wait for), so it costs what is active, not all history."""
+    """A copy of what a forecast needs, without the finished jobs the active ones do not wait for."""
     sim = ClusterState()
     sim.last_seq, sim.node, sim.policy, sim.config = state.last_seq, state.node, state.policy, state.config
     sim.cluster, sim.nodes = state.cluster, dict(state.nodes)  # what check_spec asks of a cluster
@@ -218,8 +201,7 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
     blind = not sim.stats.sorted
     if not wanted:
         return Forecast(starts={}, made_at=now, horizon=now, complete=True)
-    # a pristine copy for the other futures, only while copies are cheap; all
-    # the futures together take at most ``max_steps`` steps, as one did
+    # a pristine copy for the other futures, while copies are cheap; all share ``max_steps``
     spare = working_copy(sim) if calibration is not None and SAMPLES > 1 and len(sim.jobs) <= SAMPLE_JOBS else None
     runs = [_forward(sim, now, wanted, max_steps, calibration, 0)]
     steps = runs[0][2]
@@ -245,7 +227,6 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
 def _forward(sim: ClusterState, now: float, wanted: set[int], max_steps: int,
              calibration: Calibration | None, salt: int) -> tuple[dict[int, float], float, int]:
     """One sampled future (``salt``): the placements' starts, how far it ran, in how many steps."""
-    # (time, order, kind, job): ends of running jobs and the core's wake-ups
     ends: list[tuple[float, int, str, int]] = []
     order = itertools.count()  # ties go in the order pushed
     all_runs = sim.stats.sorted
@@ -295,7 +276,6 @@ def shown(f: Forecast, job: int, now: float) -> dict[str, Any]:
 
 
 def range_basis(f: Forecast) -> str:
-    """Where the 80 % range comes from, for a person."""
     if f.calibrated:
         return "; the 80 % range from how the recent forecasts shown here erred"
     return f"; the 80 % range is a wide guess until {MIN_SCORES} forecasts shown here can be checked"

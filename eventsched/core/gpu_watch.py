@@ -1,13 +1,8 @@
 """Declared GPU memory and idle allocations (docs/gpu-memory-and-idle.md): pure findings.
 
-The core asks these after each ``GpuSampled`` (only about the jobs on that
-GPU), on each timer tick and after each scheduling round, and records what
-they find as decisions caused by that fact. Memory: a job whose processes hold
-more than its ``--gpu-mem`` on one GPU is over (once per crossing). Idle: all
-its GPUs at most ``idle_utilization_pct`` for ``idle_after_s``; utilisation is
-the whole GPU's, so a share of a GPU another job keeps busy is not idle.
-Reclaim: one at a time, as for preemption, so a waiting job never stops two
-idle jobs for one place.
+The core asks these after each ``GpuSampled``, on each tick and after each
+scheduling round, and records what they find as decisions caused by that fact.
+Reclaim is one at a time, so a waiting job never stops two idle jobs for one place.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ def job_gpu_memory(state: ClusterState, job: Job) -> tuple[int, int]:
 
 
 def memory_findings(state: ClusterState, gpu: Gpu) -> list[tuple[Job, bool, int, int]]:
-    """The jobs on ``gpu`` whose over/within state changed: (job, over now,
-    MiB, on which GPU). Jobs without a ``--gpu-mem`` are never over."""
+    """(job, over now, MiB, on which GPU) of the jobs on ``gpu`` whose over/within state changed."""
     out = []
     for jid in gpu.jobs:
         job = state.jobs[jid]
@@ -67,7 +61,6 @@ def due_idle(state: ClusterState, now: float) -> list[tuple[int, float]]:
 
 
 def _room_for(state: ClusterState, idle: Job, waiting: Job) -> bool:
-    """Would ``waiting`` fit on ``idle``'s node once ``idle`` is gone?"""
     spec = waiting.spec
     if waiting.count == 0 or (spec.node and spec.node != idle.node):
         return False
@@ -88,8 +81,7 @@ def _room_for(state: ClusterState, idle: Job, waiting: Job) -> bool:
 
 
 def reclaim(state: ClusterState, now: float) -> tuple[int, int] | None:
-    """(idle job to stop, the waiting job it makes room for), or None: the job
-    idle longest, for the first eligible shape head (queue order) that would fit."""
+    """(idle job to stop, the waiting job it makes room for): the longest idle, for the first head that fits."""
     if state.config.idle_policy == "off" or not state.idle_jobs or not state.queue or state.reclaiming:
         return None
     heads = [e[2] for e in sorted(entries[0] for entries in state.queue.shape_queue.values() if entries)]

@@ -1,16 +1,10 @@
 """Placement policies: pure ``decide(state, now) -> list[Placement]``, by name.
 
-Every policy obeys the same placement rules (``View``): a GPU's share is never
-over-committed (integer milli-GPU), a memory request must fit in what neither
-reservations, our jobs' observed use nor foreign processes hold, pinned /
-allowed GPU ids and nodes are honoured, paused / lost GPUs and GPUs over the
-configured thresholds get nothing new, a multi-GPU job gets all its GPUs on one
-node at once or waits (gang), and ``max_running`` is respected. Policies only
-differ in the order they consider jobs and in which GPUs they pick.
-
-Decisions are deterministic: GPUs are scanned in (node, id) order, jobs in
-queue order, ties broken by the lower index; no sets are iterated, nothing is
-random. The replay simulator relies on that.
+Every policy obeys the same placement rules (``View``: no over-committed share
+or memory, pinned GPUs and nodes, usable GPUs only, gangs on one node at once,
+``max_running``); they differ only in the order of jobs and the GPUs picked.
+Decisions are deterministic (GPUs in (node, id) order, jobs in queue order,
+ties to the lower index, no set iterated): the replay simulator relies on that.
 """
 
 from __future__ import annotations
@@ -46,9 +40,7 @@ Policy = Callable[[ClusterState, float], list[Placement]]
 
 
 class View:
-    """Free capacity of the usable GPUs during one decision: its placements
-    are subtracted here, so it never over-commits; the state itself changes
-    only when the core applies the resulting JobPlaced events."""
+    """Free capacity of the usable GPUs during one decision, less its own placements."""
 
     def __init__(self, cap: Capacity, default_node: str, free: list[int] | None = None,
                  mem: list[int] | None = None) -> None:
@@ -58,15 +50,13 @@ class View:
         # copied: the decision subtracts its own placements
         self.free = list(cap.free) if free is None else free
         self.mem = list(cap.mem) if mem is None else mem
-        # the largest free share, and the most whole free GPUs on one node,
-        # kept until a take or give changes them (-1: not known): every fit
-        # test of a decision asks one of them
+        # the largest free share and the most whole free GPUs on one node (-1: not
+        # known): every fit test asks one of them
         self.max_known = cap.max_known if free is None else -1
         self.whole_known = -1
 
     @classmethod
     def of(cls, state: ClusterState) -> View:
-        """The state's free capacity now (kept up to date by the projection)."""
         return cls(state.capacity, state.node)
 
     def copy(self) -> View:
@@ -141,7 +131,6 @@ class View:
         self.max_known = self.whole_known = -1
 
     def by_node(self, idxs: list[int]) -> dict[str, list[int]]:
-        """``idxs`` grouped by node, nodes in order (one pass)."""
         out: dict[str, list[int]] = {}
         nodes = self.node
         for i in idxs:
@@ -161,6 +150,7 @@ class View:
 
 # A chooser picks GPU indices for a job on a view (None: it does not fit now).
 Chooser = Callable[[View, Job, frozenset[int]], "list[int] | None"]
+End = tuple[float, int, list[int], int, int]  # (end, job, GPU indices, share, memory)
 
 
 def _gang(view: View, cands: list[int], k: int, tightest: bool) -> list[int] | None:
@@ -216,19 +206,16 @@ def _plain(job: Job) -> bool:
     return not spec.gpu_mem_mib and spec.gpu_ids is None and not spec.node
 
 
-# The scans of a view's free shares below are plain loops: compiled (mypyc),
-# a loop over a list[int] compares unboxed ints and calls nothing, faster than
-# list.index, list.count, max() or sorted(set()), whose calls and rich
-# comparisons cost more than the loop (the pure-Python build pays the other way round).
+# The scans below are plain loops: compiled, a loop over a list[int] compares
+# unboxed ints, faster than list.index, list.count, max() and their calls.
 
 
 def _all_at(free: list[int], value: int) -> list[int]:
-    """Indices ``i`` with ``free[i] == value``, in order."""
     return [i for i, f in enumerate(free) if f == value]
 
 
 def _max_of(free: list[int]) -> int:
-    """``max(free)`` (0 with no GPU)."""
+    """``max(free)``, 0 with no GPU."""
     most = free[0] if free else 0
     for f in free:
         if f > most:
@@ -245,7 +232,6 @@ def _first_at_least(free: list[int], need: int) -> int:
 
 
 def _count_at(free: list[int], lo: int, hi: int, value: int) -> int:
-    """How many of ``free[lo:hi]`` equal ``value``."""
     n = 0
     for i in range(lo, hi):
         if free[i] == value:
@@ -254,8 +240,7 @@ def _count_at(free: list[int], lo: int, hi: int, value: int) -> int:
 
 
 def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
-    """``_gang`` of a plain job of ``k`` whole GPUs (its candidates are the
-    all-free GPUs), counted per node instead of listed one by one."""
+    """``_gang`` of a plain job of ``k`` whole GPUs, counted per node instead of listed."""
     if view.most_whole() < k:
         return None  # known without walking the nodes
     free = view.free
@@ -276,8 +261,7 @@ def _whole_gang(view: View, k: int, tightest: bool) -> list[int] | None:
 
 
 def _tightest_one(free: list[int], need: int) -> list[int] | None:
-    """``best_fit`` of a plain one-GPU job: the GPU with the least free share
-    that still has ``need``, the first of those."""
+    """``best_fit`` of a plain one-GPU job: the first GPU with the least share that still has ``need``."""
     pick, least = -1, 0
     for i, f in enumerate(free):
         if f >= need and (pick < 0 or f < least):
@@ -296,13 +280,8 @@ def _eligible(state: ClusterState, job: Job, now: float) -> bool:
 
 
 class Limits:
-    """Tenants' quotas and arrays' caps (%K) during one decision: what each
-    tenant may still start, less what this decision has placed.
-
-    Quotas are ceilings on what runs at once; a tenant with no quota set
-    for a resource has none on it. A tenant whose month's budget is spent
-    (``budgets``) is held, or placed only in the core's second, lowered pass.
-    """
+    """Tenants' quotas and arrays' caps (%K) left during one decision. A tenant
+    whose month's budget is spent is held, or placed only in the core's lowered pass."""
 
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
@@ -354,15 +333,8 @@ class Limits:
 
 
 def fair_shares(state: ClusterState, now: float) -> dict[str, tuple[float, float, float]]:
-    """tenant -> (share, recent usage share, fair-share factor) for the
-    tenants configured, running or waiting.
-
-    Slurm's classic factor ``F = 2^(-U/S)``: ``S`` the tenant's weight over
-    the sum of the weights, ``U`` its recent GPU-seconds (decayed with
-    ``usage_half_life_s``) over everyone's. F is 1 for a tenant that used
-    nothing, 0.5 for one that used exactly its share, and falls towards 0
-    the more it used beyond.
-    """
+    """tenant -> (share, recent usage share, fair-share factor) of the tenants
+    configured, running or waiting: Slurm's classic ``F = 2^(-U/S)`` (docs/fair-share.md)."""
     names = set(state.tenants) | set(state.usage)
     for shape in state.queue.shape_queue:
         names.add(shape[5] or DEFAULT_TENANT)
@@ -387,8 +359,7 @@ def _offsets(state: ClusterState, now: float, weight: float) -> dict[str, float]
 
 
 def _fits(view: View, job: Job) -> bool:
-    """Would a chooser place ``job`` on ``view``? Every chooser (first-fit,
-    best-fit, fgd) fails exactly when no node has ``count`` candidate GPUs."""
+    """Would a chooser place ``job``? Each fails exactly when no node has ``count`` candidates."""
     if job.count == 0:
         return True
     if _plain(job):
@@ -402,15 +373,11 @@ def _fits(view: View, job: Job) -> bool:
 
 
 def _fitting_shapes(state: ClusterState, view: View) -> set[tuple[Any, ...]]:
-    """Shapes of queued jobs that would fit now (one trial per shape, not per job).
-
-    ``view`` must be the untouched capacity: a shape that fails is remembered
-    on it (``Capacity.no_fit``) and not tried again until capacity grows.
-    """
+    """Shapes of queued jobs that fit now, one trial per shape. ``view`` must be
+    untouched: a failing shape is remembered (``Capacity.no_fit``) until capacity grows."""
     jobs, no_fit = state.jobs, state.capacity.no_fit
     live = set()
-    # any job of a shape stands for it: the head of its queue is found in O(1)
-    # (the first key of a dict that has lost many keys is not)
+    # a shape's head stands for it (found in O(1), unlike a much-deleted dict's first key)
     for shape, entries in state.queue.shape_queue.items():
         if shape in no_fit:
             continue
@@ -422,8 +389,7 @@ def _fitting_shapes(state: ClusterState, view: View) -> set[tuple[Any, ...]]:
 
 
 def _room(state: ClusterState) -> tuple[View, int, int] | None:
-    """Free capacity (view, job slots, smallest queued share), or None when
-    no queued job can start: no slot left, or no GPU has the smallest share."""
+    """(view, job slots, smallest queued share), or None when no queued job can start."""
     limit = state.config.max_running
     slots = limit - len(state.running) if limit > 0 else 1 << 62
     if slots <= 0:
@@ -436,7 +402,6 @@ def _room(state: ClusterState) -> tuple[View, int, int] | None:
 
 
 def _start(state: ClusterState, now: float) -> tuple[View, int, int, set[tuple[Any, ...]], Limits] | None:
-    """``_room``, the shapes that fit in it, and the quotas; None when nothing can start."""
     room = _room(state)
     if room is None:
         return None
@@ -446,22 +411,15 @@ def _start(state: ClusterState, now: float) -> tuple[View, int, int, set[tuple[A
 
 
 def _held_off(view: View, job: Job, held: frozenset[int], choose: Chooser) -> bool:
-    """Does ``job`` fail to fit only because booked GPUs (``reservations``) are
-    held from it? Then only it waits: another job of its shape may own them."""
+    """Does ``job`` fail only because booked GPUs are held from it? Then only it waits."""
     return bool(held) and choose(view, job, frozenset()) is not None
 
 
 def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = False) -> list[Placement]:
-    """Place jobs in priority order while capacity lasts, skipping those that
-    do not fit or are over a quota or array cap (with ``fair_share``, each
-    tenant's fair-share factor is added to its jobs' scores).
-
-    Only shapes that fit at the start are tried, and a shape that fails is
-    dropped for the rest of the decision (capacity only shrinks within it).
-    The live shapes' own queues are merged by their heads, so the cost grows
-    with the shapes and the jobs placed, not with the jobs waiting behind
-    shapes that do not fit. A blocked gang at the head may get GPUs reserved
-    (``_Reservation``)."""
+    """Place jobs in priority order while capacity lasts, skipping those that do
+    not fit or are over a quota or cap. Only the shapes that fit at the start are
+    merged by their heads, and one that fails is dropped (capacity only shrinks),
+    so the cost grows with the shapes and placements, not the queue."""
     start = _start(state, now)
     if start is None:  # nothing can start: no placement for a reservation to guard
         return []
@@ -469,8 +427,7 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
     hold = reservations.holds(state, view.index, now) if state.reservations or state.making_room else None
     offsets = _offsets(state, now, state.config.fair_share_weight) if fair_share else {}
     queues = state.queue.shape_queue
-    # (head's (aged -priority - fair share, order, id), its position, shape):
-    # keys are unique, so neither position nor shape is ever compared
+    # (head's key, its position, shape): keys are unique, so nothing else is compared
     lanes = {s: iter(queues[s]) for s in live}  # read in order, never by position
     heap = [(_lane_key(next(lanes[s]), s, offsets), 0, s) for s in live]
     heapq.heapify(heap)
@@ -502,7 +459,7 @@ def _scan(state: ClusterState, now: float, choose: Chooser, fair_share: bool = F
 
 
 def _place(view: View, limits: Limits, out: list[Placement], job: Job, idxs: list[int], slots: int, smallest: int) -> bool:
-    """Place ``job`` on ``idxs``; True when nothing more can start in this decision."""
+    """True when nothing more can start in this decision."""
     view.take(idxs, job.milli, job.spec.gpu_mem_mib)
     limits.take(job)
     out.append(view.placement(job, idxs))
@@ -516,14 +473,9 @@ def _lane_key(entry: tuple[float, int, int], shape: Any, offsets: dict[str, floa
 
 
 class _Reservation:
-    """GPUs held (``reserve_for_gang``) for a blocked gang job at the head of
-    the queue: aging brings a big job to the head, this lets it start.
-
-    The head is the best-scored of the shapes' first jobs, when it cannot
-    start now and has waited ``reserve_after_s``. Its GPUs are those it would
-    get as running jobs end, by prediction, at ``shadow``; a later job may
-    take one only if it has a prediction (its own runs, or a time limit) and
-    is predicted to end by then."""
+    """GPUs held (``reserve_for_gang``) for a blocked gang at the head that has waited
+    ``reserve_after_s``: those it would get at ``shadow`` as running jobs end; a
+    later job may take one only if predicted to end by then."""
 
     def __init__(self, state: ClusterState, now: float, head: Job, shadow: float, gpus: frozenset[int]) -> None:
         self.state, self.now, self.head, self.shadow, self.gpus = state, now, head, shadow, gpus
@@ -568,10 +520,8 @@ class _Reservation:
         return self.now + pred > self.shadow
 
 
-def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tuple[float, int, list[int], int, int]]:
-    """(predicted end, job, GPU indices, share, memory) of the running jobs in
-    (end, id) order, lazily: from ``state.ends`` (each end as predicted when
-    the job started), those due by ``now`` first, ending ``now``."""
+def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[End]:
+    """The running jobs' ``End``s from ``state.ends`` in (end, id) order, lazily; those overdue end ``now``."""
     ends, jobs, index = state.ends, state.jobs, view.index
     k = bisect.bisect_right(ends, (now, math.inf))
     for jid in sorted([jid for _, jid in ends[:k]]):
@@ -581,25 +531,20 @@ def _ends_in_order(state: ClusterState, view: View, now: float) -> Iterator[tupl
         yield _end_entry(jobs[jid], end, index)
 
 
-def _end_entry(r: Job, end: float, index: dict[tuple[str, int], int]) -> tuple[float, int, list[int], int, int]:
-    """(end, job, GPU indices, share, memory) of running job ``r``."""
+def _end_entry(r: Job, end: float, index: dict[tuple[str, int], int]) -> End:
     return (end, r.id, _indices(index, r), r.milli, r.mem_mib)
 
 
 def _indices(index: dict[tuple[str, int], int], job: Job) -> list[int]:
-    """The view indices of ``job``'s GPUs; those not usable now have none and are left out."""
+    """The view indices of ``job``'s usable GPUs."""
     node = job.node
     return [index[(node, g)] for g in job.gpu_ids if (node, g) in index]
 
 
-End = tuple[float, int, list[int], int, int]  # (end, job, GPU indices, share, memory)
-
-
 def _running_ends(state: ClusterState, view: View, now: float, pred: Callable[[Job], float] | None,
                   extra: list[End]) -> Iterator[End]:
-    """(predicted end, job, GPU indices, share, memory) of each running job
-    and of ``extra`` (this decision's own placements), in (end, job) order,
-    lazily: a reservation reads only as far as its head fits."""
+    """The ``End``s of the running jobs and ``extra`` (this decision's placements)
+    in (end, job) order, lazily: a reservation reads only as far as its head fits."""
     if pred is None:
         yield from _predicted_ends(state, view, now, extra)
         return
@@ -618,8 +563,7 @@ def _running_ends(state: ClusterState, view: View, now: float, pred: Callable[[J
 
 
 def _pop_ends(state: ClusterState, view: View, keys: list[tuple[float, int]], extra: list[End]) -> Iterator[End]:
-    """The running jobs' (end, job) ``keys`` and ``extra`` as ``End``s, in
-    (end, job) order: a heap, not a sort, as a reservation reads a few of them."""
+    """``keys`` and ``extra`` as ``End``s in order: a heap, as a reservation reads few."""
     mine = {e[1]: e for e in extra}
     keys.extend((e[0], e[1]) for e in extra)
     heapq.heapify(keys)
@@ -631,18 +575,14 @@ def _pop_ends(state: ClusterState, view: View, keys: list[tuple[float, int]], ex
 
 
 def _predicted_ends(state: ClusterState, view: View, now: float, extra: list[End]) -> Iterator[End]:
-    """``_running_ends`` by the runtime stats' predictions: the groups of
-    ``_RunningByKey`` merged, each group's first end standing for the rest,
-    so that a reservation predicts each runtime key once and orders only the
-    ends it reads."""
+    """``_running_ends`` by the stats' predictions: ``_RunningByKey``'s groups merged,
+    so each runtime key is predicted once and only the ends read are ordered."""
     lanes = state.queue.listener
     running = lanes.running if isinstance(lanes, _SjfLanes) else _RunningByKey()
     running.sync(state)
     jobs, predict = state.jobs, state.stats.predict
     default = state.config.default_time_limit_s
-    # (end, -1, group, position): where a group's unread jobs begin, ahead of
-    # jobs that end at the same time so that its ties are all read first;
-    # (end, 0, job, 0): a job's end
+    # (end, -1, group, position): a group's unread jobs, ahead of equal ends; (end, 0, job, 0): one end
     heap: list[tuple[float, int, int, int]] = []
     groups: list[tuple[float, list[tuple[float, int]]]] = []
     for key, group in running.groups.items():
@@ -670,8 +610,7 @@ def _predicted_ends(state: ClusterState, view: View, now: float, extra: list[End
             yield e if e is not None else _end_entry(jobs[n], end, index)
             continue
         p, group = groups[n]
-        # a group is in (start, job) order, so its ends come in order but for
-        # ties, which the heap puts in job order: push them all
+        # a group's ends come in order but for ties, which the heap orders by job
         while i < len(group) and max(now, group[i][0] + p) == end:
             heapq.heappush(heap, (end, 0, group[i][1], 0))
             i += 1
@@ -680,21 +619,17 @@ def _predicted_ends(state: ClusterState, view: View, now: float, extra: list[End
 
 
 class _RunningByKey:
-    """The running jobs grouped by runtime key, each group in (start, job)
-    order, kept across decisions (``sync``): within a group the predicted
-    ends are in start order, so a reservation merges the groups instead of
-    predicting and ordering every running job's end. Jobs with a time limit
-    of their own (or no start) are predicted one by one (``alone``)."""
+    """The running jobs by runtime key, each group in (start, job) order (so in
+    predicted-end order), kept across decisions; jobs with a time limit of
+    their own or no start are predicted one by one (``alone``)."""
 
     def __init__(self) -> None:
-        # job -> (start, spec, runtime key) it was filed under: a new start or
-        # an updated spec files it anew
+        # job -> (start, spec, runtime key) filed under: a new start or spec refiles it
         self.filed: dict[int, tuple[float | None, Any, RuntimeKey]] = {}
         self.groups: dict[RuntimeKey, list[tuple[float, int]]] = {}
         self.alone: dict[int, None] = {}
 
     def sync(self, state: ClusterState) -> None:
-        """In step with ``state.running``."""
         filed, jobs, running = self.filed, state.jobs, state.running
         for jid in running:
             r = jobs[jid]
@@ -731,8 +666,7 @@ class _RunningByKey:
 
 def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], lane: Iterator[tuple[float, int, int]],
              pos: int, shape: Any, offsets: dict[str, float]) -> None:
-    """Replace the heap's top (the ``pos``-th job of its shape, from ``lane``)
-    by the next job of its shape."""
+    """Replace the heap's top by the next job of its shape."""
     entry = next(lane, None)
     if entry is not None:
         heapq.heapreplace(heap, (_lane_key(entry, shape, offsets), pos + 1, shape))
@@ -741,11 +675,7 @@ def _advance(heap: list[tuple[tuple[float, int, int], int, Any]], lane: Iterator
 
 
 def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose: Chooser) -> list[Placement]:
-    """Place jobs in ``order`` until the first eligible one that does not fit.
-
-    Its cost is bounded by the jobs placed and the ineligible ones before the
-    blocker, so it needs no per-shape merge.
-    """
+    """Place jobs in ``order`` until the first eligible one that does not fit (no per-shape merge needed)."""
     start = _start(state, now)
     if start is None:
         return []
@@ -767,9 +697,7 @@ def _scan_blocking(state: ClusterState, now: float, order: Iterable[int], choose
 
 
 def _by_order(state: ClusterState) -> Iterator[int]:
-    # Lazy and uncopied (a generator function: mypyc builds a generator
-    # expression's whole list first): a decision only reads the queue, and
-    # most decisions stop after a few jobs.
+    # a generator function, lazy: mypyc builds a generator expression's whole list first
     for _, jid in state.queue.by_order:
         yield jid
 
@@ -790,9 +718,7 @@ def best_fit_policy(state: ClusterState, now: float) -> list[Placement]:
 
 
 def fair_share_policy(state: ClusterState, now: float) -> list[Placement]:
-    """Best-fit packing, in order of the multifactor score: priority, plus
-    aging, plus ``fair_share_weight`` x the tenant's fair-share factor
-    (docs/fair-share.md)."""
+    """Best-fit packing by the multifactor score (docs/fair-share.md)."""
     return _scan(state, now, best_fit, fair_share=True)
 
 
@@ -800,13 +726,8 @@ def fair_share_policy(state: ClusterState, now: float) -> list[Placement]:
 
 
 def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
-    """Priority first, then shortest predicted runtime (mean of the same user's
-    runs of the same job, else the median of all runs: never the true future).
-
-    The first job that does not fit gets a reservation: the time and GPUs at
-    which it would fit as running jobs end (by prediction). Later jobs may
-    start now only if they end before that time or stay off those GPUs.
-    """
+    """Priority first, then shortest predicted runtime; the first job that does not fit
+    gets a reservation that later jobs may not delay (EASY backfill)."""
     # each runtime key and shape predicted once a decision (the stats do not change within it)
     pred_cache: dict[tuple[str, str], float] = {}
     least_cache: dict[Any, float] = {}
@@ -823,8 +744,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
         return min(p, limit) if limit is not None else p
 
     def shortest(shape: Any) -> float | None:
-        # no job of the shape is predicted shorter than its runtime keys' least
-        # prediction, unless one has a time limit of its own
+        # a lower bound of the shape's predictions, unless a job has its own time limit
         if state.queue.own_limits:
             return None
         least = least_cache.get(shape)
@@ -837,9 +757,7 @@ def sjf_backfill(state: ClusterState, now: float) -> list[Placement]:
 
 
 def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
-    """sjf-backfill with a perfect predictor: each job's true duration, which
-    only a replay knows (``ClusterState.oracle``). A reference: how much a
-    better runtime prediction could gain; refused by the daemon."""
+    """sjf-backfill with each job's true duration, which only a replay knows: a reference."""
     truth = state.oracle
 
     def pred(job: Job) -> float:
@@ -853,23 +771,16 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
 
 
 def oracle_keys(state: ClusterState, now: float) -> Iterator[tuple[Any, bool, float, int, int]]:
-    """(priority tier, not due before a pause, true duration, order, id) of
-    every queued job: sjf-oracle's order, which its preemptions follow too."""
+    """sjf-oracle's order of the queued jobs, which its preemptions follow too."""
     truth = state.oracle
     due = _due_before_a_pause(state, now, lambda j: truth.get(j, DEFAULT_RUNTIME_S))
     return ((k0, j not in due, truth.get(j, DEFAULT_RUNTIME_S), o, j) for k0, o, j in state.queue.by_priority)
 
 
 def _due_before_a_pause(state: ClusterState, now: float, duration: Callable[[int], float]) -> set[int]:
-    """The queued jobs the oracle starts ahead of shorter ones because the
-    next known GPU pause would leave too few GPUs for them until it ends.
-
-    Shortest-first rests on an exchange argument: a job put ahead of ``n``
-    others delays each by at most its own duration ``d``. A job the pause
-    would hold back waits at least the pause's length ``P`` more if it misses
-    it, so it goes first when ``n * d < P``, ``n`` being the queued jobs of
-    its tier that are shorter than it.
-    """
+    """The queued jobs the oracle starts ahead of shorter ones as the next known pause
+    would leave too few GPUs for them: by the exchange argument, when ``n * d`` (the
+    shorter jobs of its tier times its duration) is under the pause's length."""
     start = next((paused for paused, *_ in state.oracle_pauses if paused > now), None)
     if start is None:
         return set()
@@ -898,27 +809,21 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
          order: Callable[[set[Any], Callable[[], bool]], Iterator[int]],
          running_pred: Callable[[Job], float] | None,
          shortest: Callable[[Any], float | None] | None = None) -> list[Placement]:
-    """Shortest (predicted) job first with EASY backfill, for ``pred``
-    (``shortest``: a lower bound of ``pred`` over a shape's queued jobs, None
-    when it has none)."""
+    """Shortest (predicted) job first with EASY backfill (``shortest``: a lower bound of ``pred`` per shape)."""
     start = _start(state, now)
     if start is None:
         return []
     view, slots, smallest, live, limits = start
     hold = reservations.holds(state, view.index, now) if state.reservations or state.making_room else None
     jobs, shape_of = state.jobs, state.queue.shape_of
-    # what will free capacity, and when: this decision's own placements here,
-    # running jobs added only if a reservation is needed
-    ends: list[tuple[float, int, list[int], int, int]] = []
+    # this decision's own placements' ends (running jobs' only if a reservation is needed)
+    ends: list[End] = []
     out: list[Placement] = []
-    # The head (the first job that cannot start now) gets a reservation; it is
-    # worked out from the view and ends as they were then, but only once a
-    # later job fits and might delay the head (often none does).
-    head: tuple[View, Job, list[tuple[float, int, list[int], int, int]]] | None = None
+    # the first job that cannot start, with the view and ends as then: its
+    # reservation is worked out only once a later job might delay it
+    head: tuple[View, Job, list[End]] | None = None
     reservation: tuple[float, frozenset[int]] | None = None
-    # shapes that fit now only on the reserved GPUs: capacity only shrinks
-    # during a decision, so of their jobs only those that end before the
-    # reservation's start can still be placed, and the rest need no search
+    # shapes that fit only on the reserved GPUs: only their jobs that end in time need a search
     reserved_only: set[Any] = set()
     for jid in order(live, lambda: head is not None):
         shape = shape_of[jid]
@@ -968,10 +873,8 @@ RuntimeKey = tuple[str, str]
 
 
 def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callable[[], bool]) -> Iterator[int]:
-    """Queued job ids by (-priority, predicted runtime, order): the heads of
-    the shapes' lanes merged. Until the scan has its head it wants every job;
-    from then on only the shapes in ``live``, so a lane whose shape cannot fit
-    is dropped when it comes up, never walked."""
+    """Queued job ids by (-priority, predicted runtime, order), the lanes merged;
+    once the scan has its head, a lane whose shape is not ``live`` is dropped unwalked."""
     lanes = _SjfLanes.of(state)
     walks = {shape: iter(lane) for shape, lane in lanes.lanes.items()}
     # (key, shape): keys are unique, so the shape is never compared
@@ -991,15 +894,10 @@ def _sjf_order(state: ClusterState, live: set[tuple[Any, ...]], has_head: Callab
 
 
 class _SjfLanes:
-    """Each shape's queued jobs in shortest-first order, (-priority, label,
-    order, id), kept in step with the queue across decisions (it listens to
-    the queue's adds and removes) instead of merged anew at each decision.
-
-    A label stands for its runtime key's prediction. Predictions move as runs
-    end, so the labels are kept in the predictions' order, equal exactly where
-    they are equal: the lanes' order is then the predictions' order, and a
-    prediction that moves without passing another's moves no key (``sync``).
-    """
+    """Each shape's queued jobs in shortest-first order, (-priority, label, order,
+    id), kept in step with the queue (it listens to its adds and removes). Labels
+    are in the predictions' order, equal where they are, so a prediction that
+    moves without passing another's moves no key (``sync``)."""
 
     def __init__(self, q: QueueIndex) -> None:
         self.q = q
@@ -1008,15 +906,13 @@ class _SjfLanes:
         self.ranked: list[tuple[float, float, RuntimeKey]] = []  # (prediction, label, key), ascending
         self.lanes: dict[Any, SortedKeys[SjfKey]] = {}
         self.running = _RunningByKey()  # kept here as it lives as long: until the state's indices are rebuilt
-        # what the last sync saw: the stats' mark, whether a queued runtime key
-        # came or went since, and the queued keys with no runs of their own
+        # what the last sync saw: the stats' mark, a queued key come or gone, the keys with no runs
         self.mark = -1
         self.keys_moved = True
         self.no_runs: list[RuntimeKey] = []
 
     @staticmethod
     def of(state: ClusterState) -> _SjfLanes:
-        """The state's lanes, built on first use, with labels for the predictions now."""
         q, stats = state.queue, state.stats
         lanes = q.listener
         if not isinstance(lanes, _SjfLanes):
@@ -1062,15 +958,10 @@ class _SjfLanes:
             self.keys_moved = True
 
     def sync(self, preds: dict[RuntimeKey, float], moved: list[RuntimeKey] | None = None) -> None:
-        """Relabel for ``preds`` (the queued runtime keys' predictions now;
-        ``moved``: those that differ from the last sync's, if known).
-        A key whose prediction is unchanged keeps its label. A changed or new
-        one takes its tie's label, else keeps its own, or takes its prediction
-        or a midpoint, whichever first lies strictly between its neighbours'
-        labels; only its jobs move, and only if its label changed."""
+        """Relabel for ``preds`` (``moved``: the keys changed since the last sync, if
+        known). A changed or new key takes its tie's label, else the first of its
+        own, its prediction or a midpoint that lies between its neighbours'."""
         ranked, old, label = self.ranked, self.pred, self.label
-        # the keys new or moved since the last sync (a run ended: often one),
-        # found by lookups, not by hashing every (key, prediction) pair
         if moved is None:
             moved = [r for r, p in preds.items() if old.get(r) != p]
         if not moved and len(preds) == len(old):  # no key new, so none gone either
@@ -1115,7 +1006,6 @@ class _SjfLanes:
                 lane.add((np_, at, o, j))
 
     def _refile(self, preds: dict[RuntimeKey, float]) -> None:
-        """Every queued job filed anew, each runtime key labelled by its prediction."""
         self.label, self.pred = dict(preds), preds
         self.ranked = sorted((p, p, r) for r, p in preds.items())
         self.lanes = {shape: SortedKeys([(np_, preds[r], o, j) for r, group in groups.items() for np_, o, j in group])
@@ -1123,8 +1013,7 @@ class _SjfLanes:
 
 
 def _between(lo: float, hi: float, options: list[float]) -> float | None:
-    """The first of ``options`` strictly between ``lo`` and ``hi``, else a
-    value that is (None: no float is)."""
+    """The first of ``options`` strictly between ``lo`` and ``hi``, else one that is (None: no float is)."""
     for x in options:
         if lo < x < hi:
             return x
@@ -1132,17 +1021,10 @@ def _between(lo: float, hi: float, options: list[float]) -> float | None:
     return mid if lo < mid < hi else None
 
 
-def _reservation(
-    view: View, head: Job, ends: Iterable[tuple[float, int, list[int], int, int]], ordered: bool = False
-) -> tuple[float, frozenset[int]]:
-    """When and where ``head`` would fit as jobs end in predicted order
-    (``ordered``: ``ends`` comes sorted by (end, job), and is read only as far
-    as needed).
-
-    Capacity only grows as jobs end, so a GPU that could take one of the
-    head's GPUs stays able to: count such GPUs per node as ends free them, and
-    run ``best_fit`` once, at the first end after which some node has enough.
-    """
+def _reservation(view: View, head: Job, ends: Iterable[End], ordered: bool = False) -> tuple[float, frozenset[int]]:
+    """When and where ``head`` would fit as jobs end (``ordered``: ``ends`` is sorted).
+    Capacity only grows, so count the able GPUs per node as ends free them and run
+    ``best_fit`` only once some node has enough."""
     if not ordered:
         ends = sorted(ends, key=lambda e: (e[0], e[1]))
     if head.count > 1 and head.milli == FULL and _plain(head):
@@ -1168,14 +1050,9 @@ def _reservation(
     return math.inf, frozenset()  # it cannot fit on what runs now: reserve nothing
 
 
-def _whole_gang_reservation(
-    view: View, k: int, ends: Iterable[tuple[float, int, list[int], int, int]]
-) -> tuple[float, frozenset[int]]:
-    """``_reservation`` of a plain head of ``k`` whole GPUs (the usual blocked
-    gang), on the free shares alone: one of its GPUs can go exactly where a
-    GPU is all free (a share never exceeds FULL, and a job holds a GPU once),
-    so count those per node as the ends free them, with no copy of the view,
-    candidate set or per-GPU test of the general path."""
+def _whole_gang_reservation(view: View, k: int, ends: Iterable[End]) -> tuple[float, frozenset[int]]:
+    """``_reservation`` of a plain head of ``k`` whole GPUs (the usual blocked gang),
+    counting the all-free GPUs per node, without the general path's view copy."""
     free, node = list(view.free), view.node
     per_node: dict[str, int] = {}
     for i, f in enumerate(free):
@@ -1200,8 +1077,7 @@ def _whole_gang_reservation(
 
 
 def fgd(state: ClusterState, now: float) -> list[Placement]:
-    """Priority order; each job goes where expected fragmentation grows least,
-    the workload being the shapes of the recent submissions."""
+    """Priority order; each job goes where expected fragmentation (over the recent shapes) grows least."""
     total = sum(state.shape_counts.values())
     workload = [(k, m, n / total) for (k, m), n in sorted(state.shape_counts.items())] if total else []
     if not workload:
@@ -1218,16 +1094,12 @@ def fgd(state: ClusterState, now: float) -> list[Placement]:
         for node, on in view.by_node(cands).items():
             if len(on) < job.count:
                 continue
-            # the node summed up per task type once; each placement's effect on it is then
-            # a few additions per type (NodeFragments), not a pass over the node's GPUs
             node_frags = NodeFragments([free[i] for i in view.node_idx[node]], workload)
             before = node_frags.value()
             if job.count > 1 or job.milli == FULL:
                 options = [on[: job.count]]
             else:
-                # a share of one GPU: the node's fragmentation after it depends
-                # only on that GPU's free share, and ties go to the lowest
-                # index, so score each distinct share once, at its lowest GPU
+                # the result depends only on the GPU's free share: score each share once, at its lowest GPU
                 lowest: dict[int, int] = {}
                 for i in on:
                     f = free[i]

@@ -1,28 +1,11 @@
 """Preemption: stop running jobs to start a more urgent waiting one.
 
-Pure, like the policies: ``plan(state, now)`` names the waiting job, the
-victims and the rule, or None; the core records the decision and signals.
-
-The waiting job considered is the first one in the policy's order when it
-could not start. A running job may be stopped for it when
-
-- it was submitted ``--preemptible``, or its tenant is ``preemptible`` and
-  over its fair share; and
-- a rule says the waiting job is more urgent: ``priority`` (its priority plus
-  the aging tiers it has waited is above the victim's priority: a running job
-  does not wait) or ``fair-share`` (the waiting job's tenant is under its
-  share and the victim's is over its share); and
-- the waiting job would go before the victim queued again now (a preempted
-  job ages afresh), so the room goes to it and the victim does not come back
-  to be preempted again (docs/fair-share.md).
-
-Victims are the fewest, lowest-priority, most recently started jobs whose
-room lets the waiting job start (never one that would still not fit), never
-one placed in the same decision; a job preempted before is protected for
-``preempt_protect_s`` after it restarts, and nothing new is preempted while
-an earlier preemption is still stopping. A victim's GPU over the temperature
-threshold is taken as cool here: the heat goes with the victim. Logs from before aging tiers
-(``aging_tiers = false``) keep the old rule: raw priorities, no order check.
+Pure, like the policies: ``plan(state, now)`` names the waiting job (the first
+in the policy's order, when it cannot start), the victims and the rule, or
+None; the core records the decision and signals. Who may be stopped, by which
+rule (``priority`` or ``fair-share``), and why it cannot loop: docs/fair-share.md.
+Victims are the fewest, lowest-priority, most recently started jobs whose room
+lets the waiting job start.
 """
 
 from __future__ import annotations
@@ -53,8 +36,7 @@ class Preemption(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _head(state: ClusterState, now: float, offsets: dict[str, float]) -> Job | None:
-    """The first waiting job in the policy's order (with aging tiers; else
-    the best score among the shapes' first jobs), if it may start."""
+    """The first waiting job in the policy's order, if it may start."""
     q, policy, best = state.queue, state.policy, None
     if state.config.aging_tiers and policy == "fifo":
         best = q.by_order[0][1]

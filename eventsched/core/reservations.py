@@ -1,11 +1,7 @@
-"""Booked GPUs (``eventsched reserve``): pure rules over the state.
+"""Booked GPUs (``eventsched reserve``, docs/reservations.md): pure rules over the state.
 
-During a reservation's window its GPUs go only to its owner's jobs (the user,
-or the members of the tenant). Before the window another's job may start there
-only if it is predicted to end before the window opens (its own runs, or its
-time limit, as for a gang's held GPUs); a job with no prediction stays off.
-A job of another found there when the window opens is stopped and requeued,
-or only flagged (``reservation_policy``).
+During a window its GPUs go only to its owner's jobs; before it, another's job
+may start there only if predicted to end before the window opens.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ Hold = Callable[[Job], frozenset[int]]
 
 
 def predicted_runtime(state: ClusterState, job: Job) -> float | None:
-    """How long ``job`` is expected to run: its kind's past runs within its
-    time limit, else the limit; None when nothing predicts it."""
+    """Its kind's past runs within its time limit, else the limit; None when nothing predicts it."""
     limit = time_limit_of(job, state.config.default_time_limit_s)
     key = runtime_key(job.spec)
     if key in state.stats.by_key:
@@ -37,7 +32,6 @@ def predicted_runtime(state: ClusterState, job: Job) -> float | None:
 
 
 def owns(state: ClusterState, r: ev.ReservationCreated, job: Job) -> bool:
-    """Is ``job`` one of the reservation's owner's?"""
     spec = job.spec
     if r.tenant:
         tenant = state.tenants.get(r.tenant)
@@ -56,10 +50,8 @@ def _blocks(state: ClusterState, r: ev.ReservationCreated, job: Job, now: float)
 
 
 def holds(state: ClusterState, index: dict[tuple[str, int], int], now: float) -> Hold | None:
-    """The GPU indices (of a view, by ``index``) each job must stay off now:
-    booked for another, or being freed by a preemption for another job (so
-    that the room it makes is not taken before that job can start). None
-    when nothing is held (the common case)."""
+    """The view indices each job must stay off now: booked for another, or being freed
+    by a preemption for another job. None when nothing is held (the common case)."""
     live = [r for r in state.reservations.values() if r.end > now]
     rooms = {w: [index[k] for k in state.jobs[w].room if k in index] for w in state.making_room}
     if not live and not rooms:
@@ -80,8 +72,7 @@ def held_by(state: ClusterState, job: Job, now: float) -> ev.ReservationCreated 
 
 
 def intruders(state: ClusterState, now: float) -> list[tuple[int, ev.ReservationCreated]]:
-    """(running job, reservation) for each job of another on the GPUs of an
-    open window, not already being stopped."""
+    """(running job, reservation) of others' jobs in an open window, not already stopping."""
     out: list[tuple[int, ev.ReservationCreated]] = []
     for r in sorted(state.reservations.values(), key=lambda r: r.reservation):
         if not r.start <= now < r.end:
@@ -96,7 +87,6 @@ def intruders(state: ClusterState, now: float) -> list[tuple[int, ev.Reservation
 
 
 def next_edge(state: ClusterState, now: float) -> float | None:
-    """The next time a window opens or closes (the core wakes then)."""
     edges = [t for r in state.reservations.values() for t in (r.start, r.end) if t > now]
     return min(edges, default=None)
 
@@ -124,7 +114,6 @@ def _running_into(state: ClusterState, node: str, gpu: int, msg: m.Reserve) -> i
 
 
 def _check_limits(state: ClusterState, msg: m.Reserve, now: float, ahead: float, gpu_hours: float) -> None:
-    """A user's own booking: for themself or a tenant of theirs, within the config's limits."""
     if msg.tenant and msg.user not in state.tenants[msg.tenant].users:
         raise Refused(RefusalKind.FORBIDDEN, f"{msg.user} is not a member of tenant {msg.tenant}")
     if msg.start - now > ahead * 3600:
@@ -138,7 +127,6 @@ def _check_limits(state: ClusterState, msg: m.Reserve, now: float, ahead: float,
 
 
 def create(state: ClusterState, msg: m.Reserve, now: float, rid: int) -> ev.ReservationCreated:
-    """The reservation ``msg`` asks for, as id ``rid``, or Refused (one line)."""
     if not msg.end > msg.start:
         raise Refused(RefusalKind.INVALID, "--duration must be more than 0")
     if msg.end <= now:
@@ -205,15 +193,13 @@ def describe(r: ev.ReservationCreated, now: float) -> str:
 
 
 def listing(state: ClusterState, now: float) -> dict:
-    """``reserve list``: the reservations not yet over, the GPUs, and now."""
     rows = [row(state, r, now) for r in sorted(state.reservations.values(), key=lambda r: (r.start, r.reservation))
             if r.end > now]
     return {"now": now, "reservations": rows, "gpus": [f"{g.node}:{g.id}" for g in state.gpu_list]}
 
 
 def row(state: ClusterState, r: ev.ReservationCreated, now: float) -> dict:
-    """One reservation as ``reserve list --json`` shows it; ``intruders``: jobs
-    of others running on it in its open window (flagged, or being stopped)."""
+    """One reservation as ``reserve list --json`` shows it."""
     return {"id": r.reservation, "owner": _owner(r), "user": r.user, "tenant": r.tenant, "name": r.name,
             "node": r.node, "gpu_ids": list(r.gpu_ids), "start": r.start, "end": r.end, "by": r.by,
             "active": r.start <= now < r.end, "intruders": [j for j, x in intruders(state, now) if x is r]}

@@ -1,11 +1,9 @@
 """The sans-I/O scheduler: ``handle(state, message, now) -> (events, effects)``.
 
-No clock, no files, no processes: time arrives as ``now``, the world as
-messages. Every event is applied to ``state`` as it is produced (through
-``projections.cluster.apply``), so after ``handle`` the state is exactly the
-fold of the events it returned; a ``Refused`` message changes nothing (every
-check runs before the first event). The daemon and the replay simulator drive
-this same function.
+Time arrives as ``now``, the world as messages. Each event is applied to
+``state`` as it is produced, so after ``handle`` the state is the fold of the
+events returned; a ``Refused`` message changes nothing (every check runs before
+the first event). The daemon and the replay simulator drive this same function.
 """
 
 from __future__ import annotations
@@ -58,12 +56,9 @@ SUCCEEDED = JobState.SUCCEEDED
 __all__ = ["handle", "next_deadline", "check_spec", "NOT_LAUNCHED"]
 
 class _Out:
-    """What one message produced, each event applied at once. The message is
-    recorded as a *fact* (caused by its sender) before any *decision* it leads
-    to (caused by ``seq:N``, the fact's place in the log); the core stamps each
-    seq itself, since its caller appends every event in order, so a decision
-    names its fact before either is written. A timer's fact is recorded only
-    if a decision follows (``defer``)."""
+    """What one message produced, each event applied at once: the message's *fact*
+    first, then the *decisions* it leads to, caused by ``seq:N`` (the core stamps
+    seqs itself: its caller appends every event in order)."""
 
     def __init__(self, state: ClusterState, now: float) -> None:
         self.state = state
@@ -74,7 +69,6 @@ class _Out:
         self._deferred: ev.Event | None = None
 
     def _emit(self, event: ev.Event, cause: str | None = None) -> ev.Event:
-        # one replace per event (C): its seq, and for a decision its time and cause
         if cause is None:
             event = msgspec.structs.replace(event, seq=self.state.last_seq + 1)
         else:
@@ -104,8 +98,7 @@ class _Out:
 
 
 def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Event], list[Effect]]:
-    """Turn one message into events (already applied to ``state``) and effects;
-    ``Refused`` (one line, ``state`` unchanged) for a command that cannot be accepted."""
+    """One message's events (already applied to ``state``) and effects, or ``Refused``."""
     handler = _HANDLERS.get(type(msg))
     if handler is None:
         raise Refused(RefusalKind.INVALID, f"unsupported message {type(msg).__name__}")
@@ -121,7 +114,6 @@ def handle(state: ClusterState, msg: m.Message, now: float) -> tuple[list[ev.Eve
 
 
 def _schedule(out: _Out) -> None:
-    """Run the current policy and launch what it placed."""
     state = out.state
     if state.reservations:
         _clear_reserved(out)
@@ -145,7 +137,6 @@ def _schedule(out: _Out) -> None:
 
 
 def _launch(out: _Out, placements: list[Placement]) -> None:
-    """Record the placements (decisions) and launch them."""
     state = out.state
     for p in placements:
         out.decide(ev.JobPlaced(job=p.job, node=p.node, gpu_ids=p.gpu_ids, share=p.share, gpu_mem_mib=p.mem,
@@ -159,10 +150,9 @@ GPU_MEM_FRACTION_VARS = ("EVENTSCHED_GPU_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_F
 
 
 def _with_memory_knobs(state: ClusterState, job: Job) -> ev.JobSpec:
-    """The spec to launch: a job with a ``--gpu-mem`` gets, as the fraction of
-    its smallest GPU it asked for, the cooperative knobs JAX reads and
-    ``eventsched.torch_memory_fraction()`` hands to torch. The user's own
-    values win. Only the launch sees them: the log keeps the spec as submitted."""
+    """The spec to launch: a ``--gpu-mem`` job gets, as a fraction of its smallest GPU,
+    the knobs JAX and ``eventsched.torch_memory_fraction()`` read, unless set.
+    Only the launch sees them: the log keeps the spec as submitted."""
     spec = job.spec
     if spec.gpu_mem_mib <= 0 or not job.gpu_ids or all(k in spec.env for k in GPU_MEM_FRACTION_VARS):
         return spec
@@ -175,8 +165,7 @@ def _with_memory_knobs(state: ClusterState, job: Job) -> ev.JobSpec:
 
 
 def _clear_reserved(out: _Out) -> None:
-    """Jobs of others on the GPUs of an open reservation window: stopped with
-    their warning signal and requeued, or left running, flagged in ``reserve list``."""
+    """Others' jobs in an open reservation window: stopped and requeued, or only flagged."""
     if out.state.config.reservation_policy == "requeue":
         for jid, r in reservations.intruders(out.state, out.now):
             _stop(out, jid, f"reservation {r.reservation}", "preempted", rule="reservation")
@@ -194,8 +183,7 @@ def _cancel_reservation(out: _Out, msg: m.CancelReservation) -> None:
 
 
 def _reclaim_idle(out: _Out) -> None:
-    """An idle job gives way to a waiting job that could use its GPUs
-    (``idle_policy``): warned, killed after the grace, then cancelled or queued again."""
+    """An idle job gives way to a waiting job that could use its GPUs (``idle_policy``)."""
     found = gpu_watch.reclaim(out.state, out.now)
     if found is None:
         return
@@ -205,18 +193,14 @@ def _reclaim_idle(out: _Out) -> None:
 
 
 def _may_preempt(state: ClusterState) -> bool:
-    """``preemption.plan``'s first two answers, asked here (compiled) after
-    every decision: it plans nothing while a preemption is stopping, or when
-    no running job and no tenant is preemptible (the common case)."""
+    """``preemption.plan``'s cheap first answers, asked here (compiled) after every decision."""
     if state.being_preempted:
         return False
     return bool(state.running_preemptible) or any(t.preemptible for t in state.tenants.values())
 
 
 def _preempt(out: _Out, placed: frozenset[int]) -> None:
-    """Stop the jobs a more urgent waiting job needs, never one ``placed`` in
-    this decision: its warning signal now, SIGKILL after the grace; it ends
-    ``preempted`` and is requeued."""
+    """Stop the jobs a more urgent waiting job needs, never one ``placed`` in this decision."""
     found = preemption.plan(out.state, out.now, placed)
     if found is None:
         return
@@ -225,15 +209,13 @@ def _preempt(out: _Out, placed: frozenset[int]) -> None:
 
 
 def _stop(out: _Out, jid: int, by: str, reason: str, for_job: int = 0, rule: str = "") -> None:
-    """Ask running job ``jid`` to stop (a decision), and signal it."""
     out.decide(ev.JobCancelRequested(job=jid, by=by, reason=reason, for_job=for_job, rule=rule))
     out.effects.append(_stop_signal(out.state, out.state.jobs[jid], reason))
 
 
 def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
-    """How a running job is stopped: a preemption (and the GPU memory and idle
-    stops) warns with the job's own ``--signal`` and its grace (else
-    ``preempt_grace_s``); the rest get SIGTERM and ``kill_grace_s``."""
+    """Warned stops use the job's ``--signal`` and grace (else ``preempt_grace_s``);
+    the rest get SIGTERM and ``kill_grace_s``."""
     grace, signum = state.config.kill_grace_s, 0
     if reason in WARNED_STOPS:
         grace = job.spec.warn_s if job.spec.warn_s >= 0 else state.config.preempt_grace_s
@@ -242,7 +224,6 @@ def _stop_signal(state: ClusterState, job: Job, reason: str) -> Signal:
 
 
 def _cascade(out: _Out, job_id: int) -> None:
-    """Cancel waiting jobs that needed ``job_id`` to succeed."""
     stack = [job_id]
     while stack:
         jid = stack.pop()
@@ -254,9 +235,9 @@ def _cascade(out: _Out, job_id: int) -> None:
 
 def next_deadline(state: ClusterState, now: float) -> float | None:
     """The earliest future time something is due: a time limit or a backoff."""
-    due = state.next_time_limit()  # kept by the projection: no walk over running jobs
+    due = state.next_time_limit()  # kept by the projection, as is the idle due time
     best = math.inf if due is None else due
-    idle = state.next_idle_due()  # kept by the projection too
+    idle = state.next_idle_due()
     if idle is not None and idle < best:
         best = idle
     for jid in state.backoff:
@@ -274,7 +255,6 @@ def next_deadline(state: ClusterState, now: float) -> float | None:
 
 
 def _owned(state: ClusterState, ids: list[int], uid: int, verb: str) -> list[Job]:
-    """The jobs named, each checked to exist and to belong to ``uid`` (or root)."""
     jobs: list[Job] = []
     for jid in dict.fromkeys(ids):
         job = state.jobs.get(jid)
@@ -305,7 +285,7 @@ def _started(out: _Out, msg: m.Started) -> None:
 
 
 def _discovered(out: _Out, node: str, gpus: list[m.GpuInfo], missing: str) -> None:
-    """``node``'s GPUs as found (at start-up, or when it joins), those it no longer has lost; then decide."""
+    """``node``'s GPUs as found; those it no longer has are lost."""
     found = set()
     for info in sorted(gpus, key=lambda g: g.gpu):
         found.add(info.gpu)
@@ -419,7 +399,6 @@ def _submit(out: _Out, msg: m.Submit) -> None:
 
 
 def _admit_tenant(state: ClusterState, spec: ev.JobSpec) -> None:
-    """Refuse a job its tenant's quota could never let run, naming the quota."""
     tenant = state.tenants.get(spec.tenant)
     if tenant is None:
         return
@@ -442,8 +421,7 @@ def _check_tenants(tenants: dict[str, Tenant]) -> None:
 
 
 def _set_tenant(out: _Out, msg: m.SetTenant | m.SetTenants) -> None:
-    """An operator's change to one tenant (or, replayed, to all): a new set
-    of tenants, recorded."""
+    """An operator's change to one tenant (or, replayed, to all)."""
     if isinstance(msg, m.SetTenants):
         tenants = dict(msg.tenants)
     else:
@@ -470,8 +448,7 @@ def _record_forecast(out: _Out, msg: m.RecordForecast) -> None:
 
 
 def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> list[ev.JobSpec]:
-    """One spec per index: ``{index}`` in the command replaced, the array's id
-    (its first task's) and the index recorded (the executor exports both)."""
+    """One spec per index, ``{index}`` in the command replaced; the array's id is its first task's."""
     if len(indices) > MAX_ARRAY_TASKS:
         raise Refused(RefusalKind.INVALID, f"an array has at most {MAX_ARRAY_TASKS} tasks, not {len(indices)}")
     if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
@@ -486,8 +463,7 @@ def _array_tasks(state: ClusterState, spec: ev.JobSpec, indices: list[int]) -> l
 
 
 def _command(out: _Out, msg: m.Cancel | m.Hold | m.Release, command: str) -> tuple[list[Job], str]:
-    """The jobs ``msg`` names, each checked (owner, state), and the command
-    recorded as the fact: (jobs, who)."""
+    """The jobs ``msg`` names, checked, with the command recorded as the fact: (jobs, who)."""
     jobs = _owned(out.state, msg.jobs, msg.uid, command)
     for job in jobs:
         if command == "cancel" and job.state in FINAL:
@@ -525,8 +501,7 @@ def _hold(out: _Out, msg: m.Hold | m.Release) -> None:
 
 
 def _update(out: _Out, msg: m.Update) -> None:
-    """Change a waiting job's request (``update``): checked as a submission
-    of the changed spec would be, recorded as one fact, then decided on."""
+    """Change a waiting job's request, checked as a submission of the changed spec would be."""
     state = out.state
     job = state.jobs.get(msg.job)
     if job is None:
@@ -551,7 +526,7 @@ def _update(out: _Out, msg: m.Update) -> None:
 
 
 def _pause(out: _Out, msg: m.PauseGpu | m.ResumeGpu) -> None:
-    """Pause a GPU (it takes nothing new) or resume it; only a change is recorded."""
+    """Only a change is recorded."""
     gpu = out.state.gpus.get((msg.node, msg.gpu))
     if gpu is None:
         have = ", ".join(str(g.id) for g in out.state.node_gpus.get(msg.node, ())) or "none"
@@ -596,8 +571,7 @@ def _gpu_observed(out: _Out, msg: m.GpuObserved) -> None:
 
 
 def _watch_gpu(out: _Out, gpu: Gpu) -> None:
-    """What the sample says about the jobs on ``gpu``: over or back within
-    their ``--gpu-mem``, idle or busy again."""
+    """The jobs on ``gpu`` over or back within their ``--gpu-mem``, idle or busy again."""
     state = out.state
     for job, over, used, where in gpu_watch.memory_findings(state, gpu):
         if over:
@@ -616,10 +590,7 @@ def _watch_gpu(out: _Out, gpu: Gpu) -> None:
 
 
 def _gpu_failed(out: _Out, msg: m.GpuFailed) -> None:
-    """A GPU error is recorded once per change (a GPU that stays broken does
-    not add the same event every sample). A GPU newly lost takes nothing new,
-    and its running jobs are stopped as if preempted: requeued without
-    spending a retry, since the fault is the GPU's, not theirs."""
+    """A GPU error is recorded once per change; a GPU newly lost has its jobs requeued."""
     gpu = out.state.gpus.get((msg.node, msg.gpu))
     if gpu is not None and gpu.error == msg.error and (gpu.lost or not msg.lost):
         return
@@ -641,8 +612,7 @@ def _requeue_jobs_on(out: _Out, gpu: Gpu, by: str) -> None:
 
 
 def _gpu_health(out: _Out, msg: m.GpuHealthRead) -> None:
-    """A health reading is recorded when it says something new (a GPU that
-    stays sick adds nothing); one over a threshold drains its GPU."""
+    """A new health reading is recorded; one over a threshold drains its GPU."""
     r = msg.reading
     gpu = out.state.gpus.get((r.node, r.gpu))
     if gpu is None or same_reading(gpu.health, r):
@@ -652,9 +622,7 @@ def _gpu_health(out: _Out, msg: m.GpuHealthRead) -> None:
 
 
 def _drain(out: _Out, gpu: Gpu, reason: str) -> None:
-    """Take a sick GPU out of service until an operator resumes it, and tell
-    the operators; its running jobs finish, or are requeued when
-    ``gpu_health_running`` says so. A drained GPU keeps its first reason."""
+    """Take a sick GPU out of service until an operator resumes it (docs/gpu-health.md)."""
     if not reason or gpu.paused_reason:
         return
     out.decide(ev.GpuPaused(node=gpu.node, gpu=gpu.id, by="health", reason=reason))
@@ -687,15 +655,13 @@ def _process_started(out: _Out, msg: m.ProcessStarted) -> None:
     out.fact(ev.JobStarted(ts=out.now, cause=f"pid:{msg.pid}", job=msg.job, pid=msg.pid,
                            start_time=msg.start_time, log_path=msg.log_path))
     if job.cancel_reason:
-        # Stopped between placement and start: the signal sent then found no
-        # process yet, so send it again now that there is one.
+        # stopped before it had a process: signal it again now
         out.effects.append(_stop_signal(out.state, job, job.cancel_reason))
     elif cfg.aging_tiers and cfg.preemption and out.state.queue and _may_preempt(out.state):
         _preempt(out, frozenset())  # the decision that placed it could not stop it; this one may
 
 
 def _exited(out: _Out, job: Job, cause: str, exit_code: int | None, signal: int | None, reason: str) -> None:
-    """Record the exit of running ``job`` (a fact), with the state it ends in."""
     outcome = exit_outcome(job.cancel_reason, exit_code, reason)
     if not reason and job.cancel_reason == "gpu-memory":
         reason = GPU_MEMORY_OVER
@@ -739,8 +705,7 @@ NOT_LAUNCHED = "not launched"  # JobExited.reason prefix of an attempt that neve
 
 
 def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
-    """Placed, but the launch never began: record a failed attempt that did
-    not run, and queue the job again (it cannot have run, so this is safe)."""
+    """Placed, but never launched: a failed attempt that did not run, queued again."""
     job = out.state.jobs.get(msg.job)
     if job is None or job.state != RUNNING or job.pid:
         return
@@ -754,8 +719,7 @@ def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
 
 
 def _node_up(out: _Out, msg: m.NodeUp) -> None:
-    """A node's executor is up (joined, or its actor restarted): its GPUs,
-    discovered again; those it no longer has are lost."""
+    """A node's executor is up (joined, or its actor restarted)."""
     state = out.state
     if msg.restarted and msg.node in state.nodes and state.nodes[msg.node].state == "up":
         out.fact(ev.NodeActorRestarted(ts=out.now, cause=f"ray:{msg.node}", node=msg.node,
@@ -767,10 +731,8 @@ def _node_up(out: _Out, msg: m.NodeUp) -> None:
 
 
 def _node_down(out: _Out, msg: m.NodeDown) -> None:
-    """A node left or died: its GPUs take nothing new at once. Its running
-    jobs end ``lost`` (requeued when their retries allow) once it has been
-    gone ``node_lost_after_s``: a node back sooner (a restarted raylet, a
-    short partition) has them re-adopted, never launched twice."""
+    """A node left: its GPUs take nothing new at once; its jobs end ``lost`` only after
+    ``node_lost_after_s``, so a node back sooner has them re-adopted, never launched twice."""
     state = out.state
     info = state.nodes.get(msg.node)
     if info is None or info.state == "down":
@@ -785,8 +747,7 @@ def _node_down(out: _Out, msg: m.NodeDown) -> None:
 
 
 def _lose_jobs_of_node(out: _Out, node: str) -> None:
-    """The running jobs of a node gone for good end ``lost``; requeued when
-    their retries allow (or their stop asked for a requeue)."""
+    """The running jobs of a node gone for good end ``lost``, requeued when allowed."""
     state = out.state
     reason = state.nodes[node].reason if node in state.nodes else ""
     for jid in sorted(j for j in state.running if state.jobs[j].node == node):
@@ -803,8 +764,7 @@ def _lose_jobs_of_node(out: _Out, node: str) -> None:
 
 
 def _nodes_gone_with_jobs(state: ClusterState) -> list[tuple[float, str]]:
-    """(when its jobs count as lost, node) of each down node still holding
-    running jobs; a cluster has few nodes, and most are up."""
+    """(when its jobs count as lost, node) of each down node still holding running jobs."""
     down = {name: info.since for name, info in state.nodes.items() if info.state == "down"}
     if not down:
         return []
@@ -817,15 +777,13 @@ def _cluster_link(out: _Out, msg: m.ClusterLink) -> None:
 
 
 def _stray_killed(out: _Out, msg: m.StrayKilled) -> None:
-    """A fact only: the job's own state is the log's already (it was lost,
-    requeued, ran elsewhere or ended); nothing else changes."""
+    """A fact only: the job's own state is the log's already."""
     out.fact(ev.StrayAttemptKilled(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, job=msg.job,
                                    attempt=msg.attempt, pid=msg.pid, reason=msg.reason))
 
 
 def _fenced(out: _Out, msg: m.Fenced) -> None:
-    """A fact only: the node stopped those attempts itself while cut off;
-    their jobs were (or will be) lost with the node, or end by their exits."""
+    """A fact only: the node stopped those attempts itself while cut off."""
     out.fact(ev.NodeFenced(ts=out.now, cause=f"ray:{msg.node}", node=msg.node, jobs=list(msg.jobs),
                            attempts=list(msg.attempts), reason=msg.reason))
 

@@ -3,6 +3,7 @@ holds now, its fair share, its recent use and its month's budget, from the state
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from eventsched.core.budgets import spent, used_gpu_hours
@@ -16,10 +17,7 @@ __all__ = ["tenants_report"]
 
 def tenants_report(state: ClusterState, now: float) -> list[dict[str, Any]]:
     shares = fair_shares(state, now)
-    waiting: dict[str, int] = {}
-    for job in state.jobs.values():
-        if job.state == JobState.QUEUED:
-            waiting[job.tenant] = waiting.get(job.tenant, 0) + 1
+    waiting = Counter(job.tenant for job in state.jobs.values() if job.state == JobState.QUEUED)
     half_life = state.config.usage_half_life_s
     spent_now = spent(state, now)
     out = []

@@ -1,8 +1,5 @@
-"""Vectorised fragmentation (numpy) for the static FGD experiment.
-
-The same F_n as ``core.fgd.node_fragmentation``, over many node states at
-once; apart from ``core.fgd`` so the daemon and replay never load numpy.
-"""
+"""``core.fgd.node_fragmentation`` vectorised (numpy) for the static FGD experiment,
+apart from ``core.fgd`` so the daemon and replay never load numpy."""
 
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """The replay simulator: a recorded log or a trace, through the same core, on a virtual clock.
 
-The daemon and the simulator drive the *same* sans-I/O ``core.handle``. The
-simulator supplies what the engine gets from the world:
-
-- *exogenous stimuli* at their recorded times: the daemon's start (its GPUs),
-  submissions, GPU samples, operators' commands (cancel, hold / release, pause /
-  resume GPU, policy changes), stops;
-- *process lifetimes*: a ``Launch`` effect starts a simulated process whose
-  ``ProcessStarted`` and ``ProcessExited`` come after the recorded delays of
-  that job's run (attempt by attempt: retries and requeues run again), shifted
-  by how much earlier or later the replay placed it;
-- the clock: a ``WakeAt`` effect becomes a ``Tick`` at that virtual time.
-
-Decisions (``JobPlaced``, ``JobRequeued``, time-limit stops...) are *outputs*:
-they are never read from the source, only produced by the core.
-
-Fidelity. Replaying a log under the policy that recorded it reproduces its
-placements exactly. Each input carries an ordering key ``(time, class, seq)``:
-recorded inputs use their recorded time and sequence number, so inputs that the
-daemon handled in one batch keep their recorded order, and a process event
-comes back exactly at ``recorded_time + shift``, ``shift`` being exactly 0.0
-when the placement happened when it was recorded. The replay ticks exactly at
-the recorded ``TimerFired`` facts (a log from before causes were recorded
-ticks when the core asks instead: faithful only up to timer latency).
-
-Every replay writes its own log (``<out>/log``), so ``open_history(out)`` and
-``eventsched sql`` work on it as on a real state dir.
+The simulator supplies what the engine gets from the world: recorded stimuli
+at their recorded times, simulated processes whose start and exit follow each
+attempt's recorded delays (shifted by how much earlier or later the replay
+placed it), and ``Tick``s for ``WakeAt``. Decisions are only ever the core's
+outputs, never read from the source. Why a replay under the recording's policy
+reproduces it exactly: replays/README.md. Every replay writes its own log
+(``<out>/log``), so ``open_history(out)`` works on it as on a real state dir.
 """
 
 from __future__ import annotations
@@ -74,19 +55,17 @@ class _Sim:
 
     def __init__(self, workload: Workload, policy: str, state_dir: Path, validate: bool,
                  settings: dict[str, Any] | None = None, tenants: dict[str, Tenant] | None = None) -> None:
-        # a what-if's changes to the recorded settings and tenants (None: as recorded)
-        self.settings = dict(settings or {})
+        self.settings = dict(settings or {})  # a what-if's changes (None: as recorded)
         self.tenants = tenants
         self.w = workload
         self.policy = policy
-        # RECORDED follows the log's policy switches; a named policy holds throughout
-        self.follow_recorded = policy == RECORDED
+        self.follow_recorded = policy == RECORDED  # a named policy holds throughout
         # the recording's own policy throughout: tick exactly when the daemon did
         self.exact = workload.kind == "log" and not workload.legacy and (
             policy == RECORDED or (policy == workload.recorded_policy and not workload.policy_changes)
         )
         self.state = ClusterState()
-        if policy == "sjf-oracle":  # the reference policy knows the operators' pauses ahead
+        if policy == "sjf-oracle":  # it knows the operators' pauses ahead
             self.state.oracle_pauses = _pause_windows(workload.stimuli)
         self.validate = validate
         self.writer = eventlog.LogWriter.open(state_dir / "log")
@@ -109,9 +88,7 @@ class _Sim:
         self.now = 0.0
         self.started_at: float | None = None
         self.notes: list[str] = list(workload.notes)
-        # under another policy, launches queue differently than they did in the
-        # recording: model the launcher (see launch) instead of replaying delays
-        # (not under the recording's own policy, even for a log without causes)
+        # under another policy launches queue differently: model the launcher
         self.model_launch = workload.kind == "log" and policy != RECORDED and (
             policy != workload.recorded_policy or workload.policy_changes > 0
         )
@@ -151,8 +128,7 @@ class _Sim:
             self.buffer = []
 
     def close(self, failed: bool = False) -> None:
-        """Wait for the log to be written, then close it. After the replay
-        itself ``failed``, the failure to raise is that one, not the log's."""
+        """Wait for the log, then close it; after a ``failed`` replay, that failure is the one raised."""
         try:
             self.appender.finish()
         except Exception:
@@ -160,9 +136,6 @@ class _Sim:
                 raise
         finally:
             self.writer.close()
-
-    def tick(self) -> None:
-        self.handle(Tick())  # records a TimerFired when it decides anything
 
     def maybe_flush(self) -> None:
         if len(self.buffer) >= FLUSH_EVENTS:
@@ -225,10 +198,8 @@ class _Sim:
             self.push(a.ended + shift, cls, key, ("end", job, token, msg))
 
     def modelled_start(self, launch_s: float) -> float:
-        """When the daemon's launcher, one process at a time, would start a
-        process placed now that took ``launch_s`` to launch in the recording.
-        A recorded delay also holds the launches queued ahead of it then,
-        which another policy's placements do not reproduce."""
+        """When the daemon's launcher, one process at a time, would start a process placed
+        now: a recorded delay also holds launches queued ahead then, which another policy lacks."""
         t = max(self.now, self.launcher_free) + launch_s
         self.launcher_free = t
         self.modelled_launches += 1
@@ -305,8 +276,8 @@ class _Sim:
                 cfg = SchedulerConfig(node=node, policy=self.policy, max_queued=1 << 40, max_queued_per_user=1 << 40)
                 started = _started_message(node, infos, self._what_if(cfg), backend)
                 self.handle(msgspec.structs.replace(started, tenants=self.tenants))
-            elif kind == "tick":
-                self.tick()
+            elif kind == "tick":  # a Tick records a TimerFired only when it decides anything
+                self.handle(Tick())
                 return
         elif isinstance(item, Started):
             if not self.follow_recorded:
@@ -330,7 +301,7 @@ class _Sim:
         kind = item[0]
         if kind == "tick":
             self.ticks.discard(item[1])
-            self.tick()
+            self.handle(Tick())
             return
         self.maybe_flush()
         _, job, token, msg = item
@@ -395,8 +366,7 @@ def _pause_windows(stimuli: list[tuple[float, int, float, Any]]) -> list[tuple[f
 
 
 def _earlier(pending: tuple[float, int, float, int, Any], stimulus: tuple[float, int, float, Any]) -> bool:
-    """``pending[:3] < stimulus[:3]``: (time, class, seq) in the tuples'
-    order, compared in place rather than on two new slices (every input)."""
+    """``pending[:3] < stimulus[:3]``, without two new slices per input."""
     if pending[0] != stimulus[0]:
         return pending[0] < stimulus[0]
     if pending[1] != stimulus[1]:
@@ -406,11 +376,8 @@ def _earlier(pending: tuple[float, int, float, int, Any], stimulus: tuple[float,
 
 def simulate(workload: Workload, policy: str, state_dir: str | os.PathLike[str], *, validate: bool = False,
              settings: dict[str, Any] | None = None, tenants: dict[str, Tenant] | None = None) -> ReplayResult:
-    """Replay ``workload`` under ``policy`` (``RECORDED`` = as the log says),
-    writing its log to ``<state_dir>/log``. ``validate`` checks the state's
-    invariants after every step (tests). ``settings`` (scheduler settings by
-    name) and ``tenants`` replace the recorded ones: a quota change tried on
-    last month's log."""
+    """Replay ``workload`` under ``policy`` (``RECORDED`` = as the log says) into
+    ``<state_dir>/log``; ``settings`` and ``tenants`` replace the recorded ones (a what-if)."""
     from eventsched.core.policies import POLICIES
 
     if policy != RECORDED and policy not in POLICIES:
@@ -422,9 +389,7 @@ def simulate(workload: Workload, policy: str, state_dir: str | os.PathLike[str],
     if policy == RECORDED and (settings or tenants is not None):
         raise ReplayError(f"policy {RECORDED!r} replays the recording as it was: it takes no what-if settings")
     sim = _Sim(workload, policy, out, validate, settings, tenants)
-    # the cyclic collector's full passes would walk every object the replay
-    # holds, and the fold makes no garbage cycles worth chasing meanwhile
-    try:
+    try:  # the fold makes no cycles: the collector's full passes would only walk the state
         with collector.paused():
             sim.run()
     except BaseException:

@@ -1,13 +1,7 @@
 """Replay sources: a recorded log, a plain CSV or the Alibaba trace, read into
-a ``Workload`` — the stimuli to feed the core, in order, and each job's
-recorded runs. Nothing here simulates (``simulator``) or compares (``compare``).
-
-A log's stimuli are its events whose ``cause`` is not ``seq:N``
-(``events.is_stimulus``): what a user, a process, a GPU or the clock did.
-Decisions name the stimulus that caused them and are never read back as
-inputs. Recorded clocks that stepped backwards are flattened (running
-maximum). A trace's times are its own (see ``alibaba_workload`` for the model
-of the Alibaba pod list, whose times are not a schedule).
+a ``Workload``: the stimuli to feed the core, in order, and each job's
+recorded runs. A log's stimuli are its events that are not decisions
+(``events.is_stimulus``); a clock that stepped back is flattened.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from eventsched.projections.cluster import runtime_key
 from eventsched.storage import log as eventlog
 
 __all__ = ["ReplayError", "Attempt", "Workload", "load_source", "log_workload", "trace_workload", "csv_workload",
-           "alibaba_workload", "parse_fake_gpus"]
+           "alibaba_workload"]
 
 # ordering classes at equal times: recorded inputs (by seq) first, then
 # simulated process ends, then arrivals of a trace, then the clock
@@ -46,8 +40,7 @@ class ReplayError(Exception):
 
 
 class Attempt(msgspec.Struct, frozen=True, kw_only=True):
-    """One recorded run of a job: times are absolute recorded times (or, for a
-    trace, relative to a placement at 0). ``None`` = it did not happen."""
+    """One recorded run of a job (a trace's times are relative to a placement at 0; None: did not happen)."""
 
     placed: float
     started: float | None = None
@@ -60,8 +53,7 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     signal: int | None = None
     reason: str = ""
     lost: bool = False
-    # the daemon's own share of placement-to-start: started minus the later of
-    # placed and the start before it (its launcher starts one process at a time)
+    # the launcher's own share of placement-to-start (it starts one process at a time)
     launch_s: float | None = None
 
 
@@ -81,14 +73,6 @@ class Workload(msgspec.Struct, kw_only=True):
     default_runtime: float = 3600.0  # for jobs that never ran in the recording
     runtime_by_key: dict[str, float] = {}
     notes: list[str] = []
-
-
-def parse_fake_gpus(text: str) -> tuple[int, int]:
-    """``fake:N[:MIB]`` -> (N, MIB), as a replay error."""
-    try:
-        return units.parse_fake_gpus(text)
-    except units.UnitError as exc:
-        raise ReplayError(str(exc)) from None
 
 
 def _log_dir_of(path: Path) -> Path | None:
@@ -119,14 +103,14 @@ def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed
 
     try:
         if {"submit_time", "duration", "gpus"} <= columns:
-            n, mib = parse_fake_gpus(gpus) if gpus else (8, 81_920)
+            n, mib = units.parse_fake_gpus(gpus) if gpus else (8, 81_920)
             return csv_workload(path, n, mib, nodes)
         if {"name", "num_gpu", "gpu_milli"} <= columns:
             node_csv = path.parent / "openb_node_list_gpu_node.csv"
             if not node_csv.is_file():
                 raise ReplayError(f"{path}: an Alibaba pod list needs {node_csv.name} next to it")
             return alibaba_workload(path, node_csv, seed=seed)
-    except TraceError as e:
+    except (TraceError, units.UnitError) as e:
         raise ReplayError(str(e)) from None
     raise ReplayError(
         f"{path}: not a trace I know (a plain CSV needs the header submit_time,duration,gpus; "
@@ -170,21 +154,19 @@ _INPUTS: dict[type, Callable[[Any], Any]] = {
 
 
 def _legacy_command(e: ev.Event) -> bool:
-    """In a log written before commands and causes were recorded, a user's
-    cancel, hold or release is the per-job event itself (one per job)."""
+    """Is ``e`` a user's command in a log from before commands and causes were recorded?"""
     if isinstance(e, ev.JobCancelRequested):
         return e.reason == "cancelled" and not e.cause.startswith("dependency:")
     return not e.cause.startswith(("dependency:", "seq:"))
 
 
 def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
-    """Read a recorded log into stimuli and per-job attempts (see the module docstring)."""
+    """Read a recorded log into stimuli and per-job attempts."""
     try:
         events = [e for batch in eventlog.read_batches(log_dir) for e in batch]
     except eventlog.LogError as err:
         raise ReplayError(f"{log_dir}: cannot read the log: {err}") from None
-    # a log from before causes were recorded: its user commands are per-job
-    # events, and when its timers fired is not known (see Workload.timer_times)
+    # from before causes were recorded: commands are per-job events, timers unknown
     legacy = not any(e.cause.startswith("seq:") for e in events)
     stimuli: list[tuple[float, int, float, Any]] = []
     attempts: dict[int, list[dict[str, Any]]] = {}
@@ -357,8 +339,7 @@ def trace_workload(name: str, kind: str, jobs: Sequence[Any], machine: list[tupl
 
 
 def _trace_submit(spec: ev.JobSpec) -> Submit:
-    """A trace row's submission, normalised once here rather than at every
-    replay; a row with a value of no valid type is left for the core to refuse."""
+    """A trace row's submission, normalised once here; one of no valid type is left for the core to refuse."""
     try:
         return Submit(spec=ev.normalise_spec(spec), by="trace", normalised=True)
     except (msgspec.ValidationError, TypeError):
@@ -366,8 +347,7 @@ def _trace_submit(spec: ev.JobSpec) -> Submit:
 
 
 def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int = 1) -> Workload:
-    """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each
-    (``replay --nodes K``; one machine is ``local``, several ``node-0``...)."""
+    """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each (one is ``local``, several ``node-0``...)."""
     from eventsched.sim.traces import load_csv
 
     if nodes < 1:
@@ -396,26 +376,9 @@ def alibaba_workload(
     pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str], *, seed: int = 0,
     load: float = ALIBABA_LOAD, node_share: float = ALIBABA_NODE_SHARE,
 ) -> Workload:
-    """The openb pods as a dynamic workload on the openb GPU nodes.
-
-    The trace's time columns are not a schedule (censored, a snapshot of pods
-    alive at the end, as the trace's README says), so this model is synthetic:
-
-    - the cluster is a seeded sample of ``node_share`` (1/16) of the nodes,
-      the same share of every node shape: the whole pod list fits the whole
-      cluster at once (98 % of its GPUs), so on all of it nothing would wait;
-    - every GPU pod arrives once, in the trace's order (= creation order);
-      CPU-only pods (num_gpu = 0) are left out: they use no GPU; pods larger
-      than any sampled node are left out too;
-    - durations are drawn (seeded) from the observed lifetimes
-      deletion - creation of the pods that *finished* (Succeeded / Failed),
-      the only uncensored durations in the trace, capped at 1 hour (so that
-      the stream reaches a steady state well within its span);
-    - arrivals are a Poisson process whose rate makes the offered GPU load
-      (sum of gpus x duration over capacity x span) equal to ``load`` (0.95);
-    - a pod asks num_gpu whole GPUs, or gpu_milli/1000 of one GPU; CPU and
-      host memory are not modelled (our scheduler has none), nor GPU models.
-    """
+    """The openb pods as a dynamic workload on a seeded sample of the openb GPU
+    nodes, with a synthetic schedule: the trace's times are censored, not a
+    schedule. The model: replays/README.md (the Alibaba trace as a dynamic workload)."""
     from eventsched.sim.traces import AlibabaNode, TraceJob, load_alibaba
 
     pods, nodes = load_alibaba(pod_csv, node_csv)

@@ -1,15 +1,9 @@
-"""The FGD paper's static experiment (Weng et al., ATC '23, Figure 9(a)).
-
-Pods of the Alibaba openb trace arrive one at a time in random order, are
-placed once on a 1,213-node cluster by a scoring policy (or dropped), and never
-leave. The metric, the share of GPU capacity unallocated when arrived demand
-reaches 100 % of capacity, median over seeds, is compared with the paper.
-Section numbers refer to replays/alibaba-fgd/README.md.
-
-Randomness follows the FGD simulator's *procedure* over Go's math/rand
-(`GoLikeRand`), but the bits come from Python's Mersenne Twister (Go's seeding
-table cannot be regenerated): a seed gives a different but identically
-distributed run, so compare medians over seeds, not single seeds.
+"""The FGD paper's static experiment (Weng et al., ATC '23, Figure 9(a)):
+Alibaba openb pods arrive in random order, are placed once or dropped, and
+never leave; the unallocated GPU share at 100 % arrived demand, median over
+seeds, is compared with the paper. Section numbers refer to
+replays/alibaba-fgd/README.md. ``GoLikeRand`` follows Go's draw procedure over
+Python's Mersenne Twister: compare medians over seeds, not single seeds.
 """
 
 from __future__ import annotations
@@ -193,8 +187,7 @@ class _FgdScorer:
         free, cpu, model, base = cl.free[idx], cl.cpu[idx], cl.model[idx], self.base[idx]
         inv = None
         if len(idx) > 32:
-            # Score depends on the multiset of free shares, CPU and model only:
-            # many nodes share a state (all idle G2 nodes, say), so score each once.
+            # a score depends only on the multiset of free shares, CPU and model: score each state once
             key = np.concatenate([np.sort(free, axis=1), cpu[:, None], model[:, None]], axis=1)
             _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
             free, cpu, model, base = free[first], cpu[first], model[first], base[first]
@@ -267,7 +260,7 @@ def _metric(arrived: np.ndarray, used: np.ndarray, capacity: int) -> dict[int, f
 
 def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: str,
             seed: int, tune: float = 1.3) -> SeedRun:
-    """One policy, one seed. `pods` in any order (they are sorted by name first)."""
+    """One policy, one seed; `pods` in any order."""
     _check(policy)
     pods = sorted(pods, key=lambda p: p.name)
     models = sorted({x.model for x in nodes})
@@ -349,7 +342,6 @@ def _median(values: list[float]) -> float:
 
 def run_static(pod_csv: str, node_csv: str, policies: list[str], seeds: list[int],
                tune: float = 1.3) -> StaticResult:
-    """Run the experiment for each policy over each seed (TraceError on a bad file)."""
     for pol in policies:
         _check(pol)
     if not seeds:
@@ -380,12 +372,10 @@ def run_static(pod_csv: str, node_csv: str, policies: list[str], seeds: list[int
 
 
 def result_dict(result: StaticResult) -> dict:  # type: ignore[type-arg]
-    """JSON-ready dict of a result (int keys become strings)."""
     return msgspec.to_builtins(result, str_keys=True)  # type: ignore[no-any-return]
 
 
 def format_table(result: StaticResult) -> str:
-    """Our unallocated-GPU % next to the paper's, one row per policy."""
     rows = []
     for pr in result.policies:
         ours = pr.median.get(100, float("nan"))

@@ -1,30 +1,9 @@
 """Trace importers: the Alibaba "openb" GPU trace and a plain CSV of jobs.
 
-Plain CSV format (for users bringing their own workload)
---------------------------------------------------------
-A header line is required; columns are matched by name, in any order::
-
-    submit_time,duration,gpus[,gpu_mem,user,priority,tenant]
-
-- ``submit_time``: seconds (float >= 0) from any origin; rows need not be sorted.
-- ``duration``: run time in seconds (float > 0).
-- ``gpus``: 0 for a CPU-only job; 0 < gpus < 1 for a share of one GPU (e.g. 0.5);
-  an integer >= 1 for that many whole GPUs (1.5 is an error).
-- ``gpu_mem`` (optional): GPU memory per GPU in MiB (integer >= 0; empty = 0).
-- ``user`` (optional): any string; empty = "".
-- ``priority`` (optional): integer, higher runs first; empty = 0.
-- ``tenant`` (optional): the tenant the job asks for (``--tenant``); with
-  ``replay --config`` tenants, a user's own tenant is used when empty.
-
-Blank lines and lines starting with ``#`` are skipped. A bad row raises
-``TraceError`` with one line naming the file, the line number and the problem,
-e.g. ``jobs.csv:7: duration must be > 0, got '-3'``.
-
-Alibaba openb trace
--------------------
-``load_alibaba(pod_csv, node_csv)`` reads ``openb_pod_list_*.csv`` and
-``openb_node_list_*.csv`` (the trace's README gives the columns and the
-caveats: the time columns are censored and are not a replayable schedule).
+The plain CSV (``submit_time,duration,gpus[,gpu_mem,user,priority,tenant]``,
+columns by name, ``#`` comments) is described in replays/README.md; a bad row
+raises ``TraceError`` naming the file and line. ``load_alibaba`` reads the
+openb pod and node lists, whose time columns are censored, not a schedule.
 """
 
 from __future__ import annotations
@@ -37,8 +16,7 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = ["TraceError", "AlibabaPod", "AlibabaNode", "TraceJob", "load_alibaba", "load_alibaba_pods",
-           "load_alibaba_nodes", "load_csv"]
+__all__ = ["TraceError", "AlibabaPod", "AlibabaNode", "TraceJob", "load_alibaba", "load_csv"]
 
 
 class TraceError(ValueError):
@@ -139,7 +117,9 @@ _POD_COLS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 _NODE_COLS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 
 
-def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
+def load_alibaba(pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str]
+                 ) -> tuple[list[AlibabaPod], list[AlibabaNode]]:
+    """Read an openb pod list and node list. Raises TraceError on a bad row."""
     pods: list[AlibabaPod] = []
     for n, r in _rows(pod_csv, _POD_COLS):
         k = _count(pod_csv, n, r, "num_gpu")
@@ -155,23 +135,11 @@ def load_alibaba_pods(pod_csv: str | os.PathLike[str]) -> list[AlibabaPod]:
             num_gpu=k, gpu_milli=g,
             gpu_spec=tuple(s for s in r.get("gpu_spec", "").split("|") if s), qos=r.get("qos", ""),
             pod_phase=r.get("pod_phase", r.get("pod_phrase", "")), **times))
-    return pods
-
-
-def load_alibaba_nodes(node_csv: str | os.PathLike[str]) -> list[AlibabaNode]:
-    nodes: list[AlibabaNode] = []
-    for n, r in _rows(node_csv, _NODE_COLS):
-        gpus = _field(node_csv, n, r, "gpu", int, lambda v: 0 <= v <= 64, "in 0..64")
-        nodes.append(AlibabaNode(
-            name=r["sn"], cpu_milli=_count(node_csv, n, r, "cpu_milli"), memory_mib=_count(node_csv, n, r, "memory_mib"),
-            gpus=gpus, model=r["model"]))
-    return nodes
-
-
-def load_alibaba(pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str]
-                 ) -> tuple[list[AlibabaPod], list[AlibabaNode]]:
-    """Read an openb pod list and node list. Raises TraceError on a bad row."""
-    return load_alibaba_pods(pod_csv), load_alibaba_nodes(node_csv)
+    nodes = [AlibabaNode(gpus=_field(node_csv, n, r, "gpu", int, lambda v: 0 <= v <= 64, "in 0..64"), name=r["sn"],
+                         cpu_milli=_count(node_csv, n, r, "cpu_milli"), memory_mib=_count(node_csv, n, r, "memory_mib"),
+                         model=r["model"])
+             for n, r in _rows(node_csv, _NODE_COLS)]
+    return pods, nodes
 
 
 def _gpus_ok(v: float) -> bool:

@@ -1,15 +1,15 @@
 """What-if: the metrics of replays (or of a real log), side by side.
 
-``metrics_from_log(log_dir)`` is a pure fold over one log's events (the read
-model computes the same waits by SQL; a test checks they agree). Every metric
-is a function of the schedule alone (``_SCHEDULE``), so a daemon's log and its
-exact replay give identical figures; docs/whatif-metrics.md defines each one.
+Every metric is a pure fold of the schedule alone (``_SCHEDULE``), so a
+daemon's log and its exact replay give identical figures; docs/whatif-metrics.md
+defines each one.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,9 +29,8 @@ NUMPY_FROM = 256  # GPUs from which the fragmentation scan uses numpy
 _JOB_EVENTS: frozenset[type] = frozenset({
     ev.JobSubmitted, ev.JobPlaced, ev.JobStarted, ev.JobExited, ev.JobLost, ev.JobCancelled, ev.JobRequeued,
 })
-# everything the metrics read: the schedule and the GPUs it ran on. Samples,
-# timer facts, daemon starts and stops are left out: a daemon logs them at
-# other times than a simulator, and no metric may depend on how a log was made.
+# the schedule and its GPUs; samples, timers, daemon starts and stops are left
+# out: a daemon logs them at other times than a simulator does
 _SCHEDULE: frozenset[type] = _JOB_EVENTS | frozenset({
     ev.JobHeld, ev.JobReleased, ev.JobUpdated, ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored,
 })
@@ -53,14 +52,13 @@ class Metrics(msgspec.Struct, kw_only=True):
     fragmentation: float = 0.0
     fairness: float = 1.0
     users: int = 0
-    # the same fairness over tenants, and per tenant: jobs, mean wait,
-    # GPU-hours and their share of all (every job counts for its tenant)
+    # per tenant: jobs, mean wait, GPU-hours and their share of all
     tenant_fairness: float = 1.0
     tenants: dict[str, dict[str, float]] = {}
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
+    """As numpy's default: linear between order statistics."""
     pos = q * (len(xs) - 1)
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
@@ -128,10 +126,7 @@ class _Frag:
         whole_min = min((k for (k, m) in self.waiting if m >= FULL), default=1 << 30)
         if len(self.free) >= NUMPY_FROM:
             return self._measure_np(frac_min, whole_min)
-        full_on: dict[str, int] = {}
-        for (node, _), f in self.free.items():
-            if f == FULL:
-                full_on[node] = full_on.get(node, 0) + 1
+        full_on = Counter(node for (node, _), f in self.free.items() if f == FULL)
         total = unusable = 0
         for (node, _), f in self.free.items():
             if f > 0:
@@ -160,13 +155,11 @@ def _shape(g: float) -> tuple[int, int]:
 
 
 def metrics_from_log(log_dir: str | os.PathLike[str]) -> Metrics:
-    """The what-if metrics of one log (a replay's or a real daemon's)."""
     return metrics_from_events(eventlog.read(log_dir))
 
 
 def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Metrics:
-    """The metrics of ``events``. Each job's state (in ``states``, when given)
-    moves by the one transition table; an event that does not fit it is left out."""
+    """The metrics of ``events``; an event the transition table refuses is left out."""
     state: dict[int, str] = {} if states is None else states
     stop: dict[int, str] = {}  # why each running job was asked to stop, if it was
     submitted: dict[int, float] = {}
@@ -206,8 +199,7 @@ def metrics_from_events(events: Any, states: dict[int, str] | None = None) -> Me
         if tp not in _SCHEDULE:
             continue  # samples, timers, daemon starts: when they were logged is not the schedule
         ts = e.ts
-        # integrate only inside [first submission, ...]; idle time before
-        # the first submission or after the last job event is not the schedule's
+        # integrate from the first submission: idle time before it is not the schedule's
         if first_ts is not None and clock is not None and ts > clock:
             frag.advance(ts - clock)
         clock = ts if clock is None else max(clock, ts)
@@ -294,9 +286,8 @@ def _jain(spans: list[tuple[int, float, float, float]], submitted: dict[int, flo
 
 def _per_tenant(spans: list[tuple[int, float, float, float]], tenant: dict[int, str], submitted: dict[int, float],
                 first_start: dict[int, float], window: float) -> dict[str, dict[str, float]]:
-    """Per tenant: jobs, mean wait, GPU-hours in all, and its share of the
-    GPU-hours run in the arrival window (once every job has run, everyone had
-    all they asked: the window is where a policy's choice shows)."""
+    """Per tenant: jobs, mean wait, GPU-hours, and its share of those run in the arrival
+    window (where a policy's choice shows: in the end everyone had all they asked)."""
     out: dict[str, dict[str, float]] = {}
     for job, t in tenant.items():
         row = out.setdefault(t, {"jobs": 0, "waits": 0, "wait_sum": 0.0, "gpu_hours": 0.0, "in_window": 0.0})
@@ -327,9 +318,8 @@ ROWS: list[tuple[str, str, str]] = [
 
 
 def compare(results: Sequence[Any], *, baseline: tuple[str, str | os.PathLike[str]] | None = None) -> dict[str, Any]:
-    """A JSON-ready comparison of replays (``replay.ReplayResult``s), each
-    measured from its own log; ``baseline`` = (label, log dir) adds a column
-    for a recording itself."""
+    """A JSON-ready comparison of replays, each measured from its own log;
+    ``baseline`` = (label, log dir) adds a column for a recording itself."""
     rows = []
     if baseline is not None:
         rows.append({"policy": baseline[0], "log": str(baseline[1]), **msgspec.to_builtins(metrics_from_log(baseline[1]))})
@@ -350,7 +340,6 @@ def _fmt(value: Any, how: str) -> str:
 
 
 def format_comparison(table: dict[str, Any]) -> str:
-    """The comparison as a text table: one column per replay."""
     cols = table["replays"]
     rows = [[label, *(_fmt(c.get(key), how) for c in cols)] for key, label, how in ROWS]
     tenants = sorted({t for c in cols for t in (c.get("tenants") or {})})
