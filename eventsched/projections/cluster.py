@@ -1,14 +1,7 @@
-"""The allocation projection: nodes -> GPUs, jobs, shares and memory reservations.
-
-``apply(state, event)`` folds one event into a mutable ``ClusterState``. It is the
-only code that changes a ``ClusterState``; the core (``core.handle``) calls it
-for every event it produces, the engine for the log's tail at start-up, the
-simulator for a replay. Shares are kept in integer milli-GPU (1000 = one GPU)
-so that sums never drift.
-
-Besides the facts, the state keeps a few indices derived from them (queue order,
-dependents, runtime history): they are rebuilt from the facts when a snapshot
-is loaded, and ``validate_state`` checks that they agree.
+"""The allocation projection: ``apply(state, event)`` folds one event into a
+mutable ``ClusterState``, the only code that changes one. Shares are integer
+milli-GPU (1000 = one GPU) so that sums never drift. The indices derived from
+the facts are rebuilt when a snapshot loads; ``validate_state`` checks them.
 """
 
 from __future__ import annotations
@@ -59,22 +52,16 @@ class ClusterState:
         self.recent_shapes: deque[tuple[int, int]] = deque(maxlen=RECENT_SHAPES)
         self.stats = RuntimeStats()
         self.tenants: dict[str, Tenant] = {}  # as last configured
-        # tenant -> what it holds and its recent use (recent use is history:
-        # kept in snapshots; what it holds is rebuilt from the running jobs)
+        # tenant -> what it holds (rebuilt from the running jobs) and its recent use (in snapshots)
         self.usage: dict[str, TenantUsage] = {}
-        # job -> its true duration: set only by a replay, for the sjf-oracle
-        # reference policy (not a fact: never in a snapshot or the log)
+        # not facts, never in a snapshot: a replay's true durations and GPU pauses ahead
+        # (paused at, resumed at, node, GPU) for the sjf-oracle policy
         self.oracle: dict[int, float] = {}
-        # and the operators' GPU pauses ahead: (paused at, resumed at, node, GPU)
         self.oracle_pauses: list[tuple[float, float, str, int]] = []
-        # set by the core only while it places, after everyone else's, the jobs of
-        # tenants whose budget is spent and whose action is lower-priority (not a fact)
+        # set by the core only while it places the jobs of tenants whose budget is spent (not a fact)
         self.placing_lowered: bool = False
-        # the cluster's nodes as their events said (a single
-        # machine has none here: its one node is ``self.node``)
-        self.nodes: dict[str, NodeInfo] = {}
-        # the daemon runs on a Ray cluster (its last start said so): nodes may
-        # join later, so a job larger than the nodes up now may wait for one
+        self.nodes: dict[str, NodeInfo] = {}  # a cluster's nodes (a single machine has none)
+        # on a Ray cluster nodes may join later: a job larger than the nodes up now may wait
         self.cluster: bool = False
         self.reservations: dict[int, ev.ReservationCreated] = {}  # booked GPUs, not cancelled
         self.last_reservation: int = 0  # the highest reservation id given
@@ -92,12 +79,9 @@ class ClusterState:
         self.queue = QueueIndex(self.config.aging_per_hour, self.config.aging_tiers)
         self.running: dict[int, None] = {}  # running job ids (order not meaningful)
         self.array_running: dict[int, int] = {}  # capped array id -> its tasks running
-        # running jobs by predicted end, (Job.predicted_end, id), sorted: a gang
-        # reservation reads the first few ends instead of sorting them all
+        # running jobs as (predicted end, id), sorted: a gang reservation reads the first few
         self.ends: list[tuple[float, int]] = []
-        # running jobs a preemption may look at, so that a decision need not
-        # walk every running job: --preemptible ones, each tenant's, and those
-        # being preempted now
+        # running jobs a preemption may look at without walking them all
         self.running_preemptible: dict[int, None] = {}
         self.running_of_tenant: dict[str, dict[int, None]] = {}
         self.being_preempted: dict[int, None] = {}
@@ -105,19 +89,17 @@ class ClusterState:
         for usage in self.usage.values():
             usage.milli = usage.mem = usage.jobs = 0
         self.backoff: dict[int, None] = {}  # queued jobs with a not_before
-        # array id -> its tasks that have ended: what `queue` folds an array
-        # into, without walking the array's tasks on every listing
+        # array id -> its tasks that have ended (what `queue` folds an array into)
         self.array_ended: collections.Counter[int] = collections.Counter(
             j.spec.array_id for j in self.jobs.values() if j.spec.array_index >= 0 and j.state in FINAL
         )
         self.queued_with_deps: dict[int, None] = {}  # queued jobs with --after: maybe not eligible yet
-        # running jobs with a time limit and no stop asked yet -> when it falls due;
-        # the heap finds the earliest (entries that no longer match are dropped when met)
+        # running jobs with a time limit and no stop asked -> when it falls due; the heap
+        # finds the earliest (stale entries are dropped when met)
         self.deadlines: dict[int, float] = {}
         self._due: list[tuple[float, int]] = []
-        # running jobs whose GPUs are all quiet -> when they count as
-        # idle (a heap finds the earliest, as for deadlines); running jobs
-        # flagged idle and not being stopped; jobs being stopped for being idle
+        # running jobs whose GPUs are all quiet -> when they count as idle (a heap as
+        # above); those flagged idle and not being stopped; those stopped for it
         self.idle_due: dict[int, float] = {}
         self._idle_heap: list[tuple[float, int]] = []
         self.idle_jobs: dict[int, None] = {}
@@ -207,9 +189,8 @@ class ClusterState:
                 self.array_running.pop(aid, None)
 
     def _stopped_preempting(self, job: Job) -> None:
-        """``job`` is no longer being preempted. Once the last victim has
-        stopped, the room is whole and no longer held: the job it was made for
-        is first in line for it at this very decision."""
+        """``job`` is no longer being preempted. After the last victim the room
+        is whole and no longer held: its job is first in line for it now."""
         if self.being_preempted.pop(job.id, 0) is None and not self.being_preempted:
             for waiting in self.making_room:
                 self.jobs[waiting].room = []
@@ -235,8 +216,7 @@ class ClusterState:
 
     def quiet_since(self, job: Job) -> float | None:
         """Since when every GPU of running ``job`` has been at most
-        ``idle_utilization_pct`` busy (None: one is busy, or never sampled).
-        O(GPUs of the job)."""
+        ``idle_utilization_pct`` busy (None: one is busy, or never sampled)."""
         if not job.gpu_ids:
             return None
         since = job.started_at or 0.0
@@ -288,7 +268,6 @@ class ClusterState:
         elif i is not None:
             cap.set_gpu(i, FULL - gpu.used_milli, free_memory_of(gpu))
 
-
     def gpu(self, node: str, gpu: int) -> Gpu:
         try:
             return self.gpus[(node, gpu)]
@@ -327,7 +306,6 @@ class ClusterState:
         if not isinstance(other, ClusterState):
             return NotImplemented
         return snapshot_bytes(self) == snapshot_bytes(other)
-
 
 
 def _gpu_order(gpu: Gpu) -> tuple[str, int]:
@@ -720,9 +698,8 @@ _HANDLERS: dict[type, Any] = {
 
 def nodes_view(state: ClusterState, now: float | None = None,
                lease_ages: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """Each node (a cluster's, else the one machine): its name, state, its
-    GPUs (usable / all), the jobs running on it; ``lease_ages``: seconds since
-    the daemon's last exchange with each node (the daemon's, not the log's)."""
+    """Each node (a cluster's, else the one machine) with its state, GPUs and
+    jobs; ``lease_ages``: seconds since the daemon's last exchange with each."""
     ages = lease_ages or {}
     names = set(state.nodes) | set(state.node_gpus)
     if not state.nodes:
@@ -770,7 +747,6 @@ def _node_state(state: ClusterState, info: NodeInfo | None, gpus: list[Any], now
     if lease_s > 0 and max(gone, age or 0.0) >= lease_s:
         return "fenced"
     return "down"
-
 
 
 _snap_encoder = msgspec.msgpack.Encoder()
@@ -821,10 +797,8 @@ def state_from_snapshot(data: bytes) -> ClusterState:
     return state
 
 
-
 def validate_state(state: ClusterState) -> None:
-    """Raise AssertionError when an invariant does not hold (tests call it
-    after every step)."""
+    """Raise AssertionError when an invariant does not hold (tests call it after every step)."""
     used: dict[tuple[str, int], int] = {key: 0 for key in state.gpus}
     mem: dict[tuple[str, int], int] = {key: 0 for key in state.gpus}
     on: dict[tuple[str, int], list[int]] = {key: [] for key in state.gpus}
@@ -859,33 +833,21 @@ def validate_state(state: ClusterState) -> None:
     fresh = ClusterState()
     fresh.config, fresh.gpus, fresh.jobs = state.config, state.gpus, state.jobs
     fresh._derive()
-    assert state.gpu_list == fresh.gpu_list, "GPU list out of order"
     assert +state.array_ended == fresh.array_ended, "ended array tasks out of step"
-    assert state.node_gpus == fresh.node_gpus, "per-node GPU lists out of step"
     assert state.capacity.same(fresh.capacity), "capacity index out of step"
-    assert state.queue.shape_queue == fresh.queue.shape_queue, "per-shape queues out of step"
-    # the orders built on demand: built here if they were not (and kept in step from then on)
-    assert state.queue.by_priority == fresh.queue.by_priority, "priority order out of step"
-    assert state.queue.by_order == fresh.queue.by_order, "submission order out of step"
-    assert state.queue.by_rkey == fresh.queue.by_rkey, "runtime groups out of step"
-    assert state.queue.shape_rkey == fresh.queue.shape_rkey, "per-shape runtime groups out of step"
-    assert state.deadlines == fresh.deadlines, f"deadlines {state.deadlines} != {fresh.deadlines}"
+    for name in ("gpu_list", "node_gpus", "deadlines", "backoff", "array_running", "ends", "running_preemptible",
+                 "running_of_tenant", "being_preempted", "making_room", "idle_due", "idle_jobs", "reclaiming"):
+        mine, theirs = getattr(state, name), getattr(fresh, name)
+        assert mine == theirs, f"{name} out of step: {mine} != {theirs}"
+    # the queue's orders built on demand: built here if they were not (and kept in step from then on)
+    for name in ("shape_queue", "by_priority", "by_order", "by_rkey", "shape_rkey"):
+        assert getattr(state.queue, name) == getattr(fresh.queue, name), f"queue's {name} out of step"
     assert set(state.deadlines.items()) <= set((j, d) for d, j in state._due), "a deadline missing from the heap"
     assert state.next_time_limit() == min(fresh.deadlines.values(), default=None)
     for (node, mib), hit in state.fit_cache.items():
         assert hit == fresh.fit(node, mib), f"stale fit cache for {node!r}, {mib} MiB"
-    assert state.backoff == fresh.backoff, "backoff index out of step"
-    assert state.array_running == fresh.array_running, "array running counts out of step"
-    assert state.ends == fresh.ends, "running jobs' predicted ends out of step"
-    assert state.running_preemptible == fresh.running_preemptible, "preemptible running jobs out of step"
-    assert state.running_of_tenant == fresh.running_of_tenant, "running jobs by tenant out of step"
-    assert state.being_preempted == fresh.being_preempted, "jobs being preempted out of step"
-    assert state.making_room == fresh.making_room, "jobs a preemption makes room for out of step"
     assert not state.making_room or state.being_preempted, "room held with no preemption stopping"
-    assert state.idle_due == fresh.idle_due, f"idle due {state.idle_due} != {fresh.idle_due}"
     assert state.next_idle_due() == min(fresh.idle_due.values(), default=None), "idle heap out of step"
-    assert state.idle_jobs == fresh.idle_jobs, "idle jobs out of step"
-    assert state.reclaiming == fresh.reclaiming, "jobs being reclaimed out of step"
     held = {t: u.held() for t, u in state.usage.items() if u.held() != (0, 0, 0)}
     fresh_held = {t: u.held() for t, u in fresh.usage.items() if u.held() != (0, 0, 0)}
     assert held == fresh_held, f"tenant usage {held} != {fresh_held}"

@@ -1,26 +1,11 @@
 """The cyclic garbage collector and a big state (figures: docs/measured-choices.md).
 
-A state of 100,000 queued jobs is millions of long-lived objects that make
-almost no reference cycles, yet CPython walks every one of them in each full
-collection, with the loop stopped, to free next to nothing. Hence:
-
-- ``paused()``: bulk work that makes no cycles worth chasing (loading a
-  snapshot and the log's tail, a replay, the history fold, a forecast's copy
-  and run) runs without the collector; what it made goes straight to the
-  oldest generation (else the first young pass after walks all of it, only to
-  move it on);
-- ``freeze_survivors()``: what is alive after a load moves to the permanent
-  generation (``gc.freeze``), which no collection walks again; reference
-  counting still frees it. ``freezing_after_full_collections()`` does the same
-  after each full collection, so each full pass walks only what was made since
-  the last one: its pause no longer grows with the backlog;
-- ``fewer_young_passes()``: while serving, a young pass comes every 10,000
-  allocations instead of 700, since each pass costs more as the state grows.
-  Young garbage waits a little longer to be found.
-
-The price: a reference cycle among frozen objects that later becomes garbage
-is never collected. The state makes next to none; asyncio's transports break
-theirs when a connection closes.
+A big state is millions of long-lived objects that make almost no reference
+cycles, yet each full collection walks them all, with the loop stopped. So bulk
+work runs with the collector paused, survivors are frozen (``gc.freeze``: no
+collection walks them again, reference counting still frees them) and young
+passes come less often. The price: a cycle among frozen objects that later
+becomes garbage is never collected; the state makes next to none.
 """
 
 from __future__ import annotations
@@ -40,11 +25,9 @@ _frozen = False
 
 @contextmanager
 def paused() -> Iterator[None]:
-    """No cyclic collection inside; whatever garbage there is goes at the next
-    full pass after. What was made inside moves to the oldest generation in
-    O(1) (freeze, then unfreeze), not walked by the next young pass; not when
-    this module froze something already: unfreezing would hand that back to
-    full passes."""
+    """No cyclic collection inside. What was made inside moves to the oldest
+    generation in O(1) (freeze, then unfreeze), else the next young pass walks
+    it all; not once this module froze something: unfreezing would hand that back."""
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -1,27 +1,12 @@
-"""The DuckDB read model: the whole event log folded into tables people query.
+"""The DuckDB read model: the whole event log folded into tables people query
+(schema, units and the locking protocol: ``docs/history-schema.md``).
 
-Schema and example queries: ``docs/history-schema.md``. Times are DOUBLE UNIX
-seconds (like ``queue --json``); durations are seconds; views add DATE /
-TIMESTAMP columns (UTC) where grouping by calendar time is the point.
-
-The tables and views are ``history_schema``'s; catch-up folds the log's
-frames into them (``history_frames``, ``history_fold``), recording the last
-sequence included in ``_position`` in the same transaction as the rows.
-
-Ownership and concurrency
--------------------------
-DuckDB allows one read-write process per file, or many read-only ones. The file
-``<state-dir>/history.duckdb`` belongs to nobody in particular: whoever wants a
-current view (the ``sql`` command, ``metrics``, the daemon's metrics endpoint)
-takes an exclusive ``flock`` on ``<state-dir>/history.lock``, opens the file
-read-write, catches up from the log, closes it, then holds a *shared* flock
-while it reads through a read-only connection. Readers therefore run side by
-side; a writer waits for them. If the exclusive lock cannot be had in time
-(readers keep it busy) and the file is behind the log, or the file is held by
-a process outside this protocol, the reader copies the file (or, failing that,
-nothing) into a private in-memory database and catches that up from the log:
-always correct and current, only slower. No long-lived process keeps the file
-open, so the daemon never blocks ``eventsched sql``.
+DuckDB allows one read-write process per file, or many read-only ones, so the
+file belongs to nobody: whoever wants a current view catches it up under an
+exclusive ``flock`` of ``history.lock``, then reads it read-only under a shared
+one. Whoever cannot write it in time answers from a private in-memory copy
+caught up from the log: as current, only slower. No long-lived process keeps
+the file open, so the daemon never blocks ``eventsched sql``.
 """
 
 from __future__ import annotations
@@ -54,7 +39,6 @@ class HistoryError(Exception):
     """A problem a user can act on (missing state dir, unreadable log)."""
 
 
-
 def _log_frames(log_dir: Path, from_seq: int) -> Iterator[Frame]:
     if not log_dir.is_dir():
         return iter(())
@@ -69,7 +53,6 @@ def _log_last_seq(log_dir: Path) -> int:
     from eventsched.storage import log
 
     return int(log.last_seq(log_dir))
-
 
 
 def _flock(fd: int, kind: int, timeout_s: float) -> bool:
@@ -148,7 +131,6 @@ def _is_lock_conflict(exc: duckdb.Error) -> bool:
     return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
 
 
-
 class History:
     """A handle on the read model of one state directory; it keeps no
     connection open between calls, so a long-lived holder never blocks readers."""
@@ -162,8 +144,7 @@ class History:
         self.db_path = self.state_dir / DB_NAME
         self.lock_path = self.state_dir / LOCK_NAME
         self.lock_timeout_s = lock_timeout_s
-        # how long a reader waits to catch the file up before it reads a
-        # private copy instead (default: lock_timeout_s)
+        # how long a reader waits to catch the file up before it reads a private copy
         self.write_wait_s = lock_timeout_s if write_wait_s is None else write_wait_s
         self.force_memory = in_memory
         self._mem: duckdb.DuckDBPyConnection | None = None
@@ -202,9 +183,8 @@ class History:
             after = position(con)
             last = _log_last_seq(self.log_dir)
             if after > last:
-                # The model read a tail that never became durable (a reader
-                # can see a frame before its fdatasync) and a crash cut it
-                # from the log: the log is the truth, so start again from it.
+                # The model read a tail a crash then cut from the log (a reader can see
+                # a frame before its fdatasync): the log is the truth, start again from it.
                 con.close()
                 _drop_db(self.db_path)
                 _create_private_db(self.db_path)

@@ -1,8 +1,7 @@
-"""Folding the log into the read model: each chunk of events becomes Arrow
-columns per table (one bulk conversion per event type), inserted in large
-transactions together with the position they reach, so the file is always a
-fold of an exact prefix of the log. A writer thread inserts one chunk while
-the next is converted (DuckDB scans Arrow without the GIL)."""
+"""Folding the log into the read model: each chunk of events becomes columns
+per table, inserted in large transactions with the position they reach (the
+file is always the fold of an exact prefix of the log). A writer thread
+inserts one chunk while the next is converted."""
 
 from __future__ import annotations
 
@@ -28,16 +27,9 @@ from eventsched.projections.history_schema import (_GPUS_SQL, _JOBS_SQL, _PLACEM
 
 __all__ = ["fold", "fold_chunks", "ensure_schema", "position"]
 
-# Events turned into columns at a time during catch-up: big enough for
-# columnar inserts to pay, small enough to bound memory on a huge log.
-CHUNK_EVENTS = 100_000
-# Events per transaction: the position is committed with the rows as always,
-# only less often during a long catch-up (see _Writer).
-COMMIT_EVENTS = 1_000_000
+CHUNK_EVENTS = 100_000  # big enough for columnar inserts to pay, small enough to bound memory
+COMMIT_EVENTS = 1_000_000  # per transaction (see _Writer)
 
-# Per event, Python touches each object once: ``msgspec.structs.astuple`` (C)
-# makes a tuple and numpy turns a bucket of tuples into a record array in one
-# call; constant columns (an event's type name, NULLs) are SQL literals.
 _UNSAFE = re.compile(r"[^\w@%+=:,./ -]", re.ASCII).search
 
 
@@ -54,7 +46,7 @@ def _ids(ids: list[int] | None) -> str | None:
 
 
 def _obj(values: list[Any]) -> np.ndarray:
-    # object arrays keep None as NULL for integers and strings alike
+    """An object array: it keeps None as NULL for integers and strings alike."""
     arr = np.empty(len(values), dtype=object)
     arr[:] = values
     return arr
@@ -86,9 +78,9 @@ def _clamped(row: tuple[Any, ...], dtype: np.dtype) -> tuple[Any, ...]:
 
 
 def _records(structs: list[Any]) -> np.ndarray:
-    """A record array of same-typed structs, in the structs' field order.
-    Integers beyond int64 (old logs predate the submission bounds) are
-    clamped: one absurd number costs its own precision, not the read model."""
+    """A record array of same-typed structs (``astuple`` in C, one numpy call).
+    Integers beyond int64 are clamped: one absurd number costs its own precision,
+    not the read model."""
     struct_type: type = type(structs[0])  # annotated: mypy then sees it as the hashable cache key
     dtype = _record_type(struct_type)
     rows = list(map(msgspec.structs.astuple, structs))
@@ -136,10 +128,8 @@ class _Chunk:
 
     def inserts(self) -> tuple[list[tuple[str, Columns]], np.ndarray]:
         """(table, columns) to append, and the ids of the jobs they touch."""
-        out: list[tuple[str, Columns]] = []
         jobs: list[np.ndarray] = []
-        for t, events in self.buckets.items():
-            out.extend(_build(t, events, jobs))
+        out = [insert for t, events in self.buckets.items() for insert in _build(t, events, jobs)]
         return out, _touched(jobs)
 
     def touches_gpus(self) -> bool:
@@ -240,7 +230,6 @@ _GPU_EVENTS = (ev.GpuDiscovered, ev.GpuPaused, ev.GpuResumed, ev.GpuErrored)
 _GPU_OPTIONAL = ("uuid", "model", "memory_total_mib", "by", "error", "lost")  # None where a type has none
 
 
-# GPU, daemon, tenant and forecast events are few: plain attribute access is fast enough.
 def _build_gpu_event(events: list[Any]) -> Iterable[tuple[str, Columns]]:
     rows = [(e.seq, e.ts, e.node, e.gpu, type(e).__name__, e.cause, *(getattr(e, k, None) for k in _GPU_OPTIONAL))
             for e in events]
@@ -299,20 +288,15 @@ _BUILDERS: dict[type, Callable[[Any], Iterable[tuple[str, Columns]]]] = {
 }
 
 
-def _schema_version(con: duckdb.DuckDBPyConnection) -> int | None:
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create (or, after a schema change, recreate) tables and views."""
     try:
         row = con.execute("SELECT schema_version FROM _position").fetchone()
     except duckdb.CatalogException:
-        return None
-    return None if row is None else int(row[0])
-
-
-def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create (or, after a schema change, recreate) tables and views."""
-    version = _schema_version(con)
-    if version == SCHEMA_VERSION:
+        row = None
+    if row is not None and row[0] == SCHEMA_VERSION:
         return  # DDL commits to the catalog: skip it on every routine catch-up
-    if version is not None:
+    if row is not None:
         for view in VIEWS:
             con.execute(f"DROP VIEW IF EXISTS {view}")
         for table in TABLES:
@@ -329,8 +313,7 @@ def position(con: duckdb.DuckDBPyConnection) -> int:
 
 
 class _Prepared(msgspec.Struct, frozen=True):
-    """A chunk turned into Arrow tables: the writer runs no Python per event and,
-    scanning Arrow rather than Python objects, mostly runs without the GIL."""
+    """A chunk as Arrow tables: the writer scans them mostly without the GIL."""
 
     inserts: list[tuple[str, pa.Table]]  # (INSERT ... SELECT ... FROM _chunk, its rows)
     touched: np.ndarray
@@ -357,15 +340,11 @@ def _prepare(chunk: _Events) -> _Prepared:
 
 
 class _Writer:
-    """Appends prepared chunks to the raw tables, COMMIT_EVENTS events per transaction.
-
-    The derived tables are refreshed once per transaction, for every job its
-    chunks touched, just before the commit that also records the position; big
-    transactions let DuckDB write whole row groups instead of through its WAL.
-    ``refresh_each_chunk`` refreshes ``jobs`` and ``placements`` after each
-    chunk instead, overlapping the conversion of the next one (pays where
-    converting is quick, the frame path); a job's rows depend on its own events
-    alone, so the last refresh leaves what one at the commit would.
+    """Appends prepared chunks, COMMIT_EVENTS events per transaction (whole row
+    groups, not the WAL); the derived tables are refreshed for the jobs touched
+    before the commit that records the position. ``refresh_each_chunk``
+    refreshes after each chunk instead, overlapping the next conversion: a job's
+    rows depend on its own events alone, so the last refresh leaves the same.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, refresh_each_chunk: bool = False) -> None:
@@ -447,9 +426,8 @@ class _Events(Protocol):
 
 
 def fold(con: duckdb.DuckDBPyConnection, batches: Iterable[list[ev.Event]], after_seq: int) -> int:
-    """Fold frames (events with seq > after_seq) into the model; returns events added.
-    On an error the open transaction is rolled back: the model stays the fold
-    of the prefix committed before it."""
+    """Fold frames (events with seq > after_seq) into the model; returns events
+    added. On an error the open transaction is rolled back."""
     return fold_chunks(con, _chunks(batches, after_seq))
 
 
@@ -486,8 +464,7 @@ def _threads(con: duckdb.DuckDBPyConnection, n: int | None) -> Iterator[None]:
 
 def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, refresh_each_chunk: bool = False,
                 threads: int | None = None) -> int:
-    """Insert chunks as they come (see ``fold``); returns events added.
-    ``refresh_each_chunk``: see ``_Writer``; ``threads``: DuckDB's meanwhile."""
+    """Insert chunks as they come (see ``fold``); ``threads``: DuckDB's meanwhile."""
     writer = _Writer(con, refresh_each_chunk)
     pending: Future[None] | None = None
     # the decoded events are acyclic and short-lived: the cyclic GC only rescans them

@@ -1,32 +1,22 @@
-"""Catch-up straight from the log's frames: the common events become columns
-without a Python object each.
+"""Catch-up straight from the log's frames (figures: docs/measured-choices.md).
 
-Decoding the log into msgspec structs and turning those into columns was
-most of a catch-up's time. The C extension ``_frames`` instead walks each
-frame's msgpack and appends the events of the types in ``_STORED`` (GPU
-samples and the job lifecycle: most events of a busy log) to column buffers,
-which become Arrow arrays here.
-
-Exactly the old fold, or no fast path:
-
-* the plan is read from the msgspec structs (names, kinds, defaults), and the
-  extension takes an event only if msgspec would decode it to the same
-  values; anything else (another type, an unknown or repeated key, a
-  non-empty nested field, an integer beyond what its column holds...) is
-  decoded by msgspec and folded by the ordinary builders, in order;
-* a frame the extension cannot walk, or whose events' seq is not their
-  position, is undone and decoded the ordinary way (raising the ordinary
-  error, ``LogCorruptError``);
-* each table gets its rows in the same order as from ``history_fold.fold``
-  (types in order of first appearance in a chunk, events in log order);
-* without the extension (no C compiler), or once an upcaster exists, frames
-  are decoded and folded by ``history_fold.fold``.
+Decoding every event into a msgspec struct was most of a catch-up's time: the
+C extension ``_frames`` walks each frame's msgpack and appends the events of
+the types in ``_STORED`` to column buffers, which become Arrow arrays here.
+It takes an event only if msgspec would decode it to the same values (the plan
+is read from the structs); any other event goes to msgspec and the ordinary
+builders, in order, and a frame it cannot walk is undone and decoded the
+ordinary way. Each table gets the rows ``history_fold.fold`` would give, in
+the same order. Without the extension, or once an upcaster exists, frames go
+to ``history_fold.fold``.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +42,7 @@ __all__ = ["available", "fold_frames"]
 _I64 = (-(1 << 63), (1 << 63) - 1)
 _I32 = (-(1 << 31), (1 << 31) - 1)  # INTEGER columns (a larger value is DuckDB's error)
 
-# type -> the fields the fold reads ("spec.user": a field of the nested spec),
-# and those stored in INTEGER columns
+# type -> the fields the fold reads ("spec.user": of the nested spec), and those in INTEGER columns
 _STORED: dict[type, tuple[set[str], set[str]]] = {
     ev.GpuSampled: ({"seq", "ts", "node", "gpu", "utilization", "memory_used_mib", "memory_total_mib",
                      "temperature_c", "power_w", "foreign_memory_mib", "job_memory_mib"}, {"gpu"}),
@@ -190,9 +179,8 @@ class _Fallback(Exception):
 
 
 class FrameChunk:
-    """Frames' events: those of the plan's types in the extension's columns,
-    the others (and any the extension left) as structs, each noted with the
-    number of its type's column rows before it so the order is kept."""
+    """Frames' events: the plan's types in the extension's columns, the others
+    as structs, each with the number of its type's column rows before it."""
 
     def __init__(self) -> None:
         self.plan, self.where, self.fields = _plan()
@@ -283,35 +271,19 @@ class FrameChunk:
             cols = _Columns(self.sink, where, self.fields[where])
             native = _NATIVE[t]
             done = 0
-            for pos, group in _runs(structs):
+            for pos, run in itertools.groupby(structs, key=operator.itemgetter(0)):  # by the column rows before
                 if pos > done:
                     out.extend(native(cols, done, pos, jobs))
-                out.extend(hf._build(t, group, jobs))
+                out.extend(hf._build(t, [e for _, e in run], jobs))
                 done = pos
             if cols.rows > done:
                 out.extend(native(cols, done, cols.rows, jobs))
         return out, hf._touched(jobs)
 
 
-def _runs(structs: list[tuple[int, ev.Event]]) -> Iterator[tuple[int, list[ev.Event]]]:
-    """Structs grouped by the column rows before them."""
-    group: list[ev.Event] = []
-    pos = -1
-    for p, e in structs:
-        if p != pos and group:
-            yield pos, group
-            group = []
-        pos = p
-        group.append(e)
-    if group:
-        yield pos, group
-
-
-
 class _Columns:
-    """One type's column buffers as Arrow arrays (made once, sliced per run).
-    No pyarrow.compute (its first call costs as much as a small catch-up), and
-    Arrow arrays from buffers, never pyarrow.array (its first call imports pandas)."""
+    """One type's column buffers as Arrow arrays (made once, sliced per run),
+    from buffers: no pyarrow.compute nor pyarrow.array, whose first calls are slow."""
 
     def __init__(self, sink: Any, where: int, fields: dict[str, int]) -> None:
         self.sink, self.where, self.fields = sink, where, fields
@@ -498,17 +470,13 @@ _NATIVE: dict[type, Callable[[_Columns, int, int, list[np.ndarray]], Iterable[tu
 }
 
 
-
-# Events per chunk: larger chunks mean fewer statements and fewer refreshes
-# of a job spanning chunks (docs/measured-choices.md). The first and (when the
-# caller says where the log ends) the last are smaller: the writer waits, idle,
-# for the first; the converter has nothing to do while the writer inserts the last.
+# Events per chunk (docs/measured-choices.md). The first and (when the caller
+# knows where the log ends) the last are smaller: the writer idles until the
+# first comes; the converter idles while the last is inserted.
 CHUNK_EVENTS = 250_000
 FIRST_CHUNK_EVENTS = 50_000
 LAST_CHUNK_EVENTS = 50_000
-# DuckDB's threads while folding frames: its inserts of a chunk gain nothing
-# from a second thread, and the converting thread has the other core.
-WRITER_THREADS = 1
+WRITER_THREADS = 1  # DuckDB's while folding frames: the converting thread has the other core
 
 
 def _chunk_size(previous: int, left: int | None) -> int:
@@ -536,11 +504,9 @@ def _chunks(frames: Iterable[Frame], after_seq: int, last_seq: int | None) -> It
 
 def fold_frames(con: duckdb.DuckDBPyConnection, frames: Iterable[Frame], after_seq: int,
                 last_seq: int | None = None) -> int:
-    """``history_fold.fold`` of ``log.read_frames(dir, after_seq + 1)``: the same
-    rows and errors, from undecoded frames; returns events added. ``last_seq``:
-    where the log ends, as far as the caller knows (only sizes the chunks).
-    Transactions end at other events than ``fold``'s (its chunks are cut
-    elsewhere): after an error, the model is another exact prefix of the log."""
+    """``history_fold.fold`` of ``log.read_frames(dir, after_seq + 1)``, from
+    undecoded frames; ``last_seq`` (where the log ends, if known) only sizes the
+    chunks. Transactions end elsewhere than ``fold``'s, still at exact prefixes."""
     if not available():
         return hf.fold(con, (_decoded(f, after_seq) for f in frames), after_seq)
     chunks = _chunks(frames, after_seq, last_seq)

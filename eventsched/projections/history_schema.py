@@ -1,11 +1,9 @@
 """The read model's tables and views, as DuckDB SQL (``docs/history-schema.md``).
 
-*Raw tables* take the log's events column-wise and never change once written,
-which keeps catch-up a cheap bulk insert; *derived tables* (``jobs``,
-``placements``, ``gpus``) are recomputed by the SQL here for the jobs and GPUs
-the newest events touched, so catch-up cost follows the new events, not the
-history. Bump ``SCHEMA_VERSION`` whenever any of it changes: the read model is
-then rebuilt from the log.
+Raw tables take the log's events and never change once written (a cheap bulk
+insert); derived tables (``jobs``, ``placements``, ``gpus``) are recomputed for
+what the newest events touched. Bump ``SCHEMA_VERSION`` on any change: the
+read model is then rebuilt from the log.
 """
 
 from __future__ import annotations
@@ -47,8 +45,6 @@ _TO_STATE, _LEGAL = _state_sql()
 _FINAL, _WAITING, _EXITED = _sql_set(FINAL), _sql_set(WAITING), _sql_set(DONE_FOR_GOOD)
 _EXIT_OUTCOMES = _sql_set(set(STOP_OUTCOMES.values()) | {JobState.SUCCEEDED, JobState.FAILED})
 
-
-# --- schema ---------------------------------------------------------------
 
 _RAW_DDL = """
 CREATE TABLE IF NOT EXISTS _position (seq BIGINT NOT NULL, ts DOUBLE, schema_version INTEGER NOT NULL);

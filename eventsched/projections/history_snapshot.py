@@ -1,20 +1,7 @@
-"""``eventsched.history()``: the read model as a plain, read-only DuckDB connection.
-
-For people who already use DuckDB (or pandas and polars through it)::
-
-    import eventsched
-    con = eventsched.history()                  # caught up with the log now
-    con.sql("SELECT * FROM gpu_hours_daily").df()
-    jobs = con.table("jobs")                    # a DuckDBPyRelation
-
-The connection is a private snapshot, not the shared file: the model is caught
-up, copied table by table into a database file in a private temporary folder,
-opened ``read_only`` and unlinked at once, so it holds no lock on the shared
-file (a notebook may keep it open for hours without making anyone wait) and
-nothing can write through it. Call ``history()`` again for newer events.
-
-Works for anyone who can read the state directory's log (a root daemon's users
-ask ``eventsched sql`` instead, which the daemon answers as them).
+"""``eventsched.history()``: the read model as a plain, read-only DuckDB
+connection (docs/history-schema.md). A private copy, opened ``read_only`` and
+unlinked at once: it holds no lock on the shared file, so a notebook may keep
+it open for hours without making anyone wait.
 """
 
 from __future__ import annotations
@@ -35,12 +22,8 @@ __all__ = ["history"]
 
 
 def history(state_dir: str | os.PathLike[str] | None = None) -> duckdb.DuckDBPyConnection:
-    """A read-only DuckDB connection on the history of ``state_dir``, caught up now.
-
-    ``state_dir`` defaults to the daemon's (``$EVENTSCHED_STATE_DIR``, else the
-    user's data directory). Tables and views are those of docs/history-schema.md.
-    Raises ``HistoryError`` when there is no state directory there.
-    """
+    """A read-only DuckDB connection on the history of ``state_dir`` (default:
+    the daemon's), caught up now; ``HistoryError`` when there is no state directory."""
     if state_dir is None:
         from eventsched.domain.paths import default_state_dir
 

@@ -1,11 +1,7 @@
 """The allocation state's live GPUs and jobs, and the records a snapshot
-stores them as.
-
-Each field is declared once, in the class body below: its name, type and
-default. Compiled with mypyc (``setup.py``), the classes keep their fields in
-C slots that the compiled fold, policies and core reach directly, without
-Python's generic attribute lookup. ``GpuRecord`` and ``JobRecord``, the
-msgspec Structs a snapshot encodes, are derived from the same declarations.
+stores them as. Each field is declared once, below: compiled, the classes keep
+their fields in C slots; ``GpuRecord`` and ``JobRecord`` (msgspec Structs) are
+derived from the same declarations.
 """
 
 from __future__ import annotations
@@ -25,10 +21,8 @@ __all__ = ["Gpu", "Job", "GpuRecord", "JobRecord"]
 
 
 class _Live:
-    """Equality and repr, field by field. Each class's ``__init__`` gives
-    every object its own empty containers (never the class default's) and
-    sets the defaults mypyc cannot keep in the class (an enum member), then
-    the fields passed by keyword."""
+    """Equality and repr, field by field. Each ``__init__`` gives every object
+    its own containers and sets what mypyc cannot keep in the class (an enum)."""
 
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _NAMES[type(self)]}
@@ -71,14 +65,12 @@ class Gpu(_Live):
     used_milli: int = 0
     reserved_mib: int = 0
     jobs: list[int] = []
-    # from the last sample: since when its utilisation has been at most
-    # idle_utilization_pct (None: busy now, or never sampled), the memory
-    # each job holds here, and the processes of no job
+    # from the last sample: quiet (at most idle_utilization_pct) since when (None: busy or
+    # never sampled), the memory each job holds here, the processes of no job
     low_since: float | None = None
     job_memory_mib: dict[int, int] = {}
     foreign_processes: list[ev.GpuProcess] = []
-    # why it was drained (a paused GPU's GpuPaused reason; "" for an operator's
-    # pause), and the driver's last health reading (None: none recorded)
+    # why it was drained ("" for an operator's pause); the driver's last health reading
     paused_reason: str = ""
     health: ev.GpuHealth | None = None
 
@@ -90,10 +82,6 @@ class Gpu(_Live):
     def key(self) -> tuple[str, int]:
         return (self.node, self.id)
 
-    @property
-    def allocated(self) -> float:
-        return self.used_milli / FULL
-
     def copy(self) -> Gpu:
         """A copy whose containers can change apart from this one's (a forecast's working copy)."""
         g = Gpu.from_record(self)
@@ -102,9 +90,8 @@ class Gpu(_Live):
 
     @staticmethod
     def from_record(r: Any) -> Gpu:
-        """A GPU with ``r``'s fields (a ``GpuRecord``, or a ``Gpu``). Every
-        field by name, compiled: a snapshot loads many (tests/test_live_records.py
-        finds a field missing here)."""
+        """A GPU with ``r``'s fields (a ``GpuRecord`` or a ``Gpu``), each by name:
+        compiled, a snapshot loads many fast (tests/test_live_records.py finds one missing)."""
         g = Gpu()
         g.node, g.id, g.uuid, g.model, g.memory_total_mib, g.paused = r.node, r.id, r.uuid, r.model, r.memory_total_mib, r.paused
         g.lost, g.error, g.sampled_at, g.utilization, g.memory_used_mib = r.lost, r.error, r.sampled_at, r.utilization, r.memory_used_mib
@@ -142,18 +129,14 @@ class Job(_Live):
     cancel_reason: str = ""  # set while a stop was requested for a running job
     submitted_seq: int = 0  # where its story starts in the log (explain)
     queued_at: float = 0.0  # since when it waits (aging); a preempted job keeps its own
-    # when it should end, as predicted when it started (gang reservations
-    # read this instead of predicting every running job at every decision)
+    # when it should end, as predicted at its start (read by gang reservations)
     predicted_end: float = 0.0
     preemptions: int = 0  # times it was preempted (and requeued)
-    # this attempt: the most GPU memory seen on one of its GPUs; whether it
-    # is over its --gpu-mem now (JobGpuMemoryExceeded); since when it has
-    # been idle (JobIdle; None: not idle)
+    # this attempt: the most GPU memory seen on one GPU, over --gpu-mem now, idle since when
     gpu_mem_peak_mib: int = 0
     gpu_mem_over: bool = False
     idle_since: float | None = None
-    # a waiting job that a preemption is making room for: the (node, GPU)s its
-    # victims hold, kept from other jobs until the last victim has stopped
+    # for a waiting job a preemption makes room for: its victims' (node, GPU)s, held for it
     room: list[tuple[str, int]] = []
 
     def __init__(self, **fields: Any) -> None:
@@ -162,9 +145,8 @@ class Job(_Live):
 
     @property
     def shape(self) -> tuple[Any, ...]:
-        """What placement depends on: equal shapes fit or fail together. The
-        tenant (quotas) and a capped array (%K) are part of it, so that a
-        shape held back by its quota or cap is held back whole."""
+        """What placement depends on: equal shapes fit or fail together (the tenant
+        and a capped array are part of it: a quota or cap holds a shape back whole)."""
         s = self.spec
         ids = None if s.gpu_ids is None else tuple(s.gpu_ids)
         return (self.count, self.milli, s.gpu_mem_mib, ids, s.node, s.tenant, s.array_id if s.array_cap else 0)
@@ -194,9 +176,8 @@ class Job(_Live):
 
 
 def _declared(cls: type) -> list[tuple[str, Any, Any]]:
-    """``cls``'s fields as written above: (name, type, default), in order; a
-    field without a default is required. Read from this file because a
-    compiled class keeps no annotations."""
+    """``cls``'s fields as written above: (name, type, default), read from this
+    file because a compiled class keeps no annotations."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "live.py"), encoding="utf-8") as f:
         body = next(n for n in ast.parse(f.read()).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
 

@@ -1,9 +1,5 @@
-"""`eventsched metrics`: the scheduler's figures, from the DuckDB read model.
-
-Wait, run and turnaround: count, mean, median, p95 (``quantile_cont``, numpy's
-default interpolation); GPU utilisation per GPU; GPU-hours per user and tenant,
-open placements counted up to the last event in the log; jobs by state.
-"""
+"""`eventsched metrics`: the scheduler's figures, from the DuckDB read model
+(docs/history-schema.md)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ from eventsched.projections.history import History, HistoryError
 
 __all__ = ["compute_metrics", "format_metrics", "prometheus_text", "run_metrics", "STATES"]
 
-# Every state a job can be in, so that counts of 0 are reported too.
-STATES: tuple[str, ...] = tuple(s.value for s in JobState)
+STATES: tuple[str, ...] = tuple(s.value for s in JobState)  # every one, so that counts of 0 show too
+
 
 def _summary(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, float | int | None]:
     row = con.execute(
@@ -73,9 +69,6 @@ def compute_metrics(history: History) -> dict[str, Any]:
     }
 
 
-# --- human table ---------------------------------------------------------------
-
-
 def _num(value: float | int | None, digits: int = 1) -> str:
     return "-" if value is None else str(value) if isinstance(value, int) else f"{value:.{digits}f}"
 
@@ -121,9 +114,6 @@ def format_metrics(m: dict[str, Any]) -> str:
         out += _table(["tenant", "quota", "weight", "GPUs now", "running", "waiting",
                        "mean wait s", "GPU-hours", "% of all", "preempted"], rows)
     return "\n".join(out)
-
-
-# --- Prometheus text exposition format 0.0.4 ---------------------------------------
 
 
 def _escape(value: str) -> str:

@@ -1,7 +1,5 @@
-"""The indices kept beside the allocation state's records (``records``: GPUs
-and jobs) so that a decision never walks every GPU or every queued job
-(``Capacity``, ``QueueIndex``, ``RuntimeStats``). ``cluster.ClusterState``
-holds them; only its fold changes them."""
+"""The indices ``cluster.ClusterState`` keeps so that a decision never walks
+every GPU or every queued job; only its fold changes them."""
 
 from __future__ import annotations
 
@@ -43,11 +41,9 @@ def usable(gpu: Gpu, cfg: SchedulerConfig) -> bool:
 
 
 class Capacity:
-    """Free share and free memory of the usable GPUs, in (node, id) order
-    (with ``avoid_foreign_gpus``, those a stranger uses last on their node):
-    what every policy decision starts from. Kept in step by ``apply`` GPU by
-    GPU, so a decision copies two lists instead of walking every GPU; rebuilt
-    only when the set of usable GPUs changes, which is rare."""
+    """Free share and memory of the usable GPUs in (node, id) order (with
+    ``avoid_foreign_gpus``, a stranger's last on their node): kept in step GPU
+    by GPU, rebuilt only when the set of usable GPUs changes."""
 
     def __init__(self, gpus: list[Gpu], cfg: SchedulerConfig) -> None:
         ok = [g for g in gpus if usable(g, cfg)]
@@ -67,19 +63,16 @@ class Capacity:
                 self.node_idx[node] = []
             self.node_idx[node].append(i)
         # shapes that found no room here: a memo valid until some GPU's free
-        # share or memory grows (``grew``), as shrinking cannot make them fit
+        # share or memory grows, as shrinking cannot make them fit
         self.no_fit: set[tuple[Any, ...]] = set()
         # the largest free share, kept until a GPU's changes (-1: not known):
         # a submission to a full cluster is answered without copying ``free``
         self.max_known = -1
 
-    def grew(self) -> None:
-        self.no_fit.clear()
-
     def set_gpu(self, i: int, free: int, mem: int) -> None:
         """GPU index ``i`` now has ``free`` share and ``mem`` MiB free."""
         if free > self.free[i] or mem > self.mem[i]:
-            self.grew()  # a shape that found no room may find it now
+            self.no_fit.clear()  # a shape that found no room may find it now
         if free != self.free[i]:
             self.max_known = -1
         self.free[i] = free
@@ -102,8 +95,8 @@ class Capacity:
 
 
 def fit_summary(gpus: list[Gpu], mem_mib: int) -> tuple[int, int, int]:
-    """Of ``gpus``, leaving out lost ones: (most GPUs with at least ``mem_mib``
-    on one node, how many, the largest memory). What a submission is checked against."""
+    """Of ``gpus`` not lost: (most with at least ``mem_mib`` on one node, how
+    many, the largest memory)."""
     pool = [g for g in gpus if not g.lost]
     per_node: dict[str, int] = {}
     for g in pool:
@@ -124,18 +117,13 @@ def request_of(spec: ev.JobSpec) -> tuple[int, int]:
 
 
 def time_limit_of(job: Job, default: float | None) -> float | None:
-    """The tighter of the job's own limit and ``default`` (None: no limit);
-    compiled here, as every reservation reads it."""
+    """The tighter of the job's own limit and ``default`` (None: no limit)."""
     own = job.spec.time_limit_s
     own = own if own is not None and own > 0 else None
     default = default if default is not None and default > 0 else None
     if own is None or default is None:
         return own if default is None else default
     return min(own, default)
-
-
-# Job.tenant and Job.shape again, compiled: the fold asks them for every
-# placement and end (tests/test_backlog_structures.py checks they agree)
 
 
 def free_memory_of(gpu: Gpu) -> int:
@@ -148,7 +136,7 @@ def free_memory_of(gpu: Gpu) -> int:
 
 
 def tenant_of(job: Job) -> str:
-    """``job.tenant``."""
+    """``job.tenant``, compiled (tests/test_backlog_structures.py checks they agree)."""
     return job.spec.tenant or DEFAULT_TENANT
 
 
@@ -167,24 +155,17 @@ def runtime_key(spec: ev.JobSpec) -> tuple[str, str]:
 class QueueIndex:
     """Queued jobs in the orders policies scan them, kept sorted incrementally.
 
-    ``shape_queue`` holds each shape's jobs as (-priority, order, id), so a
-    decision merges the heads of the shapes that fit instead of walking past
-    the jobs of those that do not; ``by_shape`` groups jobs that fit or fail
-    together, so a decision can tell up front that nothing in a long queue fits.
-
-    The other orders are built the first time something asks for them, then
-    kept in step: ``by_priority`` and ``by_order`` (order, id) for fifo, the
-    oracle and ``explain``'s ranks; ``by_rkey`` and ``shape_rkey``, the queue
-    grouped by runtime key (and shape), for shortest-job-first. A daemon that
-    never asks pays nothing for them. All are ``SortedKeys``: an insertion or
-    removal moves one block, not the whole queue.
+    ``shape_queue`` holds each shape's jobs as (-priority, order, id): a decision
+    merges the heads of the shapes that fit instead of walking past the others.
+    The other orders (``by_priority``, ``by_order``, and the groups by runtime
+    key ``by_rkey`` and ``shape_rkey``) are built when first asked for, then
+    kept in step: a daemon that never asks pays nothing for them.
     """
 
     def __init__(self, aging_per_hour: float = 0.0, tiers: bool = True) -> None:
-        # a waiting job gains a priority tier each time the clock passes a
-        # multiple of 3600 / aging_per_hour seconds, all jobs at once, so
-        # ``floor(aging x queued_at) - priority`` orders them for good
-        # (docs/fair-share.md); without tiers (older logs) it is unfloored
+        # a waiting job gains a priority tier each time the clock passes a multiple of
+        # 3600 / aging_per_hour s, all at once, so ``floor(aging x queued_at) - priority``
+        # orders them for good (docs/fair-share.md); without tiers it is unfloored
         self.aging = aging_per_hour / 3600.0
         self.tiers = tiers
         self.milli_counts: dict[int, int] = {}  # share asked -> queued jobs asking it
@@ -194,7 +175,6 @@ class QueueIndex:
         self.shape_queue: dict[tuple[Any, ...], SortedKeys[tuple[float, int, int]]] = {}
         self.rkey_of: dict[int, tuple[str, str]] = {}  # runtime-prediction key of each queued job
         self.own_limits = 0  # queued jobs with a time limit of their own (their predictions may be shorter)
-        # built on demand (see the class docstring)
         self._orders = False
         self._by_priority: SortedKeys[tuple[float, int, int]] = SortedKeys()
         self._by_order: SortedKeys[tuple[int, int]] = SortedKeys()
@@ -233,8 +213,7 @@ class QueueIndex:
         return self._by_order
 
     def build_orders(self) -> None:
-        """Build the priority and submission orders now (if not yet): one
-        sort of the queue."""
+        """Build the priority and submission orders now (if not yet)."""
         if not self._orders:
             keys = self._keys()
             self._by_priority = SortedKeys(keys)
@@ -353,12 +332,10 @@ def _drop(groups: dict[Any, SortedKeys[tuple[float, int, int]]], name: Any, key:
 
 
 class TenantUsage:
-    """What one tenant holds now, and its recent use for fair share.
-
-    ``recent`` is GPU-seconds decayed exponentially (half-life ``H``) as of
-    ``as_of``: with ``rate`` GPUs held since then, it is at time t
-    ``recent x 2^-(t-as_of)/H + rate x H/ln2 x (1 - 2^-(t-as_of)/H)``, so a
-    decision reads it in O(1) and only a placement or an end updates it.
+    """What one tenant holds now, and its recent use for fair share: GPU-seconds
+    decayed with half-life ``H`` as of ``as_of``; with ``rate`` GPUs held since,
+    ``recent x 2^-(t-as_of)/H + rate x H/ln2 x (1 - 2^-(t-as_of)/H)`` at t,
+    read in O(1) and updated only by a placement or an end.
     """
 
     __slots__ = ("milli", "mem", "jobs", "recent", "as_of", "month_used", "month_start", "month_end")
@@ -402,23 +379,18 @@ class TenantUsage:
 
 
 class RuntimeStats:
-    """Run times of finished runs, for runtime prediction without the future.
-
-    Kept in integer milliseconds so that sums do not depend on the order the
-    runs ended in; part of the snapshot (retried runs leave no other trace)."""
+    """Run times of finished runs, in integer ms so that sums do not depend on
+    the order the runs ended in; part of the snapshot."""
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}
         self._runs: SortedKeys[int] = SortedKeys()  # every run's ms, in blocks (see ``sorted``)
-        # runs not yet in ``_runs``: sorted in only when the median or the
-        # list is asked for, which a replay whose jobs all have a history never does
+        # runs not yet in ``_runs``: sorted in only when the median or the list is asked for
         self._pending: list[int] = []
-        # the median (s; None: no runs) until a run is added: what a key with
-        # no runs of its own is predicted as, asked again at every decision
+        # the median (s; None: no runs) until a run is added: asked again at every decision
         self._median: float | None = None
         self._median_known = False
-        # runs added so far (a mark for ``added_since``), the first mark still
-        # answered for (the runs were set anew then), and the last runs' keys
+        # runs added so far (for ``added_since``), the first mark still answered for, the last runs' keys
         self.mark = 0
         self._base = 0
         self._recent: deque[tuple[str, str]] = deque(maxlen=RECENT_RUNS)
@@ -434,9 +406,8 @@ class RuntimeStats:
 
     def added_since(self, mark: int) -> list[tuple[str, str]] | None:
         """The runtime keys of the runs added since ``mark`` (an earlier
-        ``self.mark``), None when unknown (too many, or the runs set anew
-        since): a prediction changes only for these keys, and, when any run
-        was added, for keys with no runs of their own (the median moves)."""
+        ``self.mark``; None: unknown): only their predictions changed, and,
+        when any run was added, those of keys with no runs (the median moved)."""
         n = self.mark - mark
         if mark < self._base or n > len(self._recent) or n < 0:
             return None

@@ -1,10 +1,5 @@
-"""The records a snapshot of the allocation state is made of: GPUs and jobs
-(``live.GpuRecord``, ``live.JobRecord``, derived from the live classes),
-nodes, and the snapshot itself.
-
-They are msgspec Structs (snapshots encode them as they are) and live apart
-from the compiled code that folds and indexes them (``model``, ``cluster``):
-mypyc would drop a Struct's class options (``kw_only``, ``frozen``).
+"""The msgspec Structs a snapshot of the allocation state is made of, apart
+from the compiled modules: mypyc would drop a Struct's class options.
 """
 
 from __future__ import annotations

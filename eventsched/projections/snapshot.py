@@ -6,11 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eventsched.projections.cluster import (
-    ClusterState,
-    snapshot_bytes,
-    state_from_snapshot,
-)
+from eventsched.projections.cluster import ClusterState, snapshot_bytes, state_from_snapshot
 from eventsched.storage import snapshots
 
 __all__ = ["save", "load_latest", "snapshot_bytes"]

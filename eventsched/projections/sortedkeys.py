@@ -1,11 +1,6 @@
-"""A sorted list kept in blocks, for the indices that hold one entry per
-queued job or finished run: the queue's orders, its groups by runtime key,
-the runtime history.
-
-A plain sorted list moves every entry after the insertion or removal point
-(the whole queue, when the job at its head is placed). Here an insertion or
-removal moves one block of at most ``2 x LOAD`` entries, found by a bisect
-over the blocks' last keys. Duplicates are allowed (runtimes repeat).
+"""A sorted list kept in blocks, for the indices with one entry per queued job
+or finished run: an insertion or removal moves one block of at most
+``2 x LOAD`` entries, not the whole queue. Duplicates are allowed.
 """
 
 from __future__ import annotations
@@ -79,9 +74,8 @@ class SortedKeys(Generic[K]):
         return below
 
     def iter_from(self, key: Any, after: bool = False) -> Iterator[K]:
-        """The keys from the first one at or above ``key`` (above, with
-        ``after``) to the end, in order: O(log n) to start. The keys must not
-        change while the iterator is read."""
+        """The keys from the first at or above ``key`` (above, with ``after``)
+        on; the keys must not change while it is read."""
         blocks, maxes = self._blocks, self._maxes
         find = bisect.bisect_right if after else bisect.bisect_left
         i = find(maxes, key)

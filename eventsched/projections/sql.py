@@ -1,9 +1,8 @@
 """`eventsched sql`: read-only SQL over the history (docs/history-schema.md).
 
-Statements are classified by DuckDB's own parser (``duckdb.extract_statements``),
-not by regexes; only reads are let through, and they run on a read-only
-connection to the database file (or on a private in-memory copy), so even a
-statement the parser let through could not change the read model.
+Statements are classified by DuckDB's own parser, not by regexes, and run on a
+read-only, hardened connection: even one the parser let through could not
+change the read model.
 """
 
 from __future__ import annotations
@@ -83,13 +82,9 @@ def _check_explain(text: str) -> None:
 
 
 def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if all of them only read; raises QueryRefused.
-
-    An allow-list by DuckDB's own parser: SELECT (which includes DESCRIBE, SHOW,
-    SUMMARIZE, VALUES, FROM-first), EXPLAIN [ANALYZE] of a SELECT, and the
-    descriptive PRAGMAs. The connection it runs on is hardened besides
-    (``harden``): no file access, no extensions, its settings locked.
-    """
+    """The statements of ``sql`` if all of them only read (SELECT, which includes
+    DESCRIBE, SHOW, SUMMARIZE; EXPLAIN of a SELECT; descriptive PRAGMAs);
+    raises QueryRefused."""
     statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException
     if not statements:
         raise QueryRefused("empty query")

@@ -20,9 +20,7 @@ from eventsched.domain.text import printable
 
 __all__ = ["StoryLine", "job_story", "describe_fact", "render_explanation"]
 
-# facts kept to resolve causes: a decision's fact is emitted in the same step
-# as the decision, so it is never far behind it
-RECENT_FACTS = 4096
+RECENT_FACTS = 4096  # facts kept to resolve causes: a decision comes in the same step as its fact
 
 
 class StoryLine(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,16 +120,6 @@ _WHAT: dict[type, Callable[[Any], str]] = {  # one of the job's own events, in w
 }
 
 
-def _what(e: ev.Event) -> str:
-    words = _WHAT.get(type(e))
-    return words(e) if words is not None else type(e).__name__
-
-
-def _concerns(e: ev.Event, job: int) -> bool:
-    # a JobsCommanded is told as the cause of the job's own event that follows
-    return not isinstance(e, ev.JobsCommanded) and getattr(e, "job", None) == job
-
-
 def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
     """The story of ``job`` in ``events`` (the log, from the job's submission on)."""
     facts: OrderedDict[int, ev.Event] = OrderedDict()
@@ -141,13 +129,15 @@ def job_story(events: Iterable[ev.Event], job: int) -> list[StoryLine]:
             facts[e.seq] = e
             if len(facts) > RECENT_FACTS:
                 facts.popitem(last=False)
-        if not _concerns(e, job):
+        # a JobsCommanded is told as the cause of the job's own event that follows
+        if isinstance(e, ev.JobsCommanded) or getattr(e, "job", None) != job:
             continue
         n = ev.cause_seq(e)
         fact: Any = None if n is None else facts.get(n)
         because = "" if n is None else describe_fact(fact) if fact is not None else f"event {n}"
-        out.append(StoryLine(seq=e.seq, ts=e.ts, type=type(e).__name__, what=_what(e), because=because,
-                             cause=e.cause, cause_seq=n))
+        words = _WHAT.get(type(e))
+        out.append(StoryLine(seq=e.seq, ts=e.ts, type=type(e).__name__, what=words(e) if words else type(e).__name__,
+                             because=because, cause=e.cause, cause_seq=n))
     return out
 
 

@@ -1,12 +1,6 @@
-"""Append batches to a log on a worker thread, in order, one frame each.
-
-For a producer that does not wait for each batch to be durable: a replay
-writes its own log as it goes, and nobody reads it until the replay returns.
-``LogWriter.append``'s ``write`` and ``fdatasync`` (and the checksum of a big
-frame) release the GIL, so on a second core they overlap the producer's work
-instead of adding to it.
-
-The daemon does not use this: it replies only after its own commit.
+"""Append batches to a log on a worker thread, in order, one frame each: for
+a producer that need not wait for each to be durable (a replay). The write,
+the fdatasync and the checksum release the GIL, so they overlap its work.
 """
 
 from __future__ import annotations
@@ -24,11 +18,8 @@ _DONE = None  # the last item on the queue
 
 
 class BackgroundAppender:
-    """``append`` hands a batch to the worker and returns; ``finish`` waits
-    for every batch to be durable. The first failure stops all later appends
-    (a log never gets a gap) and is raised by the next ``append`` or by
-    ``finish``. At most ``depth`` batches wait, so memory stays bounded when
-    the disk is slower than the producer."""
+    """The first failure stops all later appends (a log never gets a gap) and
+    is raised by the next ``append`` or ``finish``; at most ``depth`` batches wait."""
 
     def __init__(self, writer: LogWriter, depth: int = 2) -> None:
         self.writer = writer

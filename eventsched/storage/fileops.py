@@ -1,9 +1,6 @@
-"""The log's and the snapshots' own file calls.
-
-``FileOps`` is the seam: the log writer and ``snapshots.save_bytes`` make every
-call that changes a file through one (``PLAIN``, the bare ``os`` functions,
-unless told otherwise), so that production pays one attribute look-up and a
-test can put a recorder there instead (``tests/crash_fs.py``).
+"""The seam for every call of the log and the snapshots that changes a file:
+``PLAIN`` (bare ``os`` functions) in production, a recorder in tests
+(``tests/crash_fs.py``).
 """
 
 from __future__ import annotations

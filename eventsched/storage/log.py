@@ -41,8 +41,7 @@ FRAME_HEADER = struct.Struct("<IIQIB3x")
 FRAME_HEADER_SIZE = FRAME_HEADER.size  # 24
 FRAME_EVENTS = 1  # the only frame type so far: a msgpack array of events
 MAX_FRAME = 256 << 20  # a longer length field is damage, not a frame
-# Bytes 20..24 of every valid frame header: type 1 and three zero bytes. Used to
-# find candidate frames quickly when looking past a bad one.
+# bytes 20..24 of every valid frame header: finds candidate frames past a bad one
 _FRAME_MARK = bytes([FRAME_EVENTS, 0, 0, 0])
 _CHUNK = 1 << 20  # bytes per read while scanning
 _ZERO_HEADER = bytes(FRAME_HEADER_SIZE)  # unwritten (preallocated) space
@@ -50,17 +49,13 @@ _ZERO_HEADER = bytes(FRAME_HEADER_SIZE)  # unwritten (preallocated) space
 # and allocates no block, so fdatasync flushes the data alone.
 PREALLOCATE = 1 << 20
 TORN_AHEAD = "a write torn in the space written ahead (zeros, then other bytes)"
-SEGMENT_SUFFIX = ".seg"
 _SEGMENT_RE = re.compile(r"^(\d{20})\.seg$")
 LOCK_NAME = "LOCK"
-# Sealed segments every frame of which an open has checked: "NAME SIZE
-# MTIME_NS NEXT_SEQ" lines. A sealed segment never changes, so the next open
-# checks only its header while its size and mtime are the same: a restart
-# costs the last segment, not the whole log. Damage that keeps both is found by readers
-# and ``log verify``, which check every frame they read. A cache: lost,
-# unreadable or stale, it only costs a full check.
+# Sealed segments an open has checked frame by frame ("NAME SIZE MTIME_NS
+# NEXT_SEQ" lines): while size and mtime hold, a restart checks only their
+# header (readers and ``log verify`` still check every frame). A cache: lost or
+# stale, it only costs a full check.
 VERIFIED_NAME = "verified"
-
 
 
 class LogError(Exception):
@@ -105,14 +100,9 @@ class RecoveryReport(msgspec.Struct, frozen=True, kw_only=True):
     next_seq: int  # the sequence the next append gets
 
 
-
 class Segment(msgspec.Struct, frozen=True):
     path: str
     first_seq: int
-
-
-def segment_name(first_seq: int) -> str:
-    return f"{first_seq:020d}{SEGMENT_SUFFIX}"
 
 
 def _read_verified(directory: str) -> dict[str, tuple[int, int, int]]:
@@ -135,15 +125,13 @@ def _write_verified(directory: str, entries: dict[str, tuple[int, int, int]]) ->
     path = os.path.join(directory, VERIFIED_NAME)
     tmp = path + ".tmp"
     text = "".join(f"{name} {size} {mtime} {seq}\n" for name, (size, mtime, seq) in sorted(entries.items()))
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, text.encode("ascii"))
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except OSError:
-        pass
 
 
 def segments(directory: str | os.PathLike[str]) -> list[Segment]:
@@ -186,16 +174,12 @@ def _frame_bytes(salt: int, first_seq: int, count: int, payload: bytes) -> bytes
     return struct.pack("<I", crc) + rest + payload
 
 
-
 class SegmentScan:
     """Walk the frames of one segment file, stopping at the first bad one.
 
-    ``frames()`` yields ``(offset, first_seq, count, payload)`` for each valid
-    frame from ``offset`` on. After it is exhausted, ``end`` is the offset just
-    past the last valid frame, ``next_seq`` the sequence after it, and
-    ``problem`` None (clean end of file) or what is wrong at ``end``.
-    Reading uses big ``pread`` chunks and memoryviews: nothing is copied per frame
-    and memory stays bounded by the chunk (or the largest frame).
+    Once ``frames()`` is exhausted, ``end`` is just past the last valid frame
+    and ``problem`` None (clean end) or what is wrong there. Big ``pread``
+    chunks and memoryviews: no copy per frame, memory bounded by the chunk.
     """
 
     def __init__(self, path: str, *, offset: int | None = None, next_seq: int | None = None) -> None:
@@ -205,8 +189,7 @@ class SegmentScan:
         self.end = offset if offset is not None else SEGMENT_HEADER_SIZE
         self.next_seq = next_seq or 0
         self.problem: str | None = None
-        # the scan stopped at zeros the writer wrote ahead (see PREALLOCATE)
-        self.unwritten = False
+        self.unwritten = False  # stopped at zeros the writer wrote ahead (PREALLOCATE)
         self.header_ok = False
         self.size = 0
         self._fd = -1
@@ -284,18 +267,18 @@ class SegmentScan:
             pass
         return self
 
-    def rest_is_zero(self) -> bool:
-        """Whether every byte from ``end`` to the end of the file is zero: space
-        written ahead and never used, rather than a write torn inside it."""
+    def check_ahead(self) -> None:
+        """Past unwritten zeros, any other byte is a write torn inside the space
+        written ahead: that is the scan's problem then."""
         offset = self.end
-        while offset < self.size:
+        while self.unwritten and offset < self.size:
             chunk = os.pread(self._fd, _CHUNK, offset)
             if not chunk:
                 break
             if chunk.count(0) != len(chunk):
-                return False
+                self.problem = TORN_AHEAD
+                break
             offset += len(chunk)
-        return True
 
     @property
     def data_size(self) -> int:
@@ -303,12 +286,8 @@ class SegmentScan:
         return self.end if self.unwritten else self.size
 
     def valid_frame_after(self, offset: int) -> int | None:
-        """Offset of a valid frame of this segment somewhere after ``offset``.
-
-        A torn tail has nothing valid after it; damage in the middle of a log
-        does. Candidates are found with ``bytes.find`` on the frame type marker,
-        so a tail of zeros or random bytes is skipped at C speed.
-        """
+        """Offset of a valid frame somewhere after ``offset``: a torn tail has
+        none, damage in the middle of a log does."""
         if not self.header_ok:
             return None
         fd, size, start = self._fd, self.size, offset + 1
@@ -336,8 +315,13 @@ class SegmentScan:
         return crc == zlib.crc32(payload, zlib.crc32(head[4:], self.salt))
 
 
+def _check_start(scan: SegmentScan, expected: int) -> None:
+    if scan.header_ok and scan.first_seq != expected:
+        raise LogCorruptError(scan.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
+
+
 class Frame(NamedTuple):
-    """One valid frame, undecoded: where it is, its events' sequence numbers, its payload."""
+    """One valid frame, undecoded."""
 
     path: str
     offset: int
@@ -348,21 +332,16 @@ class Frame(NamedTuple):
 
 def decode_frame(frame: Frame) -> list[Event]:
     """A frame's events, or ``LogCorruptError`` as ``read_batches`` raises it."""
-    return _decode(frame.payload, frame.path, frame.offset)
-
-
-def _decode(payload: memoryview, path: str, offset: int) -> list[Event]:
     try:
-        return ev.decode_many(payload)
+        return ev.decode_many(frame.payload)
     except msgspec.DecodeError as e:
-        raise LogCorruptError(
-            path, offset, f"frame has a valid checksum but does not decode ({e}); written by a newer eventsched?"
-        ) from None
+        why = f"frame has a valid checksum but does not decode ({e}); written by a newer eventsched?"
+        raise LogCorruptError(frame.path, frame.offset, why) from None
 
 
 def cut_aside(directory: str, path: str, offset: int, data: bytes, ops: FileOps = PLAIN) -> str:
-    """Cut ``path`` at ``offset`` durably, ``data`` (the bytes cut) first kept
-    in a file next to it, whose name is returned."""
+    """Cut ``path`` at ``offset`` durably, the bytes cut (``data``) first kept
+    in a file beside it, whose name is returned."""
     target = f"{path}.torn-{offset}"
     n = 1
     while os.path.exists(target):
@@ -402,21 +381,17 @@ def lock_holder(lock_path: str) -> str:
 class LogWriter:
     """The one appender of a log directory; not thread-safe.
 
-    ``append`` writes a batch as one frame with one ``write`` and one
-    ``fdatasync`` (group commit) and returns once it is durable. ``write`` and
-    ``sync`` are its two halves, for a caller that does other work while
-    ``sync`` runs (on another thread); one frame at most waits for a sync (see
-    ``write``). ``_pwrite`` and
-    ``_fdatasync`` are the only system calls on the write path, attributes so
-    that tests can inject ENOSPC and EIO; ``_fault`` is called at each step of
-    rotation so that tests can crash there.
+    ``append`` writes a batch as one frame, one ``write`` and one ``fdatasync``
+    (group commit); ``write`` and ``sync`` are its halves, for a caller that
+    works while ``sync`` runs. ``_pwrite``, ``_fdatasync`` (the write path's
+    only system calls) and ``_fault`` (each step of rotation) are attributes
+    so that tests can inject errors and crashes.
     """
 
     _pwrite: Callable[[int, bytes | memoryview, int], int] = staticmethod(os.pwrite)  # type: ignore[assignment]
     _fdatasync: Callable[[int], None] = staticmethod(os.fdatasync)  # type: ignore[assignment]
     _fault: Callable[[str], None] | None = None
-    # every other call that changes a file (crash-state tests record them all)
-    _ops: FileOps = PLAIN
+    _ops: FileOps = PLAIN  # every other call that changes a file (crash-state tests record them)
 
     def __init__(self) -> None:  # use LogWriter.open
         self.directory = ""
@@ -426,7 +401,6 @@ class LogWriter:
         self._fd = -1
         self._path = ""
         self._salt = 0
-        self._first_seq = 1
         self._end = 0
         self._allocated = 0  # the file's size: zeros from _end up to it
         self._next_seq = 1
@@ -437,10 +411,8 @@ class LogWriter:
     # -- opening --
 
     @classmethod
-    def open(
-        cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None,
-        preallocate: int = PREALLOCATE,
-    ) -> "LogWriter":
+    def open(cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None,
+             preallocate: int = PREALLOCATE) -> "LogWriter":
         self = cls()
         self.directory = os.fspath(directory)
         self.segment_bytes = segment_bytes
@@ -491,17 +463,14 @@ class LogWriter:
         checked: dict[str, tuple[int, int, int]] = {}
         for seg in segs[:-1]:
             with SegmentScan(seg.path) as scan:
-                if scan.header_ok and scan.first_seq != expected:
-                    raise LogCorruptError(seg.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
+                _check_start(scan, expected)
                 st = os.stat(seg.path)
                 name = os.path.basename(seg.path)
                 known = verified.get(name)
                 if scan.header_ok and known is not None and known[:2] == (st.st_size, st.st_mtime_ns):
                     expected = known[2]
                 else:
-                    scan.run()
-                    if scan.problem is None and scan.unwritten and not scan.rest_is_zero():
-                        scan.problem = TORN_AHEAD
+                    scan.run().check_ahead()
                     if scan.problem is not None:
                         raise LogCorruptError(seg.path, scan.end, scan.problem + " (in a sealed segment)")
                     expected = scan.next_seq
@@ -512,11 +481,9 @@ class LogWriter:
         with SegmentScan(last.path) as scan:
             if not scan.header_ok:
                 raise LogCorruptError(last.path, 0, scan.problem or "bad header")
-            if len(segs) > 1 and scan.first_seq != expected:
-                raise LogCorruptError(last.path, 0, f"segment starts at sequence {scan.first_seq}, expected {expected}")
-            scan.run()
-            if scan.unwritten and not scan.rest_is_zero():
-                scan.problem = TORN_AHEAD
+            if len(segs) > 1:
+                _check_start(scan, expected)
+            scan.run().check_ahead()
             if scan.problem is not None:
                 good = scan.valid_frame_after(scan.end)
                 if good is not None:
@@ -524,22 +491,16 @@ class LogWriter:
                         last.path, scan.end, f"{scan.problem}, and a valid frame follows at byte {good}"
                     )
                 cut = os.pread(scan._fd, scan.size - scan.end, scan.end)
-                self._cut_tail(last.path, scan.end, cut, scan.problem, scan.next_seq)
-                allocated = scan.end
+                kept = cut_aside(d, last.path, scan.end, cut, self._ops)
+                self._ops.fsync_dir(d)
+                self.recovered = RecoveryReport(segment=last.path, offset=scan.end, bytes_cut=len(cut), kept_at=kept,
+                                                reason=scan.problem, next_seq=scan.next_seq)
+                self._allocated = scan.end
             else:
-                allocated = scan.size  # zeros written ahead are kept and used
-            salt, first_seq, end, next_seq = scan.salt, scan.first_seq, scan.end, scan.next_seq
+                self._allocated = scan.size  # zeros written ahead are kept and used
+            self._salt, self._end, self._next_seq = scan.salt, scan.end, scan.next_seq
         self._fd = self._ops.open(last.path, os.O_RDWR | os.O_CLOEXEC)
-        self._path, self._salt, self._first_seq = last.path, salt, first_seq
-        self._end, self._next_seq, self._allocated = end, next_seq, allocated
-        self._synced = next_seq - 1
-
-    def _cut_tail(self, path: str, offset: int, cut: bytes, reason: str, next_seq: int) -> None:
-        kept = cut_aside(self.directory, path, offset, cut, self._ops)
-        self._ops.fsync_dir(self.directory)
-        self.recovered = RecoveryReport(
-            segment=path, offset=offset, bytes_cut=len(cut), kept_at=kept, reason=reason, next_seq=next_seq
-        )
+        self._path, self._synced = last.path, self._next_seq - 1
 
     def _step(self, stage: str) -> None:
         if self._fault is not None:
@@ -547,7 +508,7 @@ class LogWriter:
 
     def _create_segment(self, first_seq: int) -> None:
         """Temp file, header, fdatasync, rename, fsync dir; then append to it."""
-        path = os.path.join(self.directory, segment_name(first_seq))
+        path = os.path.join(self.directory, f"{first_seq:020d}.seg")
         tmp = path + ".tmp"
         salt = secrets.randbits(32)
         header = _segment_header(salt, first_seq)
@@ -586,7 +547,7 @@ class LogWriter:
         if self._fd >= 0:
             ops.close(self._fd)
         self._fd, self._path, self._salt = fd, path, salt
-        self._first_seq, self._end, self._next_seq = first_seq, SEGMENT_HEADER_SIZE, first_seq
+        self._end, self._next_seq = SEGMENT_HEADER_SIZE, first_seq
         self._allocated = os.fstat(fd).st_size
 
     # -- appending --
@@ -615,18 +576,15 @@ class LogWriter:
 
     def write(self, events: Sequence[Event]) -> tuple[int, bytes]:
         """Write a batch as one frame, not yet durable (``sync`` makes it so);
-        return its last seq and the frame's payload (``encode_many`` of the
-        events as stored), so a caller that sends them on need not encode them
-        again. Refused while the last frame is not synced: of two frames
-        written since a sync, a power cut can keep the second and lose the
-        first, a hole recovery must refuse as damage; one unsynced frame can
-        only be a torn tail."""
+        return its last seq and the frame's payload, for a caller that sends it on.
+        Refused while the last frame is not synced: a power cut could keep the
+        second of two and lose the first, a hole recovery must refuse as damage."""
         payload = self._write(events)[1]
         return self._next_seq - 1, payload
 
     def sync(self) -> int:
-        """Make every frame written durable (one fdatasync, none when nothing
-        is new); return the last seq that is durable."""
+        """Make every frame written durable (no fdatasync when nothing is new);
+        return the last durable seq."""
         self._check_alive()
         upto = self._next_seq - 1
         if upto > self._synced:
@@ -672,9 +630,8 @@ class LogWriter:
         self._next_seq += count
 
     def _write_ahead(self, fd: int, frame: bytes, end: int) -> None:
-        """Write ``frame`` at ``end`` with the next ``preallocate`` bytes of zeros
-        in the same write (this commit pays for the size change, the next ones
-        do not); with no room for the zeros, the frame alone."""
+        """Write ``frame`` at ``end`` followed by ``preallocate`` zeros, so that the
+        next commits change no file size; with no room for them, the frame alone."""
         ahead = frame + bytes(self.preallocate)
         try:
             self._write_all(fd, ahead, end)
@@ -762,7 +719,6 @@ class LogWriter:
         self.close()
 
 
-
 class _Cursor:
     """A reader's position: which segment, which byte, which sequence next.
 
@@ -781,16 +737,6 @@ class _Cursor:
         self.offset = SEGMENT_HEADER_SIZE
         self.next_seq = 0
 
-    def _start(self, segs: list[Segment]) -> bool:
-        chosen = None
-        for seg in segs:
-            if seg.first_seq <= self.from_seq or chosen is None:
-                chosen = seg
-        if chosen is None:
-            return False
-        self.seg, self.next_seq, self.offset = chosen, chosen.first_seq, SEGMENT_HEADER_SIZE
-        return True
-
     def batches(self) -> Iterator[list[Event]]:
         """Every complete frame available now, decoded; returns at the current end."""
         from_seq = self.from_seq
@@ -805,10 +751,13 @@ class _Cursor:
         ``from_seq`` (the first may start before it); returns at the current end."""
         while True:
             segs = segments(self.directory)
-            if self.seg is None and not self._start(segs):
-                return
+            if self.seg is None:
+                if not segs:
+                    return
+                # the newest segment starting at or before from_seq (else the oldest)
+                self.seg = next((s for s in reversed(segs) if s.first_seq <= self.from_seq), segs[0])
+                self.next_seq = self.seg.first_seq
             seg = self.seg
-            assert seg is not None
             newer = [s for s in segs if s.first_seq > seg.first_seq]
             try:
                 scan = SegmentScan(seg.path, offset=self.offset, next_seq=self.next_seq).__enter__()
@@ -855,8 +804,7 @@ def read_batches(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterat
 
 
 def read_frames(directory: str | os.PathLike[str], from_seq: int = 1) -> Iterator[Frame]:
-    """``read_batches`` before decoding (the first frame may start before
-    ``from_seq``); ``decode_frame`` decodes one as ``read_batches`` would."""
+    """``read_batches`` before ``decode_frame`` (the first frame may start before ``from_seq``)."""
     return _Cursor(os.fspath(directory), from_seq).frames()
 
 
@@ -876,12 +824,8 @@ def last_seq(directory: str | os.PathLike[str]) -> int:
         return scan.run().next_seq - 1
 
 
-_IN_MODIFY = 0x002
-_IN_CLOSE_WRITE = 0x008
-_IN_MOVED_TO = 0x080
-_IN_CREATE = 0x100
-_IN_NONBLOCK = 0o4000
-_IN_CLOEXEC = 0o2000000
+_IN_CHANGES = 0x002 | 0x008 | 0x080 | 0x100  # IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+_IN_FLAGS = 0o4000 | 0o2000000  # IN_NONBLOCK | IN_CLOEXEC
 
 
 class _Waiter:
@@ -893,10 +837,9 @@ class _Waiter:
         self._sleep = 0.001
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+            fd = libc.inotify_init1(_IN_FLAGS)
             if fd >= 0:
-                mask = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
-                if libc.inotify_add_watch(fd, os.fsencode(directory), mask) >= 0:
+                if libc.inotify_add_watch(fd, os.fsencode(directory), _IN_CHANGES) >= 0:
                     self.fd = fd
                 else:
                     os.close(fd)
@@ -923,19 +866,10 @@ class _Waiter:
             os.close(self.fd)
 
 
-def follow(
-    directory: str | os.PathLike[str],
-    from_seq: int = 1,
-    *,
-    stop: threading.Event | None = None,
-    poll_max_s: float = 1.0,
-) -> Iterator[list[Event]]:
-    """Tail a log another process writes: yield each new frame's events.
-
-    Blocks between frames on inotify (or short backoff sleeps where inotify is
-    missing), follows rotations, and returns once ``stop`` is set (checked at
-    least every ``poll_max_s`` seconds).
-    """
+def follow(directory: str | os.PathLike[str], from_seq: int = 1, *, stop: threading.Event | None = None,
+           poll_max_s: float = 1.0) -> Iterator[list[Event]]:
+    """Tail a log another process writes: yield each new frame's events, across
+    rotations, until ``stop`` is set (checked at least every ``poll_max_s``)."""
     d = os.fspath(directory)
     while not os.path.isdir(d):
         if stop is not None and stop.is_set():

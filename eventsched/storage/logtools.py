@@ -56,7 +56,6 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
     found = _Finding(segments=len(segs))
     expected = segs[0].first_seq if segs else 1
     for i, seg in enumerate(segs):
-        is_last = i == len(segs) - 1
         with L.SegmentScan(seg.path) as scan:
             problem, offset = None, 0
             if not scan.header_ok:
@@ -75,11 +74,10 @@ def _inspect(directory: str, *, decode: bool) -> _Finding:
                             problem, offset = f"frame holds {len(batch)} events, header says {count}", off
                             break
                 else:
-                    if scan.unwritten and not scan.rest_is_zero():
-                        scan.problem = L.TORN_AHEAD
+                    scan.check_ahead()
                     if scan.problem is not None:
                         problem, offset = scan.problem, scan.end
-                        if is_last:
+                        if i == len(segs) - 1:
                             good = scan.valid_frame_after(scan.end)
                             if good is None:
                                 found.torn_tail = True
@@ -101,9 +99,8 @@ IN_FLIGHT_LOOKS = 20  # 10 ms apart: a frame's write takes far less
 
 
 def _held_by_writer(directory: str) -> bool:
-    """Does a live writer hold the log's lock? Read from /proc/locks: taking
-    the lock to find out could make a daemon starting at that moment refuse
-    to (False wherever it cannot be told)."""
+    """Does a live writer hold the log's lock? Read from /proc/locks: taking the
+    lock to find out could make a daemon starting then refuse to (False if unknown)."""
     try:
         st = os.stat(os.path.join(directory, L.LOCK_NAME))
         with open("/proc/locks") as f:
@@ -121,23 +118,19 @@ def verify(directory: str | os.PathLike[str]) -> int:
         return code
     try:
         found = _inspect(d, decode=True)
+        if found.segments == 0:
+            _err(f"no log segments in {d}")
+            return 1
+        # a live writer's frame in flight reads as a torn tail (its header not yet
+        # copied, its body already there): look again while it finishes
+        for _ in range(IN_FLIGHT_LOOKS):
+            if not (found.torn_tail and _held_by_writer(d)):
+                break
+            time.sleep(0.01)
+            found = _inspect(d, decode=True)
     except OSError as e:
         _err(f"cannot read log {d}: {e}")
         return 1
-    if found.segments == 0:
-        _err(f"no log segments in {d}")
-        return 1
-    # a live writer's frame in flight reads as a torn tail (its header not yet
-    # copied, its body already there): look again while it finishes
-    looks = 0
-    while found.torn_tail and looks < IN_FLIGHT_LOOKS and _held_by_writer(d):
-        time.sleep(0.01)
-        looks += 1
-        try:
-            found = _inspect(d, decode=True)
-        except OSError as e:
-            _err(f"cannot read log {d}: {e}")
-            return 1
     if found.problem:
         where = f"segment {found.segment} at byte {found.offset}: {found.problem}"
         if found.torn_tail:
@@ -192,12 +185,6 @@ def dump(directory: str | os.PathLike[str], json: bool = False, from_seq: int = 
     return 0
 
 
-def _lock(d: str) -> int | str:
-    path = os.path.join(d, L.LOCK_NAME)
-    fd = L.try_lock(path)
-    return L.lock_holder(path) if fd is None else fd
-
-
 def repair(directory: str | os.PathLike[str], ops: FileOps = PLAIN) -> int:
     """Cut the log at its first bad frame, keeping everything cut in files aside.
 
@@ -209,13 +196,14 @@ def repair(directory: str | os.PathLike[str], ops: FileOps = PLAIN) -> int:
     d = os.fspath(directory)
     if (code := _missing(d)) is not None:
         return code
+    lock_path = os.path.join(d, L.LOCK_NAME)
     try:
-        lock = _lock(d)
+        lock = L.try_lock(lock_path)
     except OSError as e:
         _err(f"cannot lock log {d}: {e.strerror}")
         return 1
-    if isinstance(lock, str):
-        _err(f"log {d} is locked by pid {lock}; stop the daemon before repairing")
+    if lock is None:
+        _err(f"log {d} is locked by pid {L.lock_holder(lock_path)}; stop the daemon before repairing")
         return 1
     try:
         found = _inspect(d, decode=False)

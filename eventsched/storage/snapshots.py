@@ -1,12 +1,8 @@
 """Snapshots of the allocation projection: an optimisation, never the truth.
 
-A snapshot file is ``snapshot-<seq>.msgpack``: a header (magic, CRC32 of the
-payload, payload length) then ``cluster.snapshot_bytes``. It includes every
-event up to ``seq``; start-up loads the newest valid one and folds the log's
-tail after it. Deleting every snapshot gives the same state, only slower.
-Writes are atomic: temp file, fsync, rename, fsync of the directory.
-Snapshots hold every job's environment: the directory is 0700 and the files
-0600, whoever runs the daemon.
+``snapshot-<seq>.msgpack`` holds a header (magic, CRC32, length) then the
+state after event ``seq``; deleting them all gives the same state, only
+slower. They hold every job's environment: directory 0700, files 0600.
 """
 
 from __future__ import annotations
@@ -14,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -32,10 +29,7 @@ logger = logging.getLogger(__name__)
 MAGIC = b"ESNAP1\n\0"
 HEADER = struct.Struct(">8sIQ")  # magic, crc32, payload length
 KEEP = 2  # newest snapshots kept; older ones are pruned
-
-
-def _name(seq: int) -> str:
-    return f"snapshot-{seq:020d}.msgpack"
+_SNAPSHOT_NAME = re.compile(r"snapshot-([0-9]+)\.msgpack")
 
 
 def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -43,25 +37,16 @@ def list_snapshots(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     d = Path(directory)
     if not d.is_dir():
         return []
-    out = []
-    for p in d.iterdir():
-        name = p.name
-        if name.startswith("snapshot-") and name.endswith(".msgpack"):
-            try:
-                out.append((int(name[len("snapshot-") : -len(".msgpack")]), p))
-            except ValueError:
-                continue
-    return sorted(out)
+    return sorted((int(m[1]), p) for p in d.iterdir() if (m := _SNAPSHOT_NAME.fullmatch(p.name)))
 
 
 def save_bytes(directory: str | os.PathLike[str], seq: int, data: bytes, *, ops: FileOps = PLAIN) -> Path:
-    """Write one snapshot payload (from ``snapshot_bytes``) atomically; prune old ones.
-    ``ops``: the file calls (a crash-state test records them)."""
+    """Write one snapshot payload atomically (``ops``: the file calls); prune old ones."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     if d.stat().st_mode & 0o077:
         os.chmod(d, 0o700)  # made by an earlier version: snapshots hold every job's environment
-    final = d / _name(seq)
+    final = d / f"snapshot-{seq:020d}.msgpack"
     tmp = d / (final.name + ".tmp")
     _unlink(ops, tmp)  # a leftover with another mode; O_EXCL below
     ops.write_new(tmp, HEADER.pack(MAGIC, zlib.crc32(data), len(data)) + data)
@@ -99,8 +84,7 @@ def _read(path: Path) -> bytes:
 
 def load_latest(directory: str | os.PathLike[str], decode: Callable[[bytes], T],
                 seq_of: Callable[[T], int]) -> T | None:
-    """The newest snapshot that reads back whole, decoded with ``decode``;
-    corrupt ones, and ones that do not hold the seq their name says, are skipped."""
+    """The newest snapshot that reads back whole and holds the seq its name says."""
     for seq, path in reversed(list_snapshots(directory)):
         try:
             value = decode(_read(path))
