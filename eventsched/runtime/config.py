@@ -26,19 +26,13 @@ class ConfigError(Exception):
 
 
 class ConnectionLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
-    """Fair use of the control socket (root and the daemon's user are exempt)."""
+    """Fair use of the control socket (root and the daemon's user are exempt;
+    ``COMMENTS`` says what each means)."""
 
-    # connections of one uid
     max_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
-    # every connection; lowered at start to fit the daemon's open-file limit
     max_total: Annotated[int, msgspec.Meta(ge=1)] = 4096
-    # replies and events written but not yet read by one uid's connections:
-    # a connection that would push it past this is closed (one reply of any
-    # size is let through when nothing else of that user is waiting)
     max_unread_bytes_per_user: Annotated[int, msgspec.Meta(ge=1 << 16)] = 32 << 20
-    # requests of one uid (all its connections) handed to the engine and not
-    # yet answered: beyond this its connections are not read until some are
-    # answered, so a flood waits behind itself, not in front of other users
+    # a user's flood waits behind itself, not in front of other users
     max_requests_in_flight_per_user: Annotated[int, msgspec.Meta(ge=1)] = 64
 
 
@@ -46,14 +40,11 @@ class JobLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
     """Host limits, written under ``[scheduler]`` but kept out of the recorded
     settings: no scheduling decision depends on them."""
 
-    # a job's program or script, resolved, must lie under one of these ([]: anywhere)
     allowed_script_paths: list[str] = []
-    # host memory per job, enforced by the kernel (0: no limit)
     max_host_mem_mib: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-# keys of [scheduler] that belong to JobLimits
-JOB_LIMIT_KEYS = ("allowed_script_paths", "max_host_mem_mib")
+JOB_LIMIT_KEYS = ("allowed_script_paths", "max_host_mem_mib")  # keys of [scheduler] that belong to JobLimits
 
 
 class Accounting(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

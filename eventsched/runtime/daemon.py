@@ -39,7 +39,7 @@ class SetupError(Exception):
     """What stops the daemon before it starts (a bad --gpus, no Ray, a port in use): one line."""
 
 
-# --log-file: where it rotates and how many old files it keeps (as `serve --help` says)
+# --log-file rotates at this size and keeps this many old files (as `serve --help` says)
 LOG_FILE_BYTES = 10 * 1024 * 1024
 LOG_FILE_BACKUPS = 5
 
@@ -161,7 +161,6 @@ def _executor(config: ServeConfig, backend: GpuBackend | None) -> tuple[GpuBacke
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, in order."""
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]

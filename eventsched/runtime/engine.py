@@ -1,18 +1,12 @@
 """The single-writer loop: the only place that appends to the log.
 
 One task drains the inbox, runs each message through the sans-I/O core and
-writes what the batch produced as one frame (group commit). Only once an
-fdatasync has made that frame durable are its clients acknowledged and its
-effects (launches, signals) performed, batch after batch in order. A batch
-nobody waits on (observations with no reply and no effect: a job's start, a
-GPU sample) is not synced alone: it joins the next frame someone waits on, or
-is written within ``LAZY_COMMIT_S``; a restart reads what it held again from
-the attempt records and the GPUs. While a
-slow fdatasync runs in the commit thread the loop goes on deciding batches;
-what they produced is written as one frame when it returns. Everything else
+writes the batch as one frame (group commit); clients are answered and
+effects performed only once an fdatasync made it durable, in order. The rest
 (socket, exit watcher, GPU sampler, timer) only sends messages to the inbox.
 The projection runs ahead of the disk: if a write fails (disk full) it is
-rebuilt from the log and every client of the batches not written is refused.
+rebuilt from the log and the clients of the batches not written are refused.
+docs/launch-path.md says why the commit works as it does.
 """
 
 from __future__ import annotations
@@ -55,17 +49,13 @@ logger = logging.getLogger("eventsched.engine")
 
 INBOX_SIZE = 65_536
 MAX_BATCH = 8_192
-# fdatasyncs slower than this on average send the next ones to the commit
-# thread (see _commit); the average is a moving one, so that a disk that is
-# slow goes there and one slow fdatasync on a fast disk does not (the hand-off
-# costs every commit two context switches)
+# a moving average of fdatasyncs above this sends them to the commit thread:
+# a slow disk goes there, one slow fdatasync on a fast disk does not
 SLOW_SYNC_S = 0.0005
 SYNC_AVERAGE_WEIGHT = 0.2  # of the latest fdatasync in that average
-# Group commit: while fewer requests wait than the last batch answered, the
-# loop runs up to this many more steps before taking the batch (see _gather)
-GATHER_STEPS = 6
-# a batch nobody waits on is made durable with the next one somebody does, or
-# after this long: on a busy daemon a job's start costs no fdatasync of its own
+GATHER_STEPS = 6  # more loop steps before a batch is taken (see _gather)
+# a batch nobody waits on is made durable with the next one somebody does, or after this
+# long (lost in a crash, a restart reads it again from the attempt records and the GPUs)
 LAZY_COMMIT_S = 0.01
 RETRY_AFTER_FULL_S = 1.0  # an observation refused by a full disk is handled again this much later
 
@@ -106,30 +96,13 @@ class Decided:
 
 
 def prepare_state_dir(state_dir: Path) -> None:
-    """Create the state dir, or tighten one that is ours: a root daemon's
-    users may traverse it (not list it) to reach their jobs' output and the
-    socket; a user's daemon keeps its state to itself."""
+    """Create the state dir, or tighten one that is ours: a root daemon's users
+    may traverse it (to reach their output and the socket), nobody else may."""
     mode = 0o711 if os.geteuid() == 0 else 0o700
     state_dir.mkdir(parents=True, exist_ok=True, mode=mode)
     st = state_dir.stat()
     if st.st_uid == os.geteuid() and st.st_mode & 0o777 & ~mode:
         os.chmod(state_dir, mode)
-
-
-class _Outbox:
-    """How the executor reaches the engine (``ports.Outbox``)."""
-
-    __slots__ = ("_engine",)
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-
-    async def __call__(self, message: Message, /) -> None:
-        await self._engine.tell(message)
-
-    @property
-    def state(self) -> ClusterState | None:
-        return self._engine.state
 
 
 class Engine:
@@ -161,9 +134,8 @@ class Engine:
         self._last_requesters = 0  # requests the last batch answered: about how many will come back
         self.state: ClusterState | None = None
         self.log: eventlog.LogWriter | None = None
-        # a deque and a wake-up event, not a memory stream: an item costs an
-        # append, not a checkpoint; asyncio's primitives, not anyio's, which
-        # look the backend up on every call (the daemon runs on asyncio)
+        # a deque and asyncio's event, not an anyio memory stream: an item
+        # costs an append, not a checkpoint and a backend lookup
         self._inbox: collections.deque[Pending] = collections.deque()
         self._inbox_ready = asyncio.Event()
         self._inbox_room = asyncio.Event()  # set when a batch is taken: an exit waiting for room goes in
@@ -188,8 +160,6 @@ class Engine:
         self._stopping = False
         self._samples = SampleFilter()
         self.committed_seq = 0
-
-    # --- the public face (used by the server) ----------------------------
 
     async def call(self, item: Message | Query, answer: Answer | None = None) -> Any:
         """Send a command or query and wait until its events are durable."""
@@ -236,17 +206,16 @@ class Engine:
         self._enqueue(Pending(item))
         await anyio.lowlevel.checkpoint()
 
+    __call__ = tell  # the engine is the executor's outbox (``ports.Outbox``)
+
     def subscribe(self, deliver: Callable[[bytes], bool]) -> int:
-        """Register for live batches (encoded once for all; ``deliver`` returns
-        False to be dropped); the last committed seq, taken in the same step,
-        so history up to it plus the stream lose nothing."""
+        """Register for live batches (``deliver`` returns False to be dropped);
+        the last committed seq, so history up to it plus the stream lose nothing."""
         self._subscribers.add(deliver)
         return self.committed_seq
 
     def unsubscribe(self, deliver: Callable[[bytes], bool]) -> None:
         self._subscribers.discard(deliver)
-
-    # --- start-up --------------------------------------------------------
 
     def _load_state(self) -> ClusterState:
         """Newest valid snapshot plus the log's tail (or the whole log)."""
@@ -255,13 +224,11 @@ class Engine:
             for batch in eventlog.read_batches(log_dir(self.state_dir), from_seq=state.last_seq + 1):
                 for event in batch:
                     apply(state, event)
-            # built now, not by the first listing or policy on the loop, where
-            # the sort of a long queue would stall every client
+            # sorted here, not by the first listing on the loop, where it would stall every client
             state.queue.build_orders()
             if state.policy == "sjf-backfill":
                 state.queue.build_groups()
-            # before the collector is back: else its first pass walks the whole
-            # state, everything made while it was off being in generation 0
+            # else the collector's first pass walks the whole state (all of it in generation 0)
             collector.freeze_survivors()
         return state
 
@@ -280,17 +247,13 @@ class Engine:
             gpus = self.backend.discover()
             started = Started(node=self.config.node, pid=os.getpid(), version=__version__, gpu_backend=self.backend.name,
                               gpus=gpus, config=self.config, tenants=self.tenants)
-            running = {
-                job.id: (job.pid or 0, job.start_time or 0)
-                for job in self.state.jobs.values()
-                if job.state == JobState.RUNNING
-            }
+            running = {job.id: (job.pid or 0, job.start_time or 0)
+                       for job in self.state.jobs.values() if job.state == JobState.RUNNING}
             attempts = {job: self.state.jobs[job].attempts for job in running}
             recovered = self.executor.recover(running, attempts)
             for message in [started, *recovered]:
                 self._enqueue(Pending(message))
-            # the state is never walked by a full collection, whose pauses would
-            # grow with the backlog, and young passes are fewer (projections/collector.py)
+            # no full collection walks the state (projections/collector.py)
             with collector.freezing_after_full_collections(), collector.fewer_young_passes():
                 await self._serve(task_status)
         finally:
@@ -303,7 +266,7 @@ class Engine:
             tg.start_soon(self._main_loop)
             tg.start_soon(self._syncer)
             tg.start_soon(self._flush_lazily)
-            tg.start_soon(self.executor.run, _Outbox(self))
+            tg.start_soon(self.executor.run, self)
             tg.start_soon(self._timer)
             tg.start_soon(self._sampler)
             task_status.started()
@@ -346,8 +309,6 @@ class Engine:
                     logger.warning("could not save a snapshot at shutdown: %s", exc)
             self.log.close()
             self.log = None
-
-    # --- the loop --------------------------------------------------------
 
     async def _main_loop(self) -> None:
         assert self.state is not None and self.log is not None
@@ -392,11 +353,9 @@ class Engine:
                 await self._snapshot()
 
     async def _gather(self) -> None:
-        """Group commit: let the loop run before the batch is taken, so that
-        requests readable on other connections join its one fdatasync. One
-        step always; more while fewer requests wait than the last batch
-        answered (clients on a busy machine wake one after another to send
-        their next). docs/launch-path.md has the measurements behind this."""
+        """Let the loop run before the batch is taken, so that requests on other
+        connections join its fdatasync: one step, more while fewer wait than the
+        last batch answered (docs/launch-path.md)."""
         await asyncio.sleep(0)
         for _ in range(GATHER_STEPS):
             if len(self._inbox) >= self._last_requesters:
@@ -404,8 +363,7 @@ class Engine:
             await asyncio.sleep(0)
 
     def _read_answer(self, pending: Pending) -> None:
-        """The reply as of the state its batch left (later batches may be
-        decided before it is sent)."""
+        """The reply as of the state its batch left (later ones may be decided before it is sent)."""
         assert self.state is not None
         if pending.error is None:
             try:
@@ -419,12 +377,9 @@ class Engine:
                 pending.error = refusal
 
     def _commit(self) -> None:
-        """Write what was decided as one frame, make it durable and release
-        the batches it holds. A quick fdatasync runs here, on the loop (every
-        reply waits for it, and a hand-off to a thread costs more); once they
-        are slow on average they run in the commit thread (``_syncer``), so sockets,
-        exits and timers are not held by a slow disk, and the batches decided
-        meanwhile are written when it returns."""
+        """Write what was decided as one frame, make it durable and release its
+        batches. A quick fdatasync runs on the loop (a hand-off costs more); slow
+        ones run in the commit thread (``_syncer``), so a slow disk holds no socket."""
         assert self.log is not None
         if self._syncing:
             return
@@ -466,8 +421,7 @@ class Engine:
                 self._lazy.set()
 
     async def _flush_lazily(self) -> None:
-        """Write and sync, ``LAZY_COMMIT_S`` after they were decided, the
-        events no reply or effect has made durable since."""
+        """Make durable, ``LAZY_COMMIT_S`` after they were decided, events nobody waits on."""
         while True:
             await self._lazy.wait()
             self._lazy.clear()
@@ -477,15 +431,13 @@ class Engine:
                 self._commit()
 
     def _write(self) -> None:
-        """Write every event decided since the last write as one frame: one
-        frame at most waits for an fdatasync (``LogWriter.write`` says why);
-        nothing while none of them is waited on (see ``LAZY_COMMIT_S``)."""
+        """Every event decided since the last write as one frame (``LogWriter.write``
+        allows one unsynced frame); nothing while none is waited on."""
         assert self.log is not None
         if not self._unwritten or self._needed < self._unwritten[0].seq:
             return
         events, self._unwritten = self._unwritten, []
-        # the core stamped each event with the log's next seq (its causes
-        # name seqs); anything else would be a second writer or a bug
+        # the core stamped each event with the log's next seq: else a second writer or a bug
         if events[0].seq != self.log.next_seq:
             raise RuntimeError(f"core stamped seq {events[0].seq}, the log is at {self.log.next_seq}")
         try:
@@ -501,9 +453,8 @@ class Engine:
                     if pending.produced:
                         pending.error = Refused(RefusalKind.UNAVAILABLE, str(exc))
                         pending.produced = []
-                    # an observation (an exit, a node's fault, a tick) has no one to
-                    # tell: it is handled again later, or it would be lost for good
-                    # (not a GPU sample: the next one says the same)
+                    # an observation has no one to tell: handled again later, or lost
+                    # for good (not a GPU sample: the next one says the same)
                     if pending.reply is None and not isinstance(pending.item, (GpuObserved, Query)):
                         again.append(pending.item)
             if again:
@@ -513,8 +464,7 @@ class Engine:
             self._released.set()
 
     async def _reload(self) -> None:
-        """After a full disk refused a write: the state read again from the
-        log, the refused batches' replies read from it and sent."""
+        """After a full disk refused a write: the state and the refused replies read again from the log."""
         assert self.log is not None
         self.state = await anyio.to_thread.run_sync(self._load_state)
         self._stale = False
@@ -556,8 +506,7 @@ class Engine:
         self._released.set()
 
     async def _durable(self) -> bool:
-        """Wait until every batch decided is durable and released; False if a
-        full disk refused some (the state is read again first)."""
+        """Wait until every batch decided is released; False if a full disk refused some."""
         assert self.state is not None
         self._needed = self.state.last_seq
         self._commit()
@@ -603,8 +552,6 @@ class Engine:
         if code != 0:  # an optimisation lost: the next start-up reads more log
             logger.warning("could not save a snapshot: its writer (pid %d) exited with %d", pid, code)
 
-    # --- effects ---------------------------------------------------------
-
     def _perform(self, effect: Effect) -> None:
         match effect:
             case Launch():
@@ -621,7 +568,7 @@ class Engine:
                 raise TypeError(f"the engine cannot perform {type(effect).__name__}")
 
     def _show_load_to_gpus(self) -> None:
-        # fake GPUs report what the scheduler placed on them, as real ones would
+        """Fake GPUs report what the scheduler placed on them, as real ones would."""
         if self.state is not None:
             for gpu in self.state.all_gpus():
                 if gpu.node == self.config.node and not gpu.lost:

@@ -1,13 +1,10 @@
-"""Per-user notification hooks: a webhook and/or a mail command, told when
-one of the user's jobs ends, fails, is preempted or is stopped for its GPU memory.
+"""Per-user notification hooks: a webhook and/or a mail command, told when one
+of the user's jobs ends, fails, is preempted or is stopped for its GPU memory
+(docs/notifications.md).
 
 The hooks live in the state dir (``notify.json``, 0600), not in the log: a
-webhook's secret must not be readable by whoever may read the history. A
-hook belongs to the socket's peer; nobody sets another's, and a hook hears
-only of its owner's jobs. On the engine's loop a batch only becomes queued
-messages (a bounded queue); one worker thread sends them, retrying with
-exponential back-off for a bounded time, and keeps the last failure on the
-hook for ``eventsched notify list`` (and in the daemon's log).
+webhook's secret must not be readable by whoever may read the history. On the
+engine's loop a batch only becomes queued messages; one worker thread sends them.
 """
 
 from __future__ import annotations
@@ -157,12 +154,10 @@ class _Delivery(msgspec.Struct, kw_only=True):
 
 
 class Notifier:
-    """The hooks and the worker that delivers to them."""
-
-    def __init__(self, state_dir: Path, job: Callable[[int], Any], *, daemon_uid: int | None = None) -> None:
+    def __init__(self, state_dir: Path, job: Callable[[int], Any]) -> None:
         self.path = state_dir / "notify.json"
         self._job = job  # a job of the engine's state by id (None: unknown)
-        self.daemon_uid = os.geteuid() if daemon_uid is None else daemon_uid
+        self.daemon_uid = os.geteuid()
         self._lock = threading.Lock()  # the hooks, shared by the loop, the worker and the saving threads
         self._save_lock = threading.Lock()  # one save at a time: the newest hooks are written last
         self.hooks: dict[int, Hook] = self._load()
@@ -189,10 +184,8 @@ class Notifier:
                 f.write(data)
             os.replace(tmp, self.path)
 
-    # --- requests (run in a thread: they write the file) ----------------
-
     def set(self, request: SetNotify, uid: int, gid: int, user: str) -> dict[str, Any]:
-        """The peer's own hook, replaced (all empty: removed)."""
+        """The peer's own hook, replaced (all empty: removed); in a thread, as it writes the file."""
         check_hook(request)
         if self.daemon_uid != 0 and uid not in (0, self.daemon_uid):
             raise Refused(RefusalKind.FORBIDDEN, f"this daemon runs as uid {self.daemon_uid} and runs no jobs of "
@@ -211,8 +204,6 @@ class Notifier:
     def listing(self, uid: int, operator: bool) -> list[dict[str, Any]]:
         with self._lock:
             return [h.public() for h in self.hooks.values() if operator or h.uid == uid]
-
-    # --- on the engine's loop -------------------------------------------
 
     def fan_out(self, payload: bytes) -> bool:
         """An engine subscriber: queue a message for each hook a batch concerns."""
@@ -233,8 +224,6 @@ class Notifier:
             self._queue.put_nowait(_Delivery(uid=hook.uid, what=what, body=body, first_try=time.time()))
         except queue.Full:
             self._failed(hook.uid, what, f"more than {QUEUE_SIZE} messages waiting: dropped")
-
-    # --- the worker -----------------------------------------------------
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._work, name="eventsched-notify", daemon=True)

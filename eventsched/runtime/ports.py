@@ -1,6 +1,4 @@
-"""What the engine needs from the world outside the log: an executor that
-starts and stops job processes, and a clock. The engine is handed both, so a
-cluster executor or a test's fake clock plugs in without the engine knowing."""
+"""What the engine is handed from the world outside the log: an executor and a clock."""
 
 from __future__ import annotations
 
@@ -27,12 +25,9 @@ class Outbox(Protocol):
 
 
 class Executor(Protocol):
-    """Starts, stops and watches job processes for the engine.
-
-    ``launch`` returns once the job has exec'd, or raises ``LaunchError``
-    (``AlreadyLaunched`` for a duplicate of an attempt already started);
-    ``signal`` returns at once; what happens to a process later (its exit, its
-    loss) comes back through the outbox given to ``run``."""
+    """Starts, stops and watches job processes. ``launch`` returns once the job
+    has exec'd, or raises ``LaunchError``; what happens to a process later
+    comes back through the outbox given to ``run``."""
 
     fork_safe: bool  # the engine may fork a snapshot writer beside it
 
@@ -73,10 +68,8 @@ class Clock(Protocol):
 
 
 class SteadyClock:
-    """The wall clock read at start-up, then moved on by the monotonic clock:
-    a step of the wall clock during a run (NTP, a restored VM) neither fires
-    time limits early nor charges phantom GPU hours nor stamps an event before
-    the one before it; a restart reads the wall clock again."""
+    """The wall clock read at start-up, then moved on by the monotonic clock: a
+    step of the wall clock during a run (NTP, a restored VM) moves no deadline."""
 
     def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic

@@ -1,11 +1,9 @@
 """The seeds' ``config.json`` (seed 000's schema), accepted by ``serve --config X.json``.
 
-Each key is translated to eventsched's config (``SEED_KEYS``: the whole table,
-with why a key is ignored), then validated by ``config.config_from_dict`` like
-a TOML file. A key neither the seeds nor eventsched know is refused by name;
-eventsched's own keys (``"tenants"``, ``"limits"``, ``"scheduler":
-{"aging_per_hour": ...}`` ...) pass through unchanged. Relative paths are
-taken from the config file's folder.
+Each key is translated by ``SEED_KEYS`` (which also says why a key is ignored),
+then validated by ``config.config_from_dict`` like a TOML file; eventsched's
+own keys pass through, any other is refused by name. Relative paths are taken
+from the config file's folder.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def _whole(value: Any, key: str, *, low: int) -> int:
     return int(value)
 
 
-def _seconds(value: Any, key: str) -> float:
-    return _number(value, key, low=0, low_open=True)
+_seconds = partial(_number, low=0, low_open=True)
 
 
 def _fraction_pct(value: Any, key: str) -> float:
@@ -105,13 +102,8 @@ SEED_KEYS: dict[str, dict[str, tuple[tuple[str, ...], _Convert] | None]] = {
         "log_file": _IGNORED,  # the daemon logs JSON lines to stderr
         "monitor_interval_s": _IGNORED,  # the jobs file is looked at every second
     },
-    "logging": {  # always JSON lines to stderr (`serve --log-level`); rotation is journald's
-        "level": _IGNORED,
-        "structured": _IGNORED,
-        "max_log_size_mb": _IGNORED,
-        "backup_count": _IGNORED,
-        "metrics_enabled": _IGNORED,
-    },
+    # always JSON lines to stderr (`serve --log-level`); rotation is journald's
+    "logging": dict.fromkeys(("level", "structured", "max_log_size_mb", "backup_count", "metrics_enabled"), _IGNORED),
     "security": {
         "allowed_script_paths": (("scheduler", "allowed_script_paths"), _paths),
         "max_memory_per_job_gb": (("scheduler", "max_host_mem_mib"), _gib_to_mib),  # only if enable_resource_limits
@@ -127,9 +119,8 @@ def _unknown(where: str, key: str, known: set[str]) -> SeedConfigError:
 def seed_config_to_dict(
     raw: Any, where: str, folder: str, ours: type, scheduler_extra: Iterable[str] = ()
 ) -> dict[str, Any]:
-    """The seed's parsed JSON as eventsched's config dict (SeedConfigError: one
-    line). ``ours``: the config struct (``FileConfig``), whose fields pass
-    through, as do [scheduler]'s (``SchedulerConfig``'s and ``scheduler_extra``)."""
+    """The seed's parsed JSON as eventsched's config dict (SeedConfigError: one line). The
+    fields of ``ours`` (``FileConfig``, passed in: no import cycle) and of [scheduler] pass through."""
     if not isinstance(raw, dict):
         raise SeedConfigError(f"config file {where}: expected a JSON object of sections (scheduler, gpu, jobs, files, ...)")
     our_top = {f.name for f in msgspec.structs.fields(ours)}

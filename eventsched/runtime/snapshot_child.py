@@ -1,11 +1,7 @@
-"""Snapshots written by a forked child, as Redis's BGSAVE does: encoding a
-large state would stall the loop, a fork costs far less (and, for the fraction
-of a second the child runs, up to the state's size again in copied pages).
-
-The child runs none of the other threads' code and takes no lock they could
-hold; it takes no signal meant for the daemon and ends with ``os._exit``, so
-no handler or buffer of the parent's runs twice. Executors whose threads
-cannot survive a fork (Ray's gRPC) keep the snapshot on the loop.
+"""Snapshots written by a forked child, as Redis's BGSAVE does: encoding a large
+state would stall the loop. The child runs none of the other threads' code,
+takes no signal meant for the daemon and ends with ``os._exit``. Executors whose
+threads cannot survive a fork (Ray's gRPC) keep the snapshot on the loop.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A submitted spec made its submitter's own, or refused.
-
-Who runs a job comes from the kernel (the socket peer) or the daemon's own
-records (a token's user, a jobs file's owner), never from the spec: every
-identity field is replaced. Then the core's submission limits and this
-machine's own (session program, host memory, ``allowed_script_paths``). The
-socket, the HTTP API and the jobs-file follower all admit through here.
+"""A submitted spec made its submitter's own, or refused: the socket, the HTTP
+API and the jobs-file follower all admit through here. Who runs a job comes
+from the peer or the daemon's records, never from the spec.
 """
 
 from __future__ import annotations
@@ -48,7 +44,6 @@ class Admission:
         return uid in (0, self.daemon_uid)
 
     def as_peer(self, spec: JobSpec, peer: Peer) -> JobSpec:
-        """``spec`` as ``peer``'s job, or Refused."""
         if self.daemon_uid != 0 and not self.operator(peer.uid):
             raise Refused(
                 RefusalKind.FORBIDDEN,

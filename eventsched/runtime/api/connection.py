@@ -1,17 +1,10 @@
 """One client connection to the control socket: framing, replies in request
 order, flow control and event subscriptions.
 
-Connections are asyncio buffered protocols, not anyio streams: a request is
-decoded as it arrives and handed to the engine's inbox with a callback that
-writes its reply, so a submission costs no task switch of its own; and all
-read into one shared buffer, where asyncio's plain protocol would allocate a
-new bytes object per read. Compiled with mypyc (``eventsched/_compiled.py``)
-as the per-request path; ``Connection`` stays an ordinary class to Python
-(its base is asyncio's), so tests may drive it.
-
-A connection is handed what it shares with the others (``Context``), never
-the server. It is not read while it has many replies outstanding, too much
-unread, or its user's share of the engine in use.
+asyncio buffered protocols, not anyio streams: a request is handed to the
+engine with a callback that writes its reply (no task switch of its own), and
+all connections read into one shared buffer. Compiled with mypyc
+(``eventsched/_compiled.py``); ``Connection`` stays an ordinary class to Python.
 """
 
 from __future__ import annotations
@@ -40,18 +33,14 @@ from eventsched.wire import protocol
 logger = logging.getLogger("eventsched.server")
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
-# a subscriber further behind than this is cut off (it resubscribes from the
-# last seq it saw) rather than growing the daemon's memory without bound
-SUBSCRIBER_BACKLOG_BYTES = 16 << 20
+SUBSCRIBER_BACKLOG_BYTES = 16 << 20  # further behind: cut off (it resubscribes), not memory without bound
 # stop reading a connection while this much of its replies is unread (resume
 # at the low mark), or while it has this many requests unanswered
 WRITE_HIGH_WATER = 256 << 10
 WRITE_LOW_WATER = 64 << 10
 MAX_OUTSTANDING_REPLIES = 256
-# a subscriber whose history has not drained for this long is dropped
-SUBSCRIBER_STALL_S = 60.0
-# the shared read buffer: one recv reads at most this much of a request
-READ_CHUNK = 64 << 10
+SUBSCRIBER_STALL_S = 60.0  # a subscriber whose history has not drained this long is dropped
+READ_CHUNK = 64 << 10  # the shared read buffer: one recv reads at most this much
 
 
 @dataclass(frozen=True)
@@ -92,9 +81,8 @@ class Flushable(Protocol):
 
 
 class Flusher:
-    """Connections with replies ready: written once the engine has answered
-    its whole batch (``flush_all``, before the effects are performed), or at
-    the end of this step of the loop for any other reply."""
+    """Connections with replies ready: written once the engine has answered its
+    whole batch (``flush_all``), or at the end of this loop step for any other reply."""
 
     def __init__(self) -> None:
         self._unflushed: list[Flushable] = []
@@ -119,8 +107,6 @@ class Flusher:
 
 
 class Context:
-    """What every connection shares, handed to each."""
-
     def __init__(
         self,
         *,
@@ -140,8 +126,6 @@ class Context:
 
 
 class Connection(asyncio.BufferedProtocol):
-    """One client connection: framing, ordering of replies, flow control, subscriptions."""
-
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.fair_use = ctx.fair_use
@@ -198,13 +182,10 @@ class Connection(asyncio.BufferedProtocol):
             self.fair_use.release(self, self.peer.uid)
 
     def eof_received(self) -> bool:
-        # The client may half-close after its last request: answer what is
-        # pending first, then close (see _process). A subscriber that hangs
-        # up is gone: close now, so its slot is free at once.
+        # a half-close after the last request: answer what is pending, then
+        # close; a subscriber that hangs up is gone: close now
         self.eof = True
         return not self.subscribed and (bool(self.slots) or self._complete_request_waits())
-
-    # --- flow control ------------------------------------------------------
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -217,14 +198,12 @@ class Connection(asyncio.BufferedProtocol):
         self._process()
 
     def unread(self) -> int:
-        """Bytes written to this connection that its client has not read yet."""
         if self.closed or self.transport is None:
             return 0
         return self.transport.get_write_buffer_size() + self._slot_bytes
 
     def gone(self) -> bool:
-        """Closed, or its client hung up altogether (a half-close, a client
-        that shut down writing and waits for its answer, is not gone)."""
+        """Closed, or its client hung up altogether (a half-close is not gone)."""
         if self.closed or self.transport is None:
             return True
         sock = self.transport.get_extra_info("socket")
@@ -238,9 +217,8 @@ class Connection(asyncio.BufferedProtocol):
             return True
 
     def guard(self, read: Callable[[ClusterState], Any]) -> Callable[[ClusterState], Any]:
-        """``read``, skipped when nobody will read its answer: the connection
-        is gone, or its user already leaves half their share unread (a
-        listing can be tens of MB; computing it costs the engine's time)."""
+        """``read``, skipped when nobody will read its answer: the connection is
+        gone, or its user already leaves half their share unread."""
 
         def guarded(state: ClusterState) -> Any:
             if self.closed:
@@ -278,7 +256,6 @@ class Connection(asyncio.BufferedProtocol):
         return True
 
     def _may_buffer(self, size: int) -> bool:
-        """May ``size`` more bytes wait for this client? If not, it is cut off."""
         assert self.peer is not None
         if self.fair_use.may_buffer(self.peer.uid, size):
             return True
@@ -286,7 +263,6 @@ class Connection(asyncio.BufferedProtocol):
         return False
 
     def cut_off(self, why: str) -> None:
-        """Drop a client that does not read: its unread data goes at once."""
         if self.closed or self.transport is None:
             return
         assert self.peer is not None
@@ -294,11 +270,8 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         self.transport.abort()
 
-    # --- requests ----------------------------------------------------------
-
     def get_buffer(self, sizehint: int) -> memoryview:
-        # shared by every connection: asyncio calls buffer_updated right
-        # after the recv, before any other connection reads
+        # shared: asyncio calls buffer_updated right after the recv, before any other reads
         return self.ctx.read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -349,7 +322,6 @@ class Connection(asyncio.BufferedProtocol):
         return not self._waiting_share
 
     def resume_share(self) -> None:
-        """Its user's share of the engine has room again (called by ``fair_use``)."""
         self._waiting_share = False
         self._process()
 
@@ -363,8 +335,7 @@ class Connection(asyncio.BufferedProtocol):
     def _request(self, body: bytes) -> None:
         try:
             request = protocol.request_decoder.decode(body)
-        # msgspec raises UnicodeDecodeError, not DecodeError, for a string that is not UTF-8,
-        # and RecursionError for ~1,000 nested arrays or maps (found by fuzzing)
+        # msgspec raises UnicodeDecodeError for a string not UTF-8, RecursionError for deep nesting
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             # the error may quote the peer's bytes: escape them so it stays one printable line
             error = f"bad request: {printable(str(exc))}"
@@ -392,8 +363,7 @@ class Connection(asyncio.BufferedProtocol):
                 return
             slot[0] = data
             self._slot_bytes += len(data)
-            # the engine answers a whole batch in one go: one write (one
-            # send) per connection for all of it, once the batch is answered
+            # one write per connection for the engine's whole batch
             if not self._flush_soon:
                 self._flush_soon = True
                 self.ctx.flusher.soon(self)
@@ -411,7 +381,6 @@ class Connection(asyncio.BufferedProtocol):
         self.flush()
 
     def flush(self) -> None:
-        """Write the replies that are ready, in request order."""
         self._flush_soon = False
         ready: list[bytes] = []
         while self.slots and self.slots[0][0] is not None:
@@ -428,19 +397,15 @@ class Connection(asyncio.BufferedProtocol):
         self._process()
 
     def _hang_up(self) -> None:
-        """Close after an error reply without a reset that would destroy it:
-        half-close now, ignore whatever else the peer sends, close soon."""
+        """Close after an error reply without a reset that would destroy it."""
         assert self.transport is not None
         self.subscribed = True  # ignore further input
         if self.transport.can_write_eof():
             self.transport.write_eof()
         asyncio.get_running_loop().call_later(1.0, self.transport.close)
 
-    # --- subscriptions ------------------------------------------------------
-
     def _subscribe(self, from_seq: int) -> None:
-        """History from ``from_seq`` (read in chunks in a thread, each sent
-        once the previous one drained), then every live batch."""
+        """History from ``from_seq`` (in chunks, each once the last drained), then every live batch."""
         assert self.transport is not None and self.peer is not None
         self.subscribed = True
         self._update_reading()  # input is ignored from now on
@@ -450,7 +415,6 @@ class Connection(asyncio.BufferedProtocol):
         self.ctx.start_soon(self._send_history, from_seq, upto)
 
     def deliver(self, view: BatchView) -> None:
-        """A live batch (called by the feed's fan-out)."""
         if self.closed:
             return
         assert self.peer is not None
@@ -468,8 +432,7 @@ class Connection(asyncio.BufferedProtocol):
         self._write(protocol.frame(protocol.EventBatch(payload=payload)))
 
     async def _paced_write(self, data: bytes) -> bool:
-        """Write once the client has read what it was sent before (False:
-        it is gone, or cut off after reading nothing for SUBSCRIBER_STALL_S)."""
+        """Write once the client has read what it was sent before (False: gone or cut off)."""
         if not self._drained.is_set():
             with anyio.move_on_after(SUBSCRIBER_STALL_S):
                 await self._drained.wait()

@@ -1,10 +1,6 @@
-"""Per-user fair use of the control socket, one object shared by every connection.
-
-Connections are counted per uid and in all; a user's requests in the engine
-at once are bounded (a connection over the share waits unread, woken in
-turn); so are the replies a user leaves unread (past that a client is cut
-off). Root and the daemon's user are never held back, and may connect past
-the total so they can still look when users hold every slot.
+"""Per-user fair use of the control socket: connections, requests in the engine
+and unread replies, bounded per uid. Root and the daemon's user are never held
+back, and may connect past the total so they can still look when users hold every slot.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ from eventsched.runtime.config import ConnectionLimits
 
 logger = logging.getLogger("eventsched.server")
 
-# root and the daemon's user may connect this far beyond max_total
-OPERATOR_RESERVE = 32
+OPERATOR_RESERVE = 32  # root and the daemon's user may connect this far beyond max_total
 
 
 class Member(Protocol):

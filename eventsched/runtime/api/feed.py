@@ -1,8 +1,6 @@
-"""Event subscriptions: each committed batch to every subscriber, and each
-new subscriber's history from the log, as its user may see it (``visibility``:
-only their own jobs' environment). History is read in chunks in worker
-threads, a few subscriptions of one user at a time, so what a stalled one
-holds stays bounded.
+"""Event subscriptions: each committed batch to every subscriber, and each new
+subscriber's history from the log, as its user may see it. History is read in
+chunks, a few subscriptions of one user at a time, so a stalled one holds little.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from eventsched.domain.paths import log_dir
 from eventsched.domain.visibility import BatchView, redact_events
 from eventsched.storage import log as eventlog
 
-# history is read and sent in chunks of about this size, each once the last drained
-HISTORY_CHUNK_BYTES = 256 << 10
-# subscriptions of one user being sent history at once (the others wait)
-HISTORY_PER_USER = 2
+HISTORY_CHUNK_BYTES = 256 << 10  # history is read and sent in chunks of about this size
+HISTORY_PER_USER = 2  # subscriptions of one user being sent history at once (the others wait)
 
 
 class Subscriber(Protocol):
@@ -45,7 +41,6 @@ class Feed:
         return self.committed()
 
     def fan_out(self, payload: bytes) -> bool:
-        """The engine's subscriber: each batch to every subscriber."""
         if self.subscribers:
             view = BatchView(payload, self.operators)
             for subscriber in list(self.subscribers):

@@ -1,20 +1,11 @@
-"""``serve --http HOST:PORT``: a small JSON API for remote clients.
+"""``serve --http HOST:PORT``: a small JSON API for remote clients (docs/http-api.md).
 
-Starlette on hypercorn, on the daemon's own event loop (hypercorn given its
-socket and a shutdown trigger, so it installs no signal handlers). A request
-carries ``Authorization: Bearer TOKEN``; the token names a user (``tokens``),
-and the request becomes the ``protocol`` request the socket would have
-received, dispatched by ``Server.dispatch`` as that user: a token's user may do
-over HTTP exactly what they may do on the socket, decided by the same code.
-
-Endpoints (docs/http-api.md): ``GET /health`` (no token), ``GET /metrics``,
-``POST /v1/jobs``, ``GET /v1/jobs[?all=1]``, ``GET|DELETE /v1/jobs/{id}``,
-``GET /v1/jobs/{id}/explain``, ``GET /v1/jobs/{id}/logs[?follow=1]``,
-``POST /v1/cancel``, ``GET /v1/status``.
-Every error is JSON ``{"error": "one line", "kind": RefusalKind}``: 401 for a
-missing, unknown or revoked token, 413 for a body over ``MAX_BODY_BYTES``,
-else the status of the refusal's kind (``HTTP_STATUS``). Starlette and
-hypercorn (the ``http`` extra) are imported only when the API is started.
+Starlette on hypercorn, on the daemon's own event loop (given its socket and a
+shutdown trigger, so it installs no signal handlers). A request's bearer token
+names a user (``tokens``); the request becomes the ``protocol`` request the
+socket would have received, dispatched by ``Server.dispatch`` as that user, so
+a token's user may do over HTTP exactly what they may on the socket. Starlette
+and hypercorn (the ``http`` extra) are imported only when the API is started.
 """
 
 from __future__ import annotations
@@ -55,22 +46,18 @@ OUTPUT_CHUNK = 256 * 1024  # bytes of a job's output read at a time
 OUTPUT_POLL_S = 0.1  # a followed job's output file is looked at this often
 STATE_POLL_S = 0.5  # and whether the job has ended, this often (as `logs -f` on the socket)
 MAX_BODY_BYTES = protocol.MAX_MESSAGE_BYTES  # the socket's bound on one request
-# An oversized body is read and thrown away up to this much before the 413 goes
-# out: clients such as urllib and requests send the whole body before reading,
-# and a server that closes early gives them EPIPE instead of the answer.
+# an oversized body is read and thrown away up to this much before the 413: clients
+# that send the whole body before reading would get EPIPE instead of the answer
 DISCARD_BODY_BYTES = 16 * MAX_BODY_BYTES
 INSTALL_HINT = "serve --http needs the `http` extra: pip install 'eventsched[http]' (Starlette and hypercorn)"
-# the secret never travels into a job's environment (and so into the log)
-SECRET_ENV = ("EVENTSCHED_TOKEN",)
-# a user's gid and groups are looked up again after this long
-ACCOUNT_TTL_S = 60.0
-# health answers without a token: who it is does not matter
-ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())
+SECRET_ENV = ("EVENTSCHED_TOKEN",)  # never into a job's environment (and so into the log)
+ACCOUNT_TTL_S = 60.0  # a user's gid and groups are looked up again after this long
+ANONYMOUS = Peer(pid=0, uid=65534, gid=65534, groups=())  # health's asker: who it is does not matter
 
 
 def read_output(path: str, position: int) -> bytes:
-    """Up to OUTPUT_CHUNK bytes of a job's output file past ``position`` (b"" before it
-    exists). The daemon reads it for the asker: a link at its path is not followed."""
+    """Up to OUTPUT_CHUNK bytes of a job's output past ``position`` (b"" before it
+    exists); read for the asker, so a link at its path is not followed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -87,14 +74,11 @@ class HttpSetupError(Exception):
 
 @dataclass
 class HttpPlan:
-    """What ``prepare`` made: the bound socket and the URL it answers on."""
-
     config: Any  # hypercorn.config.Config, bound to the listening socket's fd
     url: str
 
 
 def split_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as (host, port)."""
     host, colon, port_text = text.rpartition(":")
     if not colon or not host or not port_text.isdigit() or int(port_text) > 65535:
         raise HttpSetupError(f"--http wants HOST:PORT, e.g. 127.0.0.1:8080, not {text!r}")
@@ -102,7 +86,6 @@ def split_address(text: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` names is this machine's loopback."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -181,16 +164,14 @@ class CancelBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Api:
-    """The endpoints: each turns an HTTP request into a socket request, as
-    the token's user."""
+    """The endpoints, each called with (request, the token's user; ANONYMOUS for health),
+    each turning an HTTP request into a socket request as that user."""
 
     def __init__(self, server: Server, read_metrics: Callable[[], Awaitable[str]]) -> None:
         self.server = server
         self.read_metrics = read_metrics
         self._accounts: dict[int, tuple[float, Peer | None]] = {}
         self.stopping = asyncio.Event()  # set when the API stops: followed outputs end at once
-
-    # --- who is asking -------------------------------------------------------
 
     def peer_of(self, uid: int) -> Peer | None:
         """``uid`` as the socket would see it: gid and groups from the user
@@ -225,10 +206,7 @@ class Api:
             raise _unauthorized(f"the user of token {record.id} (uid {record.uid}) no longer exists")
         return peer
 
-    # --- the socket's request handling ---------------------------------------
-
     async def ask(self, request: protocol.Request, peer: Peer) -> Any:
-        """``request`` through ``Server.dispatch`` as ``peer``; its answer."""
         done: asyncio.Future[tuple[Any, Refused | None]] = asyncio.get_running_loop().create_future()
 
         def reply(result: Any, error: Refused | None) -> None:
@@ -262,15 +240,12 @@ class Api:
             return msgspec.json.decode(bytes(data), type=kind)
         except msgspec.ValidationError as exc:
             raise Refused(RefusalKind.INVALID, f"bad request: {exc}") from None
-        # msgspec raises UnicodeDecodeError for a string that is not UTF-8 and
-        # RecursionError for ~1,000 nested arrays (found by fuzzing)
+        # msgspec raises UnicodeDecodeError for a string not UTF-8, RecursionError for deep nesting
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise Refused(RefusalKind.INVALID, f"malformed JSON: {printable(str(exc))}") from None
 
-    # --- endpoints -------------------------------------------------------------
-
-    async def health(self, request: Request) -> Any:
-        answer = await self.ask(protocol.Ping(), ANONYMOUS)
+    async def health(self, request: Request, peer: Peer) -> Any:
+        answer = await self.ask(protocol.Ping(), peer)
         body = {k: v for k, v in answer.items() if k != "state_dir"}  # no token: no paths either
         if body.get("ok", True):
             return body
@@ -278,21 +253,18 @@ class Api:
 
         return JSONResponse(body, status_code=503)  # still waiting for nodes: a load balancer sees it too
 
-    async def metrics(self, request: Request) -> str:
-        self.authenticate(request)
+    async def metrics(self, request: Request, peer: Peer) -> str:
         return await self.read_metrics()
 
-    async def submit(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def submit(self, request: Request, peer: Peer) -> Any:
         body: SubmitBody = await self.body(request, SubmitBody)
         spec = body.spec
         if any(name in spec.env for name in SECRET_ENV):
             spec = msgspec.structs.replace(spec, env={k: v for k, v in spec.env.items() if k not in SECRET_ENV})
         return await self.ask(protocol.SubmitJob(spec=spec, array=body.array), peer)
 
-    async def jobs(self, request: Request) -> Any:
-        peer = self.authenticate(request)
-        everything = request.query_params.get("all", "").lower() in ("1", "true", "yes")
+    async def jobs(self, request: Request, peer: Peer) -> Any:
+        everything = _flag(request, "all")
         # a page at a time, as the CLI asks: a long queue never holds the loop for long
         out: list[Any] = []
         after = 0
@@ -303,8 +275,7 @@ class Api:
                 return out
             after = page["next"] - 1
 
-    async def job(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def job(self, request: Request, peer: Peer) -> Any:
         job_id = request.path_params["job"]
         if job_id > 0:  # the page that starts at this id: one job looked at, not the whole list
             page = await self.ask(protocol.ListJobs(all=True, after=job_id - 1, limit=1), peer)
@@ -312,8 +283,7 @@ class Api:
                 return page["jobs"][0]
         raise Refused(RefusalKind.NOT_FOUND, f"no job {job_id}")
 
-    async def cancel(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def cancel(self, request: Request, peer: Peer) -> Any:
         body: CancelBody = await self.body(request, CancelBody)
         if not body.jobs and not body.array_tasks:
             raise Refused(RefusalKind.INVALID, "no job id given")
@@ -321,8 +291,7 @@ class Api:
             protocol.CancelJobs(jobs=body.jobs, arrays=body.arrays, array_tasks=body.array_tasks), peer
         )
 
-    async def cancel_one(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def cancel_one(self, request: Request, peer: Peer) -> Any:
         job_id = request.path_params["job"]
         result = await self.ask(protocol.CancelJobs(jobs=[job_id]), peer)
         if result["refused"]:
@@ -330,16 +299,14 @@ class Api:
             raise Refused(refused["kind"], f"job {job_id}: {refused['reason']}")
         return result["jobs"][0]
 
-    async def explain(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def explain(self, request: Request, peer: Peer) -> Any:
         return await self.ask(protocol.ExplainJob(job=request.path_params["job"]), peer)
 
-    async def logs(self, request: Request) -> Any:
+    async def logs(self, request: Request, peer: Peer) -> Any:
         """The job's output from byte ``offset`` on; ``follow``: until the job ends.
-        A reply that ends cleanly holds all of it; one cut short (the client gone,
-        the daemon stopping) ends without HTTP's last chunk, so no client takes it as whole."""
-        peer = self.authenticate(request)
-        follow = request.query_params.get("follow", "").lower() in ("1", "true", "yes")
+        One cut short (the client gone, the daemon stopping) ends without HTTP's
+        last chunk, so no client takes it as whole."""
+        follow = _flag(request, "follow")
         offset = request.query_params.get("offset", "0")
         if not offset.isdecimal():
             raise Refused(RefusalKind.INVALID, f"offset must be a byte count, not {printable(offset)!r}")
@@ -368,9 +335,12 @@ class Api:
 
         return stream
 
-    async def status(self, request: Request) -> Any:
-        peer = self.authenticate(request)
+    async def status(self, request: Request, peer: Peer) -> Any:
         return await self.ask(protocol.GetStatus(), peer)
+
+
+def _flag(request: Request, name: str) -> bool:
+    return request.query_params.get(name, "").lower() in ("1", "true", "yes")
 
 
 def build_app(api: Api) -> Starlette:
@@ -379,10 +349,11 @@ def build_app(api: Api) -> Starlette:
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
-    def endpoint(handler: Callable[[Request], Awaitable[Any]], created: int = 200) -> Callable[[Request], Awaitable[Response]]:
+    def endpoint(handler: Callable[[Request, Peer], Awaitable[Any]], created: int = 200,
+                 token: bool = True) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             try:
-                result = await handler(request)
+                result = await handler(request, api.authenticate(request) if token else ANONYMOUS)
             except Refused as exc:
                 status = exc.status if isinstance(exc, ApiError) else HTTP_STATUS[exc.kind]
                 headers = {"WWW-Authenticate": 'Bearer realm="eventsched"'} if status == 401 else None
@@ -403,7 +374,7 @@ def build_app(api: Api) -> Starlette:
         return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
 
     routes = [
-        Route("/health", endpoint(api.health), methods=["GET"]),
+        Route("/health", endpoint(api.health, token=False), methods=["GET"]),
         Route("/metrics", endpoint(api.metrics), methods=["GET"]),
         Route("/v1/jobs", endpoint(api.submit, created=201), methods=["POST"]),
         Route("/v1/jobs", endpoint(api.jobs), methods=["GET"]),
@@ -419,16 +390,14 @@ def build_app(api: Api) -> Starlette:
 
 async def serve_http(server: Server, plan: HttpPlan, *,
                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Serve the API on ``plan``'s socket until cancelled."""
     from hypercorn.asyncio import serve
 
     from eventsched.runtime.api.metrics_http import read_metrics
 
     api = Api(server, lambda: read_metrics(server.engine))
     app = build_app(api)
-    # a plain asyncio task asked to stop (``stop``) and given time to finish:
-    # cancelling it mid-flight, as a cancel scope would, leaves its shutdown
-    # half done; the trigger also keeps it from installing signal handlers
+    # a plain asyncio task asked to stop and given time to finish: a cancel
+    # scope would leave its shutdown half done
     stop = asyncio.Event()
     task = asyncio.ensure_future(serve(app, plan.config, shutdown_trigger=stop.wait, mode="asgi"))  # type: ignore[arg-type]
     task_status.started()

@@ -1,22 +1,12 @@
 """The daemon follows a jobs file itself (config ``jobs_file = "PATH"``).
 
-Every second the follower stats the file; when it changed it reads it whole
-and submits the lines the daemon has not seen, each through the same
-admission as a socket submission from the file's owner. A line is known by
-its ``PATH:LINE:SHA`` source, which the core keeps in the replayed state: a
-restart, or a truncated or rewritten file, never submits a line twice. A last
-line without its newline waits for one more look (it may be half written).
-
-The lines run **as the file's owner**, in the file's folder. Who may write
-the file may run code as that owner, so the follower refuses (one log line,
-nothing read) while the file is not regular or is group- or world-writable;
-while its owner could not be run as (a non-root daemon runs only root's or
-its own user's file, as itself); while a folder on its path, as written or
-resolved, is writable by others without the sticky bit, or it or a symlink
-belongs to someone other than root, the owner or the daemon's user; or while
-it changed between the checks and the open. ``llm_config.json`` next to the
-file (else in the state directory) sizes ``--llm NAME`` lines and passes the
-same checks.
+Every second it stats the file; when it changed it submits the lines not seen
+yet, through the socket's admission, as the file's owner, in its folder. A
+line is known by its ``PATH:LINE:SHA`` source, kept in the replayed state, so
+no line is submitted twice. Who may write the file may run code as its owner,
+so nothing is read while the file, a folder on its path or a symlink could be
+changed by anyone but root, the owner or the daemon's user (``open_checked``).
+``llm_config.json`` next to the file (else in the state dir) sizes ``--llm`` lines.
 """
 
 from __future__ import annotations
@@ -27,7 +17,7 @@ import os
 import pwd
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import anyio
@@ -67,8 +57,6 @@ class Changed(Exception):
 
 @dataclass(frozen=True)
 class Owner:
-    """Whom a file's lines run as."""
-
     uid: int
     gid: int
     groups: list[int]
@@ -77,7 +65,6 @@ class Owner:
 
 
 def run_as(file_uid: int, daemon_uid: int) -> Owner:
-    """The identity a file owned by ``file_uid`` runs its lines as (or Unsafe)."""
     if daemon_uid == 0:
         uid = file_uid
     elif file_uid in (0, daemon_uid):
@@ -93,16 +80,11 @@ def run_as(file_uid: int, daemon_uid: int) -> Owner:
                  user=entry.pw_name, home=entry.pw_dir)
 
 
-def _components(path: str) -> list[str]:
-    """``/a/b/c`` -> ``["/", "/a", "/a/b", "/a/b/c"]``."""
-    parts = [p for p in path.split("/") if p]
-    return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
-
-
 def _check_path(path: str, trusted: set[int]) -> None:
     """Every folder and symlink on ``path`` (absolute) belongs to a trusted
     uid, and no folder lets others replace what is in it."""
-    for component in _components(path)[:-1] + ([path] if os.path.islink(path) else []):
+    folders = [str(folder) for folder in reversed(PurePosixPath(path).parents)]  # "/", "/a", "/a/b"
+    for component in folders + ([path] if os.path.islink(path) else []):
         try:
             st = os.lstat(component)
         except FileNotFoundError:
@@ -115,9 +97,8 @@ def _check_path(path: str, trusted: set[int]) -> None:
 
 
 def open_checked(path: str, daemon_uid: int, owners: set[int] | None = None) -> tuple[int, os.stat_result]:
-    """(fd, stat) of ``path`` opened once it passes every check (module
-    docstring); ``owners``: the uids it may belong to (None: any). Raises
-    Unsafe, Missing or Changed."""
+    """(fd, stat) of ``path`` once it passes every check; ``owners``: the uids
+    it may belong to (None: any). Raises Unsafe, Missing or Changed."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -165,7 +146,7 @@ def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
 
 @dataclass
 class Look:
-    """What one look at the files found (built in a worker thread)."""
+    """What one look at the files found (in a worker thread)."""
 
     problem: str = ""  # why nothing is followed now ("" = fine)
     waiting: bool = False  # missing or changing: not an error, look again
@@ -205,9 +186,8 @@ class JobsFileFollower:
             logger.log(level, "%s", text)
             self._said = text
 
-    # --- one look (in a worker thread: a slow file system must not stall the loop)
-
     def look(self) -> Look:
+        """In a worker thread: a slow file system must not stall the loop."""
         found = Look()
         try:
             fd, st = open_checked(self.path, self.daemon_uid)
@@ -259,8 +239,6 @@ class JobsFileFollower:
         if self._llm_fingerprint is not None:  # it was removed
             found.llm, found.llm_fingerprint = DEFAULT_LLM_CONFIG, None
 
-    # --- what to do with it (in the event loop) ---------------------------
-
     async def step(self) -> None:
         found = await anyio.to_thread.run_sync(self.look)
         if found.problem:
@@ -274,8 +252,7 @@ class JobsFileFollower:
             self._said = ""
         if found.llm is not None:  # llm_config.json is new, changed or gone
             self._llm, self._llm_fingerprint = found.llm, found.llm_fingerprint
-            # lines refused with the old sizes are sent again (the core
-            # dedupes the others by source)
+            # lines refused with the old sizes are sent again (the core dedupes the others)
             self.known.clear()
             if found.text is None:
                 self._fingerprint = None  # read the jobs file at the next look
@@ -324,8 +301,7 @@ class JobsFileFollower:
             await self._submit_window(todo[start : start + SUBMIT_WINDOW], owner)
 
     async def _submit_window(self, window: list[tuple[int, JobSpec]], owner: Owner) -> None:
-        """Hand a window of lines to the engine at once (one group commit),
-        then wait for every answer."""
+        """Hand a window of lines to the engine at once (one group commit), then wait for every answer."""
         results: list[tuple[int, Any, msg.Refused | None]] = []
         done = anyio.Event()
 
@@ -359,5 +335,4 @@ class JobsFileFollower:
 
 async def follow_jobs_file(server: Server, path: str, *, interval_s: float = INTERVAL_S,
                            task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """The daemon's follower task (``_serve`` starts it when ``jobs_file`` is set)."""
     await JobsFileFollower(server, os.path.abspath(path), interval_s).run(task_status=task_status)

@@ -1,8 +1,7 @@
 """`serve --metrics-port`: wait, run and turnaround times, GPU use and GPU-hours for Prometheus.
 
-A deliberately tiny HTTP/1.0 responder: one GET path, no keep-alive. The
-figures come from the DuckDB read model, computed in a worker thread so a
-scrape never stalls the engine; a few live gauges come from the projection.
+A tiny HTTP/1.0 responder. The figures come from the DuckDB read model, in a
+worker thread so a scrape never stalls the engine; live gauges from the projection.
 """
 
 from __future__ import annotations
@@ -27,19 +26,14 @@ MAX_REQUEST_BYTES = 8192
 
 def live_gauges(status: dict[str, Any]) -> str:
     """Gauges of the scheduler's present state (queue depth, allocation)."""
-    lines = [
-        "# HELP eventsched_jobs_active Jobs queued, running or held now.",
-        "# TYPE eventsched_jobs_active gauge",
-    ]
     counts: dict[str, int] = dict.fromkeys(sorted(ACTIVE), 0)
     for job in status["jobs"]:
         counts[job["state"]] = counts.get(job["state"], 0) + 1
-    lines += [f'eventsched_jobs_active{{state="{s}"}} {n}' for s, n in counts.items()]
-    lines += [
-        "# HELP eventsched_gpu_allocated_share Share of each GPU allocated to jobs (0..1).",
-        "# TYPE eventsched_gpu_allocated_share gauge",
-    ]
-    lines += [f'eventsched_gpu_allocated_share{{gpu="{g["node"]}:{g["id"]}"}} {g["allocated"]:g}' for g in status["gpus"]]
+    lines = _gauge("eventsched_jobs_active", "Jobs queued, running or held now.",
+                   [f'eventsched_jobs_active{{state="{s}"}} {n}' for s, n in counts.items()])
+    lines += _gauge("eventsched_gpu_allocated_share", "Share of each GPU allocated to jobs (0..1).",
+                    [f'eventsched_gpu_allocated_share{{gpu="{g["node"]}:{g["id"]}"}} {g["allocated"]:g}'
+                     for g in status["gpus"]])
     tenants = status.get("tenants") or []
     for key, name, what in (
         ("fair_share", "eventsched_tenant_fair_share_ratio", "A tenant's fair share: its weight over all weights."),
@@ -47,14 +41,15 @@ def live_gauges(status: dict[str, Any]) -> str:
         ("fair_share_factor", "eventsched_tenant_fair_share_factor", "2^(-recent use / fair share): 1 unused, 0.5 at its share."),
     ):
         if tenants:
-            lines += [f"# HELP {name} {what}", f"# TYPE {name} gauge"]
-            lines += [f'{name}{{tenant="{_label(t["tenant"])}"}} {float(t[key]):g}' for t in tenants]
-    lines += [
-        "# HELP eventsched_log_seq Sequence number of the last committed event.",
-        "# TYPE eventsched_log_seq gauge",
-        f"eventsched_log_seq {status['seq']}",
-    ]
+            lines += _gauge(name, what,
+                            [f'{name}{{tenant="{_label(t["tenant"])}"}} {float(t[key]):g}' for t in tenants])
+    lines += _gauge("eventsched_log_seq", "Sequence number of the last committed event.",
+                    [f"eventsched_log_seq {status['seq']}"])
     return "\n".join(lines) + "\n"
+
+
+def _gauge(name: str, what: str, samples: list[str]) -> list[str]:
+    return [f"# HELP {name} {what}", f"# TYPE {name} gauge", *samples]
 
 
 def _label(value: str) -> str:

@@ -1,15 +1,10 @@
 """``allowed_script_paths`` (``[scheduler]`` in the config): what a job may run.
 
-Checked at submit (``admission``) when the list is not empty. The program is
-the command's first word, found on the job's own ``PATH`` from its directory
-as exec would find it; for an interpreter (python, bash, perl, ...) it is the
-script it is given (the interpreter may live anywhere), and inline code
-(``-c``, ``-m``) or no script is refused. The path is fully resolved
-(``..``, symlinks) and must lie under an allowed path (resolved too). A shell
-command or ``--env-setup`` can run anything, so it is refused unless the
-submitter is an operator (who may change the config anyway); ``--conda`` is
-allowed. A script swapped for a symlink after submission is not caught: this
-guards against mistakes and casual misuse, not a user racing the daemon.
+The program found on the job's ``PATH`` as exec would, or for an interpreter
+the script it is given, fully resolved, must lie under an allowed path. A shell
+command, ``--env-setup`` or inline code can run anything: refused but for an
+operator. A script swapped after submission is not caught: this guards against
+mistakes and casual misuse, not a user racing the daemon.
 """
 
 from __future__ import annotations
@@ -25,8 +20,7 @@ __all__ = ["check", "under", "resolve_program", "INTERPRETERS"]
 INTERPRETERS = re.compile(
     r"^(python(\d+(\.\d+)?)?|pypy3?|bash|sh|dash|zsh|ksh|perl|ruby|node|Rscript|julia|lua)$"
 )
-# options of python/bash that take the next word as their value
-_VALUE_OPTIONS = {"-W", "-X", "-o", "--rcfile", "--init-file"}
+_VALUE_OPTIONS = {"-W", "-X", "-o", "--rcfile", "--init-file"}  # options that take the next word as their value
 _INLINE = {"-c", "-m", "-e", "-E", "--eval"}  # the rest of the command is code, not a script
 
 

@@ -51,14 +51,11 @@ from eventsched.wire import protocol
 
 logger = logging.getLogger("eventsched.server")
 
-# open files kept free of connections (the log, jobs, /proc, SQL, a burst of
-# accepted connections about to be refused); and each connection may hold a
-# second file (a log segment) while it is sent history
+# open files kept free of connections (the log, jobs, /proc, SQL, a burst about to be
+# refused); each connection may hold a second (a log segment) while it is sent history
 FD_RESERVE = 256
 ACCEPT_BACKLOG = 128
-# a whole listing is answered again from the last one this long (seconds), while
-# the state is unchanged: shorter than anyone reads a listing
-LISTING_REUSE_S = 0.2
+LISTING_REUSE_S = 0.2  # a listing of an unchanged state is answered again from the last one this long
 
 
 def connection_limit(configured: int) -> int:
@@ -69,21 +66,16 @@ def connection_limit(configured: int) -> int:
     return max(1, min(configured, (soft - FD_RESERVE - OPERATOR_RESERVE) // 2))
 
 
-def _internal(what: str, exc: Exception) -> Refused:
-    """A bug or a fault, logged, that costs one reply rather than the daemon."""
-    logger.exception("%s failed", what)
-    return Refused(RefusalKind.UNAVAILABLE, f"internal error: {exc}")
-
-
 @contextlib.contextmanager
 def _answering(reply: Reply, what: str) -> Iterator[None]:
-    """A refusal raised inside goes back as the reply; any other error is ``_internal``."""
+    """A refusal raised inside goes back as the reply; any other error is logged and costs one reply."""
     try:
         yield
     except Refused as refusal:
         reply(None, refusal)
-    except Exception as exc:  # a bug or a disk error
-        reply(None, _internal(what, exc))
+    except Exception as exc:  # a bug or a disk error: not the daemon
+        logger.exception("%s failed", what)
+        reply(None, Refused(RefusalKind.UNAVAILABLE, f"internal error: {exc}"))
 
 
 class Server:
@@ -116,8 +108,7 @@ class Server:
         self.started = time.monotonic()  # status's uptime_s
         # the last whole listing: ((the state's id, its seq, include_finished), when, the jobs)
         self._last_listing: tuple[tuple[int, int, bool], float, list[dict]] | None = None
-        # requests answered by a task of their own (``dispatch``), each called
-        # with (request, peer, reply, connection or None)
+        # requests answered by a task of their own, called with (request, peer, reply, connection or None)
         self._tasks: dict[type, Callable[..., Coroutine[Any, Any, None]]] = {
             protocol.RunSql: self._run_sql, protocol.ExplainJob: self._explain,
             protocol.ForecastAlternatives: self._alternatives, protocol.CancelJobs: self._cancel,
@@ -126,10 +117,8 @@ class Server:
         }
 
     def _listing(self, state: ClusterState, include_finished: bool) -> list[dict]:
-        """Every job, as ``queue`` lists them. A listing asked for again of the
-        same state within LISTING_REUSE_S is the same listing: clients that
-        poll in a loop (or a user flooding the socket) then cost one walk of
-        the queue and one forecast per batch, not one each."""
+        """Every job, as ``queue`` lists them; the same listing again within
+        LISTING_REUSE_S of an unchanged state, so pollers cost one walk a batch."""
         now = self.engine.clock()
         key = (id(state), state.last_seq, include_finished)
         last = self._last_listing
@@ -140,8 +129,7 @@ class Server:
         return jobs
 
     def _ping(self, state: ClusterState) -> dict[str, Any]:
-        """``health``'s answer; on a cluster also how many nodes are up, and,
-        until ``wait_nodes`` of them have joined, not ok and why."""
+        """``health``'s answer; on a cluster, nodes up and not ok until ``wait_nodes`` joined."""
         answer: dict[str, Any] = {"ok": True, "pid": os.getpid(), "seq": state.last_seq,
                                   "state_dir": str(self.engine.state_dir)}
         if not state.cluster:
@@ -190,12 +178,9 @@ class Server:
                 self.engine.on_answered = None
                 self.socket_path.unlink(missing_ok=True)
 
-    # --- requests -> engine items ---------------------------------------
-
     def dispatch(self, request: protocol.Request, peer: Peer, reply: Reply, conn: Connection | None = None) -> None:
-        """Hand a request to the engine; ``reply`` is called once with its outcome."""
-        # a submission, most requests by far, goes straight to the engine; the
-        # rest that are slow or save a file run as a task of their own
+        """Hand a request to the engine (slow ones, or ones that save a file, to
+        a task of their own); ``reply`` is called once with its outcome."""
         task = None if type(request) is protocol.SubmitJob else self._tasks.get(type(request))
         if task is not None:
             self._tg.start_soon(task, request, peer, reply, conn)
@@ -225,24 +210,19 @@ class Server:
                                                              self.calibration)), None
             return Query(lambda state: self._listing(state, include_finished)), None
         if isinstance(request, protocol.GetStatus):
-            containment = self.engine.executor.containment  # "cgroup2:DIR" or "process-group"
-            memory_limit = self.engine.executor.memory_limit  # "cgroup2", "cgroup1" or "rlimit-as"
-            # seconds since the last exchange with each node: the cluster executor's, not the log's
-            ages = self.engine.executor.lease_ages()
-            now = self.engine.clock()
-            return Query(lambda state: {**status(state, now, ages), "containment": containment, "memory_limit": memory_limit,
-                                        "version": __version__,
+            executor, now = self.engine.executor, self.engine.clock()
+            host = {"containment": executor.containment, "memory_limit": executor.memory_limit, "version": __version__}
+            ages = executor.lease_ages()  # the cluster executor's, not the log's
+            return Query(lambda state: {**status(state, now, ages), **host,
                                         "uptime_s": round(time.monotonic() - self.started, 1)}), None
         if isinstance(request, protocol.Ping):
             return Query(self._ping), None
         if isinstance(request, (protocol.HoldJobs, protocol.ReleaseJobs)):  # CancelJobs: _cancel
-            kind = {protocol.HoldJobs: msg.Hold, protocol.ReleaseJobs: msg.Release}
+            command = msg.Hold if isinstance(request, protocol.HoldJobs) else msg.Release
             ids = list(request.jobs)
             if not ids:  # else an empty, logged no-op any user could repeat forever
                 raise Refused(RefusalKind.INVALID, "no job given")
-            return kind[type(request)](jobs=ids, uid=peer.uid, by=peer.by), (
-                lambda state, _events: [job_json(state.jobs[j]) for j in ids]
-            )
+            return command(jobs=ids, uid=peer.uid, by=peer.by), _jobs_json(ids)
         if isinstance(request, protocol.UpdateJob):
             r, operator = request, self.admission.operator(peer.uid)
             check_update(r.priority, r.time_limit_s, r.gpus, r.name, self.admission.limits, operator=operator)
@@ -292,8 +272,8 @@ class Server:
         return eventlog.read_batches(log_dir(self.engine.state_dir), from_seq)
 
     async def _explain(self, request: protocol.ExplainJob, _peer: Peer, reply: Reply, _conn: Any) -> None:
-        """The job's reason now and its story (the log from its submission on,
-        read in a thread). Metadata only: anyone who may see the queue may ask."""
+        """The job's reason now and its story (read in a thread). Metadata only:
+        anyone who may see the queue may ask."""
         from eventsched.core.explain import waiting_reason
         from eventsched.projections.story import job_story
 
@@ -306,8 +286,7 @@ class Server:
             reason = waiting_reason(state, job_id, self.engine.clock())
             # a queued job's forecast runs on a copy, in a thread
             copy = working_copy(state) if job.state == JobState.QUEUED else None
-            # an ended job's story ends with it: a month-old job reads its own
-            # days of log, not the month since (a lost job may come back)
+            # an ended job's story ends with it: not the month of log since (a lost job may come back)
             until = job.ended_at if job.state in DONE_FOR_GOOD else None
             return {"job": job_json(job, reason), "reason": msgspec.to_builtins(reason), "from_seq": job.submitted_seq,
                     "until_ts": until, "copy": copy}
@@ -340,8 +319,7 @@ class Server:
             reply(view, None)
 
     async def _alternatives(self, request: protocol.ForecastAlternatives, _peer: Peer, reply: Reply, _conn: Any) -> None:
-        """A queued job's forecast under its own request and each alternative,
-        on a copy, in a thread (as ``explain``'s forecast)."""
+        """A queued job's forecast under its own request and each alternative, on a copy, in a thread."""
         from eventsched.core.alternatives import forecast_alternatives
 
         def copy_of(state: ClusterState) -> ClusterState:
@@ -364,9 +342,8 @@ class Server:
             reply(await anyio.to_thread.run_sync(forecasts, copy), None)
 
     async def _cancel(self, request: protocol.CancelJobs, peer: Peer, reply: Reply, _conn: Any) -> None:
-        """Cancel every job named that can be, and say why not for the rest:
-        a plan, then one ``Cancel``. A job that ends between the two makes the
-        core refuse the ``Cancel`` whole, so the plan is made again."""
+        """A plan, then one ``Cancel``; a job that ends between the two makes
+        the core refuse the ``Cancel`` whole, so the plan is made again."""
         uid = peer.uid
         with _answering(reply, "cancel"):
             for attempt in range(CANCEL_TRIES):
@@ -377,10 +354,7 @@ class Server:
                     reply({"jobs": [], "refused": refused}, None)
                     return
                 try:
-                    jobs = await self.engine.call(
-                        msg.Cancel(jobs=ids, uid=uid, by=peer.by),
-                        lambda state, _events: [job_json(state.jobs[j]) for j in ids],
-                    )
+                    jobs = await self.engine.call(msg.Cancel(jobs=ids, uid=uid, by=peer.by), _jobs_json(ids))
                 except Refused:
                     if attempt + 1 < CANCEL_TRIES:
                         continue  # something ended meanwhile: plan again
@@ -389,7 +363,6 @@ class Server:
                 return
 
     def token_store(self) -> TokenStore:
-        """The API tokens, loaded on first use."""
         if self._tokens_store is None:
             self._tokens_store = TokenStore(self.engine.state_dir)
         return self._tokens_store
@@ -400,11 +373,9 @@ class Server:
         with _answering(reply, "token request"):
             store = self.token_store()  # on the loop, as the HTTP API's lookups: one store
             if isinstance(request, protocol.CreateToken):
-                uid = peer.uid
-                if request.for_uid >= 0 and request.for_uid != peer.uid:
-                    if peer.uid != 0:
-                        raise Refused(RefusalKind.FORBIDDEN, "only root may create a token for another user")
-                    uid = request.for_uid
+                uid = request.for_uid if request.for_uid >= 0 else peer.uid
+                if uid != peer.uid and peer.uid != 0:
+                    raise Refused(RefusalKind.FORBIDDEN, "only root may create a token for another user")
                 record, secret = await anyio.to_thread.run_sync(store.create, uid, request.name)
                 reply({**record.public(account(record.uid)[0]), "token": secret}, None)
             elif isinstance(request, protocol.ListTokens):
@@ -423,8 +394,7 @@ class Server:
                 reply(await anyio.to_thread.run_sync(self.notifier.set, request, peer.uid, peer.gid, user), None)
 
     async def _run_sql(self, request: protocol.RunSql, peer: Peer, reply: Reply, conn: Connection | None) -> None:
-        """Answer in a process that runs the query as ``peer`` (``sql_sandbox``),
-        killed when its client goes away (``conn.gone()``)."""
+        """Answer in a process that runs the query as ``peer``, killed when its client goes away."""
         from eventsched.projections.sql_values import EXIT_BAD_QUERY, SqlError
         from eventsched.runtime.api.sql_sandbox import SqlRunner
 
@@ -447,9 +417,8 @@ CANCEL_TRIES = 5
 def cancel_plan(
     state: ClusterState, ids: list[int], array_tasks: list[tuple[int, int]], uid: int, *, arrays: bool = False
 ) -> tuple[list[int], list[dict[str, Any]]]:
-    """(the ids ``uid`` may cancel, [{"job", "reason", "kind"}] for the rest).
-    With ``arrays``, an array's id stands for its unfinished tasks;
-    ``(array, index)`` names one task. Only a job's owner or root may cancel it."""
+    """(the ids ``uid`` may cancel, [{"job", "reason", "kind"}] for the rest). With
+    ``arrays`` an array's id stands for its unfinished tasks; ``(array, index)`` names one."""
     wanted: dict[int, None] = {}
     refused: list[dict[str, Any]] = []
     by_array: dict[int, list[Job]] | None = None
@@ -504,6 +473,10 @@ def cancel_plan(
     return list(wanted), refused
 
 
+def _jobs_json(ids: list[int]) -> Answer:
+    return lambda state, _events: [job_json(state.jobs[j]) for j in ids]
+
+
 def _submitted(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": events[0].job, "seq": events[-1].seq}  # type: ignore[attr-defined]
 
@@ -513,18 +486,15 @@ def _submitted_array(_state: ClusterState, events: list[Event]) -> dict:
     return {"id": ids[0], "ids": ids, "seq": events[-1].seq}
 
 
-# queue --json forecasts start times while at most this many jobs wait (each
-# listing then costs a forward run of the core); explain forecasts any job
+# a listing forecasts start times while at most this many jobs wait (a forward run of the core each)
 FORECAST_QUEUE_LIMIT = 200
 MAX_JOBS_PAGE = 1000  # jobs per page of a paged listing, at most
 
 
 def list_jobs_page(state: ClusterState, include_finished: bool, now: float, after: int, limit: int,
                    calibration: Calibration | None = None) -> dict:
-    """``list_jobs`` a page at a time, in id order: at most ``limit`` jobs with
-    ids above ``after``, and the id to go on from (None: no more). At most
-    ``16 x limit`` ids are looked at per page, so a page stays bounded when
-    most jobs have ended; a job may change between pages (as with ``ps``)."""
+    """At most ``limit`` jobs with ids above ``after``, and the id to go on from
+    (None: no more); at most ``16 x limit`` ids looked at, so a page stays bounded."""
     jobs: list[Job] = []
     jid, end, budget = after + 1, state.next_job_id, 16 * limit
     while jid < end and len(jobs) < limit and budget > 0:
@@ -548,14 +518,12 @@ def list_jobs(state: ClusterState, include_finished: bool, now: float, page: lis
     forecast = None
     queued = {job.id for job in jobs if job.state == JobState.QUEUED}
     if queued and len(state.queue) <= FORECAST_QUEUE_LIMIT:
-        # only for the queued jobs listed: a page of ended jobs runs no forecast,
-        # and the run stops once the page's own jobs have started
+        # only for the queued jobs listed: the run stops once they have started
         forecast = run_forecast(working_copy(state), now, queued, calibration=calibration)
     out = [job_json(job, reasons.get(job.id)) for job in jobs]
     for view in out:  # null when not queued, or the queue is too long to forecast per listing
         f = shown(forecast, view["id"], now) if forecast is not None and view["state"] == "queued" else {}
         view.update({k: f.get(k) for k in ("estimated_start", "estimated_start_p10", "estimated_start_p90")})
-        # how many of its array's tasks have ended: `queue` folds an array into one line without --all
         if view["array_id"] is not None:
             view["array_done"] = state.array_ended[view["array_id"]]
     return out

@@ -1,18 +1,12 @@
 """SQL the daemon answers for its users runs here, as the user, never as root.
 
 Each query runs in a short-lived process of its own (``SqlRunner`` in the
-daemon, ``main`` in the child). In this order, so that nothing of the query is
-read while the child can still do more than the user may: (1) as root, umask
-077, catch the read model up and open a read-only view of it; (2) harden the
-DuckDB connection and lock its configuration (``sqlcmd.harden``); (3) set
-resource limits and become the user for good (``drop_privileges``); (4) read
-the query from stdin, check it against the allow-list and stream the result,
-refused past the size cap.
-
-The daemon's side never blocks its loop, kills the process past its time
-limit, its result cap or when its client goes away, and bounds how many run
-at once, per user and in all, so one user's slow queries cannot keep
-another's ``SELECT 1`` waiting. Limits: ``SqlLimits.from_env``.
+daemon, ``main`` in the child), which reads nothing of the query until it can
+do no more than the user may: as root it catches the read model up and opens
+it read-only, hardens the DuckDB connection, sets resource limits and becomes
+the user for good; only then it reads the query and checks it. The daemon
+kills it past its limits (``SqlLimits``) or when its client goes away, and
+bounds how many run at once, per user and in all.
 """
 
 from __future__ import annotations
@@ -102,8 +96,8 @@ def _vm_size() -> int:
 
 
 def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cpu_s: float) -> None:
-    """Resource limits (first: hard = soft, so the user can raise none), then
-    become ``uid``/``gid``/``groups`` irrevocably. A non-root daemon keeps its user."""
+    """Resource limits (hard = soft), then become ``uid``/``gid``/``groups``
+    irrevocably. A non-root daemon keeps its user."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no regular file may grow: a backstop for COPY
     used = resource.getrusage(resource.RUSAGE_SELF)
@@ -129,8 +123,7 @@ def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cp
 
 
 def _stream(con: Any, text: str, max_bytes: int) -> tuple[list[str], list[list[Any]], list[str]]:
-    """Run one statement; its rows as plain values, refused once their encoding passes ``max_bytes``,
-    and its columns' DuckDB types (so that a client can write them typed, e.g. as Parquet)."""
+    """One statement's columns, rows as plain values (refused past ``max_bytes``) and DuckDB types."""
     relation = con.sql(text)
     if relation is None:
         return [], [], []
@@ -201,13 +194,11 @@ def _answer(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    """The child: ``python -I -c ...``; on stdin a line of JSON parameters,
-    then (once it has answered READY) the query."""
+    """The child: on stdin a line of JSON parameters, then (once it answered READY) the query."""
     global _REPLY_FD
 
     os.umask(0o077)  # the read model's files (database, WAL) are created 0600
-    # the answer goes out on a private copy of stdout; whatever else writes to
-    # fd 1 (a library's progress bar) goes nowhere and cannot corrupt it
+    # the answer goes out on a private copy of stdout: nothing else written to fd 1 can corrupt it
     _REPLY_FD = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -241,8 +232,7 @@ def _child_env() -> dict[str, str]:
 
 
 def _demote(pid: int) -> None:
-    """Lower every thread of a long query (nice is per thread on Linux), so a
-    short query started now gets the CPU first."""
+    """Lower every thread of a long query (nice is per thread), so a short one gets the CPU first."""
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError, ValueError):
@@ -250,7 +240,6 @@ def _demote(pid: int) -> None:
 
 
 async def _reap(process: Any) -> None:
-    """Kill ``process`` (if it still runs) and wait for it, even when cancelled."""
     if process.returncode is None:  # not reaped yet: its pid (and group, its own session) is still its
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -276,8 +265,7 @@ class SqlRunner:
         self.limits = limits or SqlLimits.from_env()
         self._total = anyio.Semaphore(self.limits.total)
         self._users: dict[int, _UserSlots] = {}
-        # a child started ahead of the next query, its imports done; it knows
-        # nothing until it is handed its parameters
+        # a child started ahead of the next query, its imports done
         self._spare: Any = None
 
     async def _spawn(self) -> Any:
@@ -309,8 +297,7 @@ class SqlRunner:
 
     async def answer(self, sql: str, uid: int, gid: int, groups: list[int],
                      gone: Callable[[], bool] = lambda: False) -> dict[str, Any] | None:
-        """The result of ``sql`` run as ``uid`` ({"columns", "rows"}); raises
-        ``SqlError``; None when ``gone()`` turned true (the query was killed)."""
+        """The result of ``sql`` run as ``uid``, or SqlError; None once ``gone()`` (the query killed)."""
         if len(sql.encode("utf-8", "replace")) > MAX_SQL_BYTES:
             raise SqlError(f"query too long: more than {MAX_SQL_BYTES} bytes", EXIT_BAD_QUERY)
         outcome: dict[str, Any] = {}
@@ -341,16 +328,14 @@ class SqlRunner:
         slots = self._users.setdefault(uid, _UserSlots(limits.per_user))
         slots.holders += 1
         try:
-            acquired = False
-            with anyio.move_on_after(limits.queue_s):
+            with anyio.move_on_after(limits.queue_s) as queued:
                 await slots.semaphore.acquire()
                 try:
                     await self._total.acquire()
                 except BaseException:
                     slots.semaphore.release()
                     raise
-                acquired = True
-            if not acquired:
+            if queued.cancelled_caught:
                 raise SqlError(
                     f"too many SQL queries running (at most {limits.per_user} per user and {limits.total} in all); "
                     "try again when yours finish", EXIT_BAD_QUERY)
@@ -381,14 +366,12 @@ class SqlRunner:
                 await process.stdin.send(json.dumps(params).encode() + b"\n")
 
             async def receive() -> bytes:
-                """The next bytes the child wrote; b"" once it has closed its end."""
                 try:
                     return await stdout.receive(1 << 16)
                 except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return b""
 
-            async def read_until_eof() -> bool:
-                """Into ``data``; False when past the cap."""
+            async def read_until_eof() -> bool:  # False when past the cap
                 while chunk := await receive():
                     data.extend(chunk)
                     if len(data) > cap:

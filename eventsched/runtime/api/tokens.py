@@ -1,13 +1,9 @@
 """API tokens for ``serve --http``: who a bearer token speaks for.
 
-``eventsched token create`` (over the socket, so the daemon knows the caller)
-makes a random token and returns it once; the daemon keeps only its SHA-256
-(256 random bits need no password stretching), the owner's uid, a name and
-the time it was made, in a 0600 file of the state directory, replaced
-atomically. Not in the event log: others read the log (subscribers, the read
-model, replays, bug reports), an append-only log can never forget a revoked
-credential, and no projection or policy needs it. The daemon's JSON log
-records every create and revoke (never the secret).
+A token is shown once; the daemon keeps only its SHA-256 (256 random bits need
+no password stretching) in a 0600 file of the state directory. Not in the event
+log: others read the log, and an append-only log can never forget a revoked
+credential.
 """
 
 from __future__ import annotations
@@ -70,8 +66,9 @@ class TokenStore:
         records = [TokenRecord(**entry) for entry in json.loads(self.path.read_text()).get("tokens", [])]
         self._by_hash = {record.sha256: record for record in records}
 
-    def _save(self) -> None:
-        records = sorted(self._by_hash.values(), key=lambda r: r.created)
+    def _save(self, by_hash: dict[str, TokenRecord]) -> None:
+        """Write ``by_hash``, then make it the store's: a failed write changes nothing."""
+        records = sorted(by_hash.values(), key=lambda r: r.created)
         text = json.dumps({"version": 1, "tokens": [asdict(r) for r in records]}, indent=1)
         tmp = self.path.with_name(f".{TOKEN_FILE}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -83,8 +80,7 @@ class TokenStore:
             os.close(fd)
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
-
-    # --- what the socket's token requests do -------------------------------
+        self._by_hash = by_hash
 
     def create(self, uid: int, name: str) -> tuple[TokenRecord, str]:
         """A new token of ``uid``: (its record, the secret, shown once)."""
@@ -101,12 +97,7 @@ class TokenStore:
                 raise Refused(RefusalKind.CONFLICT, f"you already have a token named {name!r}; revoke it or choose another name")
             secret = PREFIX + secrets.token_urlsafe(32)
             record = TokenRecord(id=token_id, name=name, uid=uid, created=round(time.time(), 3), sha256=digest(secret))
-            self._by_hash[record.sha256] = record
-            try:
-                self._save()
-            except BaseException:
-                del self._by_hash[record.sha256]
-                raise
+            self._save({**self._by_hash, record.sha256: record})
         logger.info("token %s (%s) created for uid %d", record.id, record.name, uid)
         return record, secret
 
@@ -128,19 +119,11 @@ class TokenStore:
             if len(candidates) > 1:
                 raise Refused(RefusalKind.INVALID, f"several tokens are named {key!r}; revoke one by its id (`eventsched token list`)")
             record = candidates[0]
-            del self._by_hash[record.sha256]
-            try:
-                self._save()
-            except BaseException:
-                self._by_hash[record.sha256] = record
-                raise
+            self._save({h: r for h, r in self._by_hash.items() if r is not record})
         logger.info("token %s (%s) of uid %d revoked by uid %d", record.id, record.name, record.uid, viewer)
         return record
 
-    # --- what the HTTP API asks ---------------------------------------------
-
     def lookup(self, secret: str) -> TokenRecord | None:
-        """The record of a presented token, or None (unknown or revoked)."""
         if not secret.startswith(PREFIX) or len(secret) > 200:
             return None
         return self._by_hash.get(digest(secret))
