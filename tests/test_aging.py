@@ -203,12 +203,22 @@ class AgingMachine(TeamsMachine):
 
     def then_starts(self, waiting: int, victims: list[int]) -> None:
         """On a copy: once the victims have gone, one after another, the job
-        they were stopped for starts (the room one leaves is not taken meanwhile)."""
+        they were stopped for starts (the room one leaves is not taken meanwhile).
+        A preemption counts a victim's GPU over the temperature limit as room,
+        its heat being the victim's own: the GPU's next sample, cool once the
+        victim has gone, is when that room opens."""
         copy = state_from_snapshot(snapshot_bytes(self.state))
         placed: set[int] = set()
         for victim in victims:
+            hot = [copy.gpus[(copy.jobs[victim].node, g)] for g in copy.jobs[victim].gpu_ids]
+            hot = [g for g in hot if (g.temperature_c or 0.0) > copy.config.max_gpu_temperature_c]
             events, _ = core.handle(copy, m.ProcessExited(job=victim, exit_code=None, signal=15), self.now)
             placed |= decision_sets(events)[0]
+            for g in hot:
+                cooled = m.GpuObserved(node=g.node, gpu=g.id, utilization=0.0, memory_used_mib=g.reserved_mib,
+                                       memory_total_mib=g.memory_total_mib, temperature_c=40.0, power_w=50.0,
+                                       foreign_memory_mib=0)
+                placed |= decision_sets(core.handle(copy, cooled, self.now)[0])[0]
         assert waiting in placed, f"job {waiting} did not start once jobs {victims} stopped"
 
     @invariant()
