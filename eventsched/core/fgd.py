@@ -36,7 +36,8 @@ def fragmentation(free_milli: Sequence[int], workload: Sequence[tuple[int, int, 
 
 class NodeFragments:
     """One node's free shares summed per task type, so a placement's effect costs
-    O(types x GPUs placed); ``value()`` and ``after()`` equal ``fragmentation`` exactly."""
+    O(types x GPUs placed); ``value()`` and ``after()`` equal ``fragmentation`` exactly
+    (same integers, same fsum order), so decisions are those of the full pass."""
 
     def __init__(self, free_milli: list[int], workload: list[tuple[int, int, float]]) -> None:
         self.workload = workload

@@ -111,7 +111,8 @@ class Calibration:
             return sorted(self.runs.get(key, ()))
 
     def bounds(self, now: float) -> tuple[float, float] | None:
-        """The 10th and 90th percentile scores (None: too few yet)."""
+        """The 10th and 90th percentile scores (None: too few yet). Forecasts still open count
+        with the wait so far, a lower bound, so the longest waits are not left out."""
         scores = sorted(list(self.scores) + [_score(now - made, wait) for made, wait in list(self.open.values())])
         if len(scores) < MIN_SCORES:
             return None

@@ -207,7 +207,8 @@ def _plain(job: Job) -> bool:
 
 
 # The scans below are plain loops: compiled, a loop over a list[int] compares
-# unboxed ints, faster than list.index, list.count, max() and their calls.
+# unboxed ints, faster than list.index, list.count, max() and their calls
+# (the pure-Python build pays the other way round).
 
 
 def _all_at(free: list[int], value: int) -> list[int]:
@@ -411,7 +412,8 @@ def _start(state: ClusterState, now: float) -> tuple[View, int, int, set[tuple[A
 
 
 def _held_off(view: View, job: Job, held: frozenset[int], choose: Chooser) -> bool:
-    """Does ``job`` fail only because booked GPUs are held from it? Then only it waits."""
+    """Does ``job`` fail only because booked GPUs are held from it? Then only it waits:
+    another job of its shape may own them."""
     return bool(held) and choose(view, job, frozenset()) is not None
 
 
@@ -823,7 +825,8 @@ def _sjf(state: ClusterState, now: float, pred: Callable[[Job], float],
     # reservation is worked out only once a later job might delay it
     head: tuple[View, Job, list[End]] | None = None
     reservation: tuple[float, frozenset[int]] | None = None
-    # shapes that fit only on the reserved GPUs: only their jobs that end in time need a search
+    # shapes that fit only on the reserved GPUs: capacity only shrinks during a decision,
+    # so only their jobs that end in time need a search
     reserved_only: set[Any] = set()
     for jid in order(live, lambda: head is not None):
         shape = shape_of[jid]
@@ -1052,7 +1055,8 @@ def _reservation(view: View, head: Job, ends: Iterable[End], ordered: bool = Fal
 
 def _whole_gang_reservation(view: View, k: int, ends: Iterable[End]) -> tuple[float, frozenset[int]]:
     """``_reservation`` of a plain head of ``k`` whole GPUs (the usual blocked gang),
-    counting the all-free GPUs per node, without the general path's view copy."""
+    counting the all-free GPUs per node, without the general path's view copy: a share never
+    exceeds FULL and a job holds a GPU once, so only an all-free GPU can take one of its GPUs."""
     free, node = list(view.free), view.node
     per_node: dict[str, int] = {}
     for i, f in enumerate(free):

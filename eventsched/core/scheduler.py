@@ -705,7 +705,8 @@ NOT_LAUNCHED = "not launched"  # JobExited.reason prefix of an attempt that neve
 
 
 def _never_launched(out: _Out, msg: m.NeverLaunched) -> None:
-    """Placed, but never launched: a failed attempt that did not run, queued again."""
+    """Placed, but never launched: a failed attempt that did not run, queued again
+    (safe: it cannot have run)."""
     job = out.state.jobs.get(msg.job)
     if job is None or job.state != RUNNING or job.pid:
         return

@@ -206,7 +206,7 @@ class JobExited(Event, frozen=True, kw_only=True):
     exit_code: int | None  # None when killed by a signal
     signal: int | None = None
     reason: str = ""  # "", "cancelled", "time-limit", "launch-failed", ...
-    outcome: str = ""  # the state it ended in, computed once by the core ("": older logs)
+    outcome: str = ""  # the state it ended in, computed once by the core ("": older logs, the fold computes it)
 
 
 class JobCancelRequested(Event, frozen=True, kw_only=True):

@@ -1,5 +1,6 @@
 """Where eventsched keeps its state. The ``*_location`` functions return plain
-strings so that the CLI's client path never imports pathlib; the others wrap
+strings so that the CLI's client path never imports pathlib (every ``submit``
+would pay for it); the others wrap
 them in ``Path`` for the daemon's code."""
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def upcast_v3_v4(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def upcast_v4_v5(raw: dict[str, Any]) -> dict[str, Any]:
-    """v5 ages in whole tiers; a v4 log aged continuously and replays as it ran."""
+    """v5 ages in whole tiers and preempts only for a job that then goes first; a v4 log
+    aged continuously and replays as it ran."""
     return {"aging_tiers": False, **raw}
 
 

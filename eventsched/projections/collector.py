@@ -61,7 +61,8 @@ def _freeze_after_full(phase: str, info: dict[str, int]) -> None:
 
 @contextmanager
 def freezing_after_full_collections() -> Iterator[None]:
-    """Inside, freeze the survivors of every full collection."""
+    """Inside, freeze the survivors of every full collection, so each full pass walks only
+    what was made since the last: its pause does not grow with the backlog."""
     gc.callbacks.append(_freeze_after_full)
     try:
         yield

@@ -136,7 +136,8 @@ def free_memory_of(gpu: Gpu) -> int:
 
 
 def tenant_of(job: Job) -> str:
-    """``job.tenant``, compiled (tests/test_backlog_structures.py checks they agree)."""
+    """``job.tenant`` again, compiled: the fold asks it (and ``shape_of``) for every placement
+    and end (tests/test_backlog_structures.py checks they agree)."""
     return job.spec.tenant or DEFAULT_TENANT
 
 
@@ -380,7 +381,7 @@ class TenantUsage:
 
 class RuntimeStats:
     """Run times of finished runs, in integer ms so that sums do not depend on
-    the order the runs ended in; part of the snapshot."""
+    the order the runs ended in; part of the snapshot (retried runs leave no other trace)."""
 
     def __init__(self) -> None:
         self.by_key: dict[tuple[str, str], tuple[int, int]] = {}

@@ -82,7 +82,7 @@ def _check_explain(text: str) -> None:
 
 
 def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if all of them only read (SELECT, which includes
+    """The statements of ``sql`` if all of them only read, by an allow-list (SELECT, which includes
     DESCRIBE, SHOW, SUMMARIZE; EXPLAIN of a SELECT; descriptive PRAGMAs);
     raises QueryRefused."""
     statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException

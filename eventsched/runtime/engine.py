@@ -209,8 +209,9 @@ class Engine:
     __call__ = tell  # the engine is the executor's outbox (``ports.Outbox``)
 
     def subscribe(self, deliver: Callable[[bytes], bool]) -> int:
-        """Register for live batches (``deliver`` returns False to be dropped);
-        the last committed seq, so history up to it plus the stream lose nothing."""
+        """Register for live batches (``deliver`` returns False to be dropped); the
+        last committed seq, taken in the same step, so history up to it plus the
+        stream lose nothing."""
         self._subscribers.add(deliver)
         return self.committed_seq
 

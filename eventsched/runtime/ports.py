@@ -69,7 +69,8 @@ class Clock(Protocol):
 
 class SteadyClock:
     """The wall clock read at start-up, then moved on by the monotonic clock: a
-    step of the wall clock during a run (NTP, a restored VM) moves no deadline."""
+    step of the wall clock during a run (NTP, a restored VM) moves no deadline
+    and stamps no event before the one before it."""
 
     def __init__(self, wall: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic

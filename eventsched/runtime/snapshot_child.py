@@ -1,7 +1,8 @@
 """Snapshots written by a forked child, as Redis's BGSAVE does: encoding a large
 state would stall the loop. The child runs none of the other threads' code,
-takes no signal meant for the daemon and ends with ``os._exit``. Executors whose
-threads cannot survive a fork (Ray's gRPC) keep the snapshot on the loop.
+takes no lock they could hold, takes no signal meant for the daemon and ends
+with ``os._exit``, so no handler or buffer of the parent's runs twice. Executors
+whose threads cannot survive a fork (Ray's gRPC) keep the snapshot on the loop.
 """
 
 from __future__ import annotations

@@ -378,7 +378,8 @@ def alibaba_workload(
 ) -> Workload:
     """The openb pods as a dynamic workload on a seeded sample of the openb GPU
     nodes, with a synthetic schedule: the trace's times are censored, not a
-    schedule. The model: replays/README.md (the Alibaba trace as a dynamic workload)."""
+    schedule. The model: replays/README.md (the Alibaba trace as a dynamic workload);
+    durations are capped at an hour so the stream reaches a steady state well within its span."""
     from eventsched.sim.traces import AlibabaNode, TraceJob, load_alibaba
 
     pods, nodes = load_alibaba(pod_csv, node_csv)

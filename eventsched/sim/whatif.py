@@ -2,7 +2,7 @@
 
 Every metric is a pure fold of the schedule alone (``_SCHEDULE``), so a
 daemon's log and its exact replay give identical figures; docs/whatif-metrics.md
-defines each one.
+defines each one. The read model computes the same waits by SQL: a test holds them equal.
 """
 
 from __future__ import annotations

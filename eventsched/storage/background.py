@@ -1,6 +1,7 @@
 """Append batches to a log on a worker thread, in order, one frame each: for
 a producer that need not wait for each to be durable (a replay). The write,
 the fdatasync and the checksum release the GIL, so they overlap its work.
+Not the daemon: it replies only after its own commit.
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ TORN_AHEAD = "a write torn in the space written ahead (zeros, then other bytes)"
 _SEGMENT_RE = re.compile(r"^(\d{20})\.seg$")
 LOCK_NAME = "LOCK"
 # Sealed segments an open has checked frame by frame ("NAME SIZE MTIME_NS
-# NEXT_SEQ" lines): while size and mtime hold, a restart checks only their
-# header (readers and ``log verify`` still check every frame). A cache: lost or
-# stale, it only costs a full check.
+# NEXT_SEQ" lines). A sealed segment never changes: while size and mtime hold,
+# a restart checks only its header (readers and ``log verify`` still check
+# every frame). A cache: lost or stale, it only costs a full check.
 VERIFIED_NAME = "verified"
 
 
@@ -578,7 +578,8 @@ class LogWriter:
         """Write a batch as one frame, not yet durable (``sync`` makes it so);
         return its last seq and the frame's payload, for a caller that sends it on.
         Refused while the last frame is not synced: a power cut could keep the
-        second of two and lose the first, a hole recovery must refuse as damage."""
+        second of two and lose the first, a hole recovery must refuse as damage
+        (one unsynced frame can only be a torn tail)."""
         payload = self._write(events)[1]
         return self._next_seq - 1, payload
 

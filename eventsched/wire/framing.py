@@ -18,7 +18,8 @@ SUN_PATH_MAX = 107  # a socket address holds 108 bytes, the last a NUL
 class SunPath:
     """``path`` as a socket address that fits, for a ``with`` block: a deep state
     directory's socket is reached as ``/proc/self/fd/N/name`` through its open
-    directory. (A class: the CLI's fast path would pay for importing contextlib.)"""
+    directory, which the kernel resolves like the long path. (A class: the CLI's
+    fast path would pay for importing contextlib.)"""
 
     def __init__(self, path: str) -> None:
         self.path, self.fd = path, -1

@@ -147,7 +147,7 @@ class Subscribe(Request, frozen=True):
 class CreateToken(Request, frozen=True):
     """The reply holds the secret, which the daemon keeps only as a hash."""
     name: str = ""
-    for_uid: int = -1  # -1: the peer itself
+    for_uid: int = -1  # -1: the peer itself; another user's: root only
 
 
 class ListTokens(Request, frozen=True):

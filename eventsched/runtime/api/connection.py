@@ -82,7 +82,8 @@ class Flushable(Protocol):
 
 class Flusher:
     """Connections with replies ready: written once the engine has answered its
-    whole batch (``flush_all``), or at the end of this loop step for any other reply."""
+    whole batch (``flush_all``, before the effects are performed), or at the end
+    of this loop step for any other reply."""
 
     def __init__(self) -> None:
         self._unflushed: list[Flushable] = []

@@ -263,6 +263,7 @@ class JobsFileFollower:
         complete = found.fingerprint == self._fingerprint  # stood still since the last look
         self._fingerprint = found.fingerprint
         text = found.text
+        # a last line without its newline may be half written: it waits for one more look
         self._held = not complete and bool(text) and not text.endswith("\n")
         if self._held:
             text = text[: text.rfind("\n") + 1]

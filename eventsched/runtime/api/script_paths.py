@@ -3,8 +3,9 @@
 The program found on the job's ``PATH`` as exec would, or for an interpreter
 the script it is given, fully resolved, must lie under an allowed path. A shell
 command, ``--env-setup`` or inline code can run anything: refused but for an
-operator. A script swapped after submission is not caught: this guards against
-mistakes and casual misuse, not a user racing the daemon.
+operator (who may change the config anyway). A script swapped after submission
+is not caught: this guards against mistakes and casual misuse, not a user
+racing the daemon.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ logger = logging.getLogger("eventsched.server")
 # refused); each connection may hold a second (a log segment) while it is sent history
 FD_RESERVE = 256
 ACCEPT_BACKLOG = 128
-LISTING_REUSE_S = 0.2  # a listing of an unchanged state is answered again from the last one this long
+LISTING_REUSE_S = 0.2  # an unchanged state's listing is reused this long: shorter than anyone reads one
 
 
 def connection_limit(configured: int) -> int:
@@ -494,7 +494,8 @@ MAX_JOBS_PAGE = 1000  # jobs per page of a paged listing, at most
 def list_jobs_page(state: ClusterState, include_finished: bool, now: float, after: int, limit: int,
                    calibration: Calibration | None = None) -> dict:
     """At most ``limit`` jobs with ids above ``after``, and the id to go on from
-    (None: no more); at most ``16 x limit`` ids looked at, so a page stays bounded."""
+    (None: no more); at most ``16 x limit`` ids looked at, so a page stays bounded.
+    A job may change between pages (as with ``ps``)."""
     jobs: list[Job] = []
     jid, end, budget = after + 1, state.next_job_id, 16 * limit
     while jid < end and len(jobs) < limit and budget > 0:

@@ -96,8 +96,8 @@ def _vm_size() -> int:
 
 
 def drop_privileges(uid: int, gid: int, groups: list[int], *, memory_mb: int, cpu_s: float) -> None:
-    """Resource limits (hard = soft), then become ``uid``/``gid``/``groups``
-    irrevocably. A non-root daemon keeps its user."""
+    """Resource limits (hard = soft: the user can raise none), then become
+    ``uid``/``gid``/``groups`` irrevocably. A non-root daemon keeps its user."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))  # no regular file may grow: a backstop for COPY
     used = resource.getrusage(resource.RUSAGE_SELF)
@@ -265,7 +265,8 @@ class SqlRunner:
         self.limits = limits or SqlLimits.from_env()
         self._total = anyio.Semaphore(self.limits.total)
         self._users: dict[int, _UserSlots] = {}
-        # a child started ahead of the next query, its imports done
+        # a child started ahead of the next query, its imports done; it knows
+        # nothing (no user, no query) until it is handed its parameters
         self._spare: Any = None
 
     async def _spawn(self) -> Any:

@@ -1,9 +1,9 @@
 """API tokens for ``serve --http``: who a bearer token speaks for.
 
-A token is shown once; the daemon keeps only its SHA-256 (256 random bits need
-no password stretching) in a 0600 file of the state directory. Not in the event
-log: others read the log, and an append-only log can never forget a revoked
-credential.
+A token is made over the socket (so the daemon knows who asks) and shown once;
+the daemon keeps only its SHA-256 (256 random bits need no password stretching)
+in a 0600 file of the state directory. Not in the event log: others read the
+log, and an append-only log can never forget a revoked credential.
 """
 
 from __future__ import annotations
@@ -119,7 +119,12 @@ class TokenStore:
             if len(candidates) > 1:
                 raise Refused(RefusalKind.INVALID, f"several tokens are named {key!r}; revoke one by its id (`eventsched token list`)")
             record = candidates[0]
-            self._save({h: r for h, r in self._by_hash.items() if r is not record})
+            before, self._by_hash = self._by_hash, {h: r for h, r in self._by_hash.items() if r is not record}
+            try:  # revoked at once, not only once the file is written; back if it cannot be
+                self._save(self._by_hash)
+            except BaseException:
+                self._by_hash = before
+                raise
         logger.info("token %s (%s) of uid %d revoked by uid %d", record.id, record.name, record.uid, viewer)
         return record
 

@@ -1,7 +1,8 @@
 """Each job in its own cgroup v2, so nothing it starts escapes a cancel.
 
 A job that calls ``setsid`` or ``setpgid`` leaves its process group; it
-cannot leave its cgroup. At start-up ``Cgroups.setup`` makes the parent
+cannot leave its cgroup (only a writer of a common ancestor's ``cgroup.procs``
+can move it). At start-up ``Cgroups.setup`` makes the parent
 ``<own cgroup>/eventsched-<hash of the state dir>`` (or a sibling, if a child
 of ours cannot hold processes) and proves it can contain a throw-away process;
 each attempt is then born in ``<parent>/job-<id>-<attempt>``. Where that does

@@ -186,7 +186,8 @@ def _nss(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _credentials(spec: JobSpec, by_name: str = "") -> _Creds | None:
     """Whom to run as; None: as the daemon (not root, or a spec without an
-    owner). ``by_name``: this node's name, where the user is looked up by name."""
+    owner, which only in-process callers can build). ``by_name``: this node's
+    name, where the user is looked up by name."""
     if os.geteuid() != 0 or spec.uid < 0:
         return None
     if by_name:
@@ -485,7 +486,8 @@ class Executor:
         """At start-up, for each job the log believes placed or running
         (``{job: (pid, start_time)}``, pid 0 = never recorded as started):
         report how it ended, re-adopt it, or say it was never launched.
-        ``attempts``: each job's current attempt (else its latest on disk)."""
+        ``attempts``: each job's current attempt (else its latest on disk), so an
+        earlier attempt's exit is never taken for the current one's."""
         out: list[Message] = []
         attempts = dict(attempts or {})
         if running.keys() - attempts.keys():  # the latest on disk

@@ -1,9 +1,9 @@
 """What the daemon asks a supervisor to start, and the lines a supervisor
 records: the one definition both sides import.
 
-The supervisor loads this module by path under ``python -I -S``: JSON goes
-through ``_json``, the C half of ``json``, because ``json`` imports ``re``,
-whose import would double a supervisor's start-up.
+The supervisor loads this module by path under ``python -I -S``, so it imports
+built-in modules only: JSON goes through ``_json``, the C half of ``json``,
+because ``json`` imports ``re``, whose import would double a supervisor's start-up.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ later sessions down when its cgroup is emptied. The pane's shell stores the
 command's status in ``@eventsched_rc`` and unlocks a ``wait-for -L`` channel
 (a lock: two ``-S`` signals before anyone waits lose the wake-up);
 ``#{pane_dead_status}`` alone is not enough (tmux 3.3a now and then misses
-the SIGCHLD of a pane that exits at once). screen: its own ``-L`` log.
+the SIGCHLD of a pane that exits at once) but stays for a shell killed before
+it can report. The command starts once ``pipe-pane`` is in place, so no output
+is lost. screen: its own ``-L`` log.
 """
 
 from __future__ import annotations

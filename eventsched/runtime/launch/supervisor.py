@@ -117,7 +117,8 @@ class _Log:
 
 def _relay(pid: int, out: int, log: _Log) -> None:
     """Copy the pipe ``out`` into the log until the job ``pid`` has ended (by
-    pidfd: what it left behind may hold the pipe open), without reaping it."""
+    pidfd: what it left behind may hold the pipe open), without reaping it: the
+    zombie keeps the pgid reserved."""
     import select
 
     poller = select.poll()
@@ -285,7 +286,8 @@ def fork_start(p: Plan) -> int | Failure:
 
 
 def _child(p: Plan, x: _Exec, errw: int) -> NoReturn:
-    """The forked child: the steps of ``_spawn.c``'s child, in its order, then exec."""
+    """The forked child: the steps of ``_spawn.c``'s child, in its order, then
+    exec, so every process the job starts is born in its cgroup."""
     step = "reset signals"
     try:
         for s in _JOB_DEFAULT_SIGNALS:
