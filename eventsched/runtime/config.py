@@ -201,7 +201,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     scheduler = file.scheduler
     if args.policy or file.policy:
         scheduler = msgspec.structs.replace(scheduler, policy=args.policy or file.policy)
-    if getattr(args, "time_limit", None):
+    if args.time_limit:
         try:
             scheduler = msgspec.structs.replace(scheduler, default_time_limit_s=parse_duration(args.time_limit))
         except UnitError as exc:
@@ -214,22 +214,21 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     scheduler = msgspec.structs.replace(scheduler, **file.gpu_health.settings())
     file = msgspec.structs.replace(file, scheduler=scheduler, gpus=args.gpus or file.gpus,
                                    sample_interval_s=args.sample_interval or file.sample_interval_s)
-    wait_nodes = getattr(args, "wait_nodes", None)
-    if wait_nodes is not None and not getattr(args, "ray", None):
+    if args.wait_nodes is not None and not args.ray:
         raise ConfigError("--wait-nodes needs --ray: nodes join a Ray cluster")
-    if wait_nodes is not None and wait_nodes < 1:
-        raise ConfigError(f"--wait-nodes must be at least 1, not {wait_nodes}")
+    if args.wait_nodes is not None and args.wait_nodes < 1:
+        raise ConfigError(f"--wait-nodes must be at least 1, not {args.wait_nodes}")
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     return ServeConfig(
         state_dir=state_dir,
         socket=Path(args.socket) if args.socket else default_socket(state_dir if args.state_dir else None),
         file=file,
         log_level=args.log_level,
-        log_file=Path(args.log_file) if getattr(args, "log_file", None) else None,
-        ray=getattr(args, "ray", None),
-        wait_nodes=wait_nodes or 0,
-        http=getattr(args, "http", None),
-        http_allow_remote=getattr(args, "http_allow_remote", False),
+        log_file=Path(args.log_file) if args.log_file else None,
+        ray=args.ray,
+        wait_nodes=args.wait_nodes or 0,
+        http=args.http,
+        http_allow_remote=args.http_allow_remote,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
     )

@@ -136,19 +136,17 @@ def seed_config_to_dict(
             continue
         if not isinstance(body, dict):
             raise SeedConfigError(f"config file {where}: {section} must be an object of settings, not {json.dumps(body)}")
+        own = our_scheduler if section == "scheduler" else set()  # eventsched's own keys pass through
         limits_on = body.get("enable_resource_limits", True) if section == "security" else True
         if not isinstance(limits_on, bool):
             raise SeedConfigError(f"config file {where}: security.enable_resource_limits must be true or false")
         for key, value in body.items():
             name = f"{section}.{key}"
             if key not in seed:
-                if section == "scheduler" and key in our_scheduler:
-                    scheduler[key] = value  # eventsched's own [scheduler] key
+                if key in own:
+                    scheduler[key] = value
                     continue
-                known = {f"{section}.{k}" for k in seed}
-                if section == "scheduler":
-                    known |= {f"scheduler.{k}" for k in our_scheduler}
-                raise _unknown(where, name, known)
+                raise _unknown(where, name, {f"{section}.{k}" for k in (*seed, *own)})
             rule = seed[key]
             if rule is None:
                 continue

@@ -30,6 +30,7 @@ from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.states import FINAL
 from eventsched.domain.text import printable
 from eventsched.runtime.api.connection import Peer
+from eventsched.runtime.api.metrics_http import read_metrics
 from eventsched.wire import protocol
 
 if TYPE_CHECKING:
@@ -145,13 +146,6 @@ def _unauthorized(reason: str) -> ApiError:
     return ApiError(401, RefusalKind.FORBIDDEN, reason)
 
 
-def error_json(refusal: Refused) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": refusal.reason, "kind": refusal.kind}
-    if refusal.existing is not None:
-        body["existing"] = refusal.existing
-    return body
-
-
 class SubmitBody(msgspec.Struct, forbid_unknown_fields=True):
     spec: JobSpec
     array: list[int] = []
@@ -167,9 +161,8 @@ class Api:
     """The endpoints, each called with (request, the token's user; ANONYMOUS for health),
     each turning an HTTP request into a socket request as that user."""
 
-    def __init__(self, server: Server, read_metrics: Callable[[], Awaitable[str]]) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
-        self.read_metrics = read_metrics
         self._accounts: dict[int, tuple[float, Peer | None]] = {}
         self.stopping = asyncio.Event()  # set when the API stops: followed outputs end at once
 
@@ -254,7 +247,7 @@ class Api:
         return JSONResponse(body, status_code=503)  # still waiting for nodes: a load balancer sees it too
 
     async def metrics(self, request: Request, peer: Peer) -> str:
-        return await self.read_metrics()
+        return await read_metrics(self.server.engine)
 
     async def submit(self, request: Request, peer: Peer) -> Any:
         body: SubmitBody = await self.body(request, SubmitBody)
@@ -287,9 +280,8 @@ class Api:
         body: CancelBody = await self.body(request, CancelBody)
         if not body.jobs and not body.array_tasks:
             raise Refused(RefusalKind.INVALID, "no job id given")
-        return await self.ask(
-            protocol.CancelJobs(jobs=body.jobs, arrays=body.arrays, array_tasks=body.array_tasks), peer
-        )
+        cancel = protocol.CancelJobs(jobs=body.jobs, arrays=body.arrays, array_tasks=body.array_tasks)
+        return await self.ask(cancel, peer)
 
     async def cancel_one(self, request: Request, peer: Peer) -> Any:
         job_id = request.path_params["job"]
@@ -357,7 +349,10 @@ def build_app(api: Api) -> Starlette:
             except Refused as exc:
                 status = exc.status if isinstance(exc, ApiError) else HTTP_STATUS[exc.kind]
                 headers = {"WWW-Authenticate": 'Bearer realm="eventsched"'} if status == 401 else None
-                return JSONResponse(error_json(exc), status_code=status, headers=headers)
+                body: dict[str, Any] = {"error": exc.reason, "kind": exc.kind}
+                if exc.existing is not None:
+                    body["existing"] = exc.existing
+                return JSONResponse(body, status_code=status, headers=headers)
             except Exception as exc:  # a bug must cost one reply, not the daemon
                 logger.exception("HTTP %s %s failed", request.method, request.url.path)
                 return JSONResponse({"error": f"internal error: {exc}"}, status_code=500)
@@ -392,9 +387,7 @@ async def serve_http(server: Server, plan: HttpPlan, *,
                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     from hypercorn.asyncio import serve
 
-    from eventsched.runtime.api.metrics_http import read_metrics
-
-    api = Api(server, lambda: read_metrics(server.engine))
+    api = Api(server)
     app = build_app(api)
     # a plain asyncio task asked to stop and given time to finish: a cancel
     # scope would leave its shutdown half done

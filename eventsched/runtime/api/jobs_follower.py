@@ -131,7 +131,7 @@ def open_checked(path: str, daemon_uid: int, owners: set[int] | None = None) -> 
 
 def _read(fd: int) -> bytes:
     try:
-        with os.fdopen(fd, "rb", closefd=True) as f:
+        with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise Unsafe(f"cannot read it: {exc.strerror}") from None
@@ -188,7 +188,6 @@ class JobsFileFollower:
 
     def look(self) -> Look:
         """In a worker thread: a slow file system must not stall the loop."""
-        found = Look()
         try:
             fd, st = open_checked(self.path, self.daemon_uid)
         except Missing:
@@ -197,20 +196,17 @@ class JobsFileFollower:
             return Look(waiting=True)
         except Unsafe as exc:
             return Look(problem=f"jobs file {self.path} is not followed: {exc}")
+        found = Look()
         try:
             found.owner = run_as(st.st_uid, self.daemon_uid)
             found.fingerprint = _fingerprint(st)
-            mine, fd = fd, -1
             if found.fingerprint != self._fingerprint or self._held:
-                found.text = _read(mine).decode("utf-8", "surrogateescape")  # closes it
-            else:
-                os.close(mine)
+                found.text = _read(fd).decode("utf-8", "surrogateescape")
             self._look_llm(found, st.st_uid)
         except Unsafe as exc:
             found.problem = f"jobs file {self.path} is not followed: {exc}"
         finally:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
         return found
 
     def _look_llm(self, found: Look, file_uid: int) -> None:
@@ -227,14 +223,14 @@ class JobsFileFollower:
             except Unsafe as exc:
                 raise Unsafe(f"its LLM config {candidate}: {exc}") from None
             fingerprint = (hash(candidate), *_fingerprint(st))
-            if fingerprint == self._llm_fingerprint:
-                os.close(fd)
-                return
             try:
-                found.llm = parse_llm_config(_read(fd), candidate)
+                if fingerprint != self._llm_fingerprint:
+                    found.llm = parse_llm_config(_read(fd), candidate)
+                    found.llm_fingerprint = fingerprint
             except LlmConfigError as exc:
                 raise Unsafe(str(exc)) from None
-            found.llm_fingerprint = fingerprint
+            finally:
+                os.close(fd)
             return
         if self._llm_fingerprint is not None:  # it was removed
             found.llm, found.llm_fingerprint = DEFAULT_LLM_CONFIG, None

@@ -61,14 +61,11 @@ class SqlLimits:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "SqlLimits":
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = environ.get(_ENV_PREFIX + f.name.upper())
-            if raw is None:
-                continue
-            kind = float if f.type in ("float", float) else int
+            kind = float if isinstance(f.default, float) else int
             try:
-                value = kind(raw)
+                value = kind(environ.get(_ENV_PREFIX + f.name.upper(), ""))
             except ValueError:
-                continue
+                continue  # unset, or not a number: the default
             if value > 0:
                 values[f.name] = value
         return cls(**values)
@@ -301,50 +298,39 @@ class SqlRunner:
         """The result of ``sql`` run as ``uid``, or SqlError; None once ``gone()`` (the query killed)."""
         if len(sql.encode("utf-8", "replace")) > MAX_SQL_BYTES:
             raise SqlError(f"query too long: more than {MAX_SQL_BYTES} bytes", EXIT_BAD_QUERY)
-        outcome: dict[str, Any] = {}
-
+        result: dict[str, Any] | None = None
+        error: SqlError | None = None
         async with anyio.create_task_group() as tg:
-            async def run() -> None:
-                try:
-                    outcome["result"] = await self._admitted(sql, uid, gid, groups)
-                except SqlError as e:
-                    outcome["error"] = e
-                finally:
-                    tg.cancel_scope.cancel()
-
             async def watch() -> None:
                 while not gone():
                     await anyio.sleep(0.25)
-                outcome["gone"] = True
                 tg.cancel_scope.cancel()  # kills the query's process (see _run)
 
-            tg.start_soon(run)
             tg.start_soon(watch)
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome.get("result")
+            try:  # a SqlError raised in here would leave the task group wrapped in an exception group
+                result = await self._admitted(sql, uid, gid, groups)
+            except SqlError as e:
+                error = e
+            finally:
+                tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
 
     async def _admitted(self, sql: str, uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
         limits = self.limits
         slots = self._users.setdefault(uid, _UserSlots(limits.per_user))
         slots.holders += 1
         try:
-            with anyio.move_on_after(limits.queue_s) as queued:
-                await slots.semaphore.acquire()
-                try:
-                    await self._total.acquire()
-                except BaseException:
-                    slots.semaphore.release()
-                    raise
-            if queued.cancelled_caught:
-                raise SqlError(
-                    f"too many SQL queries running (at most {limits.per_user} per user and {limits.total} in all); "
-                    "try again when yours finish", EXIT_BAD_QUERY)
-            try:
+            async with contextlib.AsyncExitStack() as held:
+                with anyio.move_on_after(limits.queue_s) as queued:
+                    await held.enter_async_context(slots.semaphore)
+                    await held.enter_async_context(self._total)
+                if queued.cancelled_caught:
+                    raise SqlError(
+                        f"too many SQL queries running (at most {limits.per_user} per user and {limits.total} in all); "
+                        "try again when yours finish", EXIT_BAD_QUERY)
                 return await self._run(sql, uid, gid, groups)
-            finally:
-                self._total.release()
-                slots.semaphore.release()
         finally:
             slots.holders -= 1
             if not slots.holders:

@@ -168,8 +168,7 @@ class RayExecutor:
         raise LaunchError(f"node {node} is not connected")
 
     async def signal(self, job: int, grace_s: float, signum: int = 0) -> None:
-        node = self._remote_jobs.get(job)
-        agent = self._agents.get(node) if node is not None else None
+        agent = self._agents.get(self._remote_jobs.get(job, ""))  # no node is named ""
         if agent is None or agent.actor is None:
             await self.local.signal(job, grace_s, signum)
             return
@@ -283,8 +282,7 @@ class RayExecutor:
                                        gpu_backend=hello["gpu_backend"], restarted=restarted))
         running, attempts = self._running_on(agent.name)
         await self._kill_strays(agent, attempts)
-        for job in running:
-            self._remote_jobs[job] = agent.name
+        self._remote_jobs.update(dict.fromkeys(running, agent.name))
         if running:
             with anyio.fail_after(_CALL_TIMEOUT_S):
                 msgs: list[Message] = await agent.actor.recover.remote(running, attempts, self._stops(running))
@@ -394,9 +392,7 @@ class RayExecutor:
 
     def _current(self, node: str, job: int, attempt: int) -> bool:
         state = self._state()
-        if state is None:
-            return False
-        j = state.jobs.get(job)
+        j = state.jobs.get(job) if state is not None else None
         return j is not None and j.state == JobState.RUNNING and j.node == node and (attempt < 0 or j.attempts == attempt)
 
     # --- output -------------------------------------------------------------------
