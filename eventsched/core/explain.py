@@ -67,12 +67,8 @@ def _ahead_of(state: ClusterState, now: float, wanted: set[int]) -> dict[int, tu
         return _ahead_by_walk(state, now, wanted, ((k[-1]) for k in order))
     maybe = set(state.backoff) | set(state.queued_with_deps)
     blocked = sorted(key(jobs[j]) for j in maybe if not _eligible(state, jobs[j], now))
-    first: tuple[Any, ...] | None = None
-    if blocked:
-        skip = set(blocked)
-        first = next((k for k in order if k not in skip), None)
-    elif len(order):
-        first = order[0]
+    skip = set(blocked)
+    first = next((k for k in order if k not in skip), None)
     out: dict[int, tuple[int, int | None]] = {}
     for jid in wanted:
         k = key(jobs[jid])

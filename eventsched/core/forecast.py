@@ -210,11 +210,9 @@ def run_forecast(sim: ClusterState, now: float, wanted: set[int] | None, max_ste
         last = len(runs) == SAMPLES - 1
         runs.append(_forward(spare if last else working_copy(spare), now, wanted, max_steps, calibration, len(runs)))
         steps += runs[-1][2]
-    starts: dict[int, float] = {}
-    for j in wanted:  # the median start over the futures (one that never started it: after them all)
-        mid = statistics.median_low(r[0].get(j, math.inf) for r in runs)
-        if math.isfinite(mid):
-            starts[j] = mid
+    # the median start over the futures (one that never started it: after them all)
+    mids = {j: statistics.median_low(r[0].get(j, math.inf) for r in runs) for j in wanted}
+    starts = {j: mid for j, mid in mids.items() if math.isfinite(mid)}
     complete = len(starts) == len(wanted)
     t = max(r[1] for r in runs)
     known = calibration.bounds(now) if calibration is not None else None

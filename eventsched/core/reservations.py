@@ -91,10 +91,6 @@ def next_edge(state: ClusterState, now: float) -> float | None:
     return min(edges, default=None)
 
 
-def _overlap(r: ev.ReservationCreated, node: str, start: float, end: float) -> bool:
-    return r.node == node and r.start < end and start < r.end
-
-
 def _booked_hours(state: ClusterState, uid: int, now: float) -> float:
     return sum(len(r.gpu_ids) * (r.end - max(r.start, now)) / 3600.0
                for r in state.reservations.values() if r.uid == uid and r.end > now)
@@ -135,8 +131,8 @@ def create(state: ClusterState, msg: m.Reserve, now: float, rid: int) -> ev.Rese
         raise Refused(RefusalKind.NOT_FOUND, f"no tenant {msg.tenant!r}")
     if msg.limits is not None:
         _check_limits(state, msg, now, *msg.limits)
-    node, taken = msg.node or state.node, [r for r in state.reservations.values()
-                                            if _overlap(r, msg.node or state.node, msg.start, msg.end)]
+    node = msg.node or state.node
+    taken = [r for r in state.reservations.values() if r.node == node and r.start < msg.end and msg.start < r.end]
     have = [g.id for g in state.node_gpus.get(node, []) if not g.lost]
     # a user books what is free by then; only an operator may book GPUs that others' jobs will still hold
     busy = {g: j for g in have if (j := _running_into(state, node, g, msg)) is not None}

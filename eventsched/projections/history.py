@@ -95,20 +95,12 @@ def _create_private_db(db_path: Path) -> None:
     beside it and renamed into place, never seen with a looser mode."""
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix=".history-new-", dir=db_path.parent)
-    try:
+    with tempfile.TemporaryDirectory(prefix=".history-new-", dir=db_path.parent) as folder:
         tmp = Path(folder) / db_path.name
-        con = duckdb.connect(str(tmp))
-        try:
+        with duckdb.connect(str(tmp)) as con:
             ensure_schema(con)
-        finally:
-            con.close()
         os.chmod(tmp, 0o600)
         os.rename(tmp, db_path)
-    finally:
-        for leftover in Path(folder).glob("*"):
-            leftover.unlink(missing_ok=True)
-        os.rmdir(folder)
 
 
 def _private_path(path: Path) -> None:
@@ -162,21 +154,24 @@ class History:
         try:
             if not _flock(fd, fcntl.LOCK_EX, self.lock_timeout_s):
                 return 0  # someone else is writing or reading; they are current
-            try:
-                return self._catch_up_file()
-            except duckdb.Error as exc:
-                if _is_lock_conflict(exc):
-                    return 0  # held by a process outside the protocol
-                raise
+            return self._try_catch_up_file() or 0
         finally:
             os.close(fd)  # closing releases the flock
+
+    def _try_catch_up_file(self) -> int | None:
+        """``_catch_up_file``; None when a process outside the protocol holds the file."""
+        try:
+            return self._catch_up_file()
+        except duckdb.Error as exc:
+            if _is_lock_conflict(exc):
+                return None
+            raise
 
     def _catch_up_file(self) -> int:
         if not self.db_path.exists():
             _create_private_db(self.db_path)
-        else:
-            _private_path(self.db_path)
-        _private_path(self.db_path.with_name(self.db_path.name + ".wal"))
+        for path in (self.db_path, self.db_path.with_name(self.db_path.name + ".wal")):
+            _private_path(path)
         con = duckdb.connect(str(self.db_path))
         try:
             ensure_schema(con)
@@ -231,14 +226,7 @@ class History:
             os.close(fd)
 
     def _open_current(self, fd: int) -> duckdb.DuckDBPyConnection:
-        wrote = False
-        if _flock(fd, fcntl.LOCK_EX, self.write_wait_s):
-            try:
-                self._catch_up_file()
-                wrote = True
-            except duckdb.Error as exc:
-                if not _is_lock_conflict(exc):
-                    raise
+        wrote = _flock(fd, fcntl.LOCK_EX, self.write_wait_s) and self._try_catch_up_file() is not None
         # Downgrade (or wait) to shared: other readers may now open it too.
         if _flock(fd, fcntl.LOCK_SH, self.lock_timeout_s) and self.db_path.exists():
             try:

@@ -478,12 +478,9 @@ def fold_chunks(con: duckdb.DuckDBPyConnection, chunks: Iterable[_Events], *, re
                 pending = pool.submit(writer.append, prepared)
             if pending is not None:
                 pending.result()
-                pending = None
             pool.submit(writer.commit).result()
         except BaseException:
-            if pending is not None:
-                with contextlib.suppress(BaseException):
-                    pending.result()
+            # one worker runs its tasks in order: the rollback waits for an append in flight
             pool.submit(writer.rollback).result()
             raise
     return writer.committed

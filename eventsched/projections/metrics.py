@@ -20,13 +20,9 @@ STATES: tuple[str, ...] = tuple(s.value for s in JobState)  # every one, so that
 
 
 def _summary(con: duckdb.DuckDBPyConnection, column: str) -> dict[str, float | int | None]:
-    row = con.execute(
-        f"SELECT count({column}), sum({column}), avg({column}), quantile_cont({column}, 0.5), "
-        f"quantile_cont({column}, 0.95) FROM jobs WHERE {column} IS NOT NULL"
-    ).fetchone()
-    assert row is not None  # an aggregate always returns one row
-    count, total, mean, median, p95 = row
-    return {"count": int(count), "sum": total or 0.0, "mean": mean, "median": median, "p95": p95}
+    return _dicts(con, f'SELECT count({column}) AS count, coalesce(sum({column}), 0.0) AS "sum", '
+                       f"avg({column}) AS mean, quantile_cont({column}, 0.5) AS median, "
+                       f"quantile_cont({column}, 0.95) AS p95 FROM jobs WHERE {column} IS NOT NULL")[0]
 
 
 def _dicts(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
@@ -38,9 +34,7 @@ def _dicts(con: duckdb.DuckDBPyConnection, sql: str) -> list[dict[str, Any]]:
 def compute_metrics(history: History) -> dict[str, Any]:
     """The figures on a current, consistent view of the history."""
     with history.reader() as con:
-        position = con.execute("SELECT seq, ts FROM _position").fetchone()
-        assert position is not None  # ensure_schema always writes the one row
-        seq, ts = position
+        position = _dicts(con, "SELECT seq, ts FROM _position")[0]  # ensure_schema always writes the one row
         by_state = dict.fromkeys(STATES, 0)
         for state, n in con.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall():
             by_state[state or "unknown"] = int(n)
@@ -53,15 +47,14 @@ def compute_metrics(history: History) -> dict[str, Any]:
         usage = _dicts(con, "SELECT tenant, quota_gpus, quota_gpu_mem_mib, quota_jobs, weight, gpu_hours, "
                             "gpu_hours_share, gpus_now, running, waiting, mean_wait_s, preempted "
                             "FROM tenant_usage ORDER BY tenant")
-        counted = con.execute("SELECT count(*) FROM preemptions").fetchone()
-        preemptions = int(counted[0]) if counted else 0
+        preemptions = _dicts(con, "SELECT count(*) AS n FROM preemptions")[0]["n"]
         forecasts = _dicts(con, "SELECT count(*) AS count, avg(abs_error_s) AS mean_abs_error_s, "
                                 "median(abs_error_s) AS median_abs_error_s, avg(error_s) AS mean_error_s "
                                 "FROM forecast_errors")[0]
         idle = _dicts(con, 'SELECT user_name AS "user", coalesce(idle_gpu_hours, 0.0) AS idle_gpu_hours, spells, '
                            "jobs FROM idle_gpu_hours ORDER BY user_name")
     return {
-        "log_seq": int(seq), "log_ts": ts,
+        "log_seq": int(position["seq"]), "log_ts": position["ts"],
         "jobs": {"total": sum(by_state.values()), "by_state": by_state,
                  "finished": sum(by_state.get(s, 0) for s in FINAL)},
         **durations, "gpus": gpus, **hours,
@@ -73,46 +66,43 @@ def _num(value: float | int | None, digits: int = 1) -> str:
     return "-" if value is None else str(value) if isinstance(value, int) else f"{value:.{digits}f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    """Indented under its title: names on the left, figures right-aligned."""
+def _section(title: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A blank line, the title, and the table indented under it: names on the left, figures right-aligned."""
     text = table(header, rows, right=[False] + [True] * (len(header) - 1), rule=True)
-    return ["  " + line for line in text.split("\n")]
+    return ["", title, *("  " + line for line in text.split("\n"))]
 
 
 def format_metrics(m: dict[str, Any]) -> str:
-    out = [f"history up to event {m['log_seq']}", "", "jobs"]
+    out = [f"history up to event {m['log_seq']}"]
     counts = [[s, str(n)] for s, n in m["jobs"]["by_state"].items()]
-    out += _table(["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])
-    out += ["", "times (seconds)"]
+    out += _section("jobs", ["state", "jobs"], counts + [["total", str(m["jobs"]["total"])]])
     rows = [[label, _num(m[key]["count"]), _num(m[key]["mean"]), _num(m[key]["median"]), _num(m[key]["p95"])]
             for label, key in (("wait", "wait_s"), ("run", "run_s"), ("turnaround", "turnaround_s"))]
-    out += _table(["", "jobs", "mean", "median", "p95"], rows)
-    out += ["", "GPU utilisation (%)"]
+    out += _section("times (seconds)", ["", "jobs", "mean", "median", "p95"], rows)
     rows = [[f"{g['node']}:{g['gpu']}", str(g["samples"]), _num(g["utilization_mean"]), _num(g["utilization_peak"])]
             for g in m["gpus"]]
-    out += _table(["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])
+    out += _section("GPU utilisation (%)", ["gpu", "samples", "mean", "peak"], rows or [["-", "0", "-", "-"]])
     for title, key, label in (("GPU-hours per user", "gpu_hours_by_user", "user"),
                               ("GPU-hours per tenant", "gpu_hours_by_tenant", "tenant")):
-        out += ["", title]
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
-        out += _table([label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])
+        out += _section(title, [label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])
     if m.get("idle_gpu_hours"):
-        out += ["", "Idle GPU-hours per user (allocated, at most idle_utilization_pct busy)"]
         rows = [[r["user"] or "(none)", str(r["jobs"]), str(r["spells"]), _num(r["idle_gpu_hours"], 3)]
                 for r in m["idle_gpu_hours"]]
-        out += _table(["user", "jobs", "spells", "idle GPU-hours"], rows)
+        out += _section("Idle GPU-hours per user (allocated, at most idle_utilization_pct busy)",
+                        ["user", "jobs", "spells", "idle GPU-hours"], rows)
     fc = m.get("forecasts") or {}
     if fc.get("count"):
         out += ["", f"Start forecasts: {fc['count']} checked against the real start; mean absolute error "
                     f"{_num(fc['mean_abs_error_s'])} s, median {_num(fc['median_abs_error_s'])} s "
                     f"(mean error {_num(fc['mean_error_s'])} s: > 0 = later than forecast)"]
     if m.get("tenants"):
-        out += ["", f"Tenants ({m.get('preemptions', 0)} preemptions in all)"]
         rows = [[r["tenant"] or "(none)", _num(r["quota_gpus"]), _num(r["weight"]), _num(r["gpus_now"], 2),
                  str(r["running"]), str(r["waiting"]), _num(r["mean_wait_s"]), _num(r["gpu_hours"], 3),
                  _num(100 * (r["gpu_hours_share"] or 0.0)), str(r["preempted"])] for r in m["tenants"]]
-        out += _table(["tenant", "quota", "weight", "GPUs now", "running", "waiting",
-                       "mean wait s", "GPU-hours", "% of all", "preempted"], rows)
+        out += _section(f"Tenants ({m.get('preemptions', 0)} preemptions in all)",
+                        ["tenant", "quota", "weight", "GPUs now", "running", "waiting",
+                         "mean wait s", "GPU-hours", "% of all", "preempted"], rows)
     return "\n".join(out)
 
 

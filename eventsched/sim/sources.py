@@ -75,19 +75,12 @@ class Workload(msgspec.Struct, kw_only=True):
     notes: list[str] = []
 
 
-def _log_dir_of(path: Path) -> Path | None:
-    for cand in (path / "log", path):
-        if cand.is_dir() and eventlog.segments(cand):
-            return cand
-    return None
-
-
 @collector.paused()  # a workload's objects make no cycles: young collections would only rescan them
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
     path = Path(source)
     if path.is_dir():
-        log_dir = _log_dir_of(path)
+        log_dir = next((d for d in (path / "log", path) if d.is_dir() and eventlog.segments(d)), None)
         if log_dir is None:
             raise ReplayError(f"{path}: no event log here (expected a state dir with log/, or a log dir)")
         return log_workload(log_dir)
@@ -181,18 +174,9 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     start_tenants: dict[str, Any] | None = None  # the tenants its config brought
     node_up: tuple[float, int, ev.NodeJoined | ev.NodeActorRestarted, list[GpuInfo]] | None = None
 
-    def flush_node() -> None:
-        nonlocal node_up
-        if node_up is not None:
-            t, seq, e, infos = node_up
-            joined = e if isinstance(e, ev.NodeJoined) else None
-            stimuli.append((t, _REC, float(seq), NodeUp(
-                node=e.node, gpus=infos, ray_node=joined.ray_node if joined else "",
-                gpu_backend=joined.gpu_backend if joined else "", restarted=joined is None)))
-            node_up = None
-
-    def flush_start() -> None:
-        nonlocal start, start_tenants
+    def flush() -> None:
+        """Feed a DaemonStarted, then a node's arrival, pending with the GPUs found after it."""
+        nonlocal start, start_tenants, node_up
         if start is not None:
             t, seq, d, infos = start
             msg = _started_message(d.node, infos, _config_of(d), d.gpu_backend, d.pid, d.version)
@@ -200,6 +184,13 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
                 msg = msgspec.structs.replace(msg, tenants=start_tenants)
             stimuli.append((t, _REC, float(seq), msg))
             start, start_tenants = None, None
+        if node_up is not None:
+            t, seq, e, infos = node_up
+            joined = e if isinstance(e, ev.NodeJoined) else None
+            stimuli.append((t, _REC, float(seq), NodeUp(
+                node=e.node, gpus=infos, ray_node=joined.ray_node if joined else "",
+                gpu_backend=joined.gpu_backend if joined else "", restarted=joined is None)))
+            node_up = None
 
     for e in events:
         t = clock = max(clock, e.ts)  # a clock stepped back is flattened
@@ -213,8 +204,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         if isinstance(e, ev.PolicyChanged) and e.by == "config":
             continue  # recorded by the core itself when a restart brings another policy
         if stimulus:
-            flush_start()  # the DaemonStarted's own decisions are over
-            flush_node()
+            flush()  # the DaemonStarted's own decisions are over
         convert = _INPUTS.get(type(e))
         if convert is not None:
             stimuli.append((t, _REC, float(seq), convert(e)))
@@ -269,8 +259,7 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
         elif isinstance(e, ev.JobLost):
             a = _attempt(attempts, e.job)
             a.update(ended=t, end_seq=seq, lost=True, reason=e.reason)
-    flush_start()
-    flush_node()
+    flush()
     if not recorded_policy:
         raise ReplayError(f"{log_dir}: the log has no DaemonStarted event; nothing to replay on")
 
@@ -279,15 +268,11 @@ def log_workload(log_dir: str | os.PathLike[str]) -> Workload:
     for rid, runs in attempts.items():
         if rid not in ordinal:
             continue
-        out = []
-        for a in runs:
-            if "placed" not in a:
-                continue
-            out.append(msgspec.convert(a, Attempt))
-            if a.get("started") is not None and a.get("ended") is not None and not a.get("lost"):
+        out = by_ordinal[ordinal[rid]] = [msgspec.convert(a, Attempt) for a in runs if "placed" in a]
+        for run in out:
+            if run.started is not None and run.ended is not None and not run.lost:
                 key = "\0".join(runtime_key(specs[rid]))  # every job with an ordinal was submitted
-                runtimes.setdefault(key, []).append(a["ended"] - a["started"])
-        by_ordinal[ordinal[rid]] = out
+                runtimes.setdefault(key, []).append(run.ended - run.started)
     # Re-key job references by submission ordinal: the replay's ids may differ.
     fixed: list[tuple[float, int, float, Any]] = []
     for t, c, s, item in stimuli:

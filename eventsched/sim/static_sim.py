@@ -151,14 +151,6 @@ def _tag_bit(k: int, g: int) -> int:
     return 1 if (k == 1 and g < FULL) else 1 << k
 
 
-def _frac_candidates(free: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
-    """Hypothetical free rows after putting share g on each GPU: ([X*G, G], valid[X, G])."""
-    x, G = free.shape
-    valid = free >= g
-    hyp = np.repeat(free[:, None, :], G, axis=1) - g * np.eye(G, dtype=np.int64)[None]
-    return hyp.reshape(x * G, G), valid
-
-
 class _FgdScorer:
     """FGD gradient scores per (node, pod shape), cached until the node changes."""
 
@@ -178,9 +170,10 @@ class _FgdScorer:
                 c: int, g: int) -> np.ndarray:
         """Scores [X, G] of a fractional pod on each GPU (-1 where it does not fit)."""
         x, G = free.shape
-        hyp, valid = _frac_candidates(free, g)
+        # the free rows after putting share g on each GPU in turn: [X*G, G]
+        hyp = (np.repeat(free[:, None, :], G, axis=1) - g * np.eye(G, dtype=np.int64)[None]).reshape(x * G, G)
         f1 = self.t.frag(hyp, np.repeat(cpu - c, G), np.repeat(model, G)).reshape(x, G)
-        return np.where(valid, fgd_scores(f1 - base[:, None]), -1)
+        return np.where(free >= g, fgd_scores(f1 - base[:, None]), -1)
 
     def _compute(self, idx: np.ndarray, c: int, k: int, g: int) -> np.ndarray:
         cl = self.cl
@@ -279,13 +272,11 @@ def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: st
         types = target_workload((p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods)
         fgd = _FgdScorer(cl, FragTable(types, models), len(shape_of))
 
-    arrived = np.zeros(len(order), dtype=np.int64)
-    used = np.zeros(len(order), dtype=np.int64)
-    a_sum = u_sum = failed = 0
+    demand = np.array([pods[pi].num_gpu * pods[pi].gpu_milli for pi in order], dtype=np.int64)
+    placed = np.zeros(len(order), dtype=bool)
     for j, pi in enumerate(order):
         p = pods[pi]
         c, m, k, g = p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli
-        a_sum += k * g
         ok = (cl.cpu >= c) & (cl.mem >= m)
         if k >= 1:
             if p.gpu_spec:
@@ -296,44 +287,42 @@ def run_one(pods: Sequence[AlibabaPod], nodes: Sequence[AlibabaNode], policy: st
             ok &= (cl.maxfree >= g) if g < FULL else (cl.nfull >= k)
         idx = np.flatnonzero(ok)
         if len(idx) == 0:
-            failed += 1
+            continue  # dropped: a pod is placed once or never
+        if len(idx) == 1:
+            n = int(idx[0])  # only one feasible node: taken without scoring
+        elif policy == "random":
+            n = int(idx[rng.intn(len(idx))])
         else:
-            if len(idx) == 1:
-                n = int(idx[0])  # only one feasible node: taken without scoring
-            elif policy == "random":
-                n = int(idx[rng.intn(len(idx))])
+            s = _scores(policy, cl, idx, c, k, g, fgd, pshape[pi])
+            top = idx[s == s.max()]
+            n = int(top[np.argmin(rank[top])])  # ties: smallest rank
+        row = cl.free[n]
+        if k >= 1 and g < FULL:
+            cand = np.flatnonzero(row >= g)
+            if policy == "random":
+                gi = int(cand[rng.intn(len(cand))])
+            elif policy == "fgd":
+                assert fgd is not None
+                ps = fgd.per_gpu(cl.free[n : n + 1], cl.cpu[n : n + 1], cl.model[n : n + 1],
+                                 fgd.base[n : n + 1], c, g)[0]
+                gi = int(np.argmax(ps))  # first index among equal maxima
             else:
-                s = _scores(policy, cl, idx, c, k, g, fgd, pshape[pi])
-                top = idx[s == s.max()]
-                n = int(top[np.argmin(rank[top])])  # ties: smallest rank
-            row = cl.free[n]
-            if k >= 1 and g < FULL:
-                cand = np.flatnonzero(row >= g)
-                if policy == "random":
-                    gi = int(cand[rng.intn(len(cand))])
-                elif policy == "fgd":
-                    assert fgd is not None
-                    ps = fgd.per_gpu(cl.free[n : n + 1], cl.cpu[n : n + 1], cl.model[n : n + 1],
-                                     fgd.base[n : n + 1], c, g)[0]
-                    gi = int(np.argmax(ps))  # first index among equal maxima
-                else:
-                    gi = int(cand[np.argmin(row[cand])])  # tightest fit, lowest index
-                row[gi] -= g
-            elif k >= 1:
-                gis = np.flatnonzero(row == FULL)[:k]  # lowest-indexed fully free GPUs
-                row[gis] = 0
-            cl.cpu[n] -= c
-            cl.mem[n] -= m
-            if k >= 1:
-                cl.tags[n] |= _tag_bit(k, g)
-            cl.refresh(n)
-            if fgd is not None:
-                fgd.invalidate(n)
-            u_sum += k * g
-        arrived[j] = a_sum
-        used[j] = u_sum
-    return SeedRun(policy=policy, seed=seed, pods=len(order), placed=len(order) - failed,
-                   failed=failed, unallocated=_metric(arrived, used, cl.capacity))
+                gi = int(cand[np.argmin(row[cand])])  # tightest fit, lowest index
+            row[gi] -= g
+        elif k >= 1:
+            gis = np.flatnonzero(row == FULL)[:k]  # lowest-indexed fully free GPUs
+            row[gis] = 0
+        cl.cpu[n] -= c
+        cl.mem[n] -= m
+        if k >= 1:
+            cl.tags[n] |= _tag_bit(k, g)
+        cl.refresh(n)
+        if fgd is not None:
+            fgd.invalidate(n)
+        placed[j] = True
+    n_placed = int(placed.sum())
+    return SeedRun(policy=policy, seed=seed, pods=len(order), placed=n_placed, failed=len(order) - n_placed,
+                   unallocated=_metric(np.cumsum(demand), np.cumsum(np.where(placed, demand, 0)), cl.capacity))
 
 
 def _median(values: list[float]) -> float:
