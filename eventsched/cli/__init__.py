@@ -10,9 +10,8 @@ import sys
 from eventsched.cli.commands import ALIASES, COMMANDS
 from eventsched.cli.errors import UserError, fail, refusal_exit
 from eventsched.domain.paths import socket_location
-from eventsched.domain.units import (UnitError, parse_array, parse_begin, parse_duration, parse_gpu_ids, parse_job_ids,
-                                     parse_signal)
-from eventsched.domain.units import format_duration as human_duration
+from eventsched.domain.units import (UnitError, format_duration as human_duration, parse_array, parse_begin,
+                                     parse_duration, parse_gpu_ids, parse_job_ids, parse_signal)
 
 TYPE_CHECKING = False  # typing is costly to import for every CLI call; mypy reads this as True
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ def spec_fields(args: argparse.Namespace | Any, command: list[str]) -> dict[str,
         notify = kinds(notify)
     return dict(
         node=node, command=command, shell=shell, cwd=os.getcwd(), env=env,
-        name=args.name or default_name(command, shell),
+        name=args.name or os.path.basename(command[0].split()[0] if shell and command[0].split() else command[0]),
         # --gpu-ids alone means exactly those GPUs; with --gpus K, K of them
         gpus=args.gpus if args.gpus is not None else float(len(gpu_ids)) if gpu_ids else 1.0,
         gpu_mem_mib=args.gpu_mem or 0, gpu_ids=gpu_ids, priority=args.priority,
@@ -131,10 +130,6 @@ def split_words(line: str) -> list[str]:
         raise UserError(f"{line!r} needs a shell ({operators[0]!r}): to run it through one, put it after `--` "
                         f"(submit -- {shlex.quote(line)})")
     return words
-
-
-def default_name(command: list[str], shell: bool) -> str:
-    return os.path.basename(command[0].split()[0] if shell and command[0].split() else command[0])
 
 
 def cmd_submit(args: argparse.Namespace, command: list[str]) -> int:
@@ -201,13 +196,13 @@ def cmd_queue(args: argparse.Namespace) -> int:
     headers = ["ID", "NAME", "USER", "STATE", "PRI", "GPUS", "ON", "TIME", "EXIT", "REASON"]
     nodes = {j.get("node") for j in jobs if j.get("node")}
     if len(nodes) > 1 and len(rows) == len(jobs):  # jobs on several nodes (arrays unfolded)
-        # where it runs, or where it last ran: a finished job keeps its node
-        node_col = ["-" if j["state"] in WAITING else (j.get("node") or "-") for j in jobs]
-        rows = [row[:6] + [node] + row[6:] for row, node in zip(rows, node_col)]
         headers.insert(6, "NODE")
+        for row, j in zip(rows, jobs):  # where it runs, or where it last ran: a finished job keeps its node
+            row.insert(6, "-" if j["state"] in WAITING else (j.get("node") or "-"))
     if len(set(tenant_of)) > 1:
         headers.insert(3, "TENANT")
-        rows = [row[:3] + [tenant] + row[3:] for row, tenant in zip(rows, tenant_of)]
+        for row, tenant in zip(rows, tenant_of):
+            row.insert(3, tenant)
     print(table(headers, rows))
     return 0
 
@@ -309,7 +304,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                         "over EVENTSCHED_URL run `status` alone")
     history = None
     if args.history:  # sparklines and today's GPU-hours (cli/status_history.py)
-        from eventsched.cli.status_history import StatusHistory
+        from eventsched.cli.status_history import StatusHistory, render_history
 
         history = StatusHistory(args.history, state_dir_of(args), args.socket)
 
@@ -317,7 +312,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         extra = ""
         if history is not None:
             status = {**status, "history": history.data()}
-            extra = "\n\n" + history.text()
+            extra = "\n\n" + render_history(status["history"])
         if args.json and args.watch:  # one line per update
             import json
 

@@ -16,13 +16,12 @@ from eventsched.domain.units import UnitError, format_duration, parse_duration
 __all__ = ["card_of", "render_card", "card_after_logs", "cmd_report", "usage_sql"]
 
 
-def _history(args: argparse.Namespace, sql: str) -> list[dict[str, Any]]:
+def _history(args: argparse.Namespace, sql: str) -> tuple[list[str], list[Any]]:
     """Rows of read-only ``sql`` over the history: the daemon answers where this user cannot read the log."""
     from eventsched.cli.connect import state_dir_of
     from eventsched.cli.status_history import query_for
 
-    columns, rows = query_for(state_dir_of(args), args.socket, timeout_s=180.0)(sql)
-    return [dict(zip(columns, row)) for row in rows]
+    return query_for(state_dir_of(args), args.socket, timeout_s=180.0)(sql)
 
 
 def card_of(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any] | None:
@@ -33,12 +32,12 @@ def card_of(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, Any] | N
     if job.get("state") not in FINAL:
         return None
     try:
-        rows = _history(args, f"SELECT * FROM job_efficiency WHERE job = {int(job['id'])}")
+        columns, rows = _history(args, f"SELECT * FROM job_efficiency WHERE job = {int(job['id'])}")
     except SqlError:
         return None  # no history to read: the rest of explain still stands
     if not rows:
         return None
-    card = rows[0]
+    card = dict(zip(columns, rows[0]))
     card["advice"] = report_card.advice(card["gpus"], card["gpus_used_peak"], card["gpu_mem_mib"] or 0,
                                         card["mem_peak_mib"])
     return card
@@ -112,11 +111,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         fail(f"--since {args.since!r}: give a duration such as 30d, 12h, 90m or seconds")
     try:
         price = load_config(args.config).accounting.gpu_hour_price if args.config else 0.0
-        rows = _history(args, usage_sql(args.by, since, price))
+        columns, values = _history(args, usage_sql(args.by, since, price))
     except (ConfigError, SqlError) as exc:
         fail(str(exc))
-    columns = list(rows[0]) if rows else ["jobs", "gpu_hours"]
-    values = [tuple(r.values()) for r in rows]
+    if not values:
+        columns = ["jobs", "gpu_hours"]
     if args.format == "markdown":
         print(_markdown(columns, [[_cell(v) for v in row] for row in values]))
     else:

@@ -22,7 +22,7 @@ from eventsched.domain.rlimits import current_umask
 from eventsched.domain.text import table
 from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, plain
 
-__all__ = ["FORMATS", "ask_daemon", "format_table", "format_csv", "format_json", "print_result", "run_sql", "write_parquet"]
+__all__ = ["FORMATS", "ask_daemon", "format_table", "print_result", "run_sql", "write_parquet"]
 
 FORMATS = ("table", "csv", "json", "parquet")
 
@@ -55,22 +55,14 @@ def format_table(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
     return f"{body}\n({len(rows)} row{'s' if len(rows) != 1 else ''})"
 
 
-def format_csv(columns: list[str], rows: list[tuple[Any, ...]], out: TextIO) -> None:
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else plain(v)
-                      for v in row] for row in rows)
-
-
-def format_json(columns: list[str], rows: list[tuple[Any, ...]]) -> str:
-    return json.dumps([{c: plain(v) for c, v in zip(columns, row)} for row in rows])
-
-
 def print_result(columns: list[str], rows: list[tuple[Any, ...]], fmt: str, out: TextIO) -> None:
     if fmt == "csv":
-        format_csv(columns, rows, out)
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(["" if v is None else _cell(v) if isinstance(v, (list, tuple, dict)) else plain(v)
+                          for v in row] for row in rows)
     elif fmt == "json":
-        print(format_json(columns, rows), file=out)
+        print(json.dumps([{c: plain(v) for c, v in zip(columns, row)} for row in rows]), file=out)
     else:
         print(format_table(columns, rows), file=out)
 
@@ -132,7 +124,7 @@ def _copy_parquet(columns: list[str], rows: list[tuple[Any, ...]], types: list[s
                 except duckdb.Error:
                     pass  # keep the type Arrow inferred
             exprs.append(f"{expr} AS {_quoted(column)}")
-        select = f"SELECT {', '.join(exprs)} FROM result" if exprs else "SELECT * FROM result"
+        select = f"SELECT {', '.join(exprs)} FROM result"
         quoted_path = "'" + path.replace("'", "''") + "'"
         con.execute(f"COPY ({select}) TO {quoted_path} (FORMAT parquet, COMPRESSION zstd)").fetchall()
     except duckdb.Error as e:  # a full disk, a value Parquet cannot store: said as a failed write
@@ -211,20 +203,21 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
     """Print (or write to ``output``) the result of read-only ``sql`` over the
     history, or ``via_daemon``'s; the exit status."""
     out, err = out or sys.stdout, err or sys.stderr
+
+    def refuse(problem: str, code: int = EXIT_BAD_QUERY) -> int:
+        print(f"eventsched sql: {problem}", file=err)
+        return code
+
     if fmt not in FORMATS:
-        print(f"eventsched sql: unknown format {fmt!r} (table, csv, json or parquet)", file=err)
-        return EXIT_BAD_QUERY
+        return refuse(f"unknown format {fmt!r} (table, csv, json or parquet)")
     if fmt == "parquet" and (output is None or (output == "-" and out.isatty())):
-        print("eventsched sql: --format parquet writes a binary file: give -o FILE (or -o - into a pipe)", file=err)
-        return EXIT_BAD_QUERY
+        return refuse("--format parquet writes a binary file: give -o FILE (or -o - into a pipe)")
     if output not in (None, "-"):
         folder = os.path.dirname(os.path.abspath(output))
         if os.path.isdir(output):
-            print(f"eventsched sql: {output} is a directory; give a file name to -o", file=err)
-            return EXIT_BAD_QUERY
+            return refuse(f"{output} is a directory; give a file name to -o")
         if not os.path.isdir(folder):
-            print(f"eventsched sql: cannot write {output}: no directory {folder}", file=err)
-            return EXIT_BAD_QUERY
+            return refuse(f"cannot write {output}: no directory {folder}")
     try:
         if via_daemon is not None:
             result = via_daemon(sql)
@@ -234,11 +227,9 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
 
             columns, rows, types = query_typed(state_dir, sql)
     except SqlError as e:
-        print(f"eventsched sql: {e}", file=err)
-        return e.code
+        return refuse(str(e), e.code)
     try:
         _emit(columns, rows, types, fmt, output, out)
     except OSError as e:
-        print(f"eventsched sql: cannot write {output or 'the result'}: {e.strerror or e}", file=err)
-        return EXIT_ERROR
+        return refuse(f"cannot write {output or 'the result'}: {e.strerror or e}", EXIT_ERROR)
     return EXIT_OK

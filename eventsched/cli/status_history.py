@@ -130,9 +130,8 @@ def fetch_history(run_query: Query, window_s: float, *, now: float | None = None
     window = next((r for r in rows if r[0] == "window"), None)
     start = float(window[4]) if window is not None else end - window_s
     bucket_s = (end - start) / buckets
-    data = series_from_rows(rows, start, bucket_s, buckets)
     return {"window_s": end - start, "asked_s": window_s, "start": start, "end": end, "bucket_s": bucket_s,
-            "buckets": buckets, "day": day.isoformat(), **data}
+            "buckets": buckets, "day": day.isoformat(), **series_from_rows(rows, start, bucket_s, buckets)}
 
 
 def sparkline(values: list[float | None], top: float) -> str:
@@ -232,6 +231,3 @@ class StatusHistory:
                 raise UnitError(f"--history: the history could not be read: {exc}") from None
             self._read_at = time.monotonic()
         return self._data
-
-    def text(self) -> str:
-        return render_history(self.data())

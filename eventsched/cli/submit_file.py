@@ -167,8 +167,7 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
         llm = find_llm_config(args.llm_config, args.state_dir)  # FileProblem: one line, exit 2
         jobs = JobsFile(shown=args.file, resolved=os.path.realpath(args.file), llm=llm,
                         base=_base_spec(args.session or ""), dedupe=args.dedupe)
-        text = jobs.read()
-        outcome = jobs.submit(c, text, announce=not args.json)
+        outcome = jobs.submit(c, jobs.read(), announce=not args.json)
         failed = bool(outcome.errors)
         if args.json:
             if args.watch:
@@ -181,11 +180,11 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
             print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} {why}; skipped", file=sys.stderr)
         if args.watch:
             with contextlib.suppress(KeyboardInterrupt):
-                failed = _watch(args, c, jobs, text) or failed
+                failed = _watch(args, c, jobs) or failed
         return 1 if failed else 0
 
 
-def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile, text: str) -> bool:
+def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile) -> bool:
     """Follow the file until Ctrl-C; True if a bad line was reported."""
     from eventsched.wire.client import ClientError
 

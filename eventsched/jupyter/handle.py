@@ -175,18 +175,17 @@ class JobHandle:
     def __repr__(self) -> str:
         return f"<JobHandle {self._summary(self._current())[1]}>"
 
-    @staticmethod
-    def _html(state: str, text: str, job_id: int) -> str:
+    def _html(self, state: str, text: str) -> str:
         colour = STATE_COLOURS.get(state, "#000")
-        return (f"<span class='es-handle' data-job='{job_id}' data-state='{state}'>"
+        return (f"<span class='es-handle' data-job='{self.id}' data-state='{state}'>"
                 f"<b style='color:{colour}'>●</b> {html.escape(text)}</span>")
 
     def _repr_html_(self) -> str:
-        return self._html(*self._summary(self._current()), self.id)
+        return self._html(*self._summary(self._current()))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         state, text = self._summary(self._current())
-        data: dict[str, Any] = {"text/plain": f"<JobHandle {text}>", "text/html": self._html(state, text, self.id)}
+        data: dict[str, Any] = {"text/plain": f"<JobHandle {text}>", "text/html": self._html(state, text)}
         if _in_kernel():
             data.update(self._live_view())
         return data
@@ -196,12 +195,11 @@ class JobHandle:
         import ipywidgets as w
 
         view = w.HTML(value=self._repr_html_())
-        job_id = self.id
 
         def update(model: Any) -> None:
-            job = model.jobs.get(job_id)
+            job = model.jobs.get(self.id)
             if job is not None:
-                value = self._html(*self._summary(job), job_id)
+                value = self._html(*self._summary(job))
                 if value != view.value:
                     view.value = value
 

@@ -12,6 +12,7 @@ expanded. Errors (bad options, refusals, no daemon) are shown as one line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import os
@@ -218,9 +219,6 @@ class EventschedMagics(Magics):
         given = getattr(args, "socket", None) or self.socket
         return Path(given).expanduser() if given else default_socket(self.resolve_state_dir(args))
 
-    def client(self, args: argparse.Namespace | None = None) -> Client:
-        return Client(self.resolve_socket(args))
-
     @line_cell_magic
     @user_errors
     def gpusubmit(self, line: str, cell: str | None = None) -> JobHandle | ArrayHandle | None:
@@ -284,7 +282,7 @@ class EventschedMagics(Magics):
         """``%gpuqueue [--all]``: queued and running jobs (``--all``: finished ones too).
         Returns a table (``.to_dataframe()`` for pandas). ``$var``/``{expr}`` are expanded."""
         args = subcommand_parser("queue", "%gpuqueue").parse_args(_split(line, "%gpuqueue"))
-        with self.client(args) as c:
+        with Client(self.resolve_socket(args)) as c:
             jobs = cli.list_jobs(c, args)  # the same as `eventsched queue`, filters included
         return JobTable(jobs, "no jobs" if args.all else "no queued or running jobs (%gpuqueue --all shows finished ones)")
 
@@ -298,7 +296,7 @@ class EventschedMagics(Magics):
         args = subcommand_parser("cancel", "%gpucancel").parse_args(_split(line, "%gpucancel"))
         if not (args.jobs or args.state or args.user or args.name):
             raise UsageError("%gpucancel: name the jobs, or select them with --state, --user or --name")
-        with self.client(args) as c:
+        with Client(self.resolve_socket(args)) as c:
             result = cli.cancel_jobs(c, args)  # the same as `eventsched cancel`, filters included
         refused = [f"job {r['job']}: {r['reason']}" for r in result["refused"]]
         if refused and not result["jobs"]:
@@ -405,16 +403,13 @@ class EventschedMagics(Magics):
         info = _ping(socket_path)
         if action == "status":
             return Message(f"eventsched daemon pid {info['pid']} answers on {socket_path} (log at seq {info['seq']})", **info)
-        return self._stop(int(info["pid"]), socket_path)
+        return self._stop(int(info["pid"]))
 
     def _start(self, words: list[str]) -> Message:
         args = subcommand_parser("serve", "%gpuscheduler start").parse_args(words)
         state_dir, socket_path = self.resolve_state_dir(args), self.resolve_socket(args)
-        try:
+        with contextlib.suppress(DaemonNotRunning):
             info = _ping(socket_path)
-        except DaemonNotRunning:
-            pass
-        else:
             self._remember(args)
             return Message(f"an eventsched daemon is already running (pid {info['pid']}) on {socket_path}", **info)
         words = [*words, *(["--gpus", self.scheduler_gpus] if args.gpus is None and self.scheduler_gpus else []),
@@ -456,7 +451,7 @@ class EventschedMagics(Magics):
         if args.socket:
             self.socket = str(Path(args.socket).expanduser())
 
-    def _stop(self, pid: int, socket_path: Path) -> Message:
+    def _stop(self, pid: int) -> Message:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:

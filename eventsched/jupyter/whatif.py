@@ -6,11 +6,11 @@ other resources.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import io
 import math
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -62,17 +62,15 @@ def whatif(policies: Sequence[str] = DEFAULT_POLICIES, config: str | os.PathLike
     if not policies:
         raise ValueError("name at least one policy, e.g. policies=['best-fit', 'fair-share']")
     window = None if since is None else float(since) if isinstance(since, (int, float)) else _window(since)
-    where = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="eventsched-whatif-"))
-    try:
+    with contextlib.ExitStack() as stack:  # without ``out``, the replays' logs go once read
+        where = Path(out) if out is not None else stack.enter_context(tempfile.TemporaryDirectory(
+            prefix="eventsched-whatif-", ignore_cleanup_errors=True))
         table = replay_table(str(source or default_state_dir()), list(policies),
                              config=None if config is None else str(config), gpus=gpus, nodes=nodes, out=str(where))
         if window is not None:  # the same rows, measured over the window's jobs only
             for row in table["replays"]:
                 row.update(msgspec.to_builtins(metrics_from_events(in_window(eventlog.read(row["log"]), window))))
             table["since_s"] = window
-    finally:
-        if out is None:
-            shutil.rmtree(where, ignore_errors=True)
     table["out"] = None if out is None else str(out)
     result = Comparison(table)
     if chart:

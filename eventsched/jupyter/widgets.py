@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import html
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -67,10 +68,8 @@ class PanelModel:
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> PanelModel:
         model = cls()
-        for gpu in status.get("gpus", []):
-            model.gpus[(str(gpu.get("node") or "local"), int(gpu["id"]))] = dict(gpu)
-        for job in status.get("jobs", []):
-            model.jobs[int(job["id"])] = dict(job)
+        model.gpus = {(str(g.get("node") or "local"), int(g["id"])): dict(g) for g in status.get("gpus", [])}
+        model.jobs = {int(j["id"]): dict(j) for j in status.get("jobs", [])}
         model.node_states = {n["name"]: n["state"] for n in status.get("nodes", []) if n.get("state")}
         model.policy, model.seq, model.connected = status.get("policy", ""), int(status.get("seq", 0)), True
         return model
@@ -81,10 +80,7 @@ class PanelModel:
 
     def by_node(self) -> list[tuple[str, list[tuple[GpuKey, dict[str, Any]]]]]:
         """The GPUs grouped by node, nodes and ids in order."""
-        groups: dict[str, list[tuple[GpuKey, dict[str, Any]]]] = {}
-        for key, gpu in sorted(self.gpus.items()):
-            groups.setdefault(key[0], []).append((key, gpu))
-        return list(groups.items())
+        return [(node, list(gpus)) for node, gpus in itertools.groupby(sorted(self.gpus.items()), lambda kv: kv[0][0])]
 
     def node_state(self, node: str) -> str:
         """As ``eventsched nodes`` says it; ``draining`` when every usable GPU is paused."""
@@ -115,20 +111,19 @@ class PanelModel:
         self._forget_old()
 
     def _allocate(self) -> None:
-        alloc = {key: 0.0 for key in self.gpus}
-        on_gpu: dict[GpuKey, list[int]] = {key: [] for key in self.gpus}
+        on_gpu: dict[GpuKey, list[dict[str, Any]]] = {key: [] for key in self.gpus}
         for job in self.running():
             node = str(job.get("node") or "local")
             for gid in job.get("gpu_ids", []):
-                if (node, gid) in alloc:
-                    alloc[(node, gid)] += _share(job)
-                    on_gpu[(node, gid)].append(job["id"])
+                if (node, gid) in on_gpu:
+                    on_gpu[(node, gid)].append(job)
         for key, gpu in self.gpus.items():
-            gpu.update(allocated=round(min(alloc[key], 1.0), 3), jobs=on_gpu[key])
+            on = on_gpu[key]
+            gpu.update(allocated=round(min(sum(map(_share, on), 0.0), 1.0), 3), jobs=[j["id"] for j in on])
 
     def _forget_old(self) -> None:
-        done = [j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE]
-        for job_id in sorted(done)[:-RECENT_FINISHED] if len(done) > RECENT_FINISHED else []:
+        done = sorted(j["id"] for j in self.jobs.values() if j["state"] not in ACTIVE)
+        for job_id in done[:-RECENT_FINISHED]:
             del self.jobs[job_id]
 
 
@@ -159,9 +154,8 @@ _JOB_DETAILS: dict[type, Callable[[dict[str, Any], Any], None]] = {
     # an ended job keeps where it ran (only running jobs fill the GPU bars)
     ev.JobExited: lambda j, e: j.update(exit_code=e.exit_code, ended_at=e.ts),
     ev.JobCancelRequested: lambda j, e: j.update(cancel_reason=e.reason),
-    ev.JobCancelled: lambda j, e: j.update(ended_at=e.ts),
+    **dict.fromkeys((ev.JobCancelled, ev.JobLost), lambda j, e: j.update(ended_at=e.ts)),
     ev.JobRequeued: lambda j, e: j.update(gpu_ids=[], ended_at=None),
-    ev.JobLost: lambda j, e: j.update(ended_at=e.ts),
     # over its --gpu-mem or back within it; allocated but idle since when (None: busy)
     ev.JobGpuMemoryExceeded: lambda j, e: j.update(gpu_mem_over=True, gpu_mem_used_mib=e.used_mib),
     ev.JobGpuMemoryWithin: lambda j, e: j.update(gpu_mem_over=False, gpu_mem_used_mib=e.used_mib),
@@ -187,8 +181,7 @@ def _on_job_event(m: PanelModel, e: Any) -> None:
 
 
 _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
-    ev.DaemonStarted: lambda m, e: setattr(m, "policy", e.policy),
-    ev.PolicyChanged: lambda m, e: setattr(m, "policy", e.policy),
+    **dict.fromkeys((ev.DaemonStarted, ev.PolicyChanged), lambda m, e: setattr(m, "policy", e.policy)),
     ev.GpuDiscovered: lambda m, e: _gpu(m, e.node, e.gpu).update(
         memory_total_mib=e.memory_total_mib, model=e.model, lost=False),
     ev.GpuSampled: lambda m, e: _gpu(m, e.node, e.gpu).update(
@@ -199,8 +192,7 @@ _HANDLERS: dict[type, Callable[[PanelModel, Any], None]] = {
     ev.GpuPaused: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=True, paused_reason=e.reason),
     ev.GpuResumed: lambda m, e: _gpu(m, e.node, e.gpu).update(paused=False, paused_reason=""),
     # the bookings are drawn from the daemon's list: an event only says it changed
-    ev.ReservationCreated: lambda m, e: setattr(m, "bookings_seq", e.seq),
-    ev.ReservationCancelled: lambda m, e: setattr(m, "bookings_seq", e.seq),
+    **dict.fromkeys((ev.ReservationCreated, ev.ReservationCancelled), lambda m, e: setattr(m, "bookings_seq", e.seq)),
     ev.JobSubmitted: _on_job_submitted,
     # a forecast shown (by ``explain``), keyed as ``queue --json`` gives one
     ev.JobForecast: lambda m, e: m.jobs[e.job].update(estimated_start=e.estimated_start, estimated_start_p10=e.p10,
@@ -358,17 +350,13 @@ def render_html(model: PanelModel, now: float) -> str:
             rows.append(f"<tr class='es-node'><th colspan='3' style='text-align:left'>node {html.escape(node)} · "
                         f"{html.escape(model.node_state(node))}</th></tr>")
         for key, g in gpus:
-            rows.append(_gpu_row_html(gpu_label(key, several), g))
+            pct = round(100 * float(g.get("allocated") or 0))
+            rows.append(f"<tr><td>{html.escape(gpu_label(key, several))}</td><td>"
+                        f"<div style='width:120px;background:#eee'><div style='width:{pct}%;background:#1976d2;"
+                        f"height:10px'></div></div></td><td>{html.escape(gpu_line(g))}</td></tr>")
     jobs = render_jobs_html(model.running() + model.queued() + model.finished(), now)
     return (f"<div class='eventsched-status'><table>{''.join(rows)}</table>"
             f"<p>policy {html.escape(model.policy)} · log seq {model.seq}</p>{jobs}</div>")
-
-
-def _gpu_row_html(label: str, g: dict[str, Any]) -> str:
-    pct = round(100 * float(g.get("allocated") or 0))
-    return (f"<tr><td>{html.escape(label)}</td><td><div style='width:120px;background:#eee'>"
-            f"<div style='width:{pct}%;background:#1976d2;height:10px'></div></div></td>"
-            f"<td>{html.escape(gpu_line(g))}</td></tr>")
 
 
 # history at a glance: SVG of ``cli.status_history``'s data
@@ -502,25 +490,23 @@ class Watcher:
         from eventsched.wire.client import Client, ClientError, DaemonNotRunning
 
         while not self._stop.is_set():
-            client = Client(self.socket_path, timeout=10.0)
             try:
-                status = client.status()
-                with self.lock:
-                    self.model = PanelModel.from_status(status)
-                self._draw(force=True)
-                for batch in client.subscribe(from_seq=self.model.seq + 1):
+                with Client(self.socket_path, timeout=10.0) as client:
+                    status = client.status()
                     with self.lock:
-                        self.model.fold(batch)
-                    self._draw()
-                    if self._stop.is_set():
-                        return
+                        self.model = PanelModel.from_status(status)
+                    self._draw(force=True)
+                    for batch in client.subscribe(from_seq=self.model.seq + 1):
+                        with self.lock:
+                            self.model.fold(batch)
+                        self._draw()
+                        if self._stop.is_set():
+                            return
                 message = "the daemon closed the event stream; reconnecting"
             except DaemonNotRunning:
                 message = "no daemon running (start one with %gpuscheduler start --gpus fake:4)"
             except (ClientError, OSError) as exc:
                 message = f"connection lost ({exc}); reconnecting"
-            finally:
-                client.close()
             with self.lock:
                 self.model.connected, self.model.error = False, message
             self._draw(force=True)
@@ -724,17 +710,14 @@ def _panel_class() -> type:
                 value = self.job_select.value
                 self.job_select.options = options
                 self.job_select.value = value if any(v == value for _, v in options) else 0
-            for job in model.jobs.values():
-                if job.get("log_path"):
-                    self._log_paths[job["id"]] = job["log_path"]
+            self._log_paths.update({j["id"]: j["log_path"] for j in model.jobs.values() if j.get("log_path")})
             self._redraw_tail()
             self._maybe_refresh_history(model)  # last: a history query may take seconds on a busy machine
 
         def _update_gpus(self, model: PanelModel) -> None:
-            for key, gpu in model.gpus.items():
-                if key not in self._gpu_rows:
+            for key, (bar, info) in self._gpu_rows.items():
+                if (gpu := model.gpus.get(key)) is None:
                     continue
-                bar, info = self._gpu_rows[key]
                 bar.value = float(gpu.get("allocated") or 0.0)
                 bar.bar_style = "warning" if gpu.get("paused") else ("danger" if gpu.get("lost") else "info")
                 info.value = html.escape(gpu_line(gpu))
