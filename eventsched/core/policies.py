@@ -775,11 +775,11 @@ def sjf_oracle(state: ClusterState, now: float) -> list[Placement]:
 def oracle_keys(state: ClusterState, now: float) -> Iterator[tuple[Any, bool, float, int, int]]:
     """sjf-oracle's order of the queued jobs, which its preemptions follow too."""
     truth = state.oracle
-    due = _due_before_a_pause(state, now, lambda j: truth.get(j, DEFAULT_RUNTIME_S))
+    due = _due_before_a_pause(state, now)
     return ((k0, j not in due, truth.get(j, DEFAULT_RUNTIME_S), o, j) for k0, o, j in state.queue.by_priority)
 
 
-def _due_before_a_pause(state: ClusterState, now: float, duration: Callable[[int], float]) -> set[int]:
+def _due_before_a_pause(state: ClusterState, now: float) -> set[int]:
     """The queued jobs the oracle starts ahead of shorter ones as the next known pause
     would leave too few GPUs for them: by the exchange argument, when ``n * d`` (the
     shorter jobs of its tier times its duration) is under the pause's length."""
@@ -793,15 +793,16 @@ def _due_before_a_pause(state: ClusterState, now: float, duration: Callable[[int
         return set()  # resumed the moment it was paused
     left = len(state.gpus) - len(down) - len(back)
     pause_s = min(back) - start
+    truth = state.oracle
     tiers: dict[float, list[float]] = {}
     for k0, _, j in state.queue.by_priority:
-        tiers.setdefault(k0, []).append(duration(j))
+        tiers.setdefault(k0, []).append(truth.get(j, DEFAULT_RUNTIME_S))
     for durations in tiers.values():
         durations.sort()
     due: set[int] = set()
     for k0, _, j in state.queue.by_priority:
         if state.jobs[j].count > left:
-            d = duration(j)
+            d = truth.get(j, DEFAULT_RUNTIME_S)
             if bisect.bisect_left(tiers[k0], d) * d < pause_s:
                 due.add(j)
     return due
