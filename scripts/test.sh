@@ -14,18 +14,22 @@ if { [ ! -x /usr/bin/chromium ] || ! command -v tmux >/dev/null || ! command -v 
     || echo "warning: could not install chromium, tmux, screen, prometheus or faketime; their tests will be skipped" >&2
 fi
 # The multi-user tests (as root) run this checkout's .venv as other users, who must be
-# able to pass through every folder above it: one that forbids it (mktemp -d makes
-# them 0700) gets o+x, passing through and not listing, for the run, taken back after.
-opened=()
+# able to read the checkout and pass through every folder above it: one that forbids it
+# (mktemp -d makes them 0700) gets o+rx (the checkout) or o+x (passing through, not
+# listing) for the run, and its own mode back after.
+restore=()
 if [ "$(id -u)" = 0 ]; then
-  dir=$PWD
+  dir=$PWD need=5
   while [ "$dir" != / ]; do
-    if (( ! (8#$(stat -c %a "$dir") & 1) )) && chmod o+x "$dir"; then opened+=("$dir"); fi
-    dir=$(dirname "$dir")
+    mode=$(stat -c %a "$dir")
+    if (( (8#$mode & need) != need )) && chmod "o+$( ((need == 5)) && echo rx || echo x)" "$dir"; then
+      restore+=("$mode" "$dir")
+    fi
+    dir=$(dirname "$dir") need=1
   done
-  if (( ${#opened[@]} )); then
-    echo "test.sh: other users may pass through ${opened[*]} until the tests end" >&2
-    trap 'chmod o-x "${opened[@]}"' EXIT
+  if (( ${#restore[@]} )); then
+    echo "test.sh: other users may read this checkout and pass through the folders above it until the tests end" >&2
+    trap 'for ((i = 0; i < ${#restore[@]}; i += 2)); do chmod "${restore[i]}" "${restore[i + 1]}"; done' EXIT
   fi
 fi
 # Two workers, a test file to each at a time (a file's tests share its daemon):
