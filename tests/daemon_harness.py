@@ -5,6 +5,7 @@ Shared by the end-to-end tests, the notebook tests and the benchmarks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,11 +67,20 @@ class Daemon:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                self._kill_group()
                 raise RuntimeError(f"daemon exited with {self.process.returncode}: {self.stderr()}")
             if self._answers():
                 return self
             time.sleep(0.05)
+        self._kill_group()
         raise RuntimeError(f"daemon did not answer within {timeout}s: {self.stderr()}")
+
+    def _kill_group(self) -> None:
+        """A daemon that did not come up leaves nothing running: no test stops it."""
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # its own session: it and its helpers
+        self.process.wait()
 
     def _answers(self) -> bool:
         """What ``eventsched health`` checks, asked from this process: polling
