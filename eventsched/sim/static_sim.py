@@ -331,12 +331,15 @@ def _median(values: list[float]) -> float:
 
 def run_static(pod_csv: str, node_csv: str, policies: list[str], seeds: list[int],
                tune: float = 1.3) -> StaticResult:
+    policies = list(dict.fromkeys(policies))  # a policy named twice runs once, as in a plain replay
     for pol in policies:
         _check(pol)
     if not seeds:
         raise ValueError("at least one seed is needed")
     t_all = time.perf_counter()
     pods, nodes = load_alibaba(pod_csv, node_csv)
+    if not pods or not nodes:
+        raise TraceError(f"{pod_csv if not pods else node_csv}: no {'pods' if not pods else 'nodes'} (only a header line)")
     results = []
     for pol in policies:
         runs = []
