@@ -420,14 +420,15 @@ def follow_output(c: Client, job: int, *, follow: bool = True, detach_message: b
     from eventsched.wire.client import read_new_output
     from eventsched.wire.http_client import HttpClient
 
-    if isinstance(c, HttpClient):  # the file is on the daemon's machine: the daemon sends it
-        from eventsched.cli.attach import print_output
-
-        ended = print_output(c, job, follow=follow, detach_message=detach_message)
-        return job_exit_status(ended) if exit_status and ended else 0
-    info = c.request(protocol.JobLogPath(job=job))
-    path, position, next_check = info["path"], 0, 0.0
     try:
+        if isinstance(c, HttpClient):  # the file is on the daemon's machine: the daemon sends it
+            for chunk in c.output(job, follow=follow):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            ended = c.job(job) if follow else None
+            return job_exit_status(ended) if exit_status and ended else 0
+        info = c.request(protocol.JobLogPath(job=job))
+        path, position, next_check = info["path"], 0, 0.0
         while True:
             try:
                 chunk = read_new_output(path, position)
@@ -623,7 +624,3 @@ def parse(argv: list[str]) -> Callable[[], int]:
     else:
         handler = globals()["cmd_" + args.command.replace("-", "_")]
     return lambda: handler(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

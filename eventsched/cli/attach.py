@@ -1,7 +1,6 @@
 """``eventsched attach JOB``: tmux or screen attached to a ``--session`` job, in
 place of this process; anyone but the job's owner (whose the session's server
-is) is refused before anything runs. Also ``print_output``: a job's output sent
-by the daemon, for ``logs`` and ``submit --interactive`` over HTTP."""
+is) is refused before anything runs."""
 
 from __future__ import annotations
 
@@ -14,25 +13,7 @@ import sys
 
 from eventsched.cli.errors import UserError
 
-__all__ = ["run", "find_session", "print_output"]
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from eventsched.wire.http_client import HttpClient
-
-
-def print_output(c: HttpClient, job: int, *, follow: bool, detach_message: bool) -> dict | None:
-    """Print a job's output as the daemon sends it (``follow``: until the job ends);
-    the job as it ended when followed to its end, else None (Ctrl+C detaches)."""
-    try:
-        for chunk in c.output(job, follow=follow):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        if detach_message:
-            print(f"\ndetached; job {job} keeps running (eventsched logs {job} -f)", file=sys.stderr)
-        return None
-    return c.job(job) if follow else None
+__all__ = ["run", "find_session"]
 
 
 def find_session(job: int) -> str:
@@ -77,12 +58,11 @@ def run(args: argparse.Namespace) -> int:
     kind = find_session(job)
     if not kind:
         raise UserError(f"job {job} has no terminal session (submit it with --session tmux or --session screen)")
-    if not os.isatty(0):
-        raise UserError(f"attach needs a terminal; {' '.join(attach_argv(kind, job))} is the command")
     argv = attach_argv(kind, job)
+    if not os.isatty(0):
+        raise UserError(f"attach needs a terminal; {' '.join(argv)} is the command")
     sys.stdout.flush()
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
         raise UserError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    return 0  # not reached

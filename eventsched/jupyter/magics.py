@@ -67,9 +67,7 @@ def _raising(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         raise UsageError(f"{prog}: {message} (see {prog} -h)")
 
     def exit_(status: int = 0, message: str | None = None) -> NoReturn:
-        if message:
-            print(message, file=sys.stderr)
-        raise _HelpShown
+        raise _HelpShown  # only after -h: argparse passes a message only from error()
 
     parser.error = error  # type: ignore[method-assign]
     parser.exit = exit_  # type: ignore[method-assign]

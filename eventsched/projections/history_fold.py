@@ -386,7 +386,7 @@ class _Writer:
             return
         con = self.con
         if self.touched:
-            self._refresh_jobs(np.unique(np.concatenate(self.touched)))
+            self._refresh_jobs(_touched(self.touched))
         if self.touches_gpus:
             con.execute("DELETE FROM gpus")
             con.execute("INSERT INTO gpus " + _GPUS_SQL)

@@ -86,21 +86,21 @@ def format_metrics(m: dict[str, Any]) -> str:
                               ("GPU-hours per tenant", "gpu_hours_by_tenant", "tenant")):
         rows = [[r[label] or "(none)", str(r["jobs"]), _num(r["gpu_hours"], 3)] for r in m[key]]
         out += _section(title, [label, "jobs", "GPU-hours"], rows or [["-", "0", "0.000"]])
-    if m.get("idle_gpu_hours"):
+    if m["idle_gpu_hours"]:
         rows = [[r["user"] or "(none)", str(r["jobs"]), str(r["spells"]), _num(r["idle_gpu_hours"], 3)]
                 for r in m["idle_gpu_hours"]]
         out += _section("Idle GPU-hours per user (allocated, at most idle_utilization_pct busy)",
                         ["user", "jobs", "spells", "idle GPU-hours"], rows)
-    fc = m.get("forecasts") or {}
-    if fc.get("count"):
+    fc = m["forecasts"]
+    if fc["count"]:
         out += ["", f"Start forecasts: {fc['count']} checked against the real start; mean absolute error "
                     f"{_num(fc['mean_abs_error_s'])} s, median {_num(fc['median_abs_error_s'])} s "
                     f"(mean error {_num(fc['mean_error_s'])} s: > 0 = later than forecast)"]
-    if m.get("tenants"):
+    if m["tenants"]:
         rows = [[r["tenant"] or "(none)", _num(r["quota_gpus"]), _num(r["weight"]), _num(r["gpus_now"], 2),
                  str(r["running"]), str(r["waiting"]), _num(r["mean_wait_s"]), _num(r["gpu_hours"], 3),
                  _num(100 * (r["gpu_hours_share"] or 0.0)), str(r["preempted"])] for r in m["tenants"]]
-        out += _section(f"Tenants ({m.get('preemptions', 0)} preemptions in all)",
+        out += _section(f"Tenants ({m['preemptions']} preemptions in all)",
                         ["tenant", "quota", "weight", "GPUs now", "running", "waiting",
                          "mean wait s", "GPU-hours", "% of all", "preempted"], rows)
     return "\n".join(out)
@@ -152,7 +152,7 @@ def prometheus_text(m: dict[str, Any]) -> str:
     for who in ("user", "tenant"):
         family(f"eventsched_{who}_gpu_seconds_total", "counter", f"GPU time used (share x seconds) per {who}.",
                [("", {who: r[who] or ""}, float(r["gpu_hours"]) * 3600.0) for r in m[f"gpu_hours_by_{who}"]])
-    tenants = m.get("tenants", [])
+    tenants = m["tenants"]
     for key, name, what, scale in (
             ("quota_gpus", "eventsched_tenant_quota_gpus", "GPUs a tenant may hold at once.", 1.0),
             ("quota_gpu_mem_mib", "eventsched_tenant_quota_gpu_memory_bytes",
@@ -168,13 +168,13 @@ def prometheus_text(m: dict[str, Any]) -> str:
     family("eventsched_tenant_preemptions_total", "counter", "A tenant's jobs preempted.",
            [("", {"tenant": r["tenant"] or ""}, r["preempted"]) for r in tenants])
     family("eventsched_preemptions_total", "counter", "Jobs preempted for more urgent ones.",
-           [("", {}, m.get("preemptions", 0))])
+           [("", {}, m["preemptions"])])
     family("eventsched_user_idle_gpu_seconds_total", "counter",
            "GPU time held while idle (share x seconds) per user.",
            [("", {"user": r["user"] or ""}, float(r["idle_gpu_hours"]) * 3600.0)
-            for r in m.get("idle_gpu_hours", [])])
-    fc = m.get("forecasts") or {}
-    if fc.get("count"):
+            for r in m["idle_gpu_hours"]])
+    fc = m["forecasts"]
+    if fc["count"]:
         family("eventsched_forecast_abs_error_seconds", "gauge",
                "Mean absolute error of the start forecasts shown, against the real starts.",
                [("", {}, float(fc["mean_abs_error_s"]))])
@@ -186,9 +186,6 @@ def run_metrics(state_dir: str | os.PathLike[str], fmt: str = "table", *, out: T
                 err: TextIO | None = None) -> int:
     """Print the metrics as a table, ``json`` or ``prometheus`` text; exit status."""
     out, err = out or sys.stdout, err or sys.stderr
-    if fmt not in ("table", "json", "prometheus"):
-        print(f"eventsched metrics: unknown format {fmt!r} (table, json or prometheus)", file=err)
-        return 2
     try:
         with History(state_dir) as history:
             m = compute_metrics(history)

@@ -161,10 +161,8 @@ def query_typed(state_dir: str | os.PathLike[str], sql: str) -> tuple[list[str],
                 rows = cur.fetchall()
     except duckdb.Error as e:
         raise SqlError(_one_line(str(e)), EXIT_BAD_QUERY) from None
-    except (HistoryError, OSError) as e:
-        raise SqlError(str(e), EXIT_ERROR) from None
     except Exception as e:  # the log's own errors (corruption) carry a user-facing message
-        if type(e).__module__.startswith("eventsched"):
+        if isinstance(e, OSError) or type(e).__module__.startswith("eventsched"):
             raise SqlError(str(e), EXIT_ERROR) from None
         raise
     finally:

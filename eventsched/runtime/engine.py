@@ -565,8 +565,6 @@ class Engine:
                     self._wake_changed.set()
             case Notify():  # once the fact behind it is durable
                 logger.warning("%s", effect.text)
-            case _:
-                raise TypeError(f"the engine cannot perform {type(effect).__name__}")
 
     def _show_load_to_gpus(self) -> None:
         """Fake GPUs report what the scheduler placed on them, as real ones would."""

@@ -357,10 +357,7 @@ ALIBABA_MAX_DURATION = 3600.0
 ALIBABA_NODE_SHARE = 1 / 16
 
 
-def alibaba_workload(
-    pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str], *, seed: int = 0,
-    load: float = ALIBABA_LOAD, node_share: float = ALIBABA_NODE_SHARE,
-) -> Workload:
+def alibaba_workload(pod_csv: str | os.PathLike[str], node_csv: str | os.PathLike[str], *, seed: int = 0) -> Workload:
     """The openb pods as a dynamic workload on a seeded sample of the openb GPU
     nodes, with a synthetic schedule: the trace's times are censored, not a
     schedule. The model: replays/README.md (the Alibaba trace as a dynamic workload);
@@ -373,22 +370,20 @@ def alibaba_workload(
         if p.pod_phase in ("Succeeded", "Failed") and p.creation_time is not None and p.deletion_time is not None
         and p.deletion_time > p.creation_time) or [3600.0]
     rng = random.Random(seed)
-    if node_share < 1.0:
-        shapes: dict[tuple[str, int], list[AlibabaNode]] = {}
-        for node in nodes:
-            shapes.setdefault((node.model, node.gpus), []).append(node)
-        keep: set[str] = set()
-        for group in shapes.values():
-            k = max(1, round(len(group) * node_share))
-            keep.update(n.name for n in rng.sample(group, k))
-        nodes = [n for n in nodes if n.name in keep]
+    shapes: dict[tuple[str, int], list[AlibabaNode]] = {}
+    for node in nodes:
+        shapes.setdefault((node.model, node.gpus), []).append(node)
+    keep: set[str] = set()
+    for group in shapes.values():
+        keep.update(n.name for n in rng.sample(group, max(1, round(len(group) * ALIBABA_NODE_SHARE))))
+    nodes = [n for n in nodes if n.name in keep]
     biggest = max((n.gpus for n in nodes), default=0)
     gpu_pods = [p for p in pods if 0 < p.num_gpu <= biggest]
     capacity = sum(n.gpus for n in nodes)
     durations = [min(ALIBABA_MAX_DURATION, max(1.0, rng.choice(finished))) for _ in gpu_pods]
     demand = [p.num_gpu if p.gpu_milli >= 1000 else p.gpu_milli / 1000 for p in gpu_pods]
     work = sum(d * g for d, g in zip(durations, demand))
-    span = work / (load * capacity) if capacity else 1.0
+    span = work / (ALIBABA_LOAD * capacity) if capacity else 1.0
     mean_gap = span / max(1, len(gpu_pods))
     t = 0.0
     jobs = []
@@ -400,8 +395,8 @@ def alibaba_workload(
                for node in nodes]
     notes = [
         f"Alibaba openb: {len(gpu_pods)} GPU pods of {len(pods)} (CPU-only ones left out) "
-        f"on a seeded {node_share:.3g} sample of the nodes: {len(nodes)} nodes / {capacity} GPUs",
-        f"synthetic schedule (seed {seed}): Poisson arrivals at {load:.0%} offered GPU load over "
+        f"on a seeded {ALIBABA_NODE_SHARE:.3g} sample of the nodes: {len(nodes)} nodes / {capacity} GPUs",
+        f"synthetic schedule (seed {seed}): Poisson arrivals at {ALIBABA_LOAD:.0%} offered GPU load over "
         f"{span / 3600:.1f} h; durations drawn from the {len(finished)} finished pods' lifetimes, capped at 1 h",
         "users = the pods' QoS class (LS, BE, Burstable, Guaranteed)",
     ]

@@ -111,8 +111,6 @@ class _Frag:
         self.dirty = True
 
     def advance(self, dt: float) -> None:
-        if dt <= 0:
-            return
         if self.dirty:
             self.cached, self.dirty = self._measure(), False
         free, unusable = self.cached

@@ -288,8 +288,6 @@ class SegmentScan:
     def valid_frame_after(self, offset: int) -> int | None:
         """Offset of a valid frame somewhere after ``offset``: a torn tail has
         none, damage in the middle of a log does."""
-        if not self.header_ok:
-            return None
         fd, size, start = self._fd, self.size, offset + 1
         while start + FRAME_HEADER_SIZE <= size:
             chunk = os.pread(fd, _CHUNK + FRAME_HEADER_SIZE, start)
@@ -393,9 +391,10 @@ class LogWriter:
     _fault: Callable[[str], None] | None = None
     _ops: FileOps = PLAIN  # every other call that changes a file (crash-state tests record them)
 
-    def __init__(self) -> None:  # use LogWriter.open
-        self.directory = ""
-        self.segment_bytes = 64 << 20
+    def __init__(self, directory: str, segment_bytes: int, preallocate: int) -> None:  # use LogWriter.open
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.preallocate = preallocate
         self.recovered: RecoveryReport | None = None
         self._lock_fd = -1
         self._fd = -1
@@ -406,17 +405,13 @@ class LogWriter:
         self._next_seq = 1
         self._synced = 0  # the last seq an fdatasync covered
         self._dead: str | None = None
-        self.preallocate = PREALLOCATE
 
     # -- opening --
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, segment_bytes: int = 64 << 20, ops: FileOps | None = None,
              preallocate: int = PREALLOCATE) -> "LogWriter":
-        self = cls()
-        self.directory = os.fspath(directory)
-        self.segment_bytes = segment_bytes
-        self.preallocate = preallocate
+        self = cls(os.fspath(directory), segment_bytes, preallocate)
         if ops is not None:  # a recorder; production keeps the bare os calls on the write path
             self._ops, self._pwrite, self._fdatasync = ops, ops.pwrite, ops.fdatasync
         try:
@@ -767,8 +762,6 @@ class _Cursor:
             try:
                 if not scan.header_ok:
                     raise LogCorruptError(seg.path, 0, scan.problem or "bad segment header")
-                if scan.first_seq != seg.first_seq:
-                    raise LogCorruptError(seg.path, 0, f"segment header says {scan.first_seq}")
                 from_seq = self.from_seq
                 for off, first, count, payload in scan.frames():
                     self.offset, self.next_seq = off + FRAME_HEADER_SIZE + len(payload), first + count

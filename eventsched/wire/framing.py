@@ -57,14 +57,12 @@ def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
                 import time
 
                 time.sleep(delay)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
+    except BaseException as exc:
         sock.close()
-        raise DaemonNotRunning(path) from exc
-    except PermissionError as exc:
-        sock.close()
-        raise ClientError(f"permission denied on the socket {path}") from exc
-    except BaseException:
-        sock.close()
+        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+            raise DaemonNotRunning(path) from exc
+        if isinstance(exc, PermissionError):
+            raise ClientError(f"permission denied on the socket {path}") from exc
         raise
     return sock
 

@@ -64,7 +64,8 @@ class HttpClient:
         """The response and its body (``whole``: all of it; else only an error's)."""
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json",
                    **({} if data is None else {"Content-Type": "application/json"})}
-        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: once more, anew
+        again = method == "GET"  # only a GET is sent again: a POST the server may have seen is not repeated
+        while True:  # a kept-alive connection the server closed meanwhile: once more, anew
             reused = self._conn is not None
             conn = self._connection()
             try:
@@ -73,15 +74,13 @@ class HttpClient:
                 return response, response.read() if whole or response.status >= 400 else b""
             except OSError as exc:
                 self.close()
-                # only a GET is sent again: a POST the server may have seen is not repeated
-                if attempt == 0 and reused and method == "GET" and not isinstance(exc, TimeoutError):
-                    continue
                 if isinstance(exc, TimeoutError):
                     raise
-                raise ClientError(f"no eventsched API answers at {self.url} "
-                                  f"({getattr(exc, 'strerror', None) or exc}); "
-                                  "is the daemon serving with --http?") from None
-        raise AssertionError("not reached")
+                if not (again and reused):
+                    raise ClientError(f"no eventsched API answers at {self.url} "
+                                      f"({getattr(exc, 'strerror', None) or exc}); "
+                                      "is the daemon serving with --http?") from None
+                again = False
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
         """The reply's JSON, or ClientError with the API's reason."""
@@ -174,9 +173,7 @@ class HttpClient:
 
 
 def _plain(spec: Any) -> Any:
-    """A JobSpec (msgspec Struct) as JSON-able builtins; a dict stays a dict."""
-    if isinstance(spec, dict):
-        return spec
+    """A JobSpec (msgspec Struct) as JSON-able builtins."""
     import msgspec  # already imported by whoever built the JobSpec
 
     return msgspec.to_builtins(spec)

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["packb", "unpackb", "request"]
 
 _DOUBLE = _struct.Struct(">d")
-_FLOAT = _struct.Struct(">f")
 _CONSTANTS = {0xC0: None, 0xC2: False, 0xC3: True}
 
 
@@ -124,8 +123,6 @@ class _Reader:
             return self.uint(1 << (b - 0xCC))
         if b in (0xD0, 0xD1, 0xD2, 0xD3):
             return int.from_bytes(self.take(1 << (b - 0xD0)), "big", signed=True)
-        if b == 0xCA:
-            return _FLOAT.unpack(self.take(4))[0]
         if b == 0xCB:
             return _DOUBLE.unpack(self.take(8))[0]
         if b in (0xDC, 0xDD):

@@ -252,7 +252,6 @@ class JobsFileFollower:
             self.known.clear()
             if found.text is None:
                 self._fingerprint = None  # read the jobs file at the next look
-                return
         if found.text is None:
             return
         assert found.owner is not None and found.fingerprint is not None
@@ -312,8 +311,7 @@ class JobsFileFollower:
 
         for line, spec in window:
             self.server.engine.submit_nowait(msg.Submit(spec=spec, by=f"uid:{owner.uid}"), answer, functools.partial(reply, line))
-        if window:
-            await done.wait()
+        await done.wait()
         skipped = 0
         for line, result, error in sorted(results, key=lambda r: r[0]):
             if error is None:

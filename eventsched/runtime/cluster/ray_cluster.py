@@ -194,7 +194,7 @@ class RayExecutor:
         running, attempts = self._to_recover
         state = send.state
         here = {j: v for j, v in running.items() if state is None or state.jobs[j].node in ("", None, self.node)}
-        for message in self.local.recover(here, {j: a for j, a in attempts.items() if j in here}):
+        for message in self.local.recover(here, attempts):  # it reads only the attempts of ``here``
             await send(message)  # before the local executor runs: a start is told before its exit
         async with anyio.create_task_group() as tg:
             await tg.start(self.local.run, send)

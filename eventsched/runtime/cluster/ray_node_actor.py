@@ -51,7 +51,7 @@ class NodeAgent:
                                  max_host_mem_mib=max_host_mem_mib)
         self._outbox: list[tuple[int, Message]] = []  # (attempt, message)
         self._attempts: dict[int, int] = {}  # job -> the attempt launched or adopted here
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()  # set when the outbox has something
         self._runner: asyncio.Task[None] | None = None
         self._lease_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self._renewed = time.monotonic()  # the daemon's last call: the lease runs from it
@@ -68,7 +68,6 @@ class NodeAgent:
         """Start the executor's watcher (once per actor) and say who we are."""
         self._renew()
         if self._runner is None:
-            self._wake = asyncio.Event()
             self._runner = asyncio.get_running_loop().create_task(self.executor.run(self._send))
             self._lease_task = asyncio.get_running_loop().create_task(self._watch_lease())
         return {"node": self.node, "boot": self.boot, "pid": os.getpid(), "gpus": list(self.backend.discover()),
@@ -79,8 +78,7 @@ class NodeAgent:
         self._outbox.append((self._attempts.get(job, -1), message))
         if isinstance(message, (ProcessExited, ProcessLost)):
             self._stops.pop(job, None)  # ended: nothing left for a fence to stop
-        if self._wake is not None:
-            self._wake.set()
+        self._wake.set()
 
     async def poll(
         self, timeout_s: float, terms: tuple[float, float, float] = (0.0, 0.0, 0.0)
@@ -91,7 +89,7 @@ class NodeAgent:
         self._renew(terms)
         fences = [(f["id"], Fenced(node=self.node, jobs=f["jobs"], attempts=f["attempts"], reason=f["reason"]))
                   for f in self._fences]
-        if self._wake is None:  # not started (a restarted actor): say who we are at once
+        if self._runner is None:  # not started (a restarted actor): say who we are at once
             return self.boot, [], fences
         if not self._outbox:
             self._wake.clear()
@@ -120,15 +118,15 @@ class NodeAgent:
         await self.executor.signal(job, grace_s, signum)
 
     def recover(self, running: dict[int, tuple[int, int]], attempts: dict[int, int],
-                stops: dict[int, tuple[int, float]] | None = None) -> list[Message]:
+                stops: dict[int, tuple[int, float]]) -> list[Message]:
         """``Executor.recover`` for the jobs this actor does not already watch
         (``stops``: each job's ``--signal`` and grace, for the lease)."""
         self._renew()
-        self._stops.update(stops or {})
+        self._stops.update(stops)
         watched = self.executor.running_jobs()
         todo = {j: v for j, v in running.items() if j not in watched}
         self._attempts.update(attempts)
-        return self.executor.recover(todo, {j: attempts[j] for j in todo if j in attempts})
+        return self.executor.recover(todo, attempts)  # it reads only the attempts of ``todo``
 
     def live_attempts(self) -> list[tuple[int, int, int]]:
         self._renew()

@@ -440,9 +440,9 @@ class SampleFilter:
     def __init__(self) -> None:
         self._last: dict[tuple[str, int], tuple[float, GpuObserved]] = {}
 
-    def keep(self, sample: GpuObserved, now: float, state: ClusterState | None) -> bool:
+    def keep(self, sample: GpuObserved, now: float, state: ClusterState) -> bool:
         key = (sample.node, sample.gpu)
-        gpu = state.gpus.get(key) if state is not None else None
+        gpu = state.gpus.get(key)
         if gpu is not None and (gpu.lost or gpu.error):
             self._last.pop(key, None)
         prev_ts, prev = self._last.get(key, (0.0, None))

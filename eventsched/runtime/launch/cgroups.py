@@ -74,13 +74,10 @@ def _mounted_dir(mounts: list[tuple[str, str]], path: str | None, isdir: Callabl
     if path is None:
         return None
     for root, mount in mounts:
-        if root == "/":
-            rel = path
-        elif path == root or path.startswith(root.rstrip("/") + "/"):
-            rel = path[len(root.rstrip("/")) :]
-        else:
+        top = root.rstrip("/")  # "" for the whole hierarchy: every path is under it
+        if path != root and not path.startswith(top + "/"):
             continue  # a mount of another part of the hierarchy
-        candidate = os.path.normpath(mount + "/" + rel.lstrip("/"))
+        candidate = os.path.normpath(mount + "/" + path[len(top) :].lstrip("/"))
         if isdir(candidate):
             return candidate
     return None

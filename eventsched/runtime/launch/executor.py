@@ -132,12 +132,10 @@ def _read_records(attempt_path: Path) -> tuple[dict | None, dict | None]:
     started = ended = None
     for line in data.split(b"\n")[:-1]:  # whole lines only: the last may be half-written
         try:
-            record = msgspec.json.decode(line)
-        except msgspec.DecodeError:
+            record = msgspec.json.decode(line, type=dict)
+        except msgspec.DecodeError:  # also a line that is not an object
             continue
-        if not isinstance(record, dict):
-            pass
-        elif started is None and "pid" in record:
+        if started is None and "pid" in record:
             started = record
         elif ended is None and "exit_code" in record:
             ended = record
@@ -525,25 +523,17 @@ class Executor:
         out: list[tuple[int, int, int]] = []
         for job, tries in sorted(self._attempts().items()):
             for attempt in sorted(tries):
-                attempt_path = self._attempt_path(job, attempt)
-                started, ended = _read_records(attempt_path)
-                if started is None or ended is not None:
-                    continue
-                w = self._adopt(job, attempt_path, started)
+                w = self._adopt_live(job, attempt)
                 if w is not None:
                     os.close(w.pidfd)
-                    out.append((job, attempt, int(started["pid"])))
+                    out.append((job, attempt, w.pgid))
         return out
 
     async def kill_attempt(self, job: int, attempt: int, grace_s: float) -> int:
         """Stop a stray attempt as ``signal`` does, and wait (a little longer)
         for its supervisor to end; its exit is not reported. Returns the job's
         pid, 0 when it was not alive."""
-        attempt_path = self._attempt_path(job, attempt)
-        started, ended = _read_records(attempt_path)
-        if started is None or ended is not None:
-            return 0
-        w = self._adopt(job, attempt_path, started)
+        w = self._adopt_live(job, attempt)
         if w is None:
             return 0
         w.report = False  # a stray's end is not the job's: nothing to count
@@ -573,6 +563,14 @@ class Executor:
     def _started(self, job: int, started: dict) -> ProcessStarted:
         log = str(self.log_path(job))
         return ProcessStarted(job=job, pid=started["pid"], start_time=started["start_time"], log_path=log)
+
+    def _adopt_live(self, job: int, attempt: int) -> _Watch | None:
+        """An attempt whose supervisor is alive without an exit record, adopted; else None."""
+        attempt_path = self._attempt_path(job, attempt)
+        started, ended = _read_records(attempt_path)
+        if started is None or ended is not None:
+            return None
+        return self._adopt(job, attempt_path, started)
 
     def _adopt(self, job: int, attempt_path: Path, started: dict) -> _Watch | None:
         pidfd = _open_pidfd(started["supervisor_pid"], started["supervisor_start_time"], live=True)
