@@ -25,7 +25,9 @@ real daemon, ``EVENTSCHED_TEST_NVML=<this file>`` with
 ``EVENTSCHED_TEST_NVML_SCRIPT=<json>``: ``{"gpus": N, "mem_mib": M,
 "faults": [[after_s, gpu, fault], ...], "faults_file": PATH}`` (seconds after
 the daemon loads NVML; a line "GPU FAULT" appended to the faults file applies
-at the next NVML call, for a test that injects a fault when it is ready).
+at the next NVML call, for a test that injects a fault when it is ready;
+``"released_file": PATH`` gets a line per release call, ``nvmlEventSetFree`` and
+``nvmlShutdown``, for a test that checks the daemon lets NVML go).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class FakeNvml:
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 
     def __init__(self, gpus: int = 2, mem_mib: int = 40960, script: list[tuple[float, int, str]] | None = None,
-                 faults_file: str = "") -> None:
+                 faults_file: str = "", released_file: str = "") -> None:
         self.n = gpus
         self.mem_mib = mem_mib
         self.faults: dict[int, str] = {}
@@ -61,6 +63,12 @@ class FakeNvml:
         self.health: dict[int, GpuHealth] = {}  # GPUs given health faults (the others support no ECC)
         self.xid_queue: list[tuple[int, int]] = []  # (gpu, Xid) waiting on the event set
         self.faults_file, self._faults_read = faults_file, 0
+        self.released_file = released_file
+
+    def _released(self, call: str) -> None:
+        if self.released_file:
+            with open(self.released_file, "a") as f:
+                f.write(call + "\n")
 
     def __getattr__(self, name: str) -> Any:
         """NVML's constants and exception types, as pynvml has them."""
@@ -110,7 +118,7 @@ class FakeNvml:
         self.started = time.monotonic()
 
     def nvmlShutdown(self) -> None:
-        pass
+        self._released("nvmlShutdown")
 
     def nvmlDeviceGetCount(self) -> int:
         return self.n
@@ -189,7 +197,7 @@ class FakeNvml:
         return object()
 
     def nvmlEventSetFree(self, events: object) -> None:
-        pass
+        self._released("nvmlEventSetFree")
 
     def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
         return pynvml.nvmlEventTypeXidCriticalError
@@ -212,7 +220,8 @@ def _from_env() -> FakeNvml:
     raw = os.environ.get("EVENTSCHED_TEST_NVML_SCRIPT", "")
     spec = json.loads(raw) if raw else {}
     script = [(float(a), int(g), str(f)) for a, g, f in spec.get("faults", [])]
-    return FakeNvml(int(spec.get("gpus", 2)), int(spec.get("mem_mib", 40960)), script, str(spec.get("faults_file", "")))
+    return FakeNvml(int(spec.get("gpus", 2)), int(spec.get("mem_mib", 40960)), script, str(spec.get("faults_file", "")),
+                    str(spec.get("released_file", "")))
 
 
 _DEFAULT: FakeNvml | None = None

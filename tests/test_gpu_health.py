@@ -237,10 +237,11 @@ def test_a_daemon_drains_sick_gpus_and_resume_returns_them(tmp_path: Path, monke
     from eventsched.sim.sources import load_source
     from eventsched.storage import log as eventlog
 
-    faults = tmp_path / "faults"
+    faults, released = tmp_path / "faults", tmp_path / "released"
     monkeypatch.setenv("EVENTSCHED_TEST_NVML", str(FAKE_NVML))
     monkeypatch.setenv("EVENTSCHED_TEST_NVML_SCRIPT", json.dumps({"gpus": 3, "mem_mib": 40960,
-                                                                  "faults_file": str(faults)}))
+                                                                  "faults_file": str(faults),
+                                                                  "released_file": str(released)}))
     state = tmp_path / "state"
 
     def inject(gpu: int, fault: str) -> None:
@@ -284,6 +285,9 @@ def test_a_daemon_drains_sick_gpus_and_resume_returns_them(tmp_path: Path, monke
         d.wait_states([b], {"running"})
         d.cli("cancel", str(a), str(b))
         d.wait_states([a, b], {"cancelled"})
+        assert not released.exists(), "NVML let go while the daemon serves"
+    # a stopped daemon frees its Xid event set and shuts NVML down
+    assert released.read_text().splitlines() == ["nvmlEventSetFree", "nvmlShutdown"]
     verify = subprocess.run([*EVENTSCHED, "log", "verify", str(state / "log")], env=cli_env(state),
                             capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0, verify.stdout + verify.stderr

@@ -103,6 +103,9 @@ def serve(config: ServeConfig) -> int:
             raise
         print(message, file=sys.stderr)
         return 2
+    finally:
+        if backend is not None:  # NVML's event set and handle go with the daemon, as NVML asks
+            backend.close()
     return 0
 
 
