@@ -310,6 +310,24 @@ def test_watch_picks_up_appended_lines_and_survives_truncation_and_rewrite(daemo
     assert "Traceback" not in (tmp_path / "err").read_text()
 
 
+def test_a_bad_line_found_while_watching_makes_ctrl_c_exit_1(daemon: Daemon, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text("0,/srv/w1.py,,,\n")
+    out = open(tmp_path / "out", "w+")
+    err = open(tmp_path / "err", "w+")
+    watcher = subprocess.Popen([*EVENTSCHED, "submit-file", str(jobs), "--watch"], env=daemon.env(), stdout=out, stderr=err)
+    try:
+        _wait(lambda: (tmp_path / "out").read_text().strip() != "")
+        with open(jobs, "a") as f:
+            f.write("high,/srv/w2.py,,,\n")  # not a priority
+        _wait(lambda: "jobs.txt:2:" in (tmp_path / "err").read_text())
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        code = watcher.wait(10)
+    assert code == 1, "a bad line was reported: the run ends as a run of the whole file would"
+    assert "Traceback" not in (tmp_path / "err").read_text()
+
+
 # --- end to end: the daemon follows a jobs file itself ---------------------------------
 
 

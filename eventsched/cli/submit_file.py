@@ -9,7 +9,6 @@ still, so a half-written line is never submitted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -179,13 +178,12 @@ def cmd_submit_file(args: argparse.Namespace) -> int:
             why = "already submitted" + (" or identical to a queued, running or succeeded job" if args.dedupe else "")
             print(f"eventsched: {n} line{'s' if n != 1 else ''} of {args.file} {why}; skipped", file=sys.stderr)
         if args.watch:
-            with contextlib.suppress(KeyboardInterrupt):
-                failed = _watch(args, c, jobs) or failed
+            failed = _watch(args, c, jobs) or failed
         return 1 if failed else 0
 
 
 def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile) -> bool:
-    """Follow the file until Ctrl-C; True if a bad line was reported."""
+    """Follow the file until Ctrl-C; True if a bad line was reported meanwhile."""
     from eventsched.wire.client import ClientError
 
     failed = False
@@ -199,31 +197,34 @@ def _watch(args: argparse.Namespace, c: Client, jobs: JobsFile) -> bool:
             print(problem, file=sys.stderr, flush=True)
             trouble = problem
 
-    while True:
-        time.sleep(WATCH_INTERVAL_S)
-        now = _fingerprint(args.file)
-        if now == seen and not held:
-            continue
-        complete = now == seen  # unchanged since the last look: a held line is whole
-        seen = now
-        if now is None:
-            report(f"eventsched: {args.file} is gone; waiting for it to come back")
-            continue
-        try:
-            text = jobs.read()
-        except FileProblem as exc:
-            report(f"eventsched: {exc}")
-            continue
-        held = not complete and bool(text) and not text.endswith("\n")
-        if held:
-            text = text[: text.rfind("\n") + 1]
-        try:
-            outcome = jobs.submit(c, text, announce=not args.json)
-        except (ClientError, OSError) as exc:
-            report(f"eventsched: {exc}; still watching {args.file}")
-            seen = None  # try again at the next look
-            continue
-        trouble = ""
-        failed = failed or bool(outcome.errors)
-        if args.json and (outcome.ids or outcome.skipped or outcome.errors):
-            print(json.dumps(asdict(outcome)), flush=True)
+    try:
+        while True:
+            time.sleep(WATCH_INTERVAL_S)
+            now = _fingerprint(args.file)
+            if now == seen and not held:
+                continue
+            complete = now == seen  # unchanged since the last look: a held line is whole
+            seen = now
+            if now is None:
+                report(f"eventsched: {args.file} is gone; waiting for it to come back")
+                continue
+            try:
+                text = jobs.read()
+            except FileProblem as exc:
+                report(f"eventsched: {exc}")
+                continue
+            held = not complete and bool(text) and not text.endswith("\n")
+            if held:
+                text = text[: text.rfind("\n") + 1]
+            try:
+                outcome = jobs.submit(c, text, announce=not args.json)
+            except (ClientError, OSError) as exc:
+                report(f"eventsched: {exc}; still watching {args.file}")
+                seen = None  # try again at the next look
+                continue
+            trouble = ""
+            failed = failed or bool(outcome.errors)
+            if args.json and (outcome.ids or outcome.skipped or outcome.errors):
+                print(json.dumps(asdict(outcome)), flush=True)
+    except KeyboardInterrupt:  # Ctrl-C is how watching ends
+        return failed
