@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
     wanted = _request(args) if args.notify_command == "set" else None
     with socket_client(args) as c:
         if args.notify_command == "clear":
-            c.request(SetNotify())
-            print("notification hook removed")
+            removed = c.request(SetNotify())["removed"]
+            print("notification hook removed" if removed else "no notification hook to remove")
         elif wanted is not None:
             hook = c.request(wanted)
             if args.json:

@@ -192,14 +192,14 @@ class Notifier:
                                                  f"uid {uid}; ask its owner, or run it as root to serve several users")
         with self._lock:
             if not (request.webhook or request.mail):
-                self.hooks.pop(uid, None)
+                had = self.hooks.pop(uid, None) is not None
                 hook = None
             else:
                 hook = self.hooks[uid] = Hook(uid=uid, user=user, gid=gid, webhook=request.webhook,
                                               secret=request.secret, on=list(request.on), mail=list(request.mail))
         self._save()
         logger.info("notification hook of %s (uid %d) %s", user, uid, "set" if hook else "removed")
-        return hook.public() if hook else {"uid": uid, "user": user, "removed": True}
+        return hook.public() if hook else {"uid": uid, "user": user, "removed": had}
 
     def listing(self, uid: int, operator: bool) -> list[dict[str, Any]]:
         with self._lock:
