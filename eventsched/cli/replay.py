@@ -91,6 +91,7 @@ def replay_table(source: str, policies: list[str], *, config: str | None = None,
     from eventsched.core.policies import POLICIES
     from eventsched.sim.simulator import RECORDED, simulate
     from eventsched.sim.sources import ReplayError, load_source
+    from eventsched.storage.log import LogError
     from eventsched.sim.whatif import compare
 
     policies = list(dict.fromkeys(policies))
@@ -118,7 +119,7 @@ def replay_table(source: str, policies: list[str], *, config: str | None = None,
     try:
         results = [simulate(workload, p, where / p, settings=settings, tenants=tenants) for p in policies]
         table = compare(results, baseline=("as recorded", workload.name) if workload.kind == "log" else None)
-    except ReplayError as e:
+    except (ReplayError, LogError) as e:  # a log that cannot be made under --out says so in one line
         raise ValueError(str(e)) from None
     except OSError as e:
         raise ValueError(f"cannot write the replay logs under {where}: {e.strerror or e}") from None

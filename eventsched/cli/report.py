@@ -112,8 +112,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         price = load_config(args.config).accounting.gpu_hour_price if args.config else 0.0
         columns, values = _history(args, usage_sql(args.by, since, price))
-    except (ConfigError, SqlError) as exc:
+    except ConfigError as exc:
         fail(str(exc))
+    except SqlError as exc:
+        fail(str(exc), exc.code)
     if not values:
         columns = ["jobs", "gpu_hours"]
     if args.format == "markdown":

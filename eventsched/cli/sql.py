@@ -184,6 +184,7 @@ def _emit(columns: list[str], rows: list[tuple[Any, ...]], types: list[str], fmt
 
 def ask_daemon(socket_path: str, sql: str, timeout_s: float) -> dict[str, Any]:
     """``sql`` answered by the daemon, as this user (see ``needs_daemon``)."""
+    from eventsched.cli.errors import refusal_exit
     from eventsched.wire import protocol
     from eventsched.wire.client import Client, ClientError
 
@@ -191,8 +192,8 @@ def ask_daemon(socket_path: str, sql: str, timeout_s: float) -> dict[str, Any]:
         with Client(socket_path, timeout=timeout_s) as c:
             result: dict[str, Any] = c.request(protocol.RunSql(query=sql))
             return result
-    except ClientError as exc:
-        raise SqlError(str(exc), 2) from None
+    except ClientError as exc:  # the query refused (2), or no daemon to answer it (1)
+        raise SqlError(str(exc), refusal_exit(exc.kind)) from None
     except OSError as exc:  # e.g. the daemon took longer than the client waits
         raise SqlError(f"no answer from the daemon: {exc.strerror or exc}", 1) from None
 

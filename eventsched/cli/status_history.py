@@ -222,12 +222,13 @@ class StatusHistory:
         self._read_at = -math.inf
 
     def data(self) -> dict[str, Any]:
+        from eventsched.cli.errors import fail
         from eventsched.projections.sql_values import SqlError
 
         if self._data is None or time.monotonic() - self._read_at >= REFRESH_S:
             try:
                 self._data = fetch_history(self.run_query, self.window_s)
-            except SqlError as exc:
-                raise UnitError(f"--history: the history could not be read: {exc}") from None
+            except SqlError as exc:  # exits as `eventsched sql` would for the same cause
+                fail(f"--history: the history could not be read: {exc}", exc.code)
             self._read_at = time.monotonic()
         return self._data
