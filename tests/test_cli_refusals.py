@@ -116,6 +116,8 @@ def test_reserve_refuses_an_unknown_reservation_and_gpu(daemon: Daemon) -> None:
     window = ["--start", "now", "--duration", "1h"]
     assert (refusal(run("reserve", "create", "--gpu-ids", "7", *window, daemon=daemon), 1)
             == "eventsched: error: no GPU 7 on local (GPUs here: 0, 1)")
+    assert (refusal(run("reserve", "create", "--gpu-ids", "nosuch:0", *window, daemon=daemon), 1)
+            == "eventsched: error: no node 'nosuch' (nodes: local)")
     assert (refusal(run("reserve", "create", "--gpu-ids", "local:x", *window, daemon=daemon))
             == "eventsched: error: --gpu-ids: 'x' is not a GPU id or range like 0-3")
     assert run("reserve", "list", "--json", daemon=daemon).stdout.split() == ["[]"]

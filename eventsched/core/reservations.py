@@ -132,6 +132,8 @@ def create(state: ClusterState, msg: m.Reserve, now: float, rid: int) -> ev.Rese
     if msg.limits is not None:
         _check_limits(state, msg, now, *msg.limits)
     node = msg.node or state.node
+    if msg.node and msg.node not in state.node_gpus:
+        raise Refused(RefusalKind.NOT_FOUND, f"no node {msg.node!r} (nodes: {', '.join(sorted(state.node_gpus)) or 'none'})")
     taken = [r for r in state.reservations.values() if r.node == node and r.start < msg.end and msg.start < r.end]
     have = [g.id for g in state.node_gpus.get(node, []) if not g.lost]
     # a user books what is free by then; only an operator may book GPUs that others' jobs will still hold
