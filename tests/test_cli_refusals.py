@@ -192,3 +192,12 @@ def test_a_damaged_log_exits_1_from_sql_and_report_alike(tmp_path: Path) -> None
     state = str(tmp_path / "state")
     assert refusal(run("sql", "--state-dir", state, "SELECT 1"), 1) == f"eventsched sql: {damaged}"
     assert refusal(run("report", "--state-dir", state), 1) == f"eventsched: error: {damaged}"
+
+
+def test_a_socket_path_through_a_file_is_no_daemon_not_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    state = blocker / "state"
+    assert refusal(run("queue", "--state-dir", str(state)), 1) == (
+        f"eventsched: error: no eventsched daemon is listening on {state / 'eventsched.sock'}; start one with "
+        "`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)")

@@ -59,10 +59,13 @@ def connect(path: str, timeout: float | None = 30.0) -> _socket.socket:
                 time.sleep(delay)
     except BaseException as exc:
         sock.close()
-        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+        # a path through a file (ENOTDIR) can hold no socket either
+        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError, NotADirectoryError)):
             raise DaemonNotRunning(path) from exc
         if isinstance(exc, PermissionError):
             raise ClientError(f"permission denied on the socket {path}") from exc
+        if isinstance(exc, OSError) and not isinstance(exc, TimeoutError):
+            raise ClientError(f"cannot reach the daemon's socket {path}: {exc.strerror or exc}") from exc
         raise
     return sock
 
