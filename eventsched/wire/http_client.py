@@ -14,9 +14,12 @@ TYPE_CHECKING = False  # typing is costly to import (cli/quick.py's fast path co
 if TYPE_CHECKING:
     from typing import Any, Iterator
 
-__all__ = ["HttpClient", "from_environment"]
+__all__ = ["HttpClient", "from_environment", "API_MARK"]
 
 OUTPUT_CHUNK = 64 * 1024  # a job's output is printed as it comes, at most this much at a time
+# every answer of the API carries this header: an answer without it is another server's,
+# whose JSON (or page) must not be read as a job, a status or a job's output
+API_MARK = ("Eventsched-Api", "1")
 
 
 def from_environment() -> "HttpClient":
@@ -71,6 +74,10 @@ class HttpClient:
             try:
                 conn.request(method, self._base + path, body=data, headers=headers)
                 response = conn.getresponse()
+                if response.getheader(API_MARK[0]) != API_MARK[1]:
+                    self.close()
+                    raise ClientError(f"{self.url} is not an eventsched API (it answered HTTP {response.status} "
+                                      f"{response.reason}); check EVENTSCHED_URL")
                 return response, response.read() if whole or response.status >= 400 else b""
             except OSError as exc:
                 self.close()

@@ -32,6 +32,9 @@ from eventsched.domain.text import printable
 from eventsched.runtime.api.connection import Peer
 from eventsched.runtime.api.metrics_http import read_metrics
 from eventsched.wire import protocol
+from eventsched.wire.http_client import API_MARK
+
+_MARK_HEADER = (API_MARK[0].lower().encode(), API_MARK[1].encode())
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -338,6 +341,7 @@ def _flag(request: Request, name: str) -> bool:
 def build_app(api: Api) -> Starlette:
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
@@ -380,7 +384,22 @@ def build_app(api: Api) -> Starlette:
         Route("/v1/cancel", endpoint(api.cancel), methods=["POST"]),
         Route("/v1/status", endpoint(api.status), methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, middleware=[Middleware(_Marked)])
+
+
+class _Marked:
+    """Puts ``API_MARK`` on every answer, refusals and unknown routes included."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def marked(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), _MARK_HEADER]}
+            await send(message)
+
+        await self.app(scope, receive, marked if scope["type"] == "http" else send)
 
 
 async def serve_http(server: Server, plan: HttpPlan, *,
