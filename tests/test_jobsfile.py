@@ -277,13 +277,17 @@ def _wait(predicate: Any, timeout: float = 15.0) -> None:
     raise AssertionError("timed out")
 
 
+def _watch(daemon: Daemon, jobs: Path, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """``submit-file JOBS --watch``, its output in tmp_path/out and tmp_path/err."""
+    out, err = open(tmp_path / "out", "w+"), open(tmp_path / "err", "w+")
+    return subprocess.Popen([*EVENTSCHED, "submit-file", str(jobs), "--watch"], env=daemon.env(), stdout=out, stderr=err)
+
+
 @pytest.mark.slow
 def test_watch_picks_up_appended_lines_and_survives_truncation_and_rewrite(daemon: Daemon, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.txt"
     jobs.write_text("0,/srv/w1.py,,,\n")
-    out = open(tmp_path / "out", "w+")
-    err = open(tmp_path / "err", "w+")
-    watcher = subprocess.Popen([*EVENTSCHED, "submit-file", str(jobs), "--watch"], env=daemon.env(), stdout=out, stderr=err)
+    watcher = _watch(daemon, jobs, tmp_path)
     try:
         def ids() -> list[int]:
             return [int(x) for x in (tmp_path / "out").read_text().split()]
@@ -313,9 +317,7 @@ def test_watch_picks_up_appended_lines_and_survives_truncation_and_rewrite(daemo
 def test_a_bad_line_found_while_watching_makes_ctrl_c_exit_1(daemon: Daemon, tmp_path: Path) -> None:
     jobs = tmp_path / "jobs.txt"
     jobs.write_text("0,/srv/w1.py,,,\n")
-    out = open(tmp_path / "out", "w+")
-    err = open(tmp_path / "err", "w+")
-    watcher = subprocess.Popen([*EVENTSCHED, "submit-file", str(jobs), "--watch"], env=daemon.env(), stdout=out, stderr=err)
+    watcher = _watch(daemon, jobs, tmp_path)
     try:
         _wait(lambda: (tmp_path / "out").read_text().strip() != "")
         with open(jobs, "a") as f:

@@ -26,36 +26,13 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import eventsched
 from eventsched.jupyter.handle import JobHandle, JobTable
-from eventsched.jupyter.magics import ArrayHandle, EventschedMagics
+from eventsched.jupyter.magics import ArrayHandle
 from eventsched.jupyter.server_ext import gpu_marks
 from eventsched.jupyter.whatif import in_window
 from eventsched.wire.client import ClientError
 
-TRAITS = ("socket", "state_dir", "default_gpus", "scheduler_gpus", "cell_dir")
+from notebook_harness import error_of, ip, magics_of, one_line_error, run, shell  # noqa: F401 (fixtures)
 TOKEN = "eventsched-test"
-
-
-@pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "eventsched.jupyter")
-    return ip
-
-
-def magics_of(ip: InteractiveShell) -> EventschedMagics:
-    return next(c for c in ip.configurables if isinstance(c, EventschedMagics))
-
-
-@pytest.fixture
-def ip(shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InteractiveShell]:
-    """The shell, pointed at an empty state dir (no daemon) unless a test says otherwise."""
-    monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(tmp_path / "nostate"))
-    monkeypatch.delenv("EVENTSCHED_SOCKET", raising=False)
-    magics = magics_of(shell)
-    saved = {t: getattr(magics, t) for t in TRAITS}
-    yield shell
-    for name, value in saved.items():
-        setattr(magics, name, value)
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +48,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def live(ip: InteractiveShell, daemon: Any, monkeypatch: pytest.MonkeyPatch) -> InteractiveShell:
     monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(daemon.state_dir))
     return ip
-
-
-def run(ip: InteractiveShell, code: str, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str, str]:
-    """Run a cell as a user would; return (result, stdout, stderr)."""
-    result = ip.run_cell(code, store_history=False)
-    out, err = capsys.readouterr()
-    return result, out, err
-
-
-def one_line_error(result: Any, err: str) -> str:
-    assert isinstance(result.error_in_exec, UsageError), (result.error_in_exec, err)
-    assert "Traceback" not in err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
-
-
-def error_of(ip: InteractiveShell, code: str, capsys: pytest.CaptureFixture[str]) -> str:
-    result, _, err = run(ip, code, capsys)
-    return one_line_error(result, err)
 
 
 # --- mistakes caught before any daemon is asked ---------------------------------------

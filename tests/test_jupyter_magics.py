@@ -11,53 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from eventsched.domain import events as ev
 from eventsched.jupyter.handle import JobHandle, JobTable, LogText, Message
-from eventsched.jupyter.magics import EventschedMagics, parse_submit, split_sql_line
+from eventsched.jupyter.magics import parse_submit, split_sql_line
 from eventsched.jupyter.widgets import PanelModel, render_html, render_text
 
-TRAITS = ("socket", "state_dir", "default_gpus", "scheduler_gpus", "cell_dir")
-
-
-@pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "eventsched.jupyter")
-    return ip
-
-
-def magics_of(ip: InteractiveShell) -> EventschedMagics:
-    return next(c for c in ip.configurables if isinstance(c, EventschedMagics))
-
-
-@pytest.fixture
-def ip(shell: InteractiveShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> InteractiveShell:
-    """The shell, pointed at an empty state dir (no daemon) unless a test says otherwise."""
-    monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(tmp_path / "nostate"))
-    monkeypatch.delenv("EVENTSCHED_SOCKET", raising=False)
-    magics = magics_of(shell)
-    saved = {t: getattr(magics, t) for t in TRAITS}
-    yield shell
-    for name, value in saved.items():
-        setattr(magics, name, value)
-
-
-def run(ip: InteractiveShell, code: str, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str, str]:
-    """Run a cell as a user would; return (result, stdout, stderr)."""
-    result = ip.run_cell(code, store_history=False)
-    out, err = capsys.readouterr()
-    return result, out, err
-
-
-def one_line_error(result: Any, err: str) -> str:
-    assert isinstance(result.error_in_exec, UsageError), (result.error_in_exec, err)
-    assert "Traceback" not in err
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert len(lines) == 1, err
-    return lines[0]
+from notebook_harness import ip, magics_of, one_line_error, run, shell  # noqa: F401 (fixtures)
 
 
 # --- parsing -----------------------------------------------------------------

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from eventsched.domain.units import format_gpu_time
@@ -17,6 +16,7 @@ from eventsched.jupyter.handle import JobHandle
 from eventsched.jupyter.whatif import Alternatives, Comparison, alternatives_of
 from eventsched.jupyter.widgets import render_history_html
 from eventsched.wire.client import ClientError
+from notebook_harness import one_line_error, run, shell  # noqa: F401 (fixtures)
 
 METRICS = ("jobs", "finished", "makespan_s", "mean_wait_s", "median_wait_s", "p95_wait_s", "mean_turnaround_s",
            "gpu_utilization", "fragmentation", "fairness", "tenant_fairness", "events", "refused", "unfinished")
@@ -41,13 +41,6 @@ def test_alternatives_are_each_change_alone_and_together() -> None:
 
 
 @pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "eventsched.jupyter")
-    return ip
-
-
-@pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory):
     from daemon_harness import Daemon
 
@@ -65,19 +58,6 @@ def live(shell: InteractiveShell, daemon, monkeypatch: pytest.MonkeyPatch) -> In
     monkeypatch.setenv("EVENTSCHED_STATE_DIR", str(daemon.state_dir))
     monkeypatch.delenv("EVENTSCHED_SOCKET", raising=False)
     return shell
-
-
-def run(ip: InteractiveShell, code: str, capsys: pytest.CaptureFixture[str]) -> tuple[Any, str, str]:
-    result = ip.run_cell(code, store_history=False)
-    out, err = capsys.readouterr()
-    return result, out, err
-
-
-def one_line_error(result: Any, err: str) -> str:
-    assert isinstance(result.error_in_exec, UsageError), (result.error_in_exec, err)
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert "Traceback" not in err and len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.mark.slow
