@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 
@@ -47,3 +48,13 @@ def kill(pids: set[int]) -> None:
     deadline = time.monotonic() + 5
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """SIGTERM ``process``'s process group (a server and what it started), SIGKILL after ``grace_s``."""
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

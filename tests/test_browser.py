@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 from pathlib import Path
 
 import pytest
+from processes import stop_group
 from daemon_harness import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -83,12 +83,7 @@ def lab(tmp_path: Path, daemon):
                 raise
             time.sleep(0.3)
     yield base
-    os.killpg(server.pid, signal.SIGTERM)  # the server and the kernels it started
-    try:
-        server.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
+    stop_group(server)  # the server and the kernels it started
 
 
 JOB_STATES_JS = """() => {

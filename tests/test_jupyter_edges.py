@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from processes import stop_group
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -349,12 +350,7 @@ def jupyter(daemon: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
                 time.sleep(0.2)
         yield base, link
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
 
 
 def ask(base: str, path: str, method: str = "GET") -> dict[str, Any]:

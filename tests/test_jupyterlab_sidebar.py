@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from processes import stop_group
 from test_browser import CHROMIUM, CHROMIUM_FLAGS, ROOT, TOKEN, daemon, free_port, lab  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -212,12 +212,7 @@ def nobodys_lab() -> Iterator[NobodysLab | None]:
         daemon.start()
         yield NobodysLab(daemon, server, f"http://127.0.0.1:{port}", log)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         daemon.stop()
         shutil.rmtree(public, ignore_errors=True)
 
