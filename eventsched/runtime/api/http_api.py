@@ -89,23 +89,23 @@ def split_address(text: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]"), int(port_text)
 
 
-def is_loopback(host: str) -> bool:
+def _addresses(host: str) -> list[str]:
+    """``host``'s addresses (a name looked up); OSError when it has none."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return [str(ipaddress.ip_address(host))]
     except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+        return [str(info[4][0]) for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)]
 
 
 def prepare(address: str, *, allow_remote: bool = False) -> HttpPlan:
     """Check ``--http``'s address and bind it, before the daemon starts (so a
     mistake is one line and exit 2, and a port in use is found at once)."""
     host, port = split_address(address)
-    if not allow_remote and not is_loopback(host):
+    try:
+        addresses = _addresses(host)
+    except OSError as exc:
+        raise HttpSetupError(f"--http {address}: cannot resolve {host!r} ({exc.strerror or exc})") from None
+    if not allow_remote and not all(ipaddress.ip_address(a).is_loopback for a in addresses):
         raise HttpSetupError(
             f"--http {address} is not a loopback address: tokens and jobs would cross the network in clear text. "
             "Bind 127.0.0.1 and put a TLS reverse proxy in front (docs/http-api.md), "
@@ -233,12 +233,19 @@ class Api:
         if announced_over or seen > MAX_BODY_BYTES:
             raise ApiError(413, RefusalKind.OVER_LIMIT, f"the body is over the {MAX_BODY_BYTES}-byte limit")
         try:
-            return msgspec.json.decode(bytes(data), type=kind)
+            decoded = msgspec.json.decode(bytes(data), type=kind)
+            # JSON's integers have no bound, the log's (msgpack) do: one it could not write is refused
+            # here, as the socket's frames cannot carry one at all
+            msgspec.msgpack.encode(decoded)
         except msgspec.ValidationError as exc:
             raise Refused(RefusalKind.INVALID, f"bad request: {exc}") from None
+        except OverflowError:
+            raise Refused(RefusalKind.INVALID, "bad request: a number out of range (integers from -2**63 to 2**64-1)"
+                          ) from None
         # msgspec raises UnicodeDecodeError for a string not UTF-8, RecursionError for deep nesting
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise Refused(RefusalKind.INVALID, f"malformed JSON: {printable(str(exc))}") from None
+        return decoded
 
     async def health(self, request: Request, peer: Peer) -> Any:
         answer = await self.ask(protocol.Ping(), peer)

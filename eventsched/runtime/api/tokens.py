@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from eventsched.domain.messages import RefusalKind, Refused
+from eventsched.domain.text import printable
 from eventsched.storage.fileops import fsync_dir
 
 logger = logging.getLogger("eventsched.tokens")
@@ -63,7 +64,12 @@ class TokenStore:
         if info.st_mode & 0o077:  # someone loosened it: close it again before reading
             logger.warning("%s was readable by others (mode %o); made it 0600", self.path, info.st_mode & 0o777)
             os.chmod(self.path, 0o600)
-        records = [TokenRecord(**entry) for entry in json.loads(self.path.read_text()).get("tokens", [])]
+        try:
+            records = [TokenRecord(**entry) for entry in json.loads(self.path.read_text()).get("tokens", [])]
+        except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, not JSON, not our layout
+            # no store: every token is refused until the file is fixed, and none is written over it
+            raise Refused(RefusalKind.UNAVAILABLE, f"the token file {self.path} cannot be read "
+                          f"({printable(str(exc))[:120]}); fix it, or move it aside to start with no tokens") from None
         self._by_hash = {record.sha256: record for record in records}
 
     def _save(self, by_hash: dict[str, TokenRecord]) -> None:
