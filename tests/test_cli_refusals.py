@@ -201,3 +201,13 @@ def test_a_socket_path_through_a_file_is_no_daemon_not_a_traceback(tmp_path: Pat
     assert refusal(run("queue", "--state-dir", str(state)), 1) == (
         f"eventsched: error: no eventsched daemon is listening on {state / 'eventsched.sock'}; start one with "
         "`eventsched serve` (or `eventsched serve --gpus fake:4` without GPUs)")
+
+
+@pytest.mark.parametrize("option", [["--array", "18446744073709551616"], ["--priority", "99999999999999999999"],
+                                    ["--gpu-ids", "99999999999999999999"], ["--after", "99999999999999999999"]],
+                         ids=lambda o: o[0])
+def test_a_number_the_socket_cannot_carry_is_one_line_and_submits_nothing(daemon: Daemon, option: list[str]) -> None:
+    before = daemon.jobs()
+    refused = run("submit", *option, "--", "true", daemon=daemon)
+    assert refusal(refused) == "eventsched: error: a number out of range (integers from -2**63 to 2**64-1)"
+    assert daemon.jobs() == before

@@ -10,13 +10,20 @@ from eventsched.domain.events import Event, JobSpec, decode_many
 from eventsched.domain.paths import socket_location
 from eventsched.domain.tenants import Tenant
 from eventsched.wire import protocol
-from eventsched.wire.errors import ClientError, DaemonNotRunning, refused, went_away
+from eventsched.wire.errors import OUT_OF_RANGE, ClientError, DaemonNotRunning, refused, went_away
 from eventsched.wire.framing import connect, exchange, read_frame
 
 if TYPE_CHECKING:
     from _socket import socket
 
 __all__ = ["Client", "ClientError", "DaemonNotRunning", "read_new_output"]
+
+
+def _frame(message: protocol.Request) -> bytes:
+    try:
+        return protocol.frame(message)
+    except OverflowError:  # a user's number, e.g. --priority 99999999999999999999
+        raise ClientError(OUT_OF_RANGE, "invalid") from None
 
 
 def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:
@@ -60,7 +67,7 @@ class Client:
         if self._sock is None:
             self._sock = self._connect()
         try:
-            reply = self._decode(exchange(self._sock, protocol.frame(req)))
+            reply = self._decode(exchange(self._sock, _frame(req)))
         except (ClientError, OSError):
             self.close()
             raise
@@ -105,7 +112,7 @@ class Client:
         try:
             for k in range(len(chunks) + 1):  # window k is sent, then window k - 1's replies read
                 if k < len(chunks):
-                    sock.sendall(b"".join(protocol.frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k]))
+                    sock.sendall(b"".join(_frame(protocol.SubmitJob(spec=spec)) for spec in chunks[k]))
                 if k > 0:
                     replies.extend(self._receive(sock) for _ in chunks[k - 1])
         except (ConnectionResetError, BrokenPipeError) as exc:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-__all__ = ["ClientError", "DaemonNotRunning", "refused", "went_away"]
+__all__ = ["ClientError", "DaemonNotRunning", "refused", "went_away", "OUT_OF_RANGE"]
+
+# what msgpack (the socket's frames, the log) can hold; a bigger number is refused before it is sent
+OUT_OF_RANGE = "a number out of range (integers from -2**63 to 2**64-1)"
 
 
 class ClientError(Exception):

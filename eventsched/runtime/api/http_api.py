@@ -32,6 +32,7 @@ from eventsched.domain.text import printable
 from eventsched.runtime.api.connection import Peer
 from eventsched.runtime.api.metrics_http import read_metrics
 from eventsched.wire import protocol
+from eventsched.wire.errors import OUT_OF_RANGE
 from eventsched.wire.http_client import API_MARK
 
 _MARK_HEADER = (API_MARK[0].lower().encode(), API_MARK[1].encode())
@@ -240,8 +241,7 @@ class Api:
         except msgspec.ValidationError as exc:
             raise Refused(RefusalKind.INVALID, f"bad request: {exc}") from None
         except OverflowError:
-            raise Refused(RefusalKind.INVALID, "bad request: a number out of range (integers from -2**63 to 2**64-1)"
-                          ) from None
+            raise Refused(RefusalKind.INVALID, f"bad request: {OUT_OF_RANGE}") from None
         # msgspec raises UnicodeDecodeError for a string not UTF-8, RecursionError for deep nesting
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise Refused(RefusalKind.INVALID, f"malformed JSON: {printable(str(exc))}") from None
