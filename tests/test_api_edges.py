@@ -178,7 +178,7 @@ def test_a_method_a_path_does_not_take_is_405_naming_both_and_changes_nothing(ap
                          ("DELETE", "/v1/status"), ("GET", "/v1/cancel"), ("POST", "/health"),
                          ("DELETE", "/v1/jobs/1/logs")):
         status, answer, _ = api.call(path, method, api.token, body if method in ("PUT", "POST", "PATCH") else None)
-        assert (status, answer) == (405, {"error": f"Method Not Allowed: {method} {path}"}), (method, path)
+        assert (status, answer) == (405, {"error": f"Method Not Allowed: {method} {path}", "kind": "invalid"}), (method, path)
     assert api.daemon.jobs() == before
 
 
@@ -186,7 +186,7 @@ def test_a_path_no_route_takes_is_404_with_or_without_a_token(api: Api) -> None:
     for path in ("/v1/jobs/abc", "/v1/jobs/-1", "/v1/jobs/1/nothing", "/v2/jobs", "/"):
         for token in (None, api.token):
             status, answer, _ = api.call(path, token=token)
-            assert (status, answer) == (404, {"error": f"Not Found: GET {path}"}), path
+            assert (status, answer) == (404, {"error": f"Not Found: GET {path}", "kind": "not_found"}), path
 
 
 def test_a_job_that_does_not_exist_is_404(api: Api) -> None:

@@ -270,11 +270,11 @@ def test_a_log_with_a_segment_missing_is_damaged_where_the_gap_is(tmp_path: Path
     before = _snapshot(log)
     gap = log / f"{6:020d}.seg"
     verified = _cli("log", "verify", str(log), env=_plain_env(tmp_path))
-    _refused(verified, f"damaged: segment {gap} at byte 0: segment starts at sequence 6, expected 3; "
+    _refused(verified, f"eventsched log: damaged: segment {gap} at byte 0: segment starts at sequence 6, expected 3; "
                        f"run `eventsched log repair {log}` to cut the log there (the cut part is kept aside)\n", 1)
     dumped = _cli("log", "dump", str(log), env=_plain_env(tmp_path))
     assert dumped.returncode == 1 and [line.split()[0] for line in dumped.stdout.splitlines()] == ["1", "2"]
-    assert dumped.stderr == (f"log segment {gap} is damaged at byte 0: segment starts at sequence 6, expected 3; "
+    assert dumped.stderr == (f"eventsched log: log segment {gap} is damaged at byte 0: segment starts at sequence 6, expected 3; "
                              f"run `eventsched log repair {log}` to cut the log there (the damaged part is kept aside)\n")
     assert _snapshot(log) == before
 
@@ -282,7 +282,7 @@ def test_a_log_with_a_segment_missing_is_damaged_where_the_gap_is(tmp_path: Path
 def test_log_repair_of_no_log(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     _refused(_cli("log", "repair", str(missing), env=_plain_env(tmp_path)),
-             f"no log at {missing} (not a directory)\n", 2)
+             f"eventsched log: no log at {missing} (not a directory)\n", 2)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -11,13 +11,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eventsched.domain.text import print_json
+from eventsched.domain.text import print_json, printable
 
 __all__ = ["run_replay", "replay_table", "parse_seeds"]
 
 
 def _fail(message: str) -> int:
-    sys.stderr.write(f"eventsched replay: {message}\n")
+    sys.stderr.write(f"eventsched replay: {printable(message)}\n")
     return 2
 
 
@@ -113,7 +113,11 @@ def replay_table(source: str, policies: list[str], *, config: str | None = None,
     if out:
         for p in policies:
             target = Path(out) / p / "log"
-            if target.exists() and any(target.iterdir()):
+            try:
+                held = target.is_dir() and any(target.iterdir())
+            except OSError as e:  # a name too long, a folder it may not read
+                raise ValueError(f"--out {out}: {e.strerror or e}") from None
+            if held:
                 raise ValueError(f"{target} already holds a log; choose another --out")
     where = Path(out) if out else Path(tempfile.mkdtemp(prefix="eventsched-replay-"))
     try:

@@ -96,4 +96,6 @@ def _number(key: str, text: str) -> float:
         raise UnitError(f"{flag} {text!r}: a number, or 'none'") from None
     if not value >= 0:
         raise UnitError(f"{flag} must be >= 0, not {text}")
+    if value == float("inf"):
+        raise UnitError(f"{flag} must be a finite number, or 'none' for no limit")
     return value if key in ("gpus", "gpu_hours_per_month") else int(value)

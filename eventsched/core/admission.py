@@ -19,6 +19,10 @@ from eventsched.domain.text import has_control
 
 __all__ = ["check_submission", "check_update"]
 
+LAST_TIME = 253402300800.0  # 10000-01-01 UTC: a --begin must be a date a calendar can show
+DAY_S = 86400.0  # the longest --signal warning, as the CLI's SIG@SECONDS allows
+MAX_SIGNAL = 64  # Linux's last real-time signal
+
 
 def _bytes(strings: list[str]) -> int:
     return sum(len(s.encode("utf-8", "surrogatepass")) + 1 for s in strings)
@@ -75,8 +79,10 @@ def check_submission(spec: JobSpec, limits: SubmitLimits, *, operator: bool) -> 
     if not 0 <= spec.gpu_mem_mib <= limits.max_gpu_mem_mib:
         raise Refused(RefusalKind.INVALID, f"--gpu-mem must be between 0 and {limits.max_gpu_mem_mib} MiB, not {spec.gpu_mem_mib}")
     _check_gpus(spec.gpus, limits)
-    if not (math.isfinite(spec.begin) and spec.begin >= 0):
-        raise Refused(RefusalKind.INVALID, f"--begin must be a time, not {spec.begin}")
+    if not (math.isfinite(spec.begin) and 0 <= spec.begin < LAST_TIME):
+        raise Refused(RefusalKind.INVALID, f"--begin must be a time before the year 10000, not {spec.begin:g}")
+    if not (spec.warn_s == -1.0 or 0 <= spec.warn_s <= DAY_S) or not 0 <= spec.warn_signal <= MAX_SIGNAL:
+        raise Refused(RefusalKind.INVALID, f"--signal must be SIG@SECONDS, a signal and 0 to {DAY_S:g} seconds")
     if spec.gpu_ids is not None and (len(spec.gpu_ids) > limits.max_gpu_ids
                                      or any(not 0 <= g < 1 << 20 for g in spec.gpu_ids)):
         raise Refused(RefusalKind.INVALID, "--gpu-ids lists too many GPUs or an impossible id")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
+from eventsched.core.admission import LAST_TIME
 from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.model import DEFAULT_RUNTIME_S, runtime_key, time_limit_of
@@ -125,6 +126,8 @@ def _check_limits(state: ClusterState, msg: m.Reserve, now: float, ahead: float,
 def create(state: ClusterState, msg: m.Reserve, now: float, rid: int) -> ev.ReservationCreated:
     if not msg.end > msg.start:
         raise Refused(RefusalKind.INVALID, "--duration must be more than 0")
+    if not (msg.start >= 0 and msg.end < LAST_TIME):  # inf and nan fail this too
+        raise Refused(RefusalKind.INVALID, "a reservation must end before the year 10000")
     if msg.end <= now:
         raise Refused(RefusalKind.INVALID, "that window is already over")
     if msg.tenant and msg.tenant not in state.tenants:

@@ -60,5 +60,6 @@ def print_json(data: Any, out: TextIO | None = None) -> None:
 
 
 def print_error(message: str) -> None:
-    """The one way a command says what went wrong: one line on stderr."""
-    print(f"eventsched: error: {message}", file=sys.stderr)
+    """The one way a command says what went wrong: one line on stderr (a newline or escape
+    sequence in a value the user gave is shown escaped, not obeyed)."""
+    print(f"eventsched: error: {printable(message)}", file=sys.stderr)

@@ -96,11 +96,15 @@ def format_duration(seconds: float | None, style: str = "clock") -> str:
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+LAST_MONTH_TS = 221845392000.0  # 9000-01-01 UTC: later times count as in that month
+
+
 def utc_month(ts: float) -> tuple[float, float]:
     """The calendar month (UTC) holding ``ts``: its first second and the next month's."""
     from datetime import datetime, timezone
 
-    d = datetime.fromtimestamp(ts, timezone.utc)
+    # a forecast far ahead stays in a month datetime can hold (its years end at 9999)
+    d = datetime.fromtimestamp(min(max(ts, 0.0), LAST_MONTH_TS), timezone.utc)
     start = datetime(d.year, d.month, 1, tzinfo=timezone.utc)
     end = datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=timezone.utc)
     return start.timestamp(), end.timestamp()

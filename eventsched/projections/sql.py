@@ -85,6 +85,10 @@ def check_read_only(sql: str) -> list[str]:
     """The statements of ``sql`` if all of them only read, by an allow-list (SELECT, which includes
     DESCRIBE, SHOW, SUMMARIZE; EXPLAIN of a SELECT; descriptive PRAGMAs);
     raises QueryRefused."""
+    try:
+        sql.encode()
+    except UnicodeEncodeError:  # bytes a shell passed that are not UTF-8 text
+        raise QueryRefused("the query is not UTF-8 text") from None
     statements = duckdb.extract_statements(sql)  # raises duckdb.ParserException
     if not statements:
         raise QueryRefused("empty query")

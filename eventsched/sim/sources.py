@@ -29,6 +29,7 @@ from eventsched.storage import log as eventlog
 
 __all__ = ["ReplayError", "Attempt", "Workload", "load_source", "log_workload", "trace_workload", "csv_workload",
            "alibaba_workload"]
+MAX_NODES = 10_000  # machines a replay may make up (each a list of fake GPUs)
 
 # ordering classes at equal times: recorded inputs (by seq) first, then
 # simulated process ends, then arrivals of a trace, then the clock
@@ -79,6 +80,12 @@ class Workload(msgspec.Struct, kw_only=True):
 def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed: int = 0, nodes: int = 1) -> Workload:
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
     path = Path(source)
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ReplayError(f"{path}: no such file or directory") from None
+    except OSError as exc:  # a name too long, a folder it may not enter
+        raise ReplayError(f"{path}: {exc.strerror or exc}") from None
     if path.is_dir():
         log_dir = next((d for d in (path / "log", path) if d.is_dir() and eventlog.segments(d)), None)
         if log_dir is None:
@@ -335,8 +342,8 @@ def csv_workload(path: str | os.PathLike[str], n_gpus: int, mib: int, nodes: int
     """A plain CSV on ``nodes`` machines of ``n_gpus`` fake GPUs each (one is ``local``, several ``node-0``...)."""
     from eventsched.sim.traces import load_csv
 
-    if nodes < 1:
-        raise ReplayError(f"--nodes must be at least 1, not {nodes}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ReplayError(f"--nodes must be between 1 and {MAX_NODES}, not {nodes}")
     jobs = load_csv(path)
     names = ["local"] if nodes == 1 else [f"node-{k}" for k in range(nodes)]
     machine = [(name, [GpuInfo(gpu=i, uuid=f"fake-{name}-{i}" if nodes > 1 else f"fake-{i}", model="fake",

@@ -19,6 +19,7 @@ import msgspec
 
 from eventsched.domain import events as ev
 from eventsched.domain.events import Event
+from eventsched.domain.text import printable
 from eventsched.storage import log as L
 from eventsched.storage.fileops import PLAIN, FileOps
 
@@ -28,7 +29,7 @@ _PLAIN = re.compile(r"^[^\s\"'=]+$")
 
 
 def _err(msg: str) -> None:
-    print(msg, file=sys.stderr)
+    print(f"eventsched log: {printable(msg)}", file=sys.stderr)  # a path's newline or escape is shown, not obeyed
 
 
 def _missing(directory: str) -> int | None:

@@ -24,6 +24,8 @@ def _frame(message: protocol.Request) -> bytes:
         return protocol.frame(message)
     except OverflowError:  # a user's number, e.g. --priority 99999999999999999999
         raise ClientError(OUT_OF_RANGE, "invalid") from None
+    except UnicodeEncodeError:  # bytes a shell passed that are not UTF-8 text
+        raise ClientError("a value is not UTF-8 text", "invalid") from None
 
 
 def read_new_output(path: str | os.PathLike[str], position: int) -> bytes:

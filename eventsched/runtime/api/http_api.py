@@ -310,8 +310,8 @@ class Api:
         last chunk, so no client takes it as whole."""
         follow = _flag(request, "follow")
         offset = request.query_params.get("offset", "0")
-        if not offset.isdecimal():
-            raise Refused(RefusalKind.INVALID, f"offset must be a byte count, not {printable(offset)!r}")
+        if not (offset.isdecimal() and len(offset) <= 18):  # 18 digits: an offset a file can have
+            raise Refused(RefusalKind.INVALID, f"offset must be a byte count, not {printable(offset[:40])!r}")
         ask = protocol.JobLogPath(job=request.path_params["job"])
         info = await self.ask(ask, peer)  # who may read it: the socket's rule (the owner or an operator)
 
@@ -347,6 +347,7 @@ def _flag(request: Request, name: str) -> bool:
 
 def build_app(api: Api) -> Starlette:
     from starlette.applications import Starlette
+    from starlette.convertors import IntegerConvertor, register_url_convertor
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -377,17 +378,23 @@ def build_app(api: Api) -> Starlette:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
+        kind = RefusalKind.NOT_FOUND if exc.status_code == 404 else RefusalKind.INVALID  # no route, or not that method
+        where = printable(request.url.path[:200])
+        return JSONResponse({"error": f"{exc.detail}: {request.method} {where}", "kind": kind}, status_code=exc.status_code)
 
+    class JobId(IntegerConvertor):
+        regex = "[0-9]{1,18}"  # a longer one is no job (a 404), never a number int() refuses (a 500)
+
+    register_url_convertor("job", JobId())
     routes = [
         Route("/health", endpoint(api.health, token=False), methods=["GET"]),
         Route("/metrics", endpoint(api.metrics), methods=["GET"]),
         Route("/v1/jobs", endpoint(api.submit, created=201), methods=["POST"]),
         Route("/v1/jobs", endpoint(api.jobs), methods=["GET"]),
-        Route("/v1/jobs/{job:int}", endpoint(api.job), methods=["GET"]),
-        Route("/v1/jobs/{job:int}", endpoint(api.cancel_one), methods=["DELETE"]),
-        Route("/v1/jobs/{job:int}/explain", endpoint(api.explain), methods=["GET"]),
-        Route("/v1/jobs/{job:int}/logs", endpoint(api.logs), methods=["GET"]),
+        Route("/v1/jobs/{job:job}", endpoint(api.job), methods=["GET"]),
+        Route("/v1/jobs/{job:job}", endpoint(api.cancel_one), methods=["DELETE"]),
+        Route("/v1/jobs/{job:job}/explain", endpoint(api.explain), methods=["GET"]),
+        Route("/v1/jobs/{job:job}/logs", endpoint(api.logs), methods=["GET"]),
         Route("/v1/cancel", endpoint(api.cancel), methods=["POST"]),
         Route("/v1/status", endpoint(api.status), methods=["GET"]),
     ]

@@ -135,7 +135,7 @@ class Zygote:
         with contextlib.suppress(ProcessLookupError):  # already gone and reaped
             pidfd = os.pidfd_open(self.popen.pid)
             try:
-                if not select.select([pidfd], [], [], 2)[0]:
+                if not _readable(pidfd, timeout_s=2):
                     self.popen.kill()
             finally:
                 os.close(pidfd)
@@ -151,8 +151,11 @@ class Zygote:
             self.sock.close()
 
 
-def _readable(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
+def _readable(fd: int, timeout_s: float = 0) -> bool:
+    """poll, not select: a busy daemon's descriptors go past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 async def _wait_readable(*fds: int) -> None:
