@@ -30,6 +30,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_http(daemon: "Daemon", port: int, timeout: float = 20.0) -> None:
+    """Until ``daemon``'s ``--http`` API on 127.0.0.1:``port`` answers: its socket answers first,
+    the HTTP server a moment later."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, daemon.stderr()
+            time.sleep(0.05)
+
+
+def http_daemon(state: Path, tokens: list[dict[str, Any]], mode: int = 0o600) -> tuple["Daemon", int]:
+    """A started daemon on fake GPUs with ``--http`` on a free 127.0.0.1 port, its API answering;
+    its token file (written before it starts, with ``mode``) holds ``tokens``."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "api-tokens.json").write_text(json.dumps({"version": 1, "tokens": tokens}))
+    (state / "api-tokens.json").chmod(mode)
+    port = free_port()
+    daemon = Daemon(state, gpus="fake:2:16384", extra=["--http", f"127.0.0.1:{port}"]).start()
+    try:
+        wait_http(daemon, port)
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon, port
+
+
 def cli_env(state_dir: Path, socket: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["EVENTSCHED_STATE_DIR"] = str(state_dir)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-from daemon_harness import EVENTSCHED, Daemon, free_port
+from daemon_harness import EVENTSCHED, Daemon, free_port, http_daemon, wait_http
 
 from eventsched.domain.events import JobSpec
 from eventsched.runtime.api.tokens import MAX_TOKENS_PER_USER, TOKEN_FILE, digest
@@ -116,25 +116,11 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    state = tmp_path_factory.mktemp("api") / "state"
-    state.mkdir()
     # a token file from before: one token of ours, one of a user since removed; left readable by others
     stored = [{"id": "0000kept", "name": "kept", "uid": os.geteuid(), "created": 1.0, "sha256": digest(KEPT_SECRET)},
               {"id": "0000gone", "name": "gone", "uid": GONE_UID, "created": 2.0, "sha256": digest(GONE_SECRET)}]
-    (state / TOKEN_FILE).write_text(json.dumps({"version": 1, "tokens": stored}))
-    (state / TOKEN_FILE).chmod(0o644)
-    port = free_port()
-    daemon = Daemon(state, gpus="fake:2:16384", extra=["--http", f"127.0.0.1:{port}"])
-    daemon.start()
+    daemon, port = http_daemon(tmp_path_factory.mktemp("api") / "state", stored, mode=0o644)
     try:
-        deadline = time.monotonic() + 20
-        while True:  # the socket answers first; the HTTP server a moment later
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, daemon.stderr()
-                time.sleep(0.05)
         yield Api(daemon, port, KEPT_SECRET)
         no_traceback(daemon)
     finally:
@@ -313,7 +299,7 @@ def test_a_damaged_token_file_refuses_every_token_in_one_line_and_is_not_written
     port = free_port()
     with Daemon(state, gpus="fake:1", extra=["--http", f"127.0.0.1:{port}"]) as daemon:
         api = Api(daemon, port, KEPT_SECRET)
-        _wait(lambda: _answers(api), "the HTTP API")
+        wait_http(daemon, port)
         status, answer, _ = api.call("/v1/jobs", token=KEPT_SECRET)
         assert status == 503 and answer["kind"] == "unavailable", answer
         why = answer["error"]
@@ -328,13 +314,6 @@ def test_a_damaged_token_file_refuses_every_token_in_one_line_and_is_not_written
         assert made.returncode == 0, made.stderr
         assert api.call("/v1/jobs", token=made.stdout.strip())[0] == 200
         assert "Traceback" not in daemon.stderr()
-
-
-def _answers(api: Api) -> bool:
-    try:
-        return api.call("/health")[0] == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])  # a name is looked up: localhost is loopback

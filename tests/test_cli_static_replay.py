@@ -98,30 +98,31 @@ def test_a_policy_static_packing_lacks_is_one_line(policy: str) -> None:
                             f"choose from {STATIC_POLICIES}")
 
 
+def pod_list(tmp_path: Path, pods: int, *extra: str) -> Path:
+    """The trace's header and first ``pods`` pods, then ``extra`` lines, with the node list beside them."""
+    shutil.copy(NODE_CSV, tmp_path / NODE_CSV.name)
+    path = tmp_path / "pods.csv"
+    path.write_text("\n".join([*POD_CSV.read_text().splitlines()[: pods + 1], *extra]) + "\n")
+    return path
+
+
 @needs_trace
 def test_a_bad_row_in_the_pod_list_names_its_file_and_line(tmp_path: Path) -> None:
-    shutil.copy(NODE_CSV, tmp_path / NODE_CSV.name)
-    pods = tmp_path / "pods.csv"
-    head = POD_CSV.read_text().splitlines()[:11]  # the header and ten pods
-    pods.write_text("\n".join([*head, "openb-pod-bad,1000,1024,1,1500,,LS,Running,0,1,0"]) + "\n")
+    pods = pod_list(tmp_path, 10, "openb-pod-bad,1000,1024,1,1500,,LS,Running,0,1,0")
     assert refused(replay_static(pods, "--policy", "fgd", "--seeds", "1")) == (
         f"eventsched replay: {pods}:12: gpu_milli must be in 0..1000, got '1500'")
 
 
 @needs_trace
 def test_a_pod_list_of_only_its_header_is_one_line(tmp_path: Path) -> None:
-    shutil.copy(NODE_CSV, tmp_path / NODE_CSV.name)
-    pods = tmp_path / "pods.csv"
-    pods.write_text(POD_CSV.read_text().splitlines()[0] + "\n")
+    pods = pod_list(tmp_path, 0)
     assert refused(replay_static(pods, "--policy", "fgd", "--seeds", "1")) == (
         f"eventsched replay: {pods}: no pods (only a header line)")
 
 
 @needs_trace
 def test_a_policy_named_twice_runs_once(tmp_path: Path) -> None:
-    shutil.copy(NODE_CSV, tmp_path / NODE_CSV.name)
-    pods = tmp_path / "pods.csv"
-    pods.write_text("\n".join(POD_CSV.read_text().splitlines()[:201]) + "\n")  # the header and 200 pods
+    pods = pod_list(tmp_path, 200)
     run = replay_static(pods, "--policy", "best-fit", "--policy", "best-fit", "--seeds", "1", "--json")
     assert run.returncode == 0, run.stderr
     assert [p["policy"] for p in json.loads(run.stdout)["policies"]] == ["best-fit"]

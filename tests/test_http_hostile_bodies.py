@@ -30,12 +30,12 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 import pytest
-from daemon_harness import Daemon, free_port
+from daemon_harness import Daemon, free_port, http_daemon
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from eventsched.domain.events import JobSpec
-from eventsched.runtime.api.tokens import TOKEN_FILE, digest
+from eventsched.runtime.api.tokens import digest
 from eventsched.wire.client import Client
 from eventsched.wire.errors import ClientError
 
@@ -289,24 +289,10 @@ class Api:
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    state = tmp_path_factory.mktemp("hostile") / "state"
-    state.mkdir()
     stored = [{"id": "0000fuzz", "name": "fuzz", "uid": NOBODY.pw_uid, "created": 1.0, "sha256": digest(SECRET)}]
-    (state / TOKEN_FILE).write_text(json.dumps({"version": 1, "tokens": stored}))
-    (state / TOKEN_FILE).chmod(0o600)
-    port = free_port()
-    daemon = Daemon(state, gpus="fake:2:16384", extra=["--http", f"127.0.0.1:{port}"])
-    daemon.start()
+    daemon, port = http_daemon(tmp_path_factory.mktemp("hostile") / "state", stored)
     try:
         api = Api(daemon, port)
-        deadline = time.monotonic() + 20
-        while True:  # the socket answers first; the HTTP server a moment later
-            try:
-                api.send("GET", "/health")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, daemon.stderr()
-                time.sleep(0.05)
         body = json.dumps({"spec": {"command": ["echo", "out"], "gpus": 0, "cwd": "/tmp"}}).encode()
         status, made = api.send("POST", "/v1/jobs", body)
         assert (status, json.loads(made)["id"]) == (201, READABLE), made

@@ -64,9 +64,15 @@ def test_interactive_and_array_do_not_go_together(ip, capsys) -> None:
     assert line == "UsageError: %gpusubmit: --interactive follows one job; it cannot be combined with --array"
 
 
-def test_a_cell_that_cannot_be_saved_is_one_line(ip, capsys, tmp_path: Path) -> None:
+def a_file(tmp_path: Path) -> Path:
+    """A regular file, where a folder is wanted."""
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
+    return blocker
+
+
+def test_a_cell_that_cannot_be_saved_is_one_line(ip, capsys, tmp_path: Path) -> None:
+    blocker = a_file(tmp_path)
     magics_of(ip).cell_dir = str(blocker)
     line = error_of(ip, "%%gpusubmit --gpus 1\nprint('hi')\n", capsys)
     assert line == f"UsageError: %%gpusubmit: cannot save the cell in {blocker / '.eventsched-cells'}: Not a directory"
@@ -92,9 +98,7 @@ def test_gpusql_takes_the_query_from_the_line_or_the_cell_not_both(ip, capsys) -
 
 
 def test_scheduler_start_in_a_state_dir_that_cannot_be_made(ip, capsys, tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    state = blocker / "state"
+    state = a_file(tmp_path) / "state"
     line = error_of(ip, f"%gpuscheduler start --gpus fake:1 --state-dir {state}", capsys)
     assert line == f"UsageError: %gpuscheduler: cannot use {state}: Not a directory"
     assert magics_of(ip).state_dir != str(state)  # not remembered
