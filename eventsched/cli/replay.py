@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from eventsched.domain.text import print_json, printable
+from eventsched.domain.text import print_error, print_json
 
 __all__ = ["run_replay", "replay_table", "parse_seeds"]
 
 
 def _fail(message: str) -> int:
-    sys.stderr.write(f"eventsched replay: {printable(message)}\n")
+    print_error(message, command="replay")
     return 2
 
 

@@ -19,7 +19,7 @@ import tempfile
 from typing import IO, Any, Callable, TextIO
 
 from eventsched.domain.rlimits import current_umask
-from eventsched.domain.text import printable, table
+from eventsched.domain.text import print_error, table
 from eventsched.projections.sql_values import EXIT_BAD_QUERY, EXIT_ERROR, EXIT_OK, SqlError, plain
 
 __all__ = ["FORMATS", "ask_daemon", "format_table", "print_result", "run_sql", "write_parquet"]
@@ -206,7 +206,7 @@ def run_sql(state_dir: str | os.PathLike[str], sql: str, fmt: str = "table",
     out, err = out or sys.stdout, err or sys.stderr
 
     def refuse(problem: str, code: int = EXIT_BAD_QUERY) -> int:
-        print(f"eventsched sql: {printable(problem)}", file=err)
+        print_error(problem, command="sql", out=err)
         return code
 
     if fmt not in FORMATS:

@@ -16,10 +16,10 @@ from eventsched.domain.messages import RefusalKind, Refused
 from eventsched.domain.rlimits import RlimitError
 from eventsched.domain.rlimits import validate as validate_rlimits
 from eventsched.domain.text import has_control
+from eventsched.domain.units import LAST_TIME
 
 __all__ = ["check_submission", "check_update"]
 
-LAST_TIME = 253402300800.0  # 10000-01-01 UTC: a --begin must be a date a calendar can show
 DAY_S = 86400.0  # the longest --signal warning, as the CLI's SIG@SECONDS allows
 MAX_SIGNAL = 64  # Linux's last real-time signal
 

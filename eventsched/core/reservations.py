@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from eventsched.domain import events as ev
 from eventsched.domain import messages as m
-from eventsched.core.admission import LAST_TIME
 from eventsched.domain.messages import RefusalKind, Refused
+from eventsched.domain.units import LAST_TIME
 from eventsched.projections.cluster import ClusterState, Job
 from eventsched.projections.model import DEFAULT_RUNTIME_S, runtime_key, time_limit_of
 

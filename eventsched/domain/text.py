@@ -59,7 +59,9 @@ def print_json(data: Any, out: TextIO | None = None) -> None:
     out.write("\n")
 
 
-def print_error(message: str) -> None:
+def print_error(message: str, *, command: str = "", out: TextIO | None = None) -> None:
     """The one way a command says what went wrong: one line on stderr (a newline or escape
-    sequence in a value the user gave is shown escaped, not obeyed)."""
-    print(f"eventsched: error: {printable(message)}", file=sys.stderr)
+    sequence in a value the user gave is shown escaped, not obeyed). ``command``: the few
+    whose lines scripts already match say ``eventsched sql: ...`` rather than ``eventsched: error: ...``."""
+    print(f"eventsched {command}: " if command else "eventsched: error: ", printable(message), sep="",
+          file=out or sys.stderr)

@@ -96,6 +96,7 @@ def format_duration(seconds: float | None, style: str = "clock") -> str:
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+LAST_TIME = 253402300800.0  # 10000-01-01 UTC: a time a user gives (--begin, a reservation) is before it
 LAST_MONTH_TS = 221845392000.0  # 9000-01-01 UTC: later times count as in that month
 
 

@@ -11,7 +11,7 @@ from typing import Any, TextIO
 import duckdb
 
 from eventsched.domain.states import FINAL, JobState
-from eventsched.domain.text import print_json, printable, table
+from eventsched.domain.text import print_error, print_json, table
 from eventsched.projections.history import History, HistoryError
 
 __all__ = ["compute_metrics", "format_metrics", "prometheus_text", "run_metrics", "STATES"]
@@ -192,7 +192,7 @@ def run_metrics(state_dir: str | os.PathLike[str], fmt: str = "table", *, out: T
     except Exception as e:  # the log's own errors (corruption) carry a user-facing message too
         if not isinstance(e, (HistoryError, OSError, duckdb.Error)) and not type(e).__module__.startswith("eventsched"):
             raise
-        print(f"eventsched metrics: {printable(str(e))}", file=err)
+        print_error(str(e), command="metrics", out=err)
         return 1
     if fmt == "json":
         print_json(m, out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -81,18 +82,18 @@ def load_source(source: str | os.PathLike[str], *, gpus: str | None = None, seed
     """A state dir, a log dir, a plain CSV or an Alibaba openb pod list."""
     path = Path(source)
     try:
-        path.stat()
+        mode = path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
         raise ReplayError(f"{path}: no such file or directory") from None
     except OSError as exc:  # a name too long, a folder it may not enter
         raise ReplayError(f"{path}: {exc.strerror or exc}") from None
-    if path.is_dir():
+    if stat.S_ISDIR(mode):
         log_dir = next((d for d in (path / "log", path) if d.is_dir() and eventlog.segments(d)), None)
         if log_dir is None:
             raise ReplayError(f"{path}: no event log here (expected a state dir with log/, or a log dir)")
         return log_workload(log_dir)
-    if not path.is_file():
-        raise ReplayError(f"{path}: no such file or directory")
+    if not stat.S_ISREG(mode):
+        raise ReplayError(f"{path}: not a regular file")
     try:
         with open(path, encoding="utf-8") as f:
             head = next((line for line in f if line.strip() and not line.lstrip().startswith("#")), "")

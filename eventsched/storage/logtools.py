@@ -19,7 +19,7 @@ import msgspec
 
 from eventsched.domain import events as ev
 from eventsched.domain.events import Event
-from eventsched.domain.text import printable
+from eventsched.domain.text import print_error
 from eventsched.storage import log as L
 from eventsched.storage.fileops import PLAIN, FileOps
 
@@ -29,7 +29,7 @@ _PLAIN = re.compile(r"^[^\s\"'=]+$")
 
 
 def _err(msg: str) -> None:
-    print(f"eventsched log: {printable(msg)}", file=sys.stderr)  # a path's newline or escape is shown, not obeyed
+    print_error(msg, command="log")
 
 
 def _missing(directory: str) -> int | None:
